@@ -1,0 +1,98 @@
+"""Hypothetical GPUs for `--gpu`: catalog names as people type them, sizes, and counts.
+
+`--gpu rtx4090`, `--gpu "RTX 4090"`, `--gpu a100-80gb`, `--gpu 2xA100-80GB`, `--gpu 24GiB`,
+`--gpu 1x24576MiB`. A catalog entry knows both the total NVML reports and the (smaller)
+total CUDA can use; a bare size is taken as both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import yaml
+
+from launcher.errors import UsageError
+from launcher.gpu import GpuDevice
+from launcher.paths import profiles_dir
+from launcher.units import MiB, parse_size
+
+_COUNT = re.compile(r"^\s*(\d+)\s*[x×*]\s*(.+)$", re.IGNORECASE)
+_NOISE = re.compile(r"nvidia|geforce|tesla|quadro|[\s_\-]+", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CatalogGpu:
+    name: str
+    aliases: tuple[str, ...]
+    nvml_total_bytes: int
+    cuda_total_bytes: int | None
+    cuda_total_source: str | None
+    compute_capability: tuple[int, int] | None
+
+
+def normalise(text: str) -> str:
+    """`NVIDIA GeForce RTX-4090` -> `rtx4090`."""
+    return _NOISE.sub("", text).lower()
+
+
+@lru_cache(maxsize=1)
+def load_catalog() -> tuple[CatalogGpu, ...]:
+    path = profiles_dir() / "gpus.yaml"
+    raw = yaml.safe_load(path.read_text()) if path.is_file() else []
+    entries = raw.get("gpus", raw) if isinstance(raw, Mapping) else raw
+    return tuple(_entry(e) for e in entries or [] if isinstance(e, Mapping))
+
+
+def _entry(entry: Mapping[str, Any]) -> CatalogGpu:
+    cc = entry.get("compute_capability")
+    cuda_total = entry.get("cuda_total_bytes")
+    return CatalogGpu(
+        name=str(entry["name"]),
+        aliases=tuple(str(a) for a in entry.get("aliases") or ()),
+        nvml_total_bytes=int(entry["nvml_total_mib"]) * MiB,
+        cuda_total_bytes=int(cuda_total) if cuda_total else None,
+        cuda_total_source=entry.get("cuda_total_source"),
+        compute_capability=(int(cc[0]), int(cc[1])) if isinstance(cc, Sequence) and len(cc) == 2 else None,
+    )
+
+
+def find(text: str, catalog: Sequence[CatalogGpu] | None = None) -> CatalogGpu | None:
+    wanted = normalise(text)
+    for gpu in catalog if catalog is not None else load_catalog():
+        if wanted == normalise(gpu.name) or wanted in {normalise(a) for a in gpu.aliases}:
+            return gpu
+    return None
+
+
+def hypothetical_gpus(specs: Sequence[str], catalog: Sequence[CatalogGpu] | None = None) -> tuple[GpuDevice, ...]:
+    """Devices for each `--gpu` value, idle (all memory free), in the order given."""
+    devices: list[GpuDevice] = []
+    for spec in specs:
+        count, what = 1, spec.strip()
+        match = _COUNT.match(what)
+        if match:
+            count, what = int(match.group(1)), match.group(2)
+            if count < 1:
+                raise UsageError(f"--gpu {spec!r}: the count must be at least 1")
+        devices.extend(_device(what, spec, len(devices) + i, catalog) for i in range(count))
+    return tuple(devices)
+
+
+def _device(what: str, spec: str, index: int, catalog: Sequence[CatalogGpu] | None) -> GpuDevice:
+    gpu = find(what, catalog)
+    if gpu is not None:
+        usable = gpu.cuda_total_bytes or gpu.nvml_total_bytes
+        return GpuDevice(index=index, name=gpu.name, total_bytes=gpu.nvml_total_bytes, free_bytes=usable,
+                         used_bytes=gpu.nvml_total_bytes - usable, cuda_total_bytes=gpu.cuda_total_bytes,
+                         compute_capability=gpu.compute_capability, source="catalog",
+                         notes=(f"CUDA total: {gpu.cuda_total_source}",) if gpu.cuda_total_source else ())
+    if re.match(r"^\s*\d", what):
+        size = parse_size(what)
+        return GpuDevice(index=index, name=f"{size / MiB:.0f} MiB GPU", total_bytes=size, free_bytes=size,
+                         used_bytes=0, cuda_total_bytes=size, source="catalog")
+    known = ", ".join(sorted(a for g in (catalog or load_catalog()) for a in g.aliases[:1]))
+    raise UsageError(f"--gpu {spec!r}: not a GPU in the catalog nor a size like 24GiB", hint=f"known: {known}")

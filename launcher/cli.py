@@ -1,0 +1,173 @@
+"""The command line: the only module that imports click and turns errors into exit codes.
+
+    safe-serve MODEL --engine vllm [options] [-- ENGINE FLAGS...]     plan, launch, watch
+    safe-serve serve MODEL ...                                        the same, explicitly
+    safe-serve plan MODEL --engine vllm|sglang [--gpu NAME ...] [--json] [-- FLAGS...]
+    safe-serve fit MODEL --concurrency N --tokens L [--gpu NAME ...] [--json]
+    safe-serve gpus [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import click
+
+from launcher.errors import ExitCode, ProbeError, SafeServeError, WontFit
+
+SUBCOMMANDS = ("plan", "serve", "gpus", "fit", "models")
+ENGINE_ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
+
+
+class DefaultToServe(click.Group):
+    """`safe-serve MODEL ...` means `safe-serve serve MODEL ...`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["serve", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=DefaultToServe, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="safe-serve", prog_name="safe-serve")
+def cli() -> None:
+    """Start vLLM or SGLang so that it fits in GPU memory, every time, and say why."""
+
+
+def plan_options(func: Any) -> Any:
+    options = [
+        click.argument("model"),
+        click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True),
+        click.option("--gpu", "gpu_specs", multiple=True,
+                     help="Plan for a hypothetical GPU: catalog name (rtx4090, a100-80gb), size (24GiB) or count (2xH100)."),
+        click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True),
+        click.option("--concurrency", type=int, default=1, show_default=True,
+                     help="Requests of the chosen length that must fit at once."),
+        click.option("--max-gpu-memory", "max_gpu_memory", default=None,
+                     help="Cap what this server takes (e.g. 40GiB) so several can share a GPU."),
+        click.option("--margin", default="256MiB", show_default=True, help="Headroom left for other tenants."),
+        click.option("--engine-version", default=None, help="Plan for this engine version (default: installed)."),
+        click.option("--trust-engine", is_flag=True, help="Plan even where the geometry is unknown; the engine decides."),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON (schema safe-serve.plan/1)."),
+        click.argument("engine_args", nargs=-1, type=click.UNPROCESSED),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@cli.command("plan", context_settings={"ignore_unknown_options": True})
+@plan_options
+def plan_command(**opts: Any) -> None:
+    """Print the plan (budget table and flags) without starting anything."""
+    from launcher.render import plan_to_json, render_plan
+
+    request = build_request(opts, os.environ)
+    plan = _make_plan(request)
+    if opts["as_json"]:
+        click.echo(json.dumps(plan_to_json(plan), indent=2))
+    else:
+        click.echo(render_plan(plan))
+
+
+@cli.command("gpus")
+@click.option("--json", "as_json", is_flag=True, help="Print the probe object the planner consumes.")
+def gpus_command(as_json: bool) -> None:
+    """What the probe sees: GPUs, free memory and the processes holding it."""
+    from launcher.gpus_view import inventory_to_json, render_inventory
+    from launcher.probe import probe_inventory
+
+    inventory = probe_inventory()
+    click.echo(json.dumps(inventory_to_json(inventory), indent=2) if as_json else render_inventory(inventory))
+
+
+@cli.command("models")
+def models_command() -> None:
+    """List the model aliases in profiles/."""
+    from launcher.resolve import list_aliases, load_profile
+
+    for alias in list_aliases():
+        profile = load_profile(alias) or {}
+        click.echo(f"{alias:32} {profile.get('repo', '')}")
+
+
+# --------------------------------------------------------------------------- request building
+
+
+def build_request(opts: Mapping[str, Any], env: Mapping[str, str]) -> Any:
+    """Gather the plan's inputs at the edge: model, GPUs (probe or --gpu), engine version, env."""
+    from launcher.catalog import hypothetical_gpus
+    from launcher.engines.versions import installed_version
+    from launcher.plan import PlanRequest
+    from launcher.resolve import load_profile, resolve_model, _from_profile
+    from launcher.units import parse_size
+
+    engine_args = tuple(opts.get("engine_args") or ())
+    if engine_args and engine_args[0] == "--":
+        engine_args = engine_args[1:]
+    model = resolve_model(opts["model"], env=env)
+    variants = tuple(_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
+    gpus: tuple[Any, ...] = ()
+    host = None
+    device = opts.get("device", "cuda")
+    if device == "cpu":
+        from launcher.probe import probe_host
+
+        host = probe_host()
+    elif opts.get("gpu_specs"):
+        gpus = hypothetical_gpus(opts["gpu_specs"])
+    else:
+        from launcher.probe import probe_inventory
+
+        inventory = probe_inventory(env)
+        gpus, host = inventory.visible, inventory.host
+        if not gpus:
+            raise ProbeError("no GPU is visible to the engine (CUDA_VISIBLE_DEVICES hides them all)",
+                             hint="use --gpu NAME for a hypothetical plan, or --device cpu")
+    version = opts.get("engine_version") or installed_version(opts["engine"])
+    max_gpu = opts.get("max_gpu_memory")
+    from launcher.plan import DEFAULT_MARGIN_BYTES
+
+    margin = parse_size(opts["margin"]) if opts.get("margin") else DEFAULT_MARGIN_BYTES
+    return PlanRequest(
+        model=model, engine=opts["engine"], device=device, gpus=gpus, host=host, engine_version=version,
+        engine_args=engine_args, engine_env={k: env[k] for k in ENGINE_ENV_KEYS if k in env},
+        concurrency=opts.get("concurrency") or 1, max_gpu_memory_bytes=parse_size(max_gpu) if max_gpu else None,
+        margin_bytes=margin, trust_engine=bool(opts.get("trust_engine")), variants=variants,
+    )
+
+
+def _make_plan(request: Any) -> Any:
+    from launcher.plan import make_plan
+
+    return make_plan(request)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the CLI; expected failures print one line and exit with their documented code."""
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="safe-serve", standalone_mode=False)
+    except WontFit as exc:
+        click.echo(f"safe-serve: will not fit: {exc}", err=True)
+        for alternative in exc.alternatives:
+            click.echo(f"  would fit: {alternative}", err=True)
+        sys.exit(int(exc.exit_code))
+    except SafeServeError as exc:
+        click.echo(f"safe-serve: {exc}", err=True)
+        sys.exit(int(exc.exit_code))
+    except click.exceptions.Abort:
+        click.echo("safe-serve: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(0)

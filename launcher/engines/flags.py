@@ -1,0 +1,88 @@
+"""Reading the engine flags an operator pinned after `--`, exactly as the engine would.
+
+The flags pass through untouched; we only read the memory-relevant ones so the plan
+keeps them and never overrides what the operator set.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.errors import UsageError
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    name: str  # canonical spelling, e.g. "--max-model-len"
+    parse: Callable[[str], Any] | None  # None: a boolean switch
+    aliases: tuple[str, ...] = ()
+
+
+def _spellings(spec: FlagSpec) -> list[str]:
+    names = [spec.name, *spec.aliases]
+    # argparse in both engines accepts the underscore spelling too (--tp_size).
+    return names + [n.replace("-", "_").replace("__", "--", 1) for n in names]
+
+
+def parse_pinned(argv: Sequence[str], specs: Sequence[FlagSpec]) -> dict[str, Any]:
+    """Values of the known flags in `argv` (last one wins, as in argparse)."""
+    lookup = {spelling: spec for spec in specs for spelling in _spellings(spec)}
+    pinned: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        name, eq, inline = token.partition("=")
+        spec = lookup.get(name)
+        if spec is None:
+            i += 1
+            continue
+        if spec.parse is None:
+            pinned[spec.name] = True if not eq else inline.lower() not in ("0", "false", "no")
+            i += 1
+            continue
+        if eq:
+            raw = inline
+            i += 1
+        elif i + 1 < len(argv):
+            raw = argv[i + 1]
+            i += 2
+        else:
+            raise UsageError(f"engine flag {name} needs a value")
+        try:
+            pinned[spec.name] = spec.parse(raw)
+        except (ValueError, UsageError) as exc:
+            raise UsageError(f"engine flag {name}: cannot read {raw!r} ({exc})") from None
+    return pinned
+
+
+def has_flag(argv: Sequence[str], spec: FlagSpec) -> bool:
+    spellings = set(_spellings(spec))
+    return any(token.partition("=")[0] in spellings for token in argv)
+
+
+_HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
+
+
+def human_int(text: str) -> int:
+    """vLLM's `human_readable_int`: 1k = 1000, 1K = 1024, 25.6k, 2M, 1G."""
+    match = _HUMAN_INT.match(text.strip())
+    if not match:
+        return int(text)
+    number, suffix = float(match.group(1)), match.group(2)
+    scale = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}[suffix]
+    return int(number * scale)
+
+
+def human_int_or_auto(text: str) -> int:
+    """`--max-model-len` also takes -1 and auto (fit the KV cache)."""
+    return -1 if text.strip().lower() in ("auto", "-1") else human_int(text)
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("must be in (0, 1]")
+    return value

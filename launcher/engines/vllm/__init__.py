@@ -1,0 +1,178 @@
+"""Everything safe-serve knows about vLLM: flags, defaults, lengths, dtypes and the plan.
+
+Rules are those of vLLM 0.32.0 (read from its source); `RULES` keys what changed by
+version so an older engine is planned with its own defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.engines.flags import FlagSpec, fraction, human_int, human_int_or_auto, parse_pinned
+from launcher.engines.vllm import budget as vb
+from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, KvLayout, kv_layout
+from launcher.model import MAX_LEN_KEYS, SLIDING, ModelGeometry
+from launcher.units import parse_size
+
+NAME = "vllm"
+NEWEST = "0.32.0"
+
+
+@dataclass(frozen=True)
+class VllmRules:
+    """What differs between vLLM releases that matters to memory."""
+
+    version: str
+    default_utilization: float
+    cudagraph_estimate_subtracted: bool  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default on
+    yarn_scales_max_len: bool  # older releases multiplied the length by a YaRN factor
+
+
+RULES: tuple[VllmRules, ...] = (
+    VllmRules("0.10.0", 0.90, False, True),
+    VllmRules("0.21.0", 0.90, True, False),  # CUDA-graph estimate subtracted by default since 0.21
+    VllmRules("0.26.0", 0.92, True, False),  # default utilization raised to 0.92
+    VllmRules("0.32.0", 0.92, True, False),
+)
+
+
+def rules_for(version: str | None) -> tuple[VllmRules, str | None]:
+    """The newest rules not newer than `version`, and a note when we had to guess."""
+    from launcher.engines.versions import nearest_rules
+
+    return nearest_rules(RULES, version, NEWEST)
+
+
+FLAGS = (
+    FlagSpec("--gpu-memory-utilization", fraction, aliases=("--device-memory-utilization",)),
+    FlagSpec("--max-model-len", human_int_or_auto),
+    FlagSpec("--max-num-batched-tokens", human_int),
+    FlagSpec("--max-num-seqs", int),
+    FlagSpec("--kv-cache-dtype", str),
+    FlagSpec("--kv-cache-memory-bytes", lambda s: parse_size(s) if s[-1:].isalpha() else human_int(s)),
+    FlagSpec("--block-size", int),
+    FlagSpec("--tensor-parallel-size", int, aliases=("-tp",)),
+    FlagSpec("--pipeline-parallel-size", int, aliases=("-pp",)),
+    FlagSpec("--enforce-eager", None),
+    FlagSpec("--dtype", str),
+    FlagSpec("--disable-hybrid-kv-cache-manager", None),
+    FlagSpec("--num-gpu-blocks-override", int),
+    FlagSpec("--port", int),
+    FlagSpec("--host", str),
+    FlagSpec("--cpu-offload-gb", float),
+    FlagSpec("--enable-chunked-prefill", None),
+    FlagSpec("--no-enable-chunked-prefill", None),
+)
+DEFAULT_PORT = 8000
+
+
+def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
+    return parse_pinned(engine_args, FLAGS)
+
+
+# --------------------------------------------------------------------------- model facts
+
+
+def rope_scaling_entries(text: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """rope_scaling (transformers 4) or rope_parameters (transformers 5), possibly per layer type."""
+    entries: list[Mapping[str, Any]] = []
+    for key in ("rope_scaling", "rope_parameters"):
+        value = text.get(key)
+        if isinstance(value, Mapping):
+            nested = [v for v in value.values() if isinstance(v, Mapping)]
+            entries.extend(nested if nested and all(isinstance(v, Mapping) for v in value.values()) else [value])
+    return entries
+
+
+def derived_max_model_len(geometry: ModelGeometry, *, rules: VllmRules,
+                          tokenizer_max_length: int | None = None) -> tuple[int, str]:
+    """`_get_and_verify_max_len`: the smallest length key, times a non-YaRN rope factor."""
+    text = geometry.text_config
+    found = [(text[k], k) for k in MAX_LEN_KEYS if isinstance(text.get(k), (int, float)) and text.get(k)]
+    if not found:
+        return 2048, "no length key in config.json (vLLM assumes 2048)"
+    length, key = min(found)
+    if tokenizer_max_length:
+        length = min(length, tokenizer_max_length)
+    unscaled = ("su", "longrope", "llama3", "deepseek_yarn", "deepseek_llama_scaling")
+    if not rules.yarn_scales_max_len:
+        unscaled = (*unscaled, "yarn")
+    factor = 1.0
+    if "gemma3" not in geometry.model_type:
+        for entry in rope_scaling_entries(text):
+            rope_type = entry.get("rope_type") or entry.get("type")
+            if rope_type not in unscaled and isinstance(entry.get("factor"), (int, float)):
+                factor = float(entry["factor"])
+    reason = f"config.json {key}={int(length)}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
+    return int(length * factor), reason
+
+
+def resolve_dtype(geometry: ModelGeometry, *, compute_capability: tuple[int, int] | None, device: str,
+                  pinned: str | None) -> tuple[str, str]:
+    """`_resolve_auto_dtype`: keep a supported config dtype, float32 -> bf16, bf16 -> fp16 pre-Ampere."""
+    if pinned and pinned != "auto":
+        return {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(pinned, pinned), \
+            "pinned --dtype"
+    supports_bf16 = device == "cpu" or compute_capability is None or compute_capability >= (8, 0)
+    preferred = "bfloat16" if supports_bf16 else "float16"
+    config = geometry.config_dtype or "float32"
+    if config in ("float32", "float"):
+        return preferred, f"config dtype {config} is downcast to {preferred}"
+    if config == "bfloat16" and not supports_bf16:
+        return "float16", "this GPU has no bf16 (compute capability < 8.0): vLLM falls back to float16"
+    return config, f"config.json dtype {config}"
+
+
+def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str) -> tuple[int, str]:
+    value = (kv_cache_dtype or "auto").lower()
+    if value == "auto":
+        size = 4 if model_dtype == "float32" else 2
+        return size, f"kv-cache-dtype auto = model dtype {model_dtype}"
+    if value.startswith("fp8") or value in ("fp8_inc",):
+        return 1, f"kv-cache-dtype {value} (1 byte)"
+    if value in ("bfloat16", "float16", "half"):
+        return 2, f"kv-cache-dtype {value}"
+    raise ValueError(f"kv-cache-dtype {value!r} is not one safe-serve can size yet")
+
+
+def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tuple[int, int] | None,
+               pinned: int | None) -> tuple[int, str]:
+    """Tokens per KV block: the attention backend's preference unless pinned."""
+    if pinned:
+        return pinned, "pinned --block-size"
+    if device == "cpu":
+        return CPU_BLOCK_SIZE, "CPU backend default (vllm/platforms/cpu.py)"
+    if geometry.mla is not None and compute_capability is not None and compute_capability[0] >= 10:
+        return 32, "FlashInfer-MLA on Blackwell (block 32)"
+    return DEFAULT_BLOCK_SIZE, "CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention / FlashInfer)"
+
+
+def layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, tp: int, pp: int,
+               pinned: Mapping[str, Any]) -> KvLayout:
+    return kv_layout(geometry, block_size=block, kv_dtype_bytes=kv_bytes, tp=tp, pp=pp,
+                     hybrid_manager=not pinned.get("--disable-hybrid-kv-cache-manager", False))
+
+
+def in_flight_tokens(*, batched_tokens: int, device: str, pp: int) -> int:
+    """`VllmConfig.max_in_flight_tokens`: concurrent batches x max_num_batched_tokens.
+
+    Async scheduling (2 batches at PP=1) is the GPU default; it only matters for
+    sliding-window layers, which must hold the in-flight tokens beyond their window.
+    """
+    batches = 2 if device != "cpu" and pp <= 1 else max(pp, 1)
+    return batches * batched_tokens
+
+
+def has_sliding_layers(geometry: ModelGeometry) -> bool:
+    return SLIDING in geometry.layer_kinds
+
+
+def utilization_for(requested_bytes: int, cuda_total_bytes: int) -> float:
+    """The largest 4-decimal utilization whose ceil(total x u) stays within `requested_bytes`."""
+    u = math.floor(requested_bytes / cuda_total_bytes * 10_000) / 10_000
+    while u > 0 and vb.requested_bytes(cuda_total_bytes, u) > requested_bytes:
+        u = round(u - 0.0001, 4)
+    return u

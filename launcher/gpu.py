@@ -1,0 +1,81 @@
+"""What a GPU looks like to the planner: value types shared by the probe and the catalog.
+
+All sizes are bytes. A value nobody could read is ``None`` with a note saying why,
+never 0: the planner refuses to guess (a free memory of 0 would silently plan nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a device, named through psutil where we may."""
+
+    pid: int
+    used_bytes: int | None  # None: the driver would not say (e.g. in containers)
+    kind: str  # "compute" or "graphics"
+    name: str | None = None
+    user: str | None = None
+    cmdline: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One device a process can run on: a whole GPU or a MIG instance."""
+
+    index: int  # NVML index (for MIG: the parent's index)
+    name: str
+    total_bytes: int  # what NVML (and nvidia-smi) report
+    free_bytes: int | None
+    used_bytes: int | None = None
+    reserved_bytes: int | None = None  # memory_info v2: held by the driver/firmware
+    uuid: str | None = None
+    # What cudaMemGetInfo reports as total; vLLM sizes from this. Below the NVML total
+    # where ECC or the driver reserves memory (L40S: 44.42 GiB vs 46068 MiB).
+    cuda_total_bytes: int | None = None
+    compute_capability: tuple[int, int] | None = None
+    mig_index: int | None = None  # set for a MIG instance
+    mig_mode: bool | None = None  # MIG enabled on this (parent) GPU
+    processes: tuple[GpuProcess, ...] = ()
+    source: str = "nvml"  # "nvml" (measured) or "catalog" (hypothetical, from --gpu)
+    notes: tuple[str, ...] = ()  # fields that degraded and why
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig_index is not None
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index}" if self.mig_index is None else f"GPU {self.index} MIG {self.mig_index}"
+
+    @property
+    def usable_total_bytes(self) -> int:
+        """The total the engines size against (CUDA's view when known)."""
+        return self.cuda_total_bytes if self.cuda_total_bytes is not None else self.total_bytes
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Host RAM as a process here can use it (cgroup limits applied)."""
+
+    total_bytes: int
+    available_bytes: int
+    cgroup_limit_bytes: int | None = None
+    numa_nodes: int = 1
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """Everything the probe saw, and which devices the engine will use."""
+
+    devices: tuple[GpuDevice, ...]
+    visible: tuple[GpuDevice, ...]  # in CUDA ordinal order, after CUDA_VISIBLE_DEVICES
+    host: HostMemory | None = None
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: str | None = None  # e.g. "12.8"
+    visible_devices_env: str | None = None  # the CUDA_VISIBLE_DEVICES text that chose them
+    source: str = "nvml"
+    notes: tuple[str, ...] = field(default=())

@@ -1,0 +1,340 @@
+"""A model's KV geometry and real weight bytes, from config.json and checkpoint metadata.
+
+`geometry_from_config` is pure: a config dict in, a `ModelGeometry` out, or one
+`ModelConfigError` naming the field that is missing or wrong. Where a config class in
+transformers fills defaults the raw JSON leaves out (Qwen2's `use_sliding_window`,
+Gemma 2's alternating layers), we apply the same defaults, because the engines see the
+config through transformers.
+
+Resolution of what the operator typed (an alias, a local directory, a Hugging Face id)
+lives in `launcher.resolve`; this module does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.errors import ModelConfigError, UnsupportedModel
+
+# Layer kinds that hold a KV cache, and the ones that hold a per-request state instead.
+FULL = "full"
+SLIDING = "sliding"
+MLA = "mla"
+LINEAR = "linear"  # linear attention / Mamba / SSM: a fixed-size state per request
+
+_LINEAR_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "ssm", "conv", "gated_delta_net", "short_conv"}
+_HYBRID_MODEL_TYPES = {
+    "jamba", "mamba", "mamba2", "falcon_mamba", "falcon_h1", "nemotron_h", "zamba", "zamba2",
+    "bamba", "granitemoehybrid", "qwen3_next", "lfm2", "minimax", "minimax_m1", "plamo2",
+    "qwen3_5", "qwen3_5_moe", "kimi_linear",
+}
+
+# Keys an engine may read the maximum length from (vLLM takes the smallest present;
+# SGLang the first in its own order). Kept here so both engines see one parsed config.
+MAX_LEN_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+    "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len",
+)
+
+DTYPE_BYTES = {
+    "float32": 4, "float": 4, "fp32": 4,
+    "float16": 2, "half": 2, "fp16": 2,
+    "bfloat16": 2, "bf16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1,
+}
+
+
+@dataclass(frozen=True)
+class MlaDims:
+    """Multi-head latent attention: one compressed latent per token per layer."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def latent_dim(self) -> int:
+        """Elements cached per token per layer (no separate K and V)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class Quantization:
+    method: str  # awq, gptq, fp8, compressed-tensors, bitsandbytes, mxfp4, ...
+    bits: int | None = None
+    kv_cache_scheme: str | None = None  # a checkpoint that asks for an fp8 KV cache
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """What sizes the KV cache and the activations, read from config.json."""
+
+    architecture: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    vocab_size: int
+    layer_kinds: tuple[str, ...]  # one of FULL, SLIDING, MLA, LINEAR per decoder layer
+    sliding_window: int | None
+    config_dtype: str | None  # as written in config.json (torch_dtype / dtype)
+    intermediate_size: int | None = None
+    mla: MlaDims | None = None
+    quantization: Quantization | None = None
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    is_multimodal: bool = False
+    vision_layers: int | None = None
+    vision_hidden_size: int | None = None
+    tie_word_embeddings: bool = False
+    # The text config as the engines read it, for engine-specific derivations
+    # (maximum length and rope scaling differ between vLLM and SGLang).
+    text_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def kv_layers(self) -> int:
+        return sum(1 for kind in self.layer_kinds if kind != LINEAR)
+
+    @property
+    def is_hybrid(self) -> bool:
+        return len(set(self.layer_kinds)) > 1
+
+    @property
+    def has_linear_layers(self) -> bool:
+        return LINEAR in self.layer_kinds
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: int, tp: int = 1) -> int:
+        """Bytes one token occupies across all KV layers on one rank, ignoring windows.
+
+        The plain formula the worked examples use: 2 (K and V) x layers x kv heads x
+        head_dim x dtype bytes; MLA caches one latent of kv_lora_rank + rope dims.
+        """
+        if self.mla is not None:
+            return self.kv_layers * self.mla.latent_dim * kv_dtype_bytes
+        heads = kv_heads_per_rank(self.num_kv_heads, tp)
+        return self.kv_layers * heads * (self.head_dim + self.v_head_dim) * kv_dtype_bytes
+
+
+def kv_heads_per_rank(total_kv_heads: int, tp: int) -> int:
+    """KV heads one tensor-parallel rank holds; fewer heads than ranks are replicated."""
+    return max(1, total_kv_heads // tp)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def text_config_of(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's config: `text_config` of multimodal wrappers, else the config.
+
+    Keys missing from the sub-config (a wrapper may keep `torch_dtype` at the top)
+    fall back to the wrapper's.
+    """
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = config.get(key)
+        if isinstance(sub, Mapping):
+            merged = {k: v for k, v in config.items() if k not in ("text_config", "llm_config", "language_config")}
+            merged.update(sub)
+            return merged
+    return config
+
+
+def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
+    """Parse config.json into a `ModelGeometry`, or raise one `ModelConfigError`."""
+    if not isinstance(config, Mapping):
+        raise ModelConfigError("config.json: expected a JSON object at the top level")
+    text = text_config_of(config)
+    architectures = config.get("architectures") or text.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ModelConfigError("config.json: 'architectures' must be a list of class names")
+    model_type = _opt_str(text, "model_type") or _opt_str(config, "model_type") or ""
+    architecture = architectures[0] if architectures else model_type or "unknown"
+
+    num_layers = _req_int(text, "num_hidden_layers", aliases=("n_layer", "num_layers", "n_layers"))
+    hidden = _req_int(text, "hidden_size", aliases=("n_embd", "d_model"))
+    heads = _req_int(text, "num_attention_heads", aliases=("n_head", "num_heads"))
+    kv_heads = _first_int(text, ("n_head_kv", "num_kv_heads", "num_key_value_heads",
+                                 "multi_query_group_num", "num_attention_groups"))
+    if kv_heads is None:
+        kv_heads = 1 if text.get("multi_query") is True else heads
+    head_dim = _opt_int(text, "head_dim")
+    if not head_dim:
+        head_dim = _opt_int(text, "hidden_size_per_head") or 0
+    if not head_dim:
+        if hidden % heads:
+            raise ModelConfigError(
+                f"config.json: no 'head_dim', and hidden_size {hidden} is not a multiple of "
+                f"num_attention_heads {heads}")
+        head_dim = hidden // heads
+    v_head_dim = head_dim
+    vocab = _opt_int(text, "vocab_size") or 0
+    if vocab <= 0:
+        raise ModelConfigError("config.json: missing 'vocab_size' (needed for the sampler's memory)")
+
+    mla = _mla_dims(text, model_type)
+    if mla is not None:
+        v_head_dim = mla.v_head_dim
+
+    layer_kinds, window = _layer_kinds(text, model_type, num_layers, mla is not None)
+    if any(kind == LINEAR for kind in layer_kinds) or model_type in _HYBRID_MODEL_TYPES:
+        layer_kinds = tuple(LINEAR if kind == LINEAR else kind for kind in layer_kinds)
+
+    vision = config.get("vision_config")
+    is_multimodal = isinstance(vision, Mapping) or "text_config" in config
+    vision_layers = vision_hidden = None
+    if isinstance(vision, Mapping):
+        vision_layers = _opt_int(vision, "num_hidden_layers") or _opt_int(vision, "depth")
+        vision_hidden = _opt_int(vision, "hidden_size")
+
+    return ModelGeometry(
+        architecture=architecture,
+        model_type=model_type,
+        num_layers=num_layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        vocab_size=vocab,
+        layer_kinds=layer_kinds,
+        sliding_window=window,
+        config_dtype=_config_dtype(config, text),
+        intermediate_size=_opt_int(text, "intermediate_size"),
+        mla=mla,
+        quantization=_quantization(config, text),
+        num_experts=_first_int(text, ("num_local_experts", "n_routed_experts", "num_experts")),
+        experts_per_token=_first_int(text, ("num_experts_per_tok", "moe_top_k", "top_k_experts")),
+        is_multimodal=is_multimodal,
+        vision_layers=vision_layers,
+        vision_hidden_size=vision_hidden,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        text_config=dict(text),
+    )
+
+
+def refuse_unsupported(geometry: ModelGeometry) -> None:
+    """Raise `UnsupportedModel` for layouts whose KV size we would only guess."""
+    if geometry.has_linear_layers or geometry.model_type in _HYBRID_MODEL_TYPES:
+        linear = sum(1 for kind in geometry.layer_kinds if kind == LINEAR)
+        raise UnsupportedModel(
+            f"{geometry.architecture} is a hybrid model ({linear} of {geometry.num_layers} layers keep a "
+            "linear-attention/Mamba state per request); safe-serve does not size that state yet",
+            hint="pin --kv-cache-memory-bytes (vLLM) or --max-total-tokens (SGLang), or pass --trust-engine",
+        )
+
+
+def _mla_dims(text: Mapping[str, Any], model_type: str) -> MlaDims | None:
+    rank = _opt_int(text, "kv_lora_rank")
+    if not rank:
+        return None
+    rope = _req_int(text, "qk_rope_head_dim")
+    nope = _opt_int(text, "qk_nope_head_dim") or 0
+    v_head = _opt_int(text, "v_head_dim") or nope
+    return MlaDims(kv_lora_rank=rank, qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=v_head)
+
+
+def _layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
+                 is_mla: bool) -> tuple[tuple[str, ...], int | None]:
+    """Per-layer attention kind and the sliding window, as transformers' configs define them."""
+    window = _opt_int(text, "sliding_window")
+    if window == 0:
+        window = None  # some checkpoints write 0 for "no window"; vLLM treats it so
+    layer_types = text.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+            raise ModelConfigError(
+                f"config.json: 'layer_types' must list one type per layer ({num_layers} layers)")
+        kinds = []
+        for entry in layer_types:
+            if entry in _LINEAR_LAYER_TYPES:
+                kinds.append(LINEAR)
+            elif entry in ("sliding_attention", "chunked_attention") and window:
+                kinds.append(SLIDING)
+            else:
+                kinds.append(MLA if is_mla else FULL)
+        return tuple(kinds), window if SLIDING in kinds else None
+
+    if model_type.startswith(("qwen2", "qwen3")):
+        # Qwen2Config keeps a window only with use_sliding_window, from max_window_layers on.
+        if not text.get("use_sliding_window", False):
+            window = None
+        first_sliding = _opt_int(text, "max_window_layers") or 0
+        kinds = [SLIDING if window and i >= first_sliding else FULL for i in range(num_layers)]
+    elif model_type in ("gemma2",) and window:
+        kinds = [SLIDING if (i + 1) % 2 else FULL for i in range(num_layers)]
+    elif model_type in ("gemma3", "gemma3_text") and window:
+        pattern = _opt_int(text, "sliding_window_pattern") or 6
+        kinds = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
+    elif model_type in ("cohere2",) and window:
+        pattern = _opt_int(text, "sliding_window_pattern") or 4
+        kinds = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
+    elif window:
+        kinds = [SLIDING] * num_layers  # Mistral-style: one window on every layer
+    else:
+        kinds = [MLA if is_mla else FULL] * num_layers
+    if is_mla:
+        kinds = [MLA if kind == FULL else kind for kind in kinds]
+    return tuple(kinds), window if SLIDING in kinds else None
+
+
+def _config_dtype(config: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
+    for source in (config, text):
+        for key in ("dtype", "torch_dtype"):
+            value = source.get(key)
+            if isinstance(value, str) and value:
+                return value.removeprefix("torch.")
+    return None
+
+
+def _quantization(config: Mapping[str, Any], text: Mapping[str, Any]) -> Quantization | None:
+    qc = config.get("quantization_config") or text.get("quantization_config")
+    if not isinstance(qc, Mapping):
+        return None
+    method = str(qc.get("quant_method") or qc.get("quant_type") or "unknown").lower()
+    bits = qc.get("bits") or qc.get("w_bit") or qc.get("num_bits")
+    if method == "bitsandbytes":
+        bits = 4 if qc.get("load_in_4bit") else 8 if qc.get("load_in_8bit") else bits
+    kv_scheme = None
+    if str(qc.get("kv_cache_quant_algo", "")).upper() == "FP8" or qc.get("kv_cache_scheme"):
+        kv_scheme = "fp8"
+    return Quantization(method=method, bits=int(bits) if isinstance(bits, (int, float)) else None,
+                        kv_cache_scheme=kv_scheme)
+
+
+# --------------------------------------------------------------------------- field access
+
+
+def _opt_int(cfg: Mapping[str, Any], key: str) -> int | None:
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+        raise ModelConfigError(f"config.json: '{key}' must be a non-negative whole number, not {value!r}")
+    return int(value)
+
+
+def _req_int(cfg: Mapping[str, Any], key: str, aliases: tuple[str, ...] = ()) -> int:
+    value = _first_int(cfg, (key, *aliases))
+    if value is None:
+        raise ModelConfigError(f"config.json: missing '{key}' (needed to size the KV cache)")
+    if value <= 0:
+        raise ModelConfigError(f"config.json: '{key}' must be positive, not {value}")
+    return value
+
+
+def _first_int(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = _opt_int(cfg, key)
+        if value is not None:
+            return value
+    return None
+
+
+def _opt_str(cfg: Mapping[str, Any], key: str) -> str | None:
+    value = cfg.get(key)
+    return value if isinstance(value, str) else None
