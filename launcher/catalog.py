@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from launcher.errors import UsageError
-from launcher.gpu import GpuDevice
+from launcher.gpu import CUDA_RESERVE_FRACTION, GpuDevice
 from launcher.paths import profiles_dir
 from launcher.units import MiB, parse_size
 
@@ -85,11 +85,12 @@ def hypothetical_gpus(specs: Sequence[str], catalog: Sequence[CatalogGpu] | None
 def _device(what: str, spec: str, index: int, catalog: Sequence[CatalogGpu] | None) -> GpuDevice:
     gpu = find(what, catalog)
     if gpu is not None:
-        usable = gpu.cuda_total_bytes or gpu.nvml_total_bytes
+        usable = gpu.cuda_total_bytes or int(gpu.nvml_total_bytes * (1 - CUDA_RESERVE_FRACTION))
         return GpuDevice(index=index, name=gpu.name, total_bytes=gpu.nvml_total_bytes, free_bytes=usable,
                          used_bytes=gpu.nvml_total_bytes - usable, cuda_total_bytes=gpu.cuda_total_bytes,
                          compute_capability=gpu.compute_capability, source="catalog",
-                         notes=(f"CUDA total: {gpu.cuda_total_source}",) if gpu.cuda_total_source else ())
+                         notes=(f"CUDA total: {gpu.cuda_total_source}" if gpu.cuda_total_bytes else
+                                "CUDA total unknown: NVML total less 2 %",))
     if re.match(r"^\s*\d", what):
         size = parse_size(what)
         return GpuDevice(index=index, name=f"{size / MiB:.0f} MiB GPU", total_bytes=size, free_bytes=size,

@@ -339,7 +339,9 @@ def _plan_vllm_gpu(request: PlanRequest) -> Plan:
     others = gpu.total_bytes - free
     items = [
         BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
-                   "cudaMemGetInfo total" + (" from the GPU catalog" if gpu.cuda_total_bytes else " = NVML total")),
+                   "cudaMemGetInfo total" + (" (catalog)" if gpu.cuda_total_bytes else
+                                             " = NVML total - driver reserve" if gpu.reserved_bytes else
+                                             " ~ NVML total - 2 % (not measured for this GPU)")),
         BudgetItem("other", "held by others", max(others, 0), MEASURED if gpu.source == "nvml" else CATALOG,
                    _tenants_detail(gpu), bar="other"),
         BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA,
@@ -603,13 +605,14 @@ def alternatives_for(request: PlanRequest) -> tuple[str, ...]:
         except (WontFit, UsageError):
             return None
 
-    without_len = _drop_flag(args, length_flag)
-    if without_len != args or request.concurrency > 1:
-        plan = attempt("length", engine_args=tuple(without_len))
+    # Alternatives free the length (the usual reason nothing fits) and report what it becomes.
+    free_len = _drop_flag(args, length_flag)
+    if free_len != args or request.concurrency > 1:
+        plan = attempt("length", engine_args=tuple(free_len))
         if plan is not None:
             found.append(f"{length_flag} {plan.max_model_len} (the longest that fits)")
     if "--kv-cache-dtype" not in " ".join(args):
-        plan = attempt("fp8", engine_args=tuple([*args, "--kv-cache-dtype", kv_flag_value]))
+        plan = attempt("fp8", engine_args=tuple([*free_len, "--kv-cache-dtype", kv_flag_value]))
         if plan is not None:
             found.append(f"--kv-cache-dtype {kv_flag_value}: {plan.kv_cache_tokens:,} KV tokens, "
                          f"{length_flag} {plan.max_model_len}")
@@ -618,10 +621,11 @@ def alternatives_for(request: PlanRequest) -> tuple[str, ...]:
             if len(request.gpus) >= tp:
                 plan = attempt("tp", engine_args=tuple([*args, tp_flag, str(tp)]))
                 if plan is not None:
-                    found.append(f"{tp_flag} {tp} over {tp} GPUs: {plan.kv_cache_tokens:,} KV tokens")
+                    found.append(f"{tp_flag} {tp} over {tp} GPUs: {plan.kv_cache_tokens:,} KV tokens, "
+                                 f"{length_flag} {plan.max_model_len}")
                     break
     for variant in request.variants:
-        plan = attempt("quantized", model=variant, variants=())
+        plan = attempt("quantized", model=variant, variants=(), engine_args=tuple(free_len))
         if plan is not None:
             found.append(f"quantized checkpoint {variant.alias or variant.name} ({variant.name}): "
                          f"{plan.kv_cache_tokens:,} KV tokens, {length_flag} {plan.max_model_len}")

@@ -1,0 +1,192 @@
+"""The planner: worked examples, pinned flags, refusals with computed alternatives."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from launcher.catalog import hypothetical_gpus
+from launcher.engines import sglang as sg
+from launcher.errors import ExitCode, UsageError, WontFit
+from launcher.gpu import GpuDevice, GpuProcess, HostMemory
+from launcher.model import geometry_from_config
+from launcher.plan import PlanRequest, make_plan
+from launcher.resolve import resolve_model
+from launcher.units import GiB, MiB
+
+from tests.test_model import LLAMA_8B
+
+
+def request(model: str = "llama-3.1-8b", gpu: str = "24576MiB", **changes: object) -> PlanRequest:
+    base = PlanRequest(model=resolve_model(model), engine="vllm", gpus=hypothetical_gpus([gpu]))
+    return dataclasses.replace(base, **changes)
+
+
+class TestWorkedExampleA:
+    """Llama-3.1-8B bf16 on 24 GiB (24576 MiB)."""
+
+    def test_vllm_upper_bound_before_activations(self) -> None:
+        """0.92 x 24 GiB - weights = 7.12 GiB = 58,347 tokens of 128 KiB, before activations and graphs."""
+        plan = make_plan(request())
+        requested, weights = plan.item("requested").bytes, plan.item("weights").bytes
+        upper = requested - weights
+        assert round(upper / GiB, 2) == 7.12
+        assert upper // (128 * 1024) == 58347
+        # The plan then subtracts the activation peak, non-torch memory and the graph estimate.
+        assert plan.kv_cache_bytes == upper - sum(plan.item(k).bytes for k in ("non_torch", "activation", "cudagraph"))
+
+    def test_vllm_tokens_are_whole_blocks(self) -> None:
+        """The predicted tokens are the blocks the KV bytes hold at 2 MiB per 16-token block."""
+        plan = make_plan(request())
+        assert plan.num_blocks == plan.kv_cache_bytes // (2 * MiB)
+        assert plan.max_model_len % 16 == 0 and plan.max_concurrency >= 1.0
+
+    def test_sglang_default_fraction_and_pool(self) -> None:
+        """SGLang's default is 0.704 on 24576 MiB; f x 24 GiB - weights = 1.94 GiB = 15,879 tokens."""
+        geometry = geometry_from_config(LLAMA_8B)
+        derivation = sg.default_fraction(geometry, gpu_mem_mib=24576, tp=1, pp=1, pinned={},
+                                         rules=sg.rules_for(None)[0])
+        assert derivation.fraction == 0.704 and derivation.reserved_mib == 7280
+        tokens, budget = sg.pool_tokens(pre_load_bytes=24 * GiB, after_load_bytes=24 * GiB - 16060522496,
+                                        fraction_value=0.704, cell_bytes=131072, page_size=1, max_total_tokens=None)
+        assert round(budget / GiB, 2) == 1.94 and tokens == 15879
+
+    def test_sglang_chunked_2048_gives_about_5_gib(self) -> None:
+        """With --chunked-prefill-size 2048 the reserve shrinks and the pool is ~4.99 GiB."""
+        geometry = geometry_from_config(LLAMA_8B)
+        derivation = sg.default_fraction(geometry, gpu_mem_mib=24576, tp=1, pp=1,
+                                         pinned={"--chunked-prefill-size": 2048}, rules=sg.rules_for(None)[0])
+        _, budget = sg.pool_tokens(pre_load_bytes=24 * GiB, after_load_bytes=24 * GiB - 16060522496,
+                                   fraction_value=derivation.fraction, cell_bytes=131072, page_size=1,
+                                   max_total_tokens=None)
+        assert round(budget / GiB, 2) == 4.99
+
+
+class TestWorkedExampleB:
+    def test_qwen25_7b_hand_estimate_and_ours(self) -> None:
+        """Hand: 24 x 0.9 - ~15 weights - flat 2 = 4.6 GiB = ~86,000 tokens; ours shows each difference."""
+        hand = (24 * 0.9 - 15 - 2) * GiB
+        assert round(hand / GiB, 1) == 4.6 and round(hand / 57344, -3) == 86000
+        model = resolve_model("qwen2.5-7b")
+        plan = make_plan(request("qwen2.5-7b", "24GiB", engine_args=("--gpu-memory-utilization", "0.9")))
+        # Differences, each an item: real weights are 14.19 GiB, not 15; the activation peak of a
+        # 2048-token profile run, non-torch memory and CUDA graphs replace the flat 2 GiB.
+        assert plan.item("weights").bytes == model.weight_bytes and round(model.weight_bytes / GiB, 2) == 14.19
+        itemised = sum(plan.item(k).bytes for k in ("non_torch", "activation", "cudagraph"))
+        assert plan.kv_cache_bytes == plan.item("requested").bytes - model.weight_bytes - itemised
+        assert itemised < 2 * GiB and plan.kv_cache_bytes > hand
+        assert plan.gpu_memory_utilization == 0.9 and "--gpu-memory-utilization" not in plan.engine_args
+
+
+class TestSglangFractionTable:
+    """SGLang 0.5.23's own resolution (reference §1.6, produced by running its code)."""
+
+    @pytest.mark.parametrize(("mib", "tp", "pinned", "expected"), [
+        (15360, 1, {}, 0.735), (16384, 1, {}, 0.752), (20480, 1, {}, 0.645), (23028, 1, {}, 0.684),
+        (24564, 1, {}, 0.704), (24576, 2, {}, 0.699), (24576, 4, {}, 0.679), (24576, 8, {}, 0.658),
+        (40960, 1, {}, 0.823), (40960, 4, {}, 0.807), (49140, 1, {}, 0.853), (61440, 1, {}, 0.774),
+        (81559, 1, {}, 0.83), (81559, 2, {}, 0.828), (81559, 4, {}, 0.819), (81559, 8, {}, 0.812),
+        (143771, 1, {}, 0.903), (143771, 8, {}, 0.893), (183359, 1, {}, 0.854), (183359, 8, {}, 0.849),
+        (24576, 1, {"--disable-cuda-graph": True}, 0.724), (24576, 1, {"--disable-prefill-cuda-graph": True}, 0.72),
+        (24576, 1, {"--max-running-requests": 16}, 0.706), (24576, 1, {"--cuda-graph-max-bs-decode": 64}, 0.702),
+        (24576, 1, {"--chunked-prefill-size": 8192}, 0.451), (24576, 1, {"--chunked-prefill-size": -1}, -0.03),
+        (24576, 1, {"--max-total-tokens": 2000}, 0.707), (81920, 1, {"--chunked-prefill-size": 2048}, 0.875),
+    ])
+    def test_llama_fraction(self, mib: int, tp: int, pinned: dict, expected: float) -> None:
+        """The default fraction for Llama-3.1-8B matches SGLang's own output."""
+        geometry = geometry_from_config(LLAMA_8B)
+        derivation = sg.default_fraction(geometry, gpu_mem_mib=mib, tp=tp, pp=1, pinned=pinned,
+                                         rules=sg.rules_for(None)[0])
+        assert derivation.fraction == expected
+
+    def test_pp2_turns_prefill_graph_off(self) -> None:
+        """--pp-size 2 disables the breakable prefill graph: 0.715 on 24576 MiB."""
+        geometry = geometry_from_config(LLAMA_8B)
+        assert sg.default_fraction(geometry, gpu_mem_mib=24576, tp=1, pp=2, pinned={},
+                                   rules=sg.rules_for(None)[0]).fraction == 0.715
+
+    @pytest.mark.parametrize(("mib", "expected"), [(24576, 0.658), (81920, 0.817)])
+    def test_mla_flat_reserve(self, mib: int, expected: float) -> None:
+        """DeepSeek-V2-Lite (MLA) reserves a flat 1.5 GiB for the prefill graph."""
+        geometry = resolve_model("deepseek-v2-lite").geometry
+        assert sg.default_fraction(geometry, gpu_mem_mib=mib, tp=1, pp=1, pinned={},
+                                   rules=sg.rules_for(None)[0]).fraction == expected
+
+
+class TestPinnedAndTenants:
+    def test_pinned_length_is_kept_and_not_added(self) -> None:
+        """A pinned --max-model-len is kept and the plan adds only the utilization."""
+        plan = make_plan(request(engine_args=("--max-model-len", "8192")))
+        assert plan.max_model_len == 8192 and plan.engine_args == ("--gpu-memory-utilization", "0.92")
+
+    def test_other_tenants_lower_the_utilization(self) -> None:
+        """With 10 GiB held by another process the utilization comes from free memory, not total."""
+        busy = GpuDevice(index=0, name="NVIDIA H100 80GB HBM3", total_bytes=81559 * MiB, free_bytes=70 * GiB,
+                         cuda_total_bytes=79 * GiB + 200 * MiB, compute_capability=(9, 0),
+                         processes=(GpuProcess(pid=4121, used_bytes=10 * GiB, kind="compute", name="python"),))
+        plan = make_plan(request(gpus=(busy,)))
+        assert plan.gpu_memory_utilization < 0.92
+        assert plan.item("requested").bytes <= 70 * GiB - plan.item("context").bytes - 256 * MiB
+        assert "pid 4121 python" in plan.item("other").detail
+
+    def test_pinned_utilization_above_free_refuses(self) -> None:
+        """vLLM refuses to start when free < total x utilization; we say so first (exit 78)."""
+        busy = GpuDevice(index=0, name="x", total_bytes=24 * GiB, free_bytes=12 * GiB, cuda_total_bytes=24 * GiB)
+        with pytest.raises(WontFit, match="refuse to start") as info:
+            make_plan(request(gpus=(busy,), engine_args=("--gpu-memory-utilization", "0.9")))
+        assert info.value.exit_code == ExitCode.CONFIG
+
+    def test_max_gpu_memory_caps_the_request(self) -> None:
+        """--max-gpu-memory 40GiB on an 80 GB card keeps context + requested under 40 GiB."""
+        plan = make_plan(request("qwen2.5-7b", "81559MiB", max_gpu_memory_bytes=40 * GiB))
+        assert plan.item("requested").bytes + plan.item("context").bytes <= 40 * GiB
+
+
+class TestWontFit:
+    def test_too_long_pinned_length_offers_computed_alternatives(self) -> None:
+        """Llama-8B at 131072 tokens on 24 GiB will not fit; each alternative was planned."""
+        with pytest.raises(WontFit) as info:
+            make_plan(request(engine_args=("--max-model-len", "131072")))
+        alternatives = info.value.alternatives
+        assert any(a.startswith("--max-model-len ") for a in alternatives)
+        assert any("--kv-cache-dtype fp8" in a for a in alternatives)
+        shorter = int(alternatives[0].split()[1])
+        assert 16 <= shorter < 131072
+        assert make_plan(request(engine_args=("--max-model-len", str(shorter)))).max_model_len == shorter
+
+    def test_tensor_parallel_alternative_needs_the_gpus(self) -> None:
+        """Llama-70B on 2 x 80 GB: TP 2 is offered only because two GPUs are there."""
+        with pytest.raises(WontFit) as info:
+            make_plan(request("llama-3.1-70b", "2x81559MiB"))
+        assert any(a.startswith("--tensor-parallel-size 2") for a in info.value.alternatives)
+
+    def test_more_ranks_than_gpus(self) -> None:
+        """TP 4 with one visible GPU is refused with the count."""
+        with pytest.raises(WontFit, match="need 4 GPUs; 1 visible"):
+            make_plan(request(engine_args=("--tensor-parallel-size", "4")))
+
+
+class TestCpuPlan:
+    def test_env_space_is_pinned(self) -> None:
+        """VLLM_CPU_KVCACHE_SPACE=1 is kept: 1 GiB of KV, nothing added to the env."""
+        host = HostMemory(total_bytes=24 * GiB, available_bytes=20 * GiB)
+        plan = make_plan(request("qwen2.5-7b", device="cpu", gpus=(), host=host,
+                                 engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"}, engine_args=("--max-model-len", "4096")))
+        assert plan.kv_cache_bytes == GiB and plan.engine_env == {} and plan.block_size == 128
+        assert plan.num_blocks == GiB // (128 * 57344)
+
+    def test_space_chosen_in_whole_gib(self) -> None:
+        """Unpinned, the plan sets VLLM_CPU_KVCACHE_SPACE to the whole GiB the requests need."""
+        host = HostMemory(total_bytes=24 * GiB, available_bytes=22 * GiB)
+        plan = make_plan(request("qwen2.5-7b", device="cpu", gpus=(), host=host, concurrency=2,
+                                 engine_args=("--max-model-len", "16384")))
+        needed = 2 * 16384 * 57344
+        assert plan.cpu_kvcache_space_gib == -(-(needed + 128 * 57344) // GiB)
+        assert plan.engine_env == {"VLLM_CPU_KVCACHE_SPACE": str(plan.cpu_kvcache_space_gib)}
+
+
+def test_bad_concurrency_is_a_usage_error() -> None:
+    """--concurrency 0 is refused as a usage error."""
+    with pytest.raises(UsageError):
+        make_plan(request(concurrency=0))
