@@ -78,11 +78,11 @@ def plan_command(**opts: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the probe object the planner consumes.")
 def gpus_command(as_json: bool) -> None:
     """What the probe sees: GPUs, free memory and the processes holding it."""
-    from launcher.gpus_view import inventory_to_json, render_inventory
-    from launcher.probe import probe_inventory
+    from launcher.gpus_view import main_gpus
 
-    inventory = probe_inventory()
-    click.echo(json.dumps(inventory_to_json(inventory), indent=2) if as_json else render_inventory(inventory))
+    code = main_gpus(as_json)
+    if code:
+        sys.exit(code)
 
 
 @cli.command("models")

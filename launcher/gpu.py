@@ -76,6 +76,7 @@ class HostMemory:
     available_bytes: int
     cgroup_limit_bytes: int | None = None
     numa_nodes: int = 1
+    cpu_amx: bool | None = None  # AMX tiles (amx_tile in /proc/cpuinfo): vLLM's CPU MLA kernel choice
 
 
 @dataclass(frozen=True)

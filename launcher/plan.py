@@ -208,7 +208,8 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     block, block_reason = vl.block_size(geometry, device=request.device, compute_capability=compute_capability,
-                                        pinned=pinned.get("--block-size"))
+                                        pinned=pinned.get("--block-size"),
+                                        cpu_amx=request.host.cpu_amx if request.host else None)
     layout = vl.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
     max_len, max_len_reason = vl.derived_max_model_len(geometry, rules=rules)
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,

@@ -139,8 +139,14 @@ def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str) -> tuple[int, s
 
 
 def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tuple[int, int] | None,
-               pinned: int | None) -> tuple[int, str]:
-    """Tokens per KV block: the attention backend's preference unless pinned."""
+               pinned: int | None, cpu_amx: bool | None = None) -> tuple[int, str]:
+    """Tokens per KV block: the attention backend's preference unless pinned.
+
+    On CPU the reference MLA kernel (no AMX) only compiles for block 16 and vLLM forces
+    it even over a pinned --block-size (`CpuPlatform.check_and_update_config`).
+    """
+    if device == "cpu" and geometry.mla is not None and not cpu_amx:
+        return 16, "CPU MLA reference kernel (no AMX) requires block 16 (vllm/platforms/cpu.py)"
     if pinned:
         return pinned, "pinned --block-size"
     if device == "cpu":

@@ -1,0 +1,529 @@
+"""Start a real vLLM (CPU) OpenAI server, capture its startup lines, stop it.
+
+Used by the CI integration tests and by the script that (re)generates
+``tests/data/vllm_cpu_truth.json``.  Standard library only.
+
+    run = run_vllm_cpu(model_dir, ["--max-model-len", "4096"],
+                       {"VLLM_CPU_KVCACHE_SPACE": "1"}, python="/venv/bin/python",
+                       timeout=240, keep_alive=lambda run: complete(run.base_url, "hi"))
+    run.kv_tokens, run.concurrency, run.exit_code, run.lines
+
+The server is started in its own session / process group; at the end the whole
+group gets SIGTERM, then SIGKILL, so EngineCore children never leak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# "(EngineCore pid=1) INFO 01-02 03:04:05 [kv_cache_utils.py:2330] CPU KV cache size: 1,048,576 tokens,
+#  Maximum concurrency for 4,096 tokens per request: 256.00x"
+KV_LINE_RE = re.compile(
+    r"(?P<dev>[A-Z]+)(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens, "
+    r"Maximum concurrency for (?P<mml>[\d,]+) tokens per request: (?P<conc>[\d.]+)x"
+)
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+
+# Lines worth keeping verbatim in ground-truth records (substring match).
+INTERESTING = (
+    "KV cache size",
+    "block size",
+    "block_size",
+    "kv cache group",
+    "kv lcm block",
+    "padding layers",
+    "sliding window",
+    "sliding_window",
+    "Sliding window",
+    "hybrid",
+    "Hybrid",
+    "Explicitly set",
+    "Auto set",
+    "Using max model len",
+    "max_num_batched_tokens",
+    "kv cache",
+    "KV cache",
+    "kv_cache_dtype",
+    "data type to store kv cache",
+    "Chunked prefill",
+    "chunked prefill",
+    "prefix caching",
+    "MLA",
+    "Error",
+    "ERROR",
+    "error",
+    "Traceback",
+    "failed",
+    "not supported",
+    "Using ",
+)
+
+
+@dataclass
+class EngineRun:
+    cmd: list[str]
+    env_extra: dict[str, str]
+    lines: list[str] = field(default_factory=list)  # stdout+stderr, ANSI stripped, in arrival order
+    kv_line: str | None = None  # message part of the "KV cache size" line (from "CPU KV cache size")
+    kv_line_full: str | None = None  # the whole log line
+    kv_tokens: int | None = None
+    concurrency: float | None = None
+    concurrency_str: str | None = None  # exactly as printed, e.g. "256.00"
+    max_model_len_printed: int | None = None
+    ready: bool = False  # GET /health returned 200
+    exit_code: int | None = None  # None if it was still running when we stopped it
+    killed: bool = False
+    timed_out: bool = False
+    port: int | None = None
+    t_kv_line: float | None = None  # seconds from spawn
+    t_ready: float | None = None
+    t_total: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # results of keep_alive etc.
+    n_lines_before_stop: int | None = None  # len(lines) when we began stopping the server
+
+    @property
+    def startup_lines(self) -> list[str]:
+        """Lines printed before the harness began shutting the server down."""
+        return self.lines if self.n_lines_before_stop is None else self.lines[: self.n_lines_before_stop]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ok(self) -> bool:
+        return self.kv_tokens is not None and self.ready
+
+    def interesting_lines(self) -> list[str]:
+        return [ln for ln in self.lines if any(s in ln for s in INTERESTING)]
+
+    def error_lines(self) -> list[str]:
+        keys = ("Error", "error:", "ERROR", "Exception", "raise ", "failed")
+        return [ln for ln in self.lines if any(k in ln for k in keys)]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(method: str, url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
+
+
+def health(base_url: str, timeout: float = 2.0) -> bool:
+    try:
+        return _http("GET", base_url + "/health", timeout=timeout)[0] == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def complete(base_url: str, prompt: str = "Hello world", max_tokens: int = 4,
+             model: str | None = None, timeout: float = 120.0) -> dict:
+    """Fire one /v1/completions request; returns the parsed JSON (raises on HTTP error)."""
+    if model is None:
+        model = models(base_url, timeout=timeout)[0]
+    st, txt = _http("POST", base_url + "/v1/completions",
+                    {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+                    timeout=timeout)
+    if st != 200:
+        raise RuntimeError(f"/v1/completions -> HTTP {st}: {txt[:500]}")
+    return json.loads(txt)
+
+
+def chat(base_url: str, content: str = "Hello", max_tokens: int = 4,
+         model: str | None = None, timeout: float = 120.0) -> dict:
+    """Fire one /v1/chat/completions request; returns the parsed JSON (raises on HTTP error)."""
+    if model is None:
+        model = models(base_url, timeout=timeout)[0]
+    st, txt = _http("POST", base_url + "/v1/chat/completions",
+                    {"model": model, "messages": [{"role": "user", "content": content}],
+                     "max_tokens": max_tokens, "temperature": 0},
+                    timeout=timeout)
+    if st != 200:
+        raise RuntimeError(f"/v1/chat/completions -> HTTP {st}: {txt[:500]}")
+    return json.loads(txt)
+
+
+def models(base_url: str, timeout: float = 10.0) -> list[str]:
+    st, txt = _http("GET", base_url + "/v1/models", timeout=timeout)
+    if st != 200:
+        raise RuntimeError(f"/v1/models -> HTTP {st}: {txt[:500]}")
+    return [m["id"] for m in json.loads(txt)["data"]]
+
+
+def metrics(base_url: str, timeout: float = 10.0) -> str:
+    return _http("GET", base_url + "/metrics", timeout=timeout)[1]
+
+
+def parse_kv_line(line: str) -> dict | None:
+    m = KV_LINE_RE.search(line)
+    if not m:
+        return None
+    return {
+        "device": m.group("dev"),
+        "tokens": int(m.group("tokens").replace(",", "")),
+        "max_model_len": int(m.group("mml").replace(",", "")),
+        "concurrency": float(m.group("conc")),
+        "concurrency_str": m.group("conc"),
+        "message": line[m.start():],
+    }
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop the server and everything it spawned.
+
+    SIGTERM to the API server first (it shuts its EngineCore down cleanly), then SIGTERM
+    and finally SIGKILL to the whole process group for whatever is left.
+    """
+    pgid = proc.pid  # start_new_session=True -> the leader's pid is the pgid
+
+    def wait_group(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            proc.poll()
+            if not _group_alive(pgid):
+                return True
+            time.sleep(0.2)
+        return not _group_alive(pgid)
+
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    if not wait_group(grace):
+        for sig, secs in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            if wait_group(secs):
+                break
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def run_vllm_cpu(
+    model_dir: str,
+    args: list[str],
+    env_extra: dict[str, str] | None = None,
+    python: str = sys.executable,
+    timeout: float = 300.0,
+    port: int | None = None,
+    keep_alive: Callable[[EngineRun], Any] | None = None,
+    echo: bool = False,
+) -> EngineRun:
+    """Start ``python -m vllm.entrypoints.openai.api_server --model MODEL_DIR ARGS`` and
+    return once the ``KV cache size`` line was seen AND ``/health`` is 200, or the process
+    exited, or ``timeout`` seconds passed.  ``keep_alive(run)`` (e.g. firing a request) is
+    called while the server is up and its result stored in ``run.extra['keep_alive']``
+    (exceptions in ``run.extra['keep_alive_error']``).  The process group is always killed.
+    """
+    port = port or free_port()
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--host", "127.0.0.1", "--port", str(port), *args]
+    env = dict(os.environ)
+    env.update({"PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    env.update(env_extra or {})
+    run = EngineRun(cmd=cmd, env_extra=dict(env_extra or {}), port=port)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, start_new_session=True, text=True, errors="replace", bufsize=1)
+    lock = threading.Lock()
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = ANSI_RE.sub("", raw.rstrip("\n"))
+            if echo:
+                print(line, file=sys.stderr, flush=True)
+            with lock:
+                run.lines.append(line)
+                if run.kv_line is None:
+                    p = parse_kv_line(line)
+                    if p:
+                        run.kv_line, run.kv_line_full = p["message"], line
+                        run.kv_tokens, run.concurrency = p["tokens"], p["concurrency"]
+                        run.concurrency_str = p["concurrency_str"]
+                        run.max_model_len_printed = p["max_model_len"]
+                        run.t_kv_line = time.monotonic() - t0
+
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    try:
+        while True:
+            if proc.poll() is not None:
+                run.exit_code = proc.returncode
+                break
+            if time.monotonic() - t0 > timeout:
+                run.timed_out = True
+                break
+            with lock:
+                have_kv = run.kv_tokens is not None
+            if have_kv and health(run.base_url):
+                run.ready = True
+                run.t_ready = time.monotonic() - t0
+                break
+            time.sleep(0.5)
+        if run.ready and keep_alive is not None:
+            try:
+                run.extra["keep_alive"] = keep_alive(run)
+            except Exception as e:  # noqa: BLE001 - recorded for the caller
+                run.extra["keep_alive_error"] = f"{type(e).__name__}: {e}"
+    finally:
+        with lock:
+            run.n_lines_before_stop = len(run.lines)
+        if proc.poll() is None:
+            run.killed = True
+            _kill_group(proc)
+        else:
+            _kill_group(proc)  # reap any orphaned children in the group
+            run.exit_code = proc.returncode
+        th.join(timeout=10)
+        run.t_total = time.monotonic() - t0
+    return run
+
+
+# --------------------------------------------------------------------------------------
+# Ground-truth matrix (tests/data/vllm_cpu_truth.json)
+# --------------------------------------------------------------------------------------
+
+PREFIX_RE = re.compile(r"^\((?P<proc>[^ )]+) pid=\d+\) (?P<lvl>[A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d ")
+ENGINE_CFG_RE = re.compile(
+    r"dtype=(?P<dtype>[\w.]+), max_seq_len=(?P<max_seq_len>\d+),.*?kv_cache_dtype=(?P<kv_cache_dtype>\w+),"
+    r".*?enable_prefix_caching=(?P<enable_prefix_caching>\w+), enable_chunked_prefill=(?P<enable_chunked_prefill>\w+)"
+)
+CACHE_INFO_RE = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.M)
+LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+# Lines that say nothing about KV sizing (environment noise on the reference machine).
+NOISE = ("ulimit", "libtcmalloc", "libiomp", "Triton", "triton", "DeprecationWarning", "deprecated",
+         "Route:", "leaked", "resource_tracker", "FutureWarning", "nanobind", "Enforce eager",
+         "Inductor compilation", "reduce_op", "NUMA binding", "Final IR op priority")
+KEYWORDS = ("KV cache", "kv cache", "block size", "block_size", "sliding", "Sliding", "hybrid", "Hybrid",
+            "padding layers", "Explicitly set", "Auto set", "Using max model len", "max_num_batched_tokens",
+            "data type to store kv cache", "MLA", "chunked prefill", "prefix caching", "Resolved architecture",
+            "Error", "error", "Exception", "not supported", "Unsupported", "unsupported", "failed")
+
+
+def normalize_line(line: str) -> str:
+    """Drop the pid and timestamp from vLLM's log prefix (they change every run)."""
+    return PREFIX_RE.sub(lambda m: f"({m.group('proc')}) {m.group('lvl')} ", line)
+
+
+def relevant_lines(lines: list[str]) -> list[str]:
+    out: list[str] = []
+    for ln in lines:
+        if not ln.strip() or any(n in ln for n in NOISE):
+            continue
+        m = PREFIX_RE.match(ln)
+        lvl = m.group("lvl") if m else ""
+        if lvl in ("WARNING", "ERROR", "CRITICAL") or any(k in ln for k in KEYWORDS):
+            if "Initializing a V1 LLM engine" in ln or "non-default args" in ln:
+                continue
+            nl = normalize_line(ln)
+            if nl not in out:
+                out.append(nl)
+    return out
+
+
+def parse_cache_config_info(metrics_text: str) -> dict[str, str] | None:
+    m = CACHE_INFO_RE.search(metrics_text)
+    if not m:
+        return None
+    return {k: v for k, v in LABEL_RE.findall(m.group("labels"))}
+
+
+BASE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+BASE_ARGS = ["--enforce-eager", "--max-model-len", "4096"]
+
+
+def _case(cid: str, kind: str, args: list[str] | None = None, env: dict[str, str] | None = None,
+          note: str = "") -> dict[str, Any]:
+    return {"id": cid, "kind": kind, "args": args if args is not None else list(BASE_ARGS),
+            "env": env if env is not None else dict(BASE_ENV), "note": note}
+
+
+def truth_matrix() -> list[dict[str, Any]]:
+    cases = [_case(f"{k}-base", k) for k in
+             ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "deepseek_v2", "gpt_oss")]
+    E = lambda *a: ["--enforce-eager", *a]  # noqa: E731
+    cases += [
+        _case(f"qwen2-kv-{d}", "qwen2", E("--max-model-len", "4096", "--kv-cache-dtype", d))
+        for d in ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "bfloat16")
+    ]
+    cases += [
+        _case("llama-mml32768", "llama", E("--max-model-len", "32768"), note="long context"),
+        _case("llama-mml5000", "llama", E("--max-model-len", "5000"), note="mml not a multiple of block size"),
+        _case("llama-mml-default", "llama", E(), note="no --max-model-len: derived from config (32768)"),
+        _case("llama-bs32", "llama", E("--max-model-len", "4096", "--block-size", "32")),
+        _case("qwen2-bs16", "qwen2", E("--max-model-len", "4096", "--block-size", "16"),
+              note="not a multiple of 32 (CPU_ATTN wants MultipleOf(32))"),
+        _case("qwen2-kv2GiB", "qwen2", env={"VLLM_CPU_KVCACHE_SPACE": "2"}),
+        _case("qwen2-kvbytes1e9", "qwen2", E("--max-model-len", "4096", "--kv-cache-memory-bytes", "1000000000"),
+              env={}, note="explicit bytes instead of the env var"),
+        _case("mistral-mnbt512", "mistral", E("--max-model-len", "4096", "--max-num-batched-tokens", "512")),
+        _case("mistral-mml1024", "mistral", E("--max-model-len", "1024"),
+              note="window + in-flight tokens capped by max_model_len"),
+        _case("mistral-bs64", "mistral", E("--max-model-len", "4096", "--block-size", "64")),
+        _case("gemma2-disable-hybrid", "gemma2", E("--max-model-len", "4096", "--disable-hybrid-kv-cache-manager")),
+        _case("gemma2-mnbt1024", "gemma2", E("--max-model-len", "4096", "--max-num-batched-tokens", "1024")),
+        _case("deepseek_v2-bs128", "deepseek_v2", E("--max-model-len", "4096", "--block-size", "128"),
+              note="CPU reference MLA forces block 16"),
+        _case("deepseek_v2-mml1000", "deepseek_v2", E("--max-model-len", "1000")),
+    ]
+    return cases
+
+
+def run_case(case: dict[str, Any], models_root: str, python: str, timeout: float = 300.0) -> dict[str, Any]:
+    from tinymodels import build, load_config  # type: ignore  # same directory
+
+    model_dir = build(models_root, case["kind"])
+
+    def probe(run: EngineRun) -> dict[str, Any]:
+        res: dict[str, Any] = {}
+        res["cache_config_info"] = parse_cache_config_info(metrics(run.base_url))
+        try:
+            res["completion_text"] = complete(run.base_url, "Hello world", max_tokens=4)["choices"][0]["text"]
+        except Exception as e:  # noqa: BLE001
+            res["completion_error"] = f"{type(e).__name__}: {e}"[:500]
+        try:
+            res["chat_text"] = chat(run.base_url, "Hello", max_tokens=4)["choices"][0]["message"]["content"]
+        except Exception as e:  # noqa: BLE001
+            res["chat_error"] = f"{type(e).__name__}: {e}"[:500]
+        return res
+
+    run = run_vllm_cpu(model_dir, case["args"], case["env"], python=python, timeout=timeout, keep_alive=probe)
+    engine_cfg = None
+    for ln in run.lines:
+        if "Initializing a V1 LLM engine" in ln:
+            m = ENGINE_CFG_RE.search(ln)
+            if m:
+                engine_cfg = m.groupdict()
+            break
+    probe_res = run.extra.get("keep_alive", {})
+    cci = probe_res.get("cache_config_info") or {}
+    return {
+        **{k: case[k] for k in ("id", "kind", "args", "env", "note")},
+        "config": load_config(model_dir),
+        "kv_line": run.kv_line,
+        "tokens": run.kv_tokens,
+        "concurrency": run.concurrency,
+        "concurrency_str": run.concurrency_str,
+        "max_model_len": run.max_model_len_printed,
+        "num_blocks": int(cci["num_gpu_blocks"]) if cci.get("num_gpu_blocks") not in (None, "", "None") else None,
+        "block_size": int(cci["block_size"]) if cci.get("block_size") not in (None, "", "None") else None,
+        "cache_config_info": cci or None,
+        "engine_config": engine_cfg,
+        "ok": run.ok,
+        "exit_code": run.exit_code,
+        "timed_out": run.timed_out,
+        "completion_ok": "completion_text" in probe_res,
+        "chat_ok": "chat_text" in probe_res,
+        "probe_errors": {k: v for k, v in probe_res.items() if k.endswith("_error")},
+        "relevant_lines": relevant_lines(run.startup_lines),
+        "error_tail": [normalize_line(x) for x in run.lines if x.strip()][-15:] if not run.ok else [],
+        "seconds_to_kv_line": round(run.t_kv_line, 1) if run.t_kv_line else None,
+        "seconds_to_ready": round(run.t_ready, 1) if run.t_ready else None,
+        "seconds_total": round(run.t_total or 0, 1),
+    }
+
+
+def generate_truth(out_path: str, models_root: str, python: str, only: list[str] | None = None) -> None:
+    import platform
+
+    results: dict[str, Any] = {}
+    if only and os.path.exists(out_path):
+        with open(out_path) as f:
+            results = json.load(f)
+    versions = subprocess.run(
+        [python, "-c", "import vllm, torch, transformers, json; print(json.dumps({'vllm': vllm.__version__, "
+         "'torch': torch.__version__, 'transformers': transformers.__version__, "
+         "'amx': torch.cpu._is_amx_tile_supported(), 'avx512_bf16': torch.cpu._is_avx512_bf16_supported()}))"],
+        capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    results.setdefault("meta", {}).update({
+        "generator": "python tests/engine_harness.py truth OUT.json MODELS_DIR [--python PY] [--only ID ...]",
+        "versions": json.loads(versions),
+        "cpu": platform.processor() or platform.machine(),
+        "nproc": os.cpu_count(),
+        "launch": "python -m vllm.entrypoints.openai.api_server --model DIR --host 127.0.0.1 --port P ARGS",
+    })
+    cases_by_id = {c["id"]: c for c in results.get("cases", [])}
+    t0 = time.monotonic()
+    for case in truth_matrix():
+        if only and case["id"] not in only:
+            continue
+        print(f"[truth] {case['id']} ...", file=sys.stderr, flush=True)
+        r = run_case(case, models_root, python)
+        print(f"[truth] {case['id']}: {r['kv_line'] or r['error_tail'][-3:]} ({r['seconds_total']} s)",
+              file=sys.stderr, flush=True)
+        cases_by_id[case["id"]] = r
+        order = [c["id"] for c in truth_matrix()]
+        results["cases"] = sorted(cases_by_id.values(),
+                                  key=lambda c: order.index(c["id"]) if c["id"] in order else 999)
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1)
+            f.write("\n")
+    results["meta"]["last_generation_seconds"] = round(time.monotonic() - t0, 1)
+    with open(out_path, "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    # engine_harness.py truth OUT.json MODELS_DIR [--python PY] [--only ID ...]
+    # engine_harness.py MODEL_DIR [vllm args...]            (manual single run, echoes the log)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if len(sys.argv) > 1 and sys.argv[1] == "truth":
+        a = sys.argv[2:]
+        py = sys.executable
+        if "--python" in a:
+            i = a.index("--python")
+            py = a[i + 1]
+            del a[i:i + 2]
+        only = None
+        if "--only" in a:
+            i = a.index("--only")
+            only = a[i + 1:]
+            del a[i:]
+        generate_truth(a[0], a[1], py, only)
+        raise SystemExit(0)
+    r = run_vllm_cpu(sys.argv[1], sys.argv[2:],
+                     {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")},
+                     timeout=float(os.environ.get("TIMEOUT", "300")), echo=True,
+                     keep_alive=lambda run: complete(run.base_url))
+    print(json.dumps({k: getattr(r, k) for k in ("kv_line", "kv_tokens", "concurrency", "ready", "exit_code",
+                                                "t_kv_line", "t_ready", "t_total")} | {"extra": r.extra}, indent=1))
