@@ -74,6 +74,61 @@ def plan_command(**opts: Any) -> None:
         click.echo(render_plan(plan))
 
 
+@cli.command("serve", context_settings={"ignore_unknown_options": True})
+@plan_options
+@click.option("--engine-cmd", default=None, help='Replace the engine executable, e.g. "python -m vllm.entrypoints.openai.api_server".')
+@click.option("--dry-run", is_flag=True, help="Print the plan and the exact command line, then exit 0.")
+@click.option("--on-divergence", type=click.Choice(["retune", "abort", "warn"]), default="retune", show_default=True)
+@click.option("--tolerance", type=float, default=0.02, show_default=True)
+@click.option("--max-retunes", type=int, default=2, show_default=True)
+@click.option("--watch-timeout", type=float, default=1800.0, show_default=True)
+@click.option("--grace", type=float, default=30.0, show_default=True)
+@click.option("--lock-timeout", type=float, default=300.0, show_default=True)
+@click.option("--ready-file", default=None)
+@click.option("--log-format", type=click.Choice(["console", "json"]), default=None)
+def serve_command(**opts: Any) -> None:
+    """Plan, then start the engine with the planned flags and watch it."""
+    import shlex
+
+    from launcher.render import plan_to_json, render_plan
+    from launcher.serve import ServeOptions, engine_argv, run_serve
+
+    _configure_logging(opts.get("log_format"))
+    request = build_request(opts, os.environ)
+    plan = _make_plan(request)
+    argv = engine_argv(plan, request.model.name if request.model.source != "local" else request.model.path,
+                       request.engine_args, opts.get("engine_cmd"))
+    if opts["dry_run"]:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.engine_env.items())
+        if opts["as_json"]:
+            click.echo(json.dumps(plan_to_json(plan, argv), indent=2))
+        else:
+            click.echo(render_plan(plan))
+            click.echo(("\n" + env + " " if env else "\n") + shlex.join(argv))
+        return
+    click.echo(render_plan(plan, argv), err=True)
+    options = ServeOptions(engine_cmd=opts.get("engine_cmd"), on_divergence=opts["on_divergence"],
+                           tolerance=opts["tolerance"], max_retunes=opts["max_retunes"],
+                           watch_timeout=opts["watch_timeout"], grace=opts["grace"],
+                           lock_timeout=opts["lock_timeout"], ready_file=opts.get("ready_file"))
+    uuids = [g.uuid for g in request.gpus[: plan.tp * plan.pp] if g.uuid]
+    code = run_serve(plan, model=argv[argv.index("--model") + 1] if "--model" in argv else
+                     (request.model.path or request.model.name), passthrough=request.engine_args,
+                     options=options, concurrency=request.concurrency, device_uuids=uuids)
+    sys.exit(code)
+
+
+def _configure_logging(log_format: str | None) -> None:
+    """structlog: readable on a TTY, JSON lines otherwise or with --log-format json."""
+    import structlog
+
+    as_json = log_format == "json" or (log_format is None and not sys.stderr.isatty())
+    renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
+    structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
+                                    renderer],
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+
 @cli.command("gpus")
 @click.option("--json", "as_json", is_flag=True, help="Print the probe object the planner consumes.")
 def gpus_command(as_json: bool) -> None:

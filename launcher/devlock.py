@@ -1,0 +1,190 @@
+"""Per-GPU start locks, so two launches never measure free memory against each other.
+
+A launch takes the lock of every GPU it will use before it reads free memory and keeps it
+until the engine has allocated its KV cache; only then can the next launch's measurement be
+trusted. One file per GPU UUID under the lock directory, locked with ``flock`` (released by
+the kernel when the holder dies, so no stale locks). The holder writes its pid into the file
+so that a waiter can say who holds it.
+
+Lock directory: ``$SAFE_SERVE_LOCK_DIR``, else ``/run/lock/safe-serve``, else
+``/tmp/safe-serve-locks``. Created world-writable with the sticky bit (like ``/tmp``) so that
+different users sharing a GPU meet on the same files.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+
+from launcher.errors import TemporarilyUnavailable
+
+__all__ = ["DeviceLock", "default_lock_dir", "lock_path"]
+
+LOCK_DIR_ENV = "SAFE_SERVE_LOCK_DIR"
+_CANDIDATE_DIRS = (Path("/run/lock/safe-serve"), Path("/tmp/safe-serve-locks"))
+_SHARED_DIR_MODE = 0o1777  # rwx for all, sticky: anyone may create, only owners may delete
+_SHARED_FILE_MODE = 0o666  # any user must be able to open a lock file to flock it
+_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def default_lock_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Return the first usable lock directory, creating it if needed."""
+    configured = (os.environ if env is None else env).get(LOCK_DIR_ENV)
+    if configured:
+        path = Path(configured)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    for path in _CANDIDATE_DIRS:
+        if _ensure_shared_dir(path):
+            return path
+    raise TemporarilyUnavailable(
+        "no writable lock directory for the per-GPU start lock",
+        hint=f"set {LOCK_DIR_ENV} to a writable directory",
+    )
+
+
+def lock_path(lock_dir: Path, uuid: str) -> Path:
+    """Return the lock file for one GPU (``MIG-GPU-<uuid>/1/0`` style names are made safe)."""
+    return lock_dir / f"{_UNSAFE_CHARS.sub('_', uuid)}.lock"
+
+
+class DeviceLock:
+    """Exclusive start locks on a set of GPUs, taken in sorted UUID order (no deadlock).
+
+    Use as a context manager, or call :meth:`acquire` and :meth:`release`; ``release`` may be
+    called early (when the engine reports its KV cache) and again at exit.
+    """
+
+    def __init__(
+        self,
+        uuids: Iterable[str],
+        *,
+        timeout_s: float = 0.0,
+        poll_s: float = 0.2,
+        lock_dir: Path | None = None,
+    ) -> None:
+        self.uuids: tuple[str, ...] = tuple(sorted(set(uuids)))
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self._lock_dir = lock_dir
+        self._fds: dict[str, int] = {}
+
+    @property
+    def held(self) -> bool:
+        """True while every lock is held."""
+        return bool(self.uuids) and len(self._fds) == len(self.uuids)
+
+    def acquire(self) -> None:
+        """Take every lock, waiting up to ``timeout_s`` in total.
+
+        Raises:
+            TemporarilyUnavailable: a lock is still held by another process at the deadline
+                (exit code 75); the message names the GPU and the holder's pid.
+        """
+        lock_dir = self._lock_dir or default_lock_dir()
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            for uuid in self.uuids:
+                if uuid not in self._fds:
+                    self._fds[uuid] = _lock_one(lock_path(lock_dir, uuid), uuid, deadline, self.poll_s, self.timeout_s)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Release every lock held; safe to call more than once."""
+        for uuid in reversed(self.uuids):
+            fd = self._fds.pop(uuid, None)
+            if fd is None:
+                continue
+            try:
+                os.ftruncate(fd, 0)  # a waiter must not name us once we let go
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+            os.close(fd)
+
+    def __enter__(self) -> DeviceLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def _lock_one(path: Path, uuid: str, deadline: float, poll_s: float, timeout_s: float) -> int:
+    """Open and flock one lock file, polling until ``deadline``; return the open fd."""
+    fd = _open_shared(path)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TemporarilyUnavailable(
+                        f"GPU {uuid} is being started by {_describe_holder(fd)}; "
+                        f"waited {timeout_s:g} s for its start lock {path}",
+                        hint="try again when that launch has allocated its KV cache",
+                    ) from None
+                time.sleep(min(poll_s, remaining))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_shared(path: Path) -> int:
+    """Open a lock file that other users may have created.
+
+    Opens without O_CREAT first: with ``fs.protected_regular`` the kernel refuses O_CREAT on
+    another user's file in a sticky world-writable directory.
+    """
+    while True:
+        try:
+            return os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, _SHARED_FILE_MODE)
+        except FileExistsError:
+            continue  # someone created it between our two opens
+        try:
+            os.fchmod(fd, _SHARED_FILE_MODE)  # undo the umask
+        except OSError:
+            pass
+        return fd
+
+
+def _describe_holder(fd: int) -> str:
+    """Name the holder from the pid it wrote, e.g. ``pid 4242``."""
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", errors="replace").strip()
+    except OSError:
+        text = ""
+    return f"pid {text}" if text.isdigit() else "another process (pid not yet written)"
+
+
+def _ensure_shared_dir(path: Path) -> bool:
+    """Create ``path`` as a sticky world-writable directory if needed; True if usable."""
+    try:
+        path.mkdir(mode=_SHARED_DIR_MODE)
+        os.chmod(path, _SHARED_DIR_MODE)  # undo the umask
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EROFS, errno.ENOENT, errno.EPERM):
+            raise
+        return False
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)

@@ -1,0 +1,206 @@
+"""Launch and watch: start the engine with the plan's flags, check its numbers, retune or abort.
+
+The supervisor passes every engine line through untouched; `Watcher` reads them through the
+engine's log rules, compares the engine's KV tokens with the plan, and on divergence or a
+known fatal error retunes (new flags computed from the engine's own numbers, never the same
+flags twice), aborts (exit 78) or warns.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from launcher.engines import sglang as sg
+from launcher.engines import vllm as vl
+from launcher.engines.events import EngineEvent
+from launcher.errors import ExitCode
+from launcher.plan import Plan
+
+RETUNE, ABORT, WARN = "retune", "abort", "warn"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    engine_cmd: str | None = None
+    on_divergence: str = RETUNE
+    tolerance: float = 0.02
+    max_retunes: int = 2
+    watch_timeout: float = 1800.0
+    grace: float = 30.0
+    lock_timeout: float = 300.0
+    ready_file: str | None = None
+
+
+def engine_argv(plan: Plan, model: str, passthrough: Sequence[str], engine_cmd: str | None) -> list[str]:
+    """The engine's command line: its executable part, the model, the operator's flags, ours."""
+    if plan.engine == "sglang":
+        base = shlex.split(engine_cmd) if engine_cmd else [sys.executable, "-m", "sglang.launch_server"]
+        return [*base, "--model-path", model, *passthrough, *plan.engine_args]
+    base = shlex.split(engine_cmd) if engine_cmd else ["vllm", "serve"]
+    # `vllm serve` takes the model positionally; the OpenAI api_server module wants --model.
+    model_args = ["--model", model] if any("api_server" in part for part in base) else [model]
+    return [*base, *model_args, *passthrough, *plan.engine_args]
+
+
+def parser_for(engine: str) -> Callable[[str], EngineEvent | None]:
+    if engine == "sglang":
+        from launcher.engines.sglang.logs import parse
+    else:
+        from launcher.engines.vllm.logs import parse
+    return parse
+
+
+def health_port(plan: Plan, passthrough: Sequence[str]) -> tuple[str, int]:
+    pinned = (sg if plan.engine == "sglang" else vl).pinned_flags(passthrough)
+    default_port = sg.DEFAULT_PORT if plan.engine == "sglang" else vl.DEFAULT_PORT
+    return str(pinned.get("--host") or "127.0.0.1"), int(pinned.get("--port") or default_port)
+
+
+def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:
+    """`args` with `flag` set to `value` (replacing any earlier spelling of it)."""
+    out: list[str] = []
+    skip = False
+    for token in args:
+        if skip:
+            skip = False
+            continue
+        name = token.partition("=")[0]
+        if name in (flag, flag.replace("-", "_").replace("__", "--", 1)):
+            skip = "=" not in token
+            continue
+        out.append(token)
+    return [*out, flag, value]
+
+
+def retuned_args(plan: Plan, args: Sequence[str], event: EngineEvent, *, concurrency: int = 1,
+                 margin_gib: float = 0.25) -> list[str] | None:
+    """Engine flags recomputed from what the engine reported, or None when its numbers don't say."""
+    v = event.values
+    block = plan.block_size or 16
+    if event.kind in ("fatal:kv_too_small", "fatal:kv_too_small_v0") and v.get("estimated_max_model_len"):
+        length = v["estimated_max_model_len"] // concurrency
+        length = length // block * block if length >= block else length
+        flag = "--context-length" if plan.engine == "sglang" else "--max-model-len"
+        return set_flag(args, flag, str(length)) if length > 0 else None
+    if event.kind == "fatal:startup_free":
+        utilization = math.floor((v["free_gib"] - margin_gib) / v["total_gib"] * 10_000) / 10_000
+        return set_flag(args, "--gpu-memory-utilization", f"{utilization:g}") if utilization > 0 else None
+    if event.kind == "kv" and v.get("tokens") is not None and plan.engine == "sglang":
+        # SGLang caps request length at the pool silently: make the cap explicit.
+        length = v["tokens"] // concurrency
+        if length < plan.max_model_len:
+            return set_flag(args, "--context-length", str(length))
+    if event.kind == "kv" and v.get("concurrency") is not None and v["concurrency"] < concurrency:
+        length = int(v["tokens"] / concurrency) // block * block
+        return set_flag(args, "--max-model-len", str(length)) if length > 0 else None
+    if event.kind == "fatal:weights_leave_nothing":
+        return set_flag(args, "--mem-fraction-static", f"{min(v['minimum'] + 0.02, 0.99):.3f}")
+    return None
+
+
+def diverges(plan: Plan, event: EngineEvent, tolerance: float) -> bool:
+    tokens = event.values.get("tokens")
+    if tokens is None or plan.kv_cache_tokens <= 0:
+        return False
+    return abs(tokens - plan.kv_cache_tokens) / plan.kv_cache_tokens > tolerance
+
+
+def child_env(plan: Plan, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    from launcher.supervisor import build_child_env
+
+    return build_child_env(os.environ if base is None else base, dict(plan.engine_env))
+
+
+EXIT_WONT_FIT = int(ExitCode.CONFIG)
+
+
+def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: ServeOptions, concurrency: int,
+              device_uuids: Sequence[str] = ()) -> int:
+    """Start the engine, watch its first lines against the plan, supervise; returns the exit code."""
+    import structlog
+
+    from launcher.devlock import DeviceLock
+    from launcher.supervisor import EngineCommand, HealthCheck, Supervisor, SupervisorOptions
+
+    log = structlog.get_logger("safe_serve.watch")
+    parse = parser_for(plan.engine)
+    args = list(passthrough)
+    tried: set[tuple[str, ...]] = set()
+    retunes = 0
+    verified: dict[str, object] = {}
+
+    def command_for(flags: Sequence[str]) -> EngineCommand:
+        argv = engine_argv(plan, model, flags, options.engine_cmd)
+        tried.add(tuple(argv))
+        return EngineCommand(argv=tuple(argv), env=child_env(plan))
+
+    lock = DeviceLock(device_uuids, timeout_s=options.lock_timeout)
+    lock.acquire()  # held from the plan's free-memory reading until the engine sized its KV cache
+    host, port = health_port(plan, passthrough)
+    supervisor: Supervisor
+
+    def decide(event: EngineEvent, why: str) -> None:
+        nonlocal args, retunes
+        if options.on_divergence == WARN and not event.is_fatal:
+            log.warning("divergence", reason=why, planned_tokens=plan.kv_cache_tokens, **event.values)
+            return
+        new_args = retuned_args(plan, args, event, concurrency=concurrency) if options.on_divergence == RETUNE else None
+        if new_args is not None and retunes < options.max_retunes:
+            if tuple(engine_argv(plan, model, new_args, options.engine_cmd)) not in tried:  # never twice
+                command = command_for(new_args)
+                retunes += 1
+                args = new_args
+                log.warning("retune", reason=why, attempt=retunes, engine_args=new_args, **event.values)
+                supervisor.request_restart(command, reason=why)
+                return
+        if event.is_fatal or options.on_divergence == ABORT:
+            log.error("abort", reason=why, planned_tokens=plan.kv_cache_tokens, planned_len=plan.max_model_len,
+                      **event.values)
+            supervisor.request_stop(why, EXIT_WONT_FIT)
+        else:
+            log.warning("divergence", reason=why, planned_tokens=plan.kv_cache_tokens, **event.values)
+
+    def on_line(stream: str, raw: bytes) -> None:
+        event = parse(raw.decode("utf-8", errors="replace"))
+        if event is None:
+            return
+        if event.kind == "kv":
+            supervisor.mark_event("kv")
+            lock.release()
+            verified.update(event.values)
+            if diverges(plan, event, options.tolerance):
+                decide(event, f"engine KV tokens {event.values['tokens']:,} vs planned {plan.kv_cache_tokens:,} "
+                              f"(tolerance {options.tolerance:.0%})")
+            elif plan.engine == "sglang" and retuned_args(plan, args, event, concurrency=concurrency):
+                decide(event, "SGLang pool smaller than the context length")
+        elif event.is_fatal:
+            lock.release()
+            decide(event, f"engine error {event.kind[6:]}: {event.line[:200]}")
+
+    def on_ready() -> None:
+        log.info("ready", engine=plan.engine, kv_tokens=verified.get("tokens"), planned_tokens=plan.kv_cache_tokens,
+                 max_model_len=verified.get("max_model_len") or plan.max_model_len, retunes=retunes)
+        supervisor.mark_ready(f"serving: {verified.get('tokens', '?')} KV tokens (planned {plan.kv_cache_tokens})")
+
+    def on_watch_timeout(name: str) -> None:
+        log.error("watch-timeout", missing=name, seconds=options.watch_timeout)
+        supervisor.request_stop(f"no KV line within {options.watch_timeout:.0f} s", int(ExitCode.TEMPFAIL))
+
+    supervisor = Supervisor(
+        command_for(args),
+        SupervisorOptions(grace_seconds=options.grace, health=HealthCheck(host=host, port=port),
+                          ready_file=__import__("pathlib").Path(options.ready_file) if options.ready_file else None,
+                          watches={"kv": options.watch_timeout}),
+        on_line=on_line, on_ready=on_ready, on_watch_timeout=on_watch_timeout,
+    )
+    try:
+        outcome = supervisor.run()
+    finally:
+        lock.release()
+    log.info("exit", code=outcome.exit_code, reason=outcome.reason, phase=outcome.phase.name, restarts=outcome.restarts)
+    return outcome.exit_code

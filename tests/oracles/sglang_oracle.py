@@ -1,0 +1,1101 @@
+#!/usr/bin/env python3
+"""Ground-truth oracle: run SGLang's own argument resolution and KV-pool sizing code.
+
+Runs inside a dedicated venv that has the sglang wheel (installed ``--no-deps``), a CPU
+torch and a handful of import-time dependencies (see tests/oracles/README.md). It never
+touches a GPU: the GPU capacity is mocked, exactly as described in
+shared/reference/sglang-memory.md §1.9.
+
+What it patches (and nothing else):
+  * every ``get_device_memory_capacity`` name bound inside ``sglang.*`` modules
+    (the real one lives in ``sglang/srt/utils/common.py``) -> returns the case's MiB;
+  * ``sglang.srt.model_executor.cuda_graph_config.default_prefill_backend`` ->
+    ``"breakable"`` (what it returns on a CUDA host; on this GPU-less host it would
+    return ``"disabled"`` and the prefill-graph reserve would be missing);
+  * optionally, for a case with ``"platform"``, SGLang's own
+    ``runtime_context.override_platform(...)`` facts (sm80/sm89/sm90/sm100 presets) so
+    the attention-backend default (and with it the page size) is the one that machine
+    would get;
+  * for the KV part: ``kv_cache_configurator.get_available_gpu_memory`` -> the case's
+    "available after weights" GiB, and ``torch.distributed.all_reduce`` -> a MIN over
+    the pipeline stages computed here (the only collective on that path).
+  * ``"mxfp4"`` is added to the quantization registry, as its module-level
+    ``if is_cuda()`` branch would on a CUDA host (gpt-oss checkpoints need it);
+  * ``triton`` / ``torchvision`` are replaced by inert stub modules when they cannot be
+    imported (the CPU torch wheel has no triton; PyPI's torchvision is CUDA-linked).
+    torch's own triton probe is primed *before* the stubs go in, so torch keeps
+    believing there is no triton.
+
+Input (JSON, from --input FILE or stdin)::
+
+    {"cases": [
+       {"id": "llama-24576",                       # optional
+        "config": {...config.json dict...}         # or "config_path": "x.json"
+        "gpu_mem_mib": 24576,                      # null -> capacity unknown (0.95 path)
+        "flags": ["--tp-size", "2"],               # extra sglang CLI flags
+        "env": {"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "1"},
+        "platform": null | "sm80" | "sm89" | "sm90" | "sm100" | {fact: value},
+        "kv": {"pre_model_load_gib": 23.4,         # P (GiB, per rank)
+               "weights_gib": 15.0}                # W; or "available_gib": A directly
+       }, ...]}
+
+Output (JSON on stdout or --output FILE): {"meta": {...}, "results": [...]}, one result
+per case in input order; errors are captured as {"type", "message"} (exact text).
+
+Also: ``--grid`` generates the golden grid of tests/data/sglang_oracle.json for the
+version that is importable (``--sglang-path DIR`` puts another sglang tree first on
+sys.path, e.g. a ``pip install --no-deps --target`` of 0.5.22).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import io
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+import types
+from types import SimpleNamespace
+
+# ----------------------------------------------------------------------------------------
+# Stub modules for triton / torchvision (import-time only dependencies of sglang).
+# ----------------------------------------------------------------------------------------
+
+
+class _StubMeta(type):
+    """Every attribute is another stub class; calling one with a single callable
+    returns it unchanged (so ``@triton.jit`` / ``@triton.autotune(...)`` are identity
+    decorators); otherwise a call returns a new stub. Being *classes*, stubs work as
+    base classes and as the second argument of isinstance()."""
+
+    def __getattr__(cls, k):
+        if k.startswith("__") and k.endswith("__"):
+            raise AttributeError(k)
+        return _make_stub(f"{cls.__name__}.{k}")
+
+    def __call__(cls, *a, **k):
+        if len(a) == 1 and not k and callable(a[0]):
+            return a[0]
+        return _make_stub(f"{cls.__name__}()")
+
+    def __getitem__(cls, k):
+        return _make_stub(f"{cls.__name__}[]")
+
+    def __iter__(cls):
+        return iter(())
+
+    def __or__(cls, o):
+        return cls
+
+    __ror__ = __or__
+
+    def __repr__(cls):
+        return f"<oracle stub {cls.__name__}>"
+
+
+def _make_stub(name):
+    return _StubMeta(name, (), {})
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, k):
+        if k.startswith("__") and k.endswith("__"):
+            raise AttributeError(k)
+        return _make_stub(f"{self.__name__}.{k}")
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, roots):
+        self.roots = set(roots)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        m = _StubModule(spec.name)
+        m.__path__ = []
+        m.__version__ = "3.5.0"
+        m.__oracle_stub__ = True
+        return m
+
+    def exec_module(self, module):
+        pass
+
+
+STUBBED: list[str] = []
+
+
+def _prepare_imports():
+    """Import torch, settle its triton probe, then stub what cannot be imported."""
+    import torch  # noqa: F401
+
+    try:
+        import torch.utils._triton as _tt
+
+        _tt.has_triton_package()
+        _tt.has_triton()
+    except Exception:
+        pass
+    try:  # torch.compile decorators at sglang import time build inductor state
+        torch.compile(lambda x: x)
+    except Exception:
+        pass
+
+    roots = []
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        sys.modules.pop("triton", None)
+        roots.append("triton")
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        for m in [m for m in sys.modules if m.split(".")[0] == "torchvision"]:
+            sys.modules.pop(m, None)
+        roots.append("torchvision")
+    if roots:
+        sys.meta_path.insert(0, _StubFinder(roots))
+        STUBBED.extend(roots)
+
+
+# ----------------------------------------------------------------------------------------
+# Platform presets (facts understood by sglang.srt.runtime_context.override_platform).
+# ----------------------------------------------------------------------------------------
+
+_NO_GPU = dict(
+    is_sm90=False,
+    is_sm100=False,
+    is_sm100_or_sm110=False,
+    is_sm110=False,
+    is_sm120=False,
+    is_blackwell=False,
+    is_hopper_with_cuda_12_3=False,
+)
+PLATFORM_PRESETS = {
+    # A100 / A10 / 3090 (Ampere): flashinfer present, not Hopper.
+    "sm80": dict(_NO_GPU, has_flashinfer=True, device_sm=80, device_capability=(8, 0)),
+    "sm86": dict(_NO_GPU, has_flashinfer=True, device_sm=86, device_capability=(8, 6)),
+    # L4 / L40 / 4090 (Ada)
+    "sm89": dict(_NO_GPU, has_flashinfer=True, device_sm=89, device_capability=(8, 9)),
+    # H100 / H200 / H20 (Hopper, CUDA >= 12.3)
+    "sm90": dict(
+        _NO_GPU,
+        is_sm90=True,
+        is_hopper_with_cuda_12_3=True,
+        has_flashinfer=True,
+        device_sm=90,
+        device_capability=(9, 0),
+    ),
+    # B200 / GB200 (Blackwell datacenter)
+    "sm100": dict(
+        _NO_GPU,
+        is_sm100=True,
+        is_sm100_or_sm110=True,
+        is_blackwell=True,
+        has_flashinfer=True,
+        device_sm=100,
+        device_capability=(10, 0),
+    ),
+}
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------
+
+GiB = 1 << 30
+
+
+@contextlib.contextmanager
+def _patched_env(env: dict):
+    saved = {}
+    for k, v in (env or {}).items():
+        saved[k] = os.environ.get(k)
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = str(v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _err(e: BaseException) -> dict:
+    return {"type": type(e).__name__, "message": str(e)}
+
+
+class Oracle:
+    def __init__(self, quiet: bool = True):
+        # Determinism: no SGLANG_* knobs from the caller's environment leak in
+        # (CI sets CI=true, which sglang does not read; SGLANG_IS_IN_CI it does).
+        for k in list(os.environ):
+            if k.startswith("SGLANG_") or k.startswith("SGL_"):
+                os.environ.pop(k)
+        _prepare_imports()
+        t0 = time.time()
+        # Import the pipeline first so module-level GPU probes run unpatched.
+        import sglang
+        import sglang.srt.arg_groups.pipeline  # noqa: F401
+        import sglang.srt.model_executor.cuda_graph_config as cgc
+        from sglang.srt.server_args import prepare_server_args
+
+        self.import_s = time.time() - t0
+        self.sglang = sglang
+        self.version = getattr(sglang, "__version__", None)
+        if self.version is None:
+            from sglang.version import __version__ as v
+
+            self.version = v
+        self.prepare_server_args = prepare_server_args
+        cgc.default_prefill_backend = lambda *a, **k: "breakable"
+        self._register_cuda_quant_methods()
+        self._gpu_mem = None
+        self._patch_capacity()
+        self._cfg_dirs: dict[str, str] = {}
+        self._tmp = tempfile.TemporaryDirectory(prefix="sglang-oracle-")
+        if quiet:
+            logging.disable(logging.WARNING)
+        self.quiet = quiet
+
+    # -- patches -------------------------------------------------------------------------
+
+    def _patch_capacity(self):
+        def fake_capacity(device=None, *a, **k):
+            return self._gpu_mem
+
+        n = 0
+        for name, mod in list(sys.modules.items()):
+            if not name.startswith("sglang") or mod is None:
+                continue
+            if callable(getattr(mod, "get_device_memory_capacity", None)):
+                try:
+                    setattr(mod, "get_device_memory_capacity", fake_capacity)
+                    n += 1
+                except Exception:
+                    pass
+        self.patched_capacity_refs = n
+
+    @staticmethod
+    def _register_cuda_quant_methods():
+        """layers/quantization/__init__.py registers "mxfp4" only when is_cuda() (or
+        cpu/gfx95/xpu) is true at import time; redo the CUDA branch (gpt-oss needs it).
+        The dicts are mutated in place so every module that imported them sees it."""
+        import sglang.srt.layers.quantization as q
+
+        try:
+            from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
+        except Exception:
+            return
+        for name in ("BASE_QUANTIZATION_METHODS", "QUANTIZATION_METHODS"):
+            d = getattr(q, name, None)
+            if isinstance(d, dict):
+                d.setdefault("mxfp4", Mxfp4Config)
+
+    def _config_dir(self, config: dict) -> str:
+        clean = {k: v for k, v in config.items() if not k.startswith("_")}
+        key = json.dumps(clean, sort_keys=True)
+        d = self._cfg_dirs.get(key)
+        if d is None:
+            d = os.path.join(self._tmp.name, f"model{len(self._cfg_dirs)}")
+            os.makedirs(d)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(clean, f)
+            self._cfg_dirs[key] = d
+        return d
+
+    # -- one case ------------------------------------------------------------------------
+
+    def run_case(self, case: dict) -> dict:
+        from sglang.srt.runtime_context import override_platform
+
+        config = case.get("config")
+        if config is None:
+            with open(case["config_path"]) as f:
+                config = json.load(f)
+        model_dir = self._config_dir(config)
+        if case.get("model_path_name"):
+            # e.g. a path containing "llama-2" changes the prefill-graph cap
+            alias = os.path.join(self._tmp.name, case["model_path_name"])
+            if not os.path.exists(alias):
+                os.symlink(model_dir, alias)
+            model_dir = alias
+        flags = [str(x) for x in case.get("flags", [])]
+        argv = ["--model-path", model_dir, "--device", "cuda"] + flags
+        self._gpu_mem = (
+            None if case.get("gpu_mem_mib") is None else float(case["gpu_mem_mib"])
+        )
+        platform = case.get("platform")
+        facts = PLATFORM_PRESETS[platform] if isinstance(platform, str) else platform
+        out: dict = {}
+        if "id" in case:
+            out["id"] = case["id"]
+        with _patched_env(case.get("env", {})), (
+            override_platform(**facts) if facts else contextlib.nullcontext()
+        ):
+            err_sink = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(err_sink):
+                    sa = self.prepare_server_args(argv)
+                sa.resolve_once()
+            except BaseException as e:  # argparse exits with SystemExit
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                out["error"] = _err(e)
+                if isinstance(e, SystemExit):
+                    # argparse prints "usage: ..." then "prog: error: <message>"
+                    lines = [l for l in err_sink.getvalue().splitlines() if l.strip()]
+                    msg = lines[-1] if lines else f"exit {e.code}"
+                    if ": error: " in msg:
+                        msg = msg.split(": error: ", 1)[1]
+                    out["error"] = {"type": "ArgumentError", "message": msg}
+                return out
+            try:
+                out.update(self._summarize(sa))
+            except Exception as e:
+                out["summary_error"] = _err(e)
+                return out
+            if case.get("kv", "default") is not None:
+                try:
+                    out["kv"] = self._kv(sa, case.get("kv") or {})
+                except Exception as e:
+                    out["kv"] = {"error": _err(e)}
+        return out
+
+    def _summarize(self, sa) -> dict:
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        v = resolving_view(sa)
+        cg = v.cuda_graph_config
+        # The scheduler builds a fresh ModelConfig from the *resolved* args
+        # (managers/scheduler.py: ModelConfig.from_server_args); the memo that the
+        # resolution hooks used was built before model overrides such as gpt-oss's
+        # dtype=bfloat16 were applied.
+        from sglang.srt.configs.model_config import ModelConfig
+
+        mc = ModelConfig.from_server_args(sa)
+        self._mc = mc
+        dec, pre = cg.decode, cg.prefill
+        return {
+            "mem_fraction_static": v.mem_fraction_static,
+            "chunked_prefill_size": v.chunked_prefill_size,
+            "max_prefill_tokens": v.max_prefill_tokens,
+            "max_running_requests": v.max_running_requests,
+            "max_total_tokens": v.max_total_tokens,
+            "decode_graph": {
+                "backend": str(dec.backend),
+                "max_bs": dec.max_bs,
+                "num_bs": len(dec.bs or []),
+            },
+            "prefill_graph": {
+                "backend": str(pre.backend),
+                "max_bs": pre.max_bs,
+                "num_buckets": len(pre.bs or []),
+            },
+            "attention_backend": v.attention_backend,
+            "page_size": v.page_size,
+            "kv_cache_dtype": v.kv_cache_dtype,
+            "dtype": str(mc.dtype).replace("torch.", ""),
+            "context_len": mc.context_len,
+            "attention_arch": getattr(mc.attention_arch, "name", str(mc.attention_arch)),
+            "is_multimodal": bool(mc.is_multimodal),
+            "is_hybrid_swa": bool(mc.is_hybrid_swa),
+            "disable_hybrid_swa_memory": bool(v.disable_hybrid_swa_memory),
+            "tp_size": v.tp_size,
+            "pp_size": v.pp_size,
+        }
+
+    # -- KV pool -------------------------------------------------------------------------
+
+    def _kv(self, sa, spec: dict) -> dict:
+        import torch
+
+        import sglang.srt.mem_cache.kv_cache_configurator as kvcm
+        from sglang.srt.distributed.utils import get_pp_indices
+        from sglang.srt.mem_cache import kv_cache_dtype as kvd
+        from sglang.srt.model_executor.model_runner_components.layer_setup import (
+            resolve_layer_indices,
+        )
+        from sglang.srt.model_executor.pool_configurator import (
+            create_memory_pool_configurator,
+        )
+        from sglang.srt.runtime_context import (
+            get_parallel,
+            get_schedule,
+            get_spec,
+            publish,
+        )
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        publish(sa, role="scheduler")
+        mc = self._mc
+        par = get_parallel()
+        try:
+            par.world_group
+        except Exception:
+            par.override_permanently(world_group=SimpleNamespace(cpu_group=None))
+        pp_size = par.pp_size
+        page_size = get_schedule().page_size
+
+        resolved_str, kv_dtype = kvd.configure_kv_cache_dtype(
+            server_args_kv_cache_dtype=sa.kv_cache_dtype
+            if not hasattr(sa, "resolved_dict")
+            else sa.resolved_dict().get("kv_cache_dtype", "auto"),
+            model=None,
+            model_dtype=mc.dtype,
+            is_draft_worker=False,
+            is_dflash=False,
+            speculative_draft_attention_backend=None,
+            speculative_draft_kv_cache_dtype=None,
+        )
+        kv_dtype_str = (
+            resolved_str
+            if resolved_str is not None
+            else sa.resolved_dict().get("kv_cache_dtype", "auto")
+        )
+        sliding = self._sliding_window(mc)
+        spec_alg = SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
+        spec_aux = self._spec_aux(sa, mc, spec_alg)
+
+        def make_kvc(pp_rank: int):
+            start, end = get_pp_indices(mc.num_hidden_layers, pp_rank, pp_size)
+            fake_model = SimpleNamespace(start_layer=start, end_layer=end)
+            layer_info = resolve_layer_indices(
+                model=fake_model, model_config=mc, is_draft_worker=False
+            )
+            return kvcm.KVCacheConfigurator(
+                device="cuda",
+                gpu_id=0,
+                attn_dp_size=par.attn_dp_size,
+                pp_size=pp_size,
+                pp_group=None,
+                model=None,
+                model_config=mc,
+                server_args=sa,
+                kv_cache_dtype=kv_dtype,
+                kv_cache_dtype_str=kv_dtype_str,
+                model_dtype=mc.dtype,
+                page_size=page_size,
+                sliding_window_size=sliding,
+                spec_algorithm=spec_alg,
+                is_draft_worker=False,
+                post_capture_kv_active=False,
+                spec_aux_config=spec_aux,
+                is_hybrid_swa=mc.is_hybrid_swa,
+                is_hybrid_swa_compress=mc.is_hybrid_swa_compress,
+                use_mla_backend=mc.attention_arch.name == "MLA",
+                layer_info=layer_info,
+                forward_stream=None,
+                req_to_token_pool=None,
+                token_to_kv_pool_allocator=None,
+                memory_pool_config=None,
+            ), layer_info
+
+        res: dict = {
+            "kv_dtype": str(kv_dtype).replace("torch.", ""),
+            "kv_dtype_bytes": torch._utils._element_size(kv_dtype),
+            "num_kv_heads_per_rank": mc.get_num_kv_heads(par.attn_tp_size, par.attn_dcp_size),
+            "head_dim": mc.head_dim,
+            "v_head_dim": mc.v_head_dim,
+            "page_size": page_size,
+            "sliding_window_size": sliding,
+            "stages": [],
+        }
+        if mc.attention_arch.name == "MLA":
+            res["mla_kv_cache_dim"] = kvcm.calculate_mla_kv_cache_dim(
+                model_config=mc, kv_cache_dtype=kv_dtype
+            )
+        kvcs = []
+        for r in range(pp_size):
+            kvc, li = make_kvc(r)
+            conf = create_memory_pool_configurator(kvc)
+            st = {
+                "pp_rank": r,
+                "layers": li.num_effective_layers,
+                "configurator": type(conf).__name__,
+                "cell_size": conf._cell_size,
+            }
+            if li.full_attention_layer_ids is not None:
+                st["full_layers"] = len(li.full_attention_layer_ids)
+                st["swa_layers"] = len(li.swa_attention_layer_ids or [])
+            res["stages"].append(st)
+            kvcs.append(kvc)
+        res["cell_size"] = res["stages"][0]["cell_size"]
+
+        P = spec.get("pre_model_load_gib")
+        if P is None:
+            return res
+        A = spec.get("available_gib")
+        if A is None:
+            A = P - float(spec.get("weights_gib", 0.0))
+        res["pre_model_load_gib"] = P
+        res["available_gib"] = A
+
+        orig_avail = kvcm.get_available_gpu_memory
+        orig_ar = torch.distributed.all_reduce
+        pp_min = {"v": None}
+
+        def fake_all_reduce(tensor, op=None, group=None, async_op=False):
+            if pp_min["v"] is not None:
+                tensor.fill_(min(int(tensor.item()), pp_min["v"]))
+
+        kvcm.get_available_gpu_memory = lambda *a, **k: A
+        torch.distributed.all_reduce = fake_all_reduce
+        try:
+            if pp_size > 1:
+                caps = []
+                for kvc in kvcs:
+                    budget = kvc._profile_available_bytes(P)
+                    caps.append(kvc.config_from_budget(budget).max_total_num_tokens)
+                pp_min["v"] = min(caps)
+                res["per_stage_tokens"] = caps
+            kvc = kvcs[0]
+            try:
+                budget = kvc._profile_available_bytes(P)
+                res["budget_bytes"] = budget
+                cfg = kvc._resolve_memory_pool_config(P)
+            except Exception as e:
+                res["error"] = _err(e)
+                return res
+        finally:
+            kvcm.get_available_gpu_memory = orig_avail
+            torch.distributed.all_reduce = orig_ar
+        res["max_total_num_tokens"] = cfg.max_total_num_tokens
+        res["max_running_requests"] = cfg.max_running_requests
+        if cfg.full_max_total_num_tokens is not None:
+            res["full_max_total_num_tokens"] = cfg.full_max_total_num_tokens
+            res["swa_max_total_num_tokens"] = cfg.swa_max_total_num_tokens
+        # What the "KV Cache is allocated" line would print (formula of
+        # memory_pool.py: buffers have size + page_size rows), default pools only.
+        if not mc.is_hybrid_swa:
+            rows = cfg.max_total_num_tokens + page_size
+            layers = res["stages"][0]["layers"]
+            eb = res["kv_dtype_bytes"]
+            if "mla_kv_cache_dim" in res:
+                res["log_kv_size_gb"] = round(rows * res["mla_kv_cache_dim"] * layers * eb / GiB, 2)
+            else:
+                n = res["num_kv_heads_per_rank"]
+                res["log_k_size_gb"] = round(rows * n * mc.head_dim * layers * eb / GiB, 2)
+                res["log_v_size_gb"] = round(rows * n * mc.v_head_dim * layers * eb / GiB, 2)
+        return res
+
+    @staticmethod
+    def _sliding_window(mc):
+        from sglang.srt.model_executor.model_runner_components.load_model_utils import (
+            resolve_sliding_window_size,
+        )
+
+        arch = (mc.hf_config.architectures or [""])[0]
+        fake_model = SimpleNamespace()
+        # The model classes of these archs define get_attention_sliding_window_size()
+        # as config.sliding_window - 1 (models/gpt_oss.py, models/gemma2.py).
+        mod = {"GptOssForCausalLM": "gpt_oss", "Gemma2ForCausalLM": "gemma2"}.get(arch)
+        if mod is not None:
+            try:
+                m = importlib.import_module(f"sglang.srt.models.{mod}")
+                fn = m.get_attention_sliding_window_size
+                fake_model.get_attention_sliding_window_size = lambda: fn(mc.hf_text_config)
+            except Exception:
+                fake_model.get_attention_sliding_window_size = (
+                    lambda: mc.hf_text_config.sliding_window - 1
+                )
+        return resolve_sliding_window_size(fake_model, mc)
+
+    @staticmethod
+    def _spec_aux(sa, mc, spec_alg):
+        from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (
+            resolve_spec_aux_hidden_state_config,
+        )
+
+        return resolve_spec_aux_hidden_state_config(
+            server_args=sa,
+            model_config=mc,
+            spec_algorithm=spec_alg,
+            is_draft_worker=False,
+        )
+
+
+# ----------------------------------------------------------------------------------------
+# Golden grid
+# ----------------------------------------------------------------------------------------
+
+GRID_GPUS = [
+    15360, 16384, 20480, 23028, 24564, 24576, 40960, 46068, 49140,
+    61440, 81559, 81920, 97871, 143771, 183359,
+]
+GRID_TPS = [1, 2, 4, 8]
+GRID_FLAGS = {
+    "none": [],
+    "disable-cuda-graph": ["--disable-cuda-graph"],
+    "disable-prefill-cuda-graph": ["--disable-prefill-cuda-graph"],
+    "max-running-requests-16": ["--max-running-requests", "16"],
+    "chunked-2048": ["--chunked-prefill-size", "2048"],
+    "chunked-8192": ["--chunked-prefill-size", "8192"],
+    "chunked-off": ["--chunked-prefill-size", "-1"],
+    "max-total-tokens-2000": ["--max-total-tokens", "2000"],
+    "pp-2": ["--pp-size", "2"],
+    "context-length-8192": ["--context-length", "8192"],
+    "kv-fp8-e4m3": ["--kv-cache-dtype", "fp8_e4m3"],
+    "page-size-16": ["--page-size", "16"],
+}
+# Flag variants are crossed with every GPU and model at these tp sizes (the no-flag
+# baseline uses every tp size).
+GRID_FLAG_TPS = [1, 4]
+# bf16 weight bytes per model (GiB, parameter count x 2 / 2^30; gpt-oss: MXFP4 experts).
+# These are *inputs* of the KV scenario only: W per rank = weights_gib / (tp * pp).
+GRID_WEIGHTS_GIB = {
+    "llama-3.1-8b": 14.96,
+    "qwen2.5-7b": 14.19,
+    "deepseek-v2-lite": 29.26,
+    "qwen2.5-vl-7b": 15.45,
+    "gemma-2-9b": 17.22,
+    "gpt-oss-20b": 12.82,
+}
+# P = gpu_mem_mib / 1024 - this (CUDA context + NCCL, GiB): a fixed scenario input.
+GRID_CONTEXT_OVERHEAD_GIB = 0.5
+# Platform variants (attention backend / page size per GPU generation).
+GRID_PLATFORMS = ["sm80", "sm89", "sm90", "sm100"]
+
+
+def grid_cases(configs_dir: str) -> list[dict]:
+    names = sorted(n[:-5] for n in os.listdir(configs_dir) if n.endswith(".json"))
+    cases = []
+
+    def kv_for(name, gpu, flags, tp):
+        pp = 2 if "--pp-size" in flags else 1
+        P = round(gpu / 1024 - GRID_CONTEXT_OVERHEAD_GIB, 4)
+        W = round(GRID_WEIGHTS_GIB.get(name, 0.0) / (tp * pp), 4)
+        return {"pre_model_load_gib": P, "weights_gib": W}
+
+    for name in names:
+        cfg_path = os.path.join(configs_dir, name + ".json")
+        for fkey, flags in GRID_FLAGS.items():
+            tps = GRID_TPS if fkey == "none" else GRID_FLAG_TPS
+            for tp in tps:
+                for gpu in GRID_GPUS:
+                    f = list(flags) + (["--tp-size", str(tp)] if tp != 1 else [])
+                    cases.append(
+                        {
+                            "id": f"{name}|{fkey}|tp{tp}|{gpu}",
+                            "model": name,
+                            "variant": fkey,
+                            "tp": tp,
+                            "gpu_mem_mib": gpu,
+                            "config_path": cfg_path,
+                            "flags": f,
+                            "kv": kv_for(name, gpu, f, tp),
+                        }
+                    )
+        # GPU-generation presets: attention backend + page size (no KV scenario
+        # needed beyond the cell size).
+        for plat in GRID_PLATFORMS:
+            for gpu in (24576, 81920):
+                cases.append(
+                    {
+                        "id": f"{name}|platform-{plat}|tp1|{gpu}",
+                        "model": name,
+                        "variant": f"platform-{plat}",
+                        "tp": 1,
+                        "gpu_mem_mib": gpu,
+                        "config_path": cfg_path,
+                        "flags": [],
+                        "platform": plat,
+                        "kv": kv_for(name, gpu, [], 1),
+                    }
+                )
+        # Post-capture KV sizing switch.
+        for gpu in (24576, 81920):
+            cases.append(
+                {
+                    "id": f"{name}|post-capture|tp1|{gpu}",
+                    "model": name,
+                    "variant": "post-capture-kv-sizing",
+                    "tp": 1,
+                    "gpu_mem_mib": gpu,
+                    "config_path": cfg_path,
+                    "flags": [],
+                    "env": {"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "1"},
+                    "kv": None,
+                }
+            )
+    # A few error / edge cases.
+    llama = os.path.join(configs_dir, "llama-3.1-8b.json")
+    gemma = os.path.join(configs_dir, "gemma-2-9b.json")
+    extra = [
+        ("llama-3.1-8b", "context-length-too-long", llama, ["--context-length", "200000"], {}),
+        ("llama-3.1-8b", "context-length-too-long-allowed", llama, ["--context-length", "200000"],
+         {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}),
+        ("gemma-2-9b", "context-length-too-long", gemma, ["--context-length", "16384"], {}),
+        ("llama-3.1-8b", "ambiguous-cuda-graph-max-bs", llama, ["--cuda-graph-max-bs", "64"], {}),
+        ("llama-3.1-8b", "cuda-graph-max-bs-decode-64", llama, ["--cuda-graph-max-bs-decode", "64"], {}),
+        ("llama-3.1-8b", "explicit-mem-fraction-0.8", llama, ["--mem-fraction-static", "0.8"], {}),
+        ("llama-3.1-8b", "swa-disable-hybrid", llama, ["--disable-hybrid-swa-memory"], {}),
+    ]
+    for name, variant, path, flags, env in extra:
+        cases.append(
+            {
+                "id": f"{name}|{variant}|tp1|24576",
+                "model": name,
+                "variant": variant,
+                "tp": 1,
+                "gpu_mem_mib": 24576,
+                "config_path": path,
+                "flags": flags,
+                "env": env,
+                "kv": kv_for(name, 24576, flags, 1),
+            }
+        )
+    gptoss = os.path.join(configs_dir, "gpt-oss-20b.json")
+    for variant, flags, kv in [
+        ("swa-ratio-0.5", ["--swa-full-tokens-ratio", "0.5"], kv_for("gpt-oss-20b", 81920, [], 1)),
+        ("disable-hybrid-swa-memory", ["--disable-hybrid-swa-memory"], kv_for("gpt-oss-20b", 81920, [], 1)),
+        ("weights-exceed-budget", [], {"pre_model_load_gib": 79.5, "available_gib": 5.0}),
+    ]:
+        cases.append(
+            {
+                "id": f"gpt-oss-20b|{variant}|tp1|81920",
+                "model": "gpt-oss-20b",
+                "variant": variant,
+                "tp": 1,
+                "gpu_mem_mib": 81920,
+                "config_path": gptoss,
+                "flags": flags,
+                "kv": kv,
+            }
+        )
+    cases.append(
+        {
+            "id": "llama-3.1-8b|unknown-capacity|tp1|null",
+            "model": "llama-3.1-8b",
+            "variant": "unknown-capacity",
+            "tp": 1,
+            "gpu_mem_mib": None,
+            "config_path": llama,
+            "flags": [],
+            "kv": None,
+        }
+    )
+    return cases
+
+
+# ----------------------------------------------------------------------------------------
+# Venv setup (run with any python3.11; does not import sglang)
+# ----------------------------------------------------------------------------------------
+
+# Import-time dependencies of sglang's argument resolution + KV sizing code path, found
+# by running the oracle and listing the distributions of every imported module. Not
+# needed: triton and torchvision (stubbed, see above), uvicorn/uvloop/fastapi, flashinfer,
+# sgl-kernel and all CUDA wheels.
+ORACLE_DEPS = [
+    "transformers==5.19.0",  # sglang 0.5.22/0.5.23 pin
+    "apache-tvm-ffi==0.1.11",  # sglang pin
+    "loguru",  # compressed-tensors (installed --no-deps below)
+    "aiohttp",
+    "starlette",
+    "ipython",
+    "pillow",
+    "msgspec",
+    "orjson",
+    "psutil",
+    "pybase64",
+    "pydantic",
+    "pyzmq",
+    "requests",
+    "sentencepiece",
+    "gguf",
+    "dill",
+    "einops",  # 0.5.22's KV path imports it
+    "nvidia-ml-py",
+]
+ORACLE_NODEPS = ["compressed-tensors==0.18.0"]
+TORCH_SPEC = "torch==2.13.0"
+TORCH_LOCAL_GLOB = "/opt/wheels/torch-2.13.0+cpu-cp311-*.whl"
+
+
+def setup_venv(venv: str, versions: list[str], allow_cuda_torch: bool) -> dict:
+    import glob
+    import subprocess
+
+    t0 = time.time()
+    timings = {}
+
+    def run(cmd):
+        print("+", " ".join(cmd), file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True)
+
+    if sys.version_info[:2] != (3, 11):
+        raise SystemExit("the sglang wheels are cp311: run --setup with python3.11")
+    run([sys.executable, "-m", "venv", venv])
+    pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q",
+           "--disable-pip-version-check"]
+    local = sorted(glob.glob(TORCH_LOCAL_GLOB))
+    if local:
+        torch_req = local[-1]
+    elif allow_cuda_torch:
+        torch_req = TORCH_SPEC  # PyPI: the ~5 GB CUDA build
+    else:
+        raise SystemExit(
+            f"no CPU torch wheel matches {TORCH_LOCAL_GLOB}; PyPI only has the ~5 GB CUDA "
+            "build (pass --allow-cuda-torch to use it anyway)"
+        )
+    run(pip + [torch_req] + ORACLE_DEPS)
+    timings["deps_s"] = round(time.time() - t0, 1)
+    main_v, *others = versions
+    run(pip + ["--no-deps"] + ORACLE_NODEPS + [f"sglang=={main_v}"])
+    for v in others:
+        run(pip + ["--no-deps", "--target", os.path.join(venv, f"sglang-{v}"), f"sglang=={v}"])
+    timings["total_s"] = round(time.time() - t0, 1)
+    size = 0
+    for root, _dirs, files in os.walk(venv):
+        for f in files:
+            try:
+                size += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    info = {"venv": venv, "versions": versions, "torch": torch_req,
+            "size_mib": round(size / 2**20), **timings}
+    with open(os.path.join(venv, "oracle-setup.json"), "w") as f:
+        json.dump(info, f, indent=2)
+    return info
+
+
+# ----------------------------------------------------------------------------------------
+# Golden file helpers (pure Python)
+# ----------------------------------------------------------------------------------------
+
+SMOKE_GPUS = (16384, 24576, 81920)
+
+
+def smoke_subset(cases: list[dict]) -> list[dict]:
+    """A quick subset for a live CI check: tp 1, three GPU sizes, every model/variant."""
+    return [c for c in cases if c.get("tp") == 1 and c.get("gpu_mem_mib") in SMOKE_GPUS
+            or c.get("gpu_mem_mib") is None]
+
+
+def _dump_run(payload: dict) -> str:
+    """One result per line: diff-friendly and still valid JSON."""
+    lines = ['{"meta":' + json.dumps(payload["meta"], sort_keys=True) + ',"results":[']
+    res = payload["results"]
+    for i, r in enumerate(res):
+        lines.append(json.dumps(r, separators=(",", ":")) + ("," if i < len(res) - 1 else ""))
+    lines.append("]}")
+    return "\n".join(lines) + "\n"
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def compare_results(expected: list[dict], actual: list[dict]) -> list[str]:
+    """Differences between two result lists (matched by id)."""
+    exp = {r["id"]: r for r in expected}
+    problems = []
+    for r in actual:
+        e = exp.get(r["id"])
+        if e is None:
+            problems.append(f"{r['id']}: not in the golden file")
+            continue
+        fe, fa = _flat(e), _flat(r)
+        for k in sorted(set(fe) | set(fa)):
+            if fe.get(k) != fa.get(k):
+                problems.append(f"{r['id']}: {k}: golden={fe.get(k)!r} live={fa.get(k)!r}")
+    return problems
+
+
+def merge_runs(paths: list[str], command: str) -> str:
+    runs = []
+    for p in paths:
+        with open(p) as f:
+            runs.append(json.load(f))
+    by_version = {}
+    for run in runs:  # shards of one version are concatenated
+        v = run["meta"]["sglang_version"]
+        if v in by_version:
+            by_version[v]["results"].extend(run["results"])
+            by_version[v]["meta"]["run_seconds"] += run["meta"]["run_seconds"]
+            by_version[v]["meta"]["cases"] += run["meta"]["cases"]
+        else:
+            by_version[v] = run
+    versions = sorted(by_version, key=lambda v: [int(x) for x in v.split(".")], reverse=True)
+    diffs = []
+    if len(versions) >= 2:
+        a, b = versions[1], versions[0]
+        for line in compare_results(by_version[a]["results"], by_version[b]["results"]):
+            diffs.append(line.replace("golden=", f"{a}=").replace("live=", f"{b}="))
+    head = {
+        "description": (
+            "Ground truth from SGLang's own resolution code (server_args pipeline, "
+            "ModelConfig, KVCacheConfigurator/pool configurators) run on a GPU-less host "
+            "with the GPU capacity mocked; see tests/oracles/README.md."
+        ),
+        "generator": command,
+        "versions": versions,
+        "grid": {
+            "gpus_mib": GRID_GPUS,
+            "tp_sizes": GRID_TPS,
+            "flag_variants": GRID_FLAGS,
+            "flag_variant_tp_sizes": GRID_FLAG_TPS,
+            "platform_presets": {k: PLATFORM_PRESETS[k] for k in GRID_PLATFORMS},
+            "kv_scenario": {
+                "pre_model_load_gib": f"gpu_mem_mib/1024 - {GRID_CONTEXT_OVERHEAD_GIB}",
+                "weights_gib": "weights_gib[model] / (tp * pp)",
+                "weights_gib_per_model": GRID_WEIGHTS_GIB,
+            },
+        },
+        "differences": {
+            "between": versions[:2][::-1],
+            "count": len(diffs),
+            "lines": diffs,
+        },
+    }
+    parts = ["{" + json.dumps("header") + ":" + json.dumps(head, indent=1) + ","]
+    parts.append('"runs":{')
+    for i, v in enumerate(versions):
+        body = _dump_run(by_version[v]).rstrip("\n")
+        parts.append(json.dumps(v) + ":" + body + ("," if i < len(versions) - 1 else ""))
+    parts.append("}}")
+    return "\n".join(parts) + "\n"
+
+
+# ----------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--input", help="cases JSON file ('-' = stdin, default)")
+    ap.add_argument("--output", help="write results here (default stdout)")
+    ap.add_argument(
+        "--sglang-path",
+        help="directory to put first on sys.path (a --target install of another sglang)",
+    )
+    ap.add_argument("--grid", action="store_true", help="run the golden grid")
+    ap.add_argument("--subset", choices=["all", "smoke"], default="all",
+                    help="with --grid: 'smoke' = tp 1 and GPUs 16384/24576/81920 only")
+    ap.add_argument("--shard", help="K/N: run every N-th case starting at K (0-based)")
+    ap.add_argument(
+        "--configs-dir",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "configs"),
+    )
+    ap.add_argument("--limit", type=int, help="only the first N cases (debugging)")
+    ap.add_argument("--verbose", action="store_true", help="keep sglang's log output")
+    ap.add_argument("--compare", metavar="GOLDEN",
+                    help="compare the results with this golden file (exit 1 on mismatch)")
+    ap.add_argument("--merge", nargs="+", metavar="RUN",
+                    help="merge run outputs (one or more versions) into a golden file")
+    ap.add_argument("--setup", metavar="VENV", help="create the oracle venv and exit")
+    ap.add_argument("--versions", default="0.5.23,0.5.22",
+                    help="with --setup: main version, then extra versions (--target installs)")
+    ap.add_argument("--allow-cuda-torch", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.setup:
+        info = setup_venv(args.setup, args.versions.split(","), args.allow_cuda_torch)
+        print(json.dumps(info, indent=2))
+        return 0
+    if args.merge:
+        text = merge_runs(args.merge, "tests/oracles/sglang_oracle.py --merge " + " ".join(
+            os.path.basename(p) for p in args.merge))
+        if args.output:
+            with open(args.output, "w") as f:
+                f.write(text)
+        else:
+            sys.stdout.write(text)
+        return 0
+
+    if args.sglang_path:
+        sys.path.insert(0, os.path.abspath(args.sglang_path))
+
+    if args.grid:
+        cases = grid_cases(os.path.normpath(args.configs_dir))
+        if args.subset == "smoke":
+            cases = smoke_subset(cases)
+    else:
+        src = sys.stdin if args.input in (None, "-") else open(args.input)
+        data = json.load(src)
+        cases = data["cases"] if isinstance(data, dict) else data
+    if args.shard:
+        k, n = (int(x) for x in args.shard.split("/"))
+        cases = cases[k::n]
+    if args.limit:
+        cases = cases[: args.limit]
+
+    # sglang may print while importing/resolving: keep stdout for the JSON only.
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr
+    t0 = time.time()
+    oracle = Oracle(quiet=not args.verbose)
+    t1 = time.time()
+    results = []
+    for c in cases:
+        r = oracle.run_case(c)
+        if args.grid:
+            for k in ("model", "variant", "tp", "gpu_mem_mib", "flags", "env", "platform"):
+                if c.get(k) not in (None, {}, []) or k in ("gpu_mem_mib", "flags"):
+                    r.setdefault(k, c.get(k))
+            r.setdefault("kv_input", c.get("kv"))
+        results.append(r)
+    t2 = time.time()
+    import torch
+    import transformers
+
+    meta = {
+        "sglang_version": oracle.version,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "python": sys.version.split()[0],
+        "stubbed_modules": STUBBED,
+        "capacity_refs_patched": oracle.patched_capacity_refs,
+        "import_seconds": round(oracle.import_s, 2),
+        "startup_seconds": round(t1 - t0, 2),
+        "cases": len(cases),
+        "run_seconds": round(t2 - t1, 2),
+    }
+    payload = {"meta": meta, "results": results}
+    text = _dump_run(payload)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        real_stdout.write(text)
+        real_stdout.flush()
+
+    if args.compare:
+        with open(args.compare) as f:
+            golden = json.load(f)
+        runs = golden.get("runs", {})
+        if oracle.version not in runs:
+            print(f"golden file has no run for sglang {oracle.version}", file=sys.stderr)
+            return 1
+        problems = compare_results(runs[oracle.version]["results"], results)
+        for p in problems[:50]:
+            print("MISMATCH", p, file=sys.stderr)
+        print(f"compared {len(results)} cases against {args.compare} "
+              f"(sglang {oracle.version}): {len(problems)} mismatches", file=sys.stderr)
+        return 1 if problems else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,731 @@
+"""Supervisor, sdnotify and devlock against real processes: the stand-in engine and a driver.
+
+Most tests run the supervisor in a *driver* subprocess (this file run as a script, see
+``_driver`` at the bottom), so that real signals can be sent to it and it can be SIGKILLed.
+The driver's stdout/stderr are files, compared byte for byte with what the stand-in recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from launcher import sdnotify  # noqa: E402
+from launcher.devlock import DeviceLock, default_lock_dir, lock_path  # noqa: E402
+from launcher.errors import ExitCode, TemporarilyUnavailable  # noqa: E402
+from launcher.supervisor import (  # noqa: E402
+    EngineCommand,
+    EngineSpawnError,
+    HealthCheck,
+    Phase,
+    StreamPump,
+    Supervisor,
+    SupervisorOptions,
+    build_child_env,
+    exit_code_for,
+)
+
+STANDIN = REPO / "tests" / "standin_engine.py"
+
+# Lines quoted in /work/shared/reference/vllm-memory.md (§1 table and rendered examples, §7, §8)
+# and uvicorn's own startup/shutdown lines; the lead adds full real logs from startup-logs.yaml.
+VLLM_SERVER = "Starting vLLM server on http://0.0.0.0:${port}"
+VLLM_KV = "CPU KV cache size: 1,048,576 tokens, Maximum concurrency for 2,048 tokens per request: 512.00x"
+VLLM_FREE_MEMORY = (
+    "Free memory on device cuda:0 (7.34/15.49 GiB) on startup is less than desired GPU memory utilization "
+    "(0.8, 12.39 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+)
+VLLM_CORE_FAILED = "EngineCore failed to start."
+UVICORN_START = [
+    "INFO:     Started server process [${pid}]",
+    "INFO:     Waiting for application startup.",
+    "INFO:     Application startup complete.",
+]
+UVICORN_STOP = [
+    "INFO:     Shutting down",
+    "INFO:     Waiting for application shutdown.",
+    "INFO:     Application shutdown complete.",
+    "INFO:     Finished server process [${pid}]",
+]
+
+
+def serving_steps(*, kv: bool = True) -> list[dict[str, Any]]:
+    """Steps of a vLLM-like start that reaches serving: KV line (stdout), uvicorn (stderr), /health."""
+    steps: list[dict[str, Any]] = [{"text": VLLM_KV, "delay": 0.05}] if kv else []
+    steps.append({"text": VLLM_SERVER})
+    steps += [{"text": line, "stream": "stderr"} for line in UVICORN_START]
+    steps.append({"serve": True})
+    return steps
+
+
+def graceful(**extra: Any) -> dict[str, Any]:
+    """Scenario keys of an engine that stops like uvicorn on SIGTERM."""
+    return {
+        "engine": "vllm",
+        "shutdown_lines": [{"stream": "stderr", "text": line} for line in UVICORN_STOP],
+        "sigterm_exit_delay": 0.1,
+        **extra,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (absent, or a zombie nobody has reaped yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def normalized_lines(data: bytes) -> bytes:
+    """What the on_line hook should have seen, each line re-terminated with ``\\n``."""
+    return data if not data or data.endswith(b"\n") else data + b"\n"
+
+
+class Engine:
+    """Paths of one stand-in invocation: its scenario, record dir and pid file."""
+
+    def __init__(self, tmp: Path, name: str, scenario: dict[str, Any], port: int | None = None) -> None:
+        self.dir = tmp / name
+        self.dir.mkdir()
+        self.scenario_path = self.dir / "scenario.json"
+        self.scenario_path.write_text(json.dumps(scenario))
+        self.record = self.dir / "record"
+        self.pid_file = self.dir / "pids.json"
+        self.env_file = self.dir / "env.json"
+        self.port = port
+
+    @property
+    def argv(self) -> list[str]:
+        argv = [sys.executable, str(STANDIN), "--scenario", str(self.scenario_path), "--record", str(self.record)]
+        argv += ["--pid-file", str(self.pid_file), "--env-file", str(self.env_file)]
+        return argv + (["--port", str(self.port)] if self.port else [])
+
+    def pids(self) -> dict[str, int | None]:
+        return wait_for(lambda: self.pid_file.exists() and json.loads(self.pid_file.read_text() or "null"), what="pid file")
+
+    def recorded(self, stream: str) -> bytes:
+        path = self.record / f"{stream}.bin"
+        return path.read_bytes() if path.exists() else b""
+
+
+class Driver:
+    """The supervisor in a subprocess (this file as a script) with files for its output."""
+
+    def __init__(self, tmp: Path, engine: Engine, env: dict[str, str] | None = None, **config: Any) -> None:
+        self.tmp = tmp
+        self.result_path = tmp / "result.json"
+        self.log_path = tmp / "supervisor.log"
+        self.stdout_path, self.stderr_path = tmp / "driver.stdout", tmp / "driver.stderr"
+        config = {"argv": engine.argv, "result": str(self.result_path), "log": str(self.log_path), **config}
+        if engine.port and "health_port" not in config:
+            config["health_port"] = engine.port
+        (tmp / "driver.json").write_text(json.dumps(config))
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(  # noqa: S603
+                [sys.executable, __file__, str(tmp / "driver.json")],
+                stdout=out,
+                stderr=err,
+                env={**os.environ, **(env or {})},
+            )
+
+    def wait(self, timeout: float = 20.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def result(self) -> dict[str, Any]:
+        return json.loads(self.result_path.read_text())
+
+    def stdout(self) -> bytes:
+        return self.stdout_path.read_bytes()
+
+    def stderr(self) -> bytes:
+        return self.stderr_path.read_bytes()
+
+
+@pytest.fixture(name="cleanup")
+def _cleanup() -> Iterator[list[int]]:
+    """Pids to SIGKILL after the test, whatever happened."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, TypeError):
+            pass
+
+
+@pytest.fixture(autouse=True)
+def _no_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test talks to a real systemd or inherits a watchdog."""
+    for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        monkeypatch.delenv(key, raising=False)
+
+
+# --------------------------------------------------------------------------- pure units
+
+
+class TestBuildChildEnv:
+    def test_overrides_set_and_none_deletes(self) -> None:
+        """Overrides replace or add values and None removes a variable."""
+        env = build_child_env({"A": "1", "B": "2"}, {"B": None, "C": "3", "A": "x"})
+        assert {"A": "x", "C": "3"} == env
+
+    def test_systemd_variables_never_reach_the_child(self) -> None:
+        """NOTIFY_SOCKET and WATCHDOG_* are removed even when an override sets them."""
+        base = {"NOTIFY_SOCKET": "/run/n", "WATCHDOG_USEC": "5", "WATCHDOG_PID": "1", "PATH": "/bin"}
+        assert {"PATH": "/bin"} == build_child_env(base, {"NOTIFY_SOCKET": "@x"})
+
+
+class TestExitCodeFor:
+    @pytest.mark.parametrize(
+        ("returncode", "expected"),
+        [pytest.param(0, 0, id="ok"), pytest.param(1, 1, id="error"), pytest.param(-9, 137, id="sigkill"), pytest.param(-11, 139, id="sigsegv")],
+    )
+    def test_mapping(self, returncode: int, expected: int) -> None:
+        """Exit statuses pass through and death by signal N becomes 128+N."""
+        assert expected == exit_code_for(returncode)
+
+
+class TestStreamPump:
+    def _pump(self, tmp_path: Path, **kw: Any) -> tuple[StreamPump, list[bytes], Path, int]:
+        path = tmp_path / "out.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        seen: list[bytes] = []
+        return StreamPump("stdout", fd, lambda _s, line: seen.append(line), **kw), seen, path, fd
+
+    def test_lines_split_across_chunks_arrive_whole(self, tmp_path: Path) -> None:
+        """A line cut by chunk boundaries reaches the hook once, whole, without its newline."""
+        pump, seen, path, fd = self._pump(tmp_path)
+        for chunk in (b"ab", b"c\nde", b"f\r\n\n", b"tail"):
+            pump.feed(chunk)
+        pump.close()
+        os.close(fd)
+        assert [b"abc", b"def\r", b"", b"tail"] == seen
+        assert b"abc\ndef\r\n\ntail" == path.read_bytes()
+
+    def test_unterminated_tail_is_held_then_flushed(self, tmp_path: Path) -> None:
+        """Bytes after the last newline wait until flush_partial(), then go out unchanged."""
+        pump, _seen, path, fd = self._pump(tmp_path)
+        pump.feed(b"one\ntw")
+        assert b"one\n" == path.read_bytes()
+        assert pump.pending_since is not None
+        pump.flush_partial()
+        assert b"one\ntw" == path.read_bytes()
+        os.close(fd)
+
+    def test_overlong_line_is_truncated_for_the_hook_only(self, tmp_path: Path) -> None:
+        """The hook sees at most max_line_bytes of a line; the output keeps every byte."""
+        pump, seen, path, fd = self._pump(tmp_path, max_line_bytes=10)
+        pump.feed(b"x" * 25)
+        pump.feed(b"y" * 5 + b"\nz" * 2)
+        pump.close()
+        os.close(fd)
+        assert [b"x" * 10, b"z", b"z"] == seen
+        assert b"x" * 25 + b"y" * 5 + b"\nz\nz" == path.read_bytes()
+
+    def test_broken_destination_keeps_the_hook_fed(self, tmp_path: Path) -> None:
+        """When our stdout is gone the pipe is still drained and parsed."""
+        read_fd, write_fd = os.pipe()
+        os.close(read_fd)
+        seen: list[bytes] = []
+        pump = StreamPump("stdout", write_fd, lambda _s, line: seen.append(line))
+        pump.feed(b"a\nb\n")
+        os.close(write_fd)
+        assert pump.out_broken is True
+        assert [b"a", b"b"] == seen
+
+
+class TestSdnotify:
+    def _socket(self, name: str | None = None) -> tuple[socket.socket, str]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        if name is None:
+            address = os.path.join(tempfile.mkdtemp(prefix="ssn"), "notify")
+            sock.bind(address)
+            return sock, address
+        sock.bind("\0" + name)
+        return sock, "@" + name
+
+    def test_unset_socket_is_a_no_op(self) -> None:
+        """Without NOTIFY_SOCKET nothing is sent and the call reports False."""
+        assert sdnotify.notify("READY=1", env={}) is False
+
+    def test_path_socket_receives_the_datagram(self) -> None:
+        """A filesystem socket gets the exact state string."""
+        sock, address = self._socket()
+        with sock:
+            assert sdnotify.notify("READY=1\nSTATUS=serving", env={"NOTIFY_SOCKET": address}) is True
+            assert b"READY=1\nSTATUS=serving" == sock.recv(4096)
+
+    def test_abstract_socket_receives_the_datagram(self) -> None:
+        """An @name socket is the abstract namespace."""
+        sock, address = self._socket(f"safe-serve-test-{os.getpid()}")
+        with sock:
+            assert sdnotify.notify("STOPPING=1", env={"NOTIFY_SOCKET": address}) is True
+            assert b"STOPPING=1" == sock.recv(4096)
+
+    def test_unreachable_socket_returns_false(self, tmp_path: Path) -> None:
+        """A socket path with no listener gives False, not an exception."""
+        assert sdnotify.notify("READY=1", env={"NOTIFY_SOCKET": str(tmp_path / "missing")}) is False
+
+
+# --------------------------------------------------------------------------- pass-through
+
+
+class TestPassThrough:
+    def test_output_is_byte_exact_and_every_line_reaches_the_hook(self, tmp_path: Path) -> None:
+        """Invalid UTF-8, CRLF, a 4 MiB line written in slow pieces and an unterminated last line
+        come out unchanged per stream, and the hook sees each line once."""
+        scenario = graceful(
+            steps=[
+                {"text": VLLM_KV},
+                {"raw_hex": "ff fe c3 28 80 0a", "stream": "stdout"},
+                {"raw_hex": "e2 82 0d 0a", "stream": "stderr"},
+                {"text": UVICORN_START[0], "stream": "stderr"},
+                {"long_line": 4 << 20, "chunk": 65536, "pause": 0.002, "stream": "stdout"},
+                {"text": VLLM_SERVER},
+                {"partial": "last words without newline", "stream": "stderr"},
+                {"exit": 0},
+            ]
+        )
+        engine = Engine(tmp_path, "engine", scenario)
+        driver = Driver(tmp_path, engine)
+        assert 0 == driver.wait()
+        result = driver.result()
+        for stream, captured in (("stdout", driver.stdout()), ("stderr", driver.stderr())):
+            emitted = engine.recorded(stream)
+            assert emitted == captured
+            assert normalized_lines(emitted).count(b"\n") == result["lines"][stream]["count"]
+            assert hashlib.sha256(normalized_lines(emitted)).hexdigest() == result["lines"][stream]["sha256"]
+        assert result["lines"]["stdout"]["longest"] == 4 << 20
+        assert result["outcome"]["exit_code"] == 0
+
+    def test_flood_loses_and_reorders_nothing(self, tmp_path: Path) -> None:
+        """200,000 lines on stdout interleaved with stderr lines all pass, in order, to output and hook."""
+        scenario = graceful(
+            steps=[
+                {"flood": 100_000, "width": 120},
+                {"text": UVICORN_START[0], "stream": "stderr"},
+                {"flood": 100_000, "width": 120},
+                {"text": UVICORN_START[1], "stream": "stderr"},
+                {"exit": 0},
+            ]
+        )
+        engine = Engine(tmp_path, "engine", scenario)
+        driver = Driver(tmp_path, engine)
+        assert 0 == driver.wait(60)
+        result = driver.result()
+        assert engine.recorded("stdout") == driver.stdout()
+        assert 200_000 == result["lines"]["stdout"]["count"]
+        assert hashlib.sha256(engine.recorded("stdout")).hexdigest() == result["lines"]["stdout"]["sha256"]
+        assert 2 == result["lines"]["stderr"]["count"]
+
+
+# --------------------------------------------------------------------------- signals
+
+
+class TestSignals:
+    def _serving(self, tmp_path: Path, cleanup: list[int]) -> tuple[Engine, Driver, dict[str, Any]]:
+        engine = Engine(tmp_path, "engine", graceful(grandchild=True, steps=serving_steps()), port=free_port())
+        driver = Driver(tmp_path, engine, grace_seconds=30.0)
+        pids = engine.pids()
+        cleanup += [pids["engine"], pids["grandchild"], driver.proc.pid]
+        wait_for(lambda: b"Application startup complete" in driver.stderr(), what="uvicorn startup line")
+        return engine, driver, pids
+
+    def test_sigterm_stops_the_engine_and_its_whole_group(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """SIGTERM is forwarded to the engine's group; the engine exits 0, we exit 0, nothing is left."""
+        engine, driver, pids = self._serving(tmp_path, cleanup)
+        started = time.monotonic()
+        driver.proc.send_signal(signal.SIGTERM)
+        assert 0 == driver.wait()
+        assert time.monotonic() - started < 10
+        assert gone(pids["engine"]) and gone(pids["grandchild"])
+        result = driver.result()["outcome"]
+        assert 0 == result["engine_returncode"]
+        assert "stopped on SIGTERM" in result["reason"]
+        assert b"INFO:     Application shutdown complete.\n" in driver.stderr()
+        assert engine.recorded("stderr") == driver.stderr()
+
+    def test_engine_ignoring_sigterm_is_killed_after_the_grace(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """An engine that ignores SIGTERM is SIGKILLed (group) once grace_seconds have passed: exit 137."""
+        engine = Engine(tmp_path, "engine", graceful(on_sigterm="ignore", grandchild=True, grandchild_ignores_sigterm=True, steps=serving_steps()), port=free_port())
+        driver = Driver(tmp_path, engine, grace_seconds=1.0)
+        pids = engine.pids()
+        cleanup += [pids["engine"], pids["grandchild"], driver.proc.pid]
+        wait_for(lambda: b"Application startup complete" in driver.stderr(), what="startup")
+        started = time.monotonic()
+        driver.proc.send_signal(signal.SIGTERM)
+        assert 137 == driver.wait()
+        elapsed = time.monotonic() - started
+        assert 1.0 <= elapsed < 8.0
+        outcome = driver.result()["outcome"]
+        assert ("SIGKILL", -9) == (outcome["signal_name"], outcome["engine_returncode"])
+        assert "grace period" in outcome["reason"]
+        assert gone(pids["engine"]) and gone(pids["grandchild"])
+
+    def test_second_sigint_kills_at_once(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """A second SIGINT escalates to SIGKILL without waiting for the 30 s grace."""
+        engine = Engine(tmp_path, "engine", graceful(on_sigterm="ignore", steps=serving_steps()), port=free_port())
+        driver = Driver(tmp_path, engine, grace_seconds=30.0)
+        pids = engine.pids()
+        cleanup += [pids["engine"], driver.proc.pid]
+        wait_for(lambda: b"Application startup complete" in driver.stderr(), what="startup")
+        started = time.monotonic()
+        driver.proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        assert driver.proc.poll() is None
+        driver.proc.send_signal(signal.SIGINT)
+        assert 137 == driver.wait()
+        assert time.monotonic() - started < 5.0
+        assert "second SIGINT" in driver.result()["outcome"]["reason"]
+        assert gone(pids["engine"])
+
+    def test_sigkill_of_the_supervisor_kills_engine_and_grandchild(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """PDEATHSIG kills the engine and the group guard kills the rest of its process group."""
+        _engine, driver, pids = self._serving(tmp_path, cleanup)
+        driver.proc.kill()
+        driver.wait()
+        wait_for(lambda: gone(pids["engine"]), 5.0, "engine death (PDEATHSIG)")
+        wait_for(lambda: gone(pids["grandchild"]), 5.0, "grandchild death (group guard)")
+
+    def test_without_the_guard_a_grandchild_outlives_a_sigkilled_supervisor(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """PDEATHSIG alone reaches only the direct child: this is why the group guard exists."""
+        engine = Engine(tmp_path, "engine", graceful(grandchild=True, steps=serving_steps()), port=free_port())
+        driver = Driver(tmp_path, engine, group_guard=False)
+        pids = engine.pids()
+        cleanup += [pids["engine"], pids["grandchild"], driver.proc.pid]
+        wait_for(lambda: b"Application startup complete" in driver.stderr(), what="startup")
+        driver.proc.kill()
+        driver.wait()
+        wait_for(lambda: gone(pids["engine"]), 5.0, "engine death (PDEATHSIG)")
+        time.sleep(0.5)
+        assert not gone(pids["grandchild"])
+
+
+# --------------------------------------------------------------------------- exit codes
+
+
+class TestExitCodes:
+    def test_engine_error_exit_code_and_traceback_pass_through(self, tmp_path: Path) -> None:
+        """A vLLM-like startup error (traceback on stderr, exit 1) makes us exit 1 with the text intact."""
+        scenario = graceful(
+            steps=[
+                {"text": VLLM_CORE_FAILED},
+                {"fatal": {"type": "ValueError", "message": VLLM_FREE_MEMORY, "exit": 1}},
+            ]
+        )
+        engine = Engine(tmp_path, "engine", scenario)
+        driver = Driver(tmp_path, engine)
+        assert 1 == driver.wait()
+        assert f"ValueError: {VLLM_FREE_MEMORY}\n".encode() in driver.stderr()
+        assert driver.stderr().startswith(b"Traceback (most recent call last):\n")
+        assert "engine exited with code 1" == driver.result()["outcome"]["reason"]
+
+    def test_engine_killed_by_sigsegv_gives_139(self, tmp_path: Path) -> None:
+        """Death by signal 11 gives exit code 128+11 and names the signal."""
+        engine = Engine(tmp_path, "engine", graceful(steps=[{"text": VLLM_KV}, {"crash": "SIGSEGV"}]))
+        driver = Driver(tmp_path, engine)
+        assert 139 == driver.wait()
+        outcome = driver.result()["outcome"]
+        assert ("SIGSEGV", -11, "starting") == (outcome["signal_name"], outcome["engine_returncode"], outcome["phase"])
+
+    def test_request_stop_exit_code_wins(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """request_stop(reason, 78) from the line hook stops the engine group and we exit 78."""
+        engine = Engine(tmp_path, "engine", graceful(grandchild=True, steps=serving_steps()), port=free_port())
+        trigger = {"match": "KV cache size", "action": "stop", "code": int(ExitCode.CONFIG), "reason": "KV smaller than planned"}
+        driver = Driver(tmp_path, engine, triggers=[trigger])
+        pids = engine.pids()
+        cleanup += [pids["engine"], pids["grandchild"], driver.proc.pid]
+        assert 78 == driver.wait()
+        outcome = driver.result()["outcome"]
+        assert outcome["reason"].startswith("KV smaller than planned; engine exited with code 0")
+        assert gone(pids["engine"]) and gone(pids["grandchild"])
+
+    def test_group_leftovers_are_killed_when_the_engine_exits_alone(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """An engine that exits leaving a child behind (holding our pipes) still ends supervision."""
+        engine = Engine(tmp_path, "engine", graceful(grandchild=True, steps=[{"text": VLLM_KV}, {"exit": 3}]))
+        driver = Driver(tmp_path, engine)
+        pids = engine.pids()
+        cleanup += [pids["engine"], pids["grandchild"], driver.proc.pid]
+        assert 3 == driver.wait(10)
+        assert gone(pids["grandchild"])
+
+    def test_missing_executable_raises_spawn_error(self) -> None:
+        """An engine that is not installed is EngineSpawnError with exit code 69."""
+        sup = Supervisor(EngineCommand(("/nonexistent/vllm", "serve"), {}), SupervisorOptions(handle_signals=False))
+        with pytest.raises(EngineSpawnError) as info:
+            sup.run()
+        assert ExitCode.UNAVAILABLE == info.value.exit_code
+        assert "/nonexistent/vllm" in str(info.value)
+
+
+# --------------------------------------------------------------------------- restart, readiness, watches
+
+
+class TestRestart:
+    def test_restart_stops_the_first_engine_before_starting_the_second(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """request_restart stops engine 1 gracefully (group included), then runs engine 2."""
+        first = Engine(tmp_path, "first", graceful(grandchild=True, steps=[{"text": VLLM_KV}, {"hang": True}]))
+        second = Engine(tmp_path, "second", graceful(steps=[{"text": UVICORN_START[0], "stream": "stderr"}, {"exit": 0}]))
+        trigger = {"match": "KV cache size", "action": "restart", "argv": second.argv}
+        driver = Driver(tmp_path, first, triggers=[trigger])
+        pids1 = first.pids()
+        cleanup += [pids1["engine"], pids1["grandchild"], driver.proc.pid]
+        assert 0 == driver.wait()
+        pids2 = second.pids()
+        assert pids1["engine"] != pids2["engine"]
+        assert gone(pids1["engine"]) and gone(pids1["grandchild"])
+        outcome = driver.result()["outcome"]
+        assert (1, "engine exited with code 0") == (outcome["restarts"], outcome["reason"])
+        stderr = driver.stderr()
+        assert stderr == first.recorded("stderr") + second.recorded("stderr")
+        assert stderr.index(b"Application shutdown complete") < stderr.index(b"Started server process [%d]" % pids2["engine"])
+
+
+class TestReadiness:
+    def test_health_200_writes_the_ready_file_and_exit_removes_it(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """Once /health answers 200 the ready file holds the engine pid; it is gone after the stop."""
+        engine = Engine(tmp_path, "engine", graceful(steps=serving_steps()), port=free_port())
+        ready = tmp_path / "ready"
+        driver = Driver(tmp_path, engine, ready_file=str(ready))
+        pids = engine.pids()
+        cleanup += [pids["engine"], driver.proc.pid]
+        text = wait_for(lambda: ready.exists() and ready.read_text(), what="ready file")
+        assert f"{pids['engine']}\n" == text
+        driver.proc.send_signal(signal.SIGTERM)
+        assert 0 == driver.wait()
+        assert not ready.exists()
+        assert "ready" == driver.result()["outcome"]["phase"]
+
+    def test_on_ready_hook_decides(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """With an on_ready hook that does not call mark_ready, health alone writes no ready file."""
+        engine = Engine(tmp_path, "engine", graceful(steps=serving_steps()), port=free_port())
+        ready = tmp_path / "ready"
+        driver = Driver(tmp_path, engine, ready_file=str(ready), on_ready="ignore")
+        pids = engine.pids()
+        cleanup += [pids["engine"], driver.proc.pid]
+        wait_for(lambda: (tmp_path / "driver.on_ready").exists(), what="on_ready hook")
+        driver.proc.send_signal(signal.SIGTERM)
+        assert 0 == driver.wait()
+        assert ("healthy", False) == (driver.result()["outcome"]["phase"], ready.exists())
+
+
+class TestWatch:
+    def test_missing_kv_line_fires_the_watch_timeout(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """When the KV line never comes, on_watch_timeout runs and its stop code is our exit code."""
+        engine = Engine(tmp_path, "engine", graceful(steps=[{"text": VLLM_SERVER}, {"hang": True}]))
+        driver = Driver(tmp_path, engine, watches={"kv": 0.5}, on_watch_timeout={"code": 75})
+        cleanup.append(driver.proc.pid)
+        started = time.monotonic()
+        assert 75 == driver.wait()
+        assert time.monotonic() - started >= 0.5
+        assert "watch kv timed out" in driver.result()["outcome"]["reason"]
+
+    def test_marked_event_disarms_the_watch(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """mark_event('kv') from the line hook prevents the timeout."""
+        engine = Engine(tmp_path, "engine", graceful(steps=[{"text": VLLM_KV}, {"delay": 1.0, "exit": 0}]))
+        trigger = {"match": "KV cache size", "action": "mark", "event": "kv"}
+        driver = Driver(tmp_path, engine, watches={"kv": 0.5}, on_watch_timeout={"code": 75}, triggers=[trigger])
+        cleanup.append(driver.proc.pid)
+        assert 0 == driver.wait()
+
+
+class TestNotify:
+    def test_notify_protocol_and_clean_child_env(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """systemd gets STATUS, EXTEND_TIMEOUT_USEC while loading, READY=1, STOPPING=1; the engine no NOTIFY_SOCKET."""
+        address = os.path.join(tempfile.mkdtemp(prefix="ssn"), "notify")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(address)
+        sock.settimeout(0.1)
+        steps = [{"text": VLLM_SERVER, "delay": 0.6}, *serving_steps()]
+        engine = Engine(tmp_path, "engine", graceful(steps=steps), port=free_port())
+        ready = tmp_path / "ready"
+        driver = Driver(tmp_path, engine, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1"}, ready_file=str(ready), extend_every_s=0.2)
+        pids = engine.pids()
+        cleanup += [pids["engine"], driver.proc.pid]
+        wait_for(ready.exists, what="ready file")
+        driver.proc.send_signal(signal.SIGTERM)
+        assert 0 == driver.wait()
+        messages: list[str] = []
+        with sock:
+            while True:
+                try:
+                    messages.append(sock.recv(4096).decode())
+                except TimeoutError:
+                    break
+        assert f"STATUS=engine starting (pid {pids['engine']})" == messages[0]
+        assert sum(m == "EXTEND_TIMEOUT_USEC=30000000" for m in messages) >= 2
+        ready_at = messages.index(f"READY=1\nSTATUS=engine ready (pid {pids['engine']})")
+        assert all(not m.startswith("EXTEND") for m in messages[ready_at + 1 : -1])
+        assert messages[-1].startswith("STOPPING=1\n")
+        child_env = json.loads(engine.env_file.read_text())
+        assert ("NOTIFY_SOCKET" in child_env, "WATCHDOG_USEC" in child_env, child_env["PATH"]) == (False, False, os.environ["PATH"])
+
+
+# --------------------------------------------------------------------------- devlock
+
+_HOLDER = """\
+import sys, time
+sys.path.insert(0, {repo!r})
+from pathlib import Path
+from launcher.devlock import DeviceLock
+lock = DeviceLock({uuids!r}, lock_dir=Path({lock_dir!r}))
+lock.acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+class TestDeviceLock:
+    def _holder(self, tmp_path: Path, uuids: list[str], cleanup: list[int]) -> subprocess.Popen[str]:
+        code = _HOLDER.format(repo=str(REPO), uuids=uuids, lock_dir=str(tmp_path))
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)  # noqa: S603
+        cleanup.append(proc.pid)
+        assert proc.stdout is not None and "held\n" == proc.stdout.readline()
+        return proc
+
+    def test_second_acquirer_times_out_naming_the_holder(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """A lock held by another process makes acquire() fail after the timeout with exit code 75 and its pid."""
+        holder = self._holder(tmp_path, ["GPU-aaaa"], cleanup)
+        lock = DeviceLock(["GPU-aaaa"], timeout_s=0.3, poll_s=0.05, lock_dir=tmp_path)
+        started = time.monotonic()
+        with pytest.raises(TemporarilyUnavailable) as info:
+            lock.acquire()
+        assert time.monotonic() - started >= 0.3
+        assert ExitCode.TEMPFAIL == info.value.exit_code == 75
+        assert f"GPU GPU-aaaa is being started by pid {holder.pid}" in str(info.value)
+        assert lock.held is False
+
+    def test_lock_is_free_when_the_holder_dies(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """flock dies with its holder, so a SIGKILLed launch leaves no stale lock."""
+        holder = self._holder(tmp_path, ["GPU-aaaa"], cleanup)
+        holder.kill()
+        holder.wait()
+        with DeviceLock(["GPU-aaaa"], timeout_s=2.0, lock_dir=tmp_path) as lock:
+            assert lock.held is True
+            assert f"{os.getpid()}\n" == lock_path(tmp_path, "GPU-aaaa").read_text()
+
+    def test_early_release_lets_the_next_launch_in(self, tmp_path: Path) -> None:
+        """release() before the context ends frees every GPU, and a second release is harmless."""
+        with DeviceLock(["GPU-b", "GPU-a"], lock_dir=tmp_path) as first:
+            assert ("GPU-a", "GPU-b") == first.uuids
+            first.release()
+            with DeviceLock(["GPU-a"], lock_dir=tmp_path) as second:
+                assert second.held is True
+        assert "" == lock_path(tmp_path, "GPU-a").read_text()
+
+    def test_partial_acquisition_is_rolled_back(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """If the second GPU is busy the first one is released again (sorted order, no deadlock)."""
+        self._holder(tmp_path, ["GPU-b"], cleanup)
+        lock = DeviceLock(["GPU-b", "GPU-a"], timeout_s=0.1, poll_s=0.02, lock_dir=tmp_path)
+        with pytest.raises(TemporarilyUnavailable):
+            lock.acquire()
+        with DeviceLock(["GPU-a"], lock_dir=tmp_path) as other:
+            assert other.held is True
+
+    def test_lock_dir_from_environment_and_safe_names(self, tmp_path: Path) -> None:
+        """SAFE_SERVE_LOCK_DIR wins, and MIG names with slashes become flat file names."""
+        target = tmp_path / "locks"
+        assert target == default_lock_dir({"SAFE_SERVE_LOCK_DIR": str(target)})
+        assert target / "MIG-GPU-1234_1_0.lock" == lock_path(target, "MIG-GPU-1234/1/0")
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def _driver(config_path: str) -> int:
+    """Run a Supervisor as configured in JSON; write the outcome and what the hook saw."""
+    import structlog
+
+    cfg = json.loads(Path(config_path).read_text())
+    structlog.configure(logger_factory=structlog.WriteLoggerFactory(file=open(cfg["log"], "a")))  # noqa: SIM115
+    health = HealthCheck("127.0.0.1", cfg["health_port"], interval_s=0.1) if cfg.get("health_port") else None
+    options = SupervisorOptions(
+        grace_seconds=cfg.get("grace_seconds", 5.0),
+        health=health,
+        ready_file=Path(cfg["ready_file"]) if cfg.get("ready_file") else None,
+        watches=cfg.get("watches", {}),
+        group_guard=cfg.get("group_guard", True),
+        extend_every_s=cfg.get("extend_every_s", 10.0),
+    )
+    triggers: list[dict[str, Any]] = cfg.get("triggers", [])
+    hashes = {name: hashlib.sha256() for name in ("stdout", "stderr")}
+    stats = {name: {"count": 0, "longest": 0} for name in ("stdout", "stderr")}
+    sup: Supervisor
+
+    def on_line(stream: str, line: bytes) -> None:
+        hashes[stream].update(line + b"\n")
+        entry = stats[stream]
+        entry["count"] += 1
+        entry["longest"] = max(entry["longest"], len(line))
+        for trigger in triggers:
+            if not trigger.get("fired") and trigger["match"].encode() in line:
+                trigger["fired"] = True
+                if trigger["action"] == "stop":
+                    sup.request_stop(trigger["reason"], trigger["code"])
+                elif trigger["action"] == "restart":
+                    sup.request_restart(EngineCommand(tuple(trigger["argv"]), os.environ))
+                elif trigger["action"] == "mark":
+                    sup.mark_event(trigger["event"])
+
+    def on_ready() -> None:
+        Path(config_path).with_name("driver.on_ready").touch()
+
+    def on_watch_timeout(name: str) -> None:
+        sup.request_stop(f"watch {name} timed out", cfg["on_watch_timeout"]["code"])
+
+    sup = Supervisor(
+        EngineCommand(tuple(cfg["argv"]), os.environ),
+        options,
+        on_line=on_line,
+        on_ready=on_ready if cfg.get("on_ready") == "ignore" else None,
+        on_watch_timeout=on_watch_timeout if cfg.get("on_watch_timeout") else None,
+    )
+    outcome = sup.run()
+    result = {
+        "outcome": {**asdict(outcome), "phase": outcome.phase.name.lower()},
+        "lines": {name: {**stats[name], "sha256": hashes[name].hexdigest()} for name in hashes},
+    }
+    Path(cfg["result"]).write_text(json.dumps(result))
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(_driver(sys.argv[1]))
