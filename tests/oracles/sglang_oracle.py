@@ -327,6 +327,12 @@ class Oracle:
         if config is None:
             with open(case["config_path"]) as f:
                 config = json.load(f)
+        for k, val in (case.get("config_overrides") or {}).items():
+            config = dict(config)
+            if val is None:
+                config.pop(k, None)
+            else:
+                config[k] = val
         model_dir = self._config_dir(config)
         if case.get("model_path_name"):
             # e.g. a path containing "llama-2" changes the prefill-graph cap
@@ -777,6 +783,29 @@ def grid_cases(configs_dir: str) -> list[dict]:
                 "kv": kv,
             }
         )
+    # Context-length derivation (utils/hf_transformers/common.py get_context_length):
+    # max_position_embeddings 4096 with various rope_scaling blocks.
+    for variant, rope in [
+        ("rope-none", None),
+        ("rope-linear-2", {"type": "linear", "factor": 2.0}),
+        ("rope-dynamic-2", {"rope_type": "dynamic", "factor": 2.0}),
+        ("rope-yarn-4-no-original", {"rope_type": "yarn", "factor": 4.0}),
+        ("rope-yarn-4-original-4096",
+         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}),
+    ]:
+        cases.append(
+            {
+                "id": f"llama-3.1-8b|{variant}|tp1|24576",
+                "model": "llama-3.1-8b",
+                "variant": variant,
+                "tp": 1,
+                "gpu_mem_mib": 24576,
+                "config_path": llama,
+                "config_overrides": {"max_position_embeddings": 4096, "rope_scaling": rope},
+                "flags": [],
+                "kv": None,
+            }
+        )
     cases.append(
         {
             "id": "llama-3.1-8b|unknown-capacity|tp1|null",
@@ -999,6 +1028,7 @@ def main(argv=None) -> int:
         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "configs"),
     )
     ap.add_argument("--limit", type=int, help="only the first N cases (debugging)")
+    ap.add_argument("--match", help="only cases whose id contains this substring")
     ap.add_argument("--verbose", action="store_true", help="keep sglang's log output")
     ap.add_argument("--compare", metavar="GOLDEN",
                     help="compare the results with this golden file (exit 1 on mismatch)")
@@ -1035,6 +1065,8 @@ def main(argv=None) -> int:
         src = sys.stdin if args.input in (None, "-") else open(args.input)
         data = json.load(src)
         cases = data["cases"] if isinstance(data, dict) else data
+    if args.match:
+        cases = [c for c in cases if args.match in c.get("id", "")]
     if args.shard:
         k, n = (int(x) for x in args.shard.split("/"))
         cases = cases[k::n]
@@ -1051,7 +1083,8 @@ def main(argv=None) -> int:
     for c in cases:
         r = oracle.run_case(c)
         if args.grid:
-            for k in ("model", "variant", "tp", "gpu_mem_mib", "flags", "env", "platform"):
+            for k in ("model", "variant", "tp", "gpu_mem_mib", "flags", "env", "platform",
+                      "config_overrides"):
                 if c.get(k) not in (None, {}, []) or k in ("gpu_mem_mib", "flags"):
                     r.setdefault(k, c.get(k))
             r.setdefault("kv_input", c.get("kv"))
