@@ -40,8 +40,8 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, MappingProxyType
@@ -55,18 +55,21 @@ from launcher.errors import ExitCode, SafeServeError
 __all__ = [
     "EngineCommand",
     "EngineSpawnError",
+    "GroupGuard",
     "HealthCheck",
     "Phase",
+    "ReadyFile",
     "State",
+    "StopBook",
     "StreamPump",
     "Supervisor",
     "SupervisorOptions",
     "SupervisorOutcome",
-    "GroupGuard",
-    "spawn_engine",
-    "signal_name",
     "build_child_env",
+    "decide_outcome",
     "exit_code_for",
+    "signal_name",
+    "spawn_engine",
 ]
 
 log = structlog.get_logger("safe_serve.supervisor")
@@ -494,26 +497,95 @@ class _HealthPoller:
                 return
 
 
-# --------------------------------------------------------------------------- supervisor
+# --------------------------------------------------------------------------- loop plumbing
 
 
-@dataclass(frozen=True)
-class SupervisorOptions:
-    """Tunables of one supervision; the defaults suit systemd and containers."""
+class ReadyFile:
+    """The ``--ready-file``: exists (holding the engine pid) exactly while the engine is ready."""
 
-    grace_seconds: float = 30.0  # SIGTERM -> SIGKILL (Kubernetes' default grace is 30 s too)
-    health: HealthCheck | None = None  # poll it from each start; 200 -> on_ready
-    ready_file: Path | None = None  # written at mark_ready(), removed when not ready or at exit
-    watches: Mapping[str, float] = field(default_factory=dict)  # event name -> seconds from start
-    notify_env: Mapping[str, str] | None = None  # where NOTIFY_SOCKET is read; None: os.environ
-    stdout_fd: int = 1
-    stderr_fd: int = 2
-    group_guard: bool = True
-    reap_orphans: bool | None = None  # waitpid(-1) for every child; None: only when we are PID 1
-    handle_signals: bool = True  # needs run() on the main thread
-    extend_every_s: float = EXTEND_EVERY_S
-    extend_by_s: float = EXTEND_BY_S
-    max_line_bytes: int = MAX_LINE_BYTES
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def write(self, pid: int) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(f"{pid}\n")
+            os.replace(tmp, self.path)  # a probe never sees a half-written file
+        except OSError as exc:
+            log.warning("cannot write the ready file", path=str(self.path), error=str(exc))
+
+    def remove(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot remove the ready file", path=str(self.path), error=str(exc))
+
+
+class _EventQueue:
+    """Events for the loop: a SimpleQueue plus a self-pipe that wakes ``select()``.
+
+    Signal handlers only ``put_signal`` (the C-level handler already wrote the pipe via
+    ``signal.set_wakeup_fd``); other threads ``post``, which also writes the pipe.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.read_fd = self.write_fd = -1
+
+    def open(self) -> None:
+        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def put_signal(self, signum: int) -> None:
+        self._queue.put_nowait(signum)
+
+    def post(self, event: object) -> None:
+        self._queue.put_nowait(event)
+        with self._lock:
+            if self.write_fd >= 0:
+                try:
+                    os.write(self.write_fd, b"\0")
+                except BlockingIOError:
+                    pass  # the pipe is full: a wake-up is pending anyway
+
+    def pop(self) -> object | None:
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
+
+    def drain_pipe(self) -> None:
+        try:
+            while os.read(self.read_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in (self.read_fd, self.write_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self.read_fd = self.write_fd = -1
+
+
+@contextmanager
+def installed_signal_handlers(signums: Iterable[int], handler: Callable[[int, FrameType | None], None], wakeup_fd: int) -> Iterator[None]:
+    """Install ``handler`` for ``signums`` and ``wakeup_fd`` as the wake-up fd; restore both after."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("Supervisor.run() handles signals and must run on the main thread")
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    old_wakeup = signal.set_wakeup_fd(wakeup_fd, warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old_wakeup)
+        for signum, old in previous.items():
+            signal.signal(signum, old if old is not None else signal.SIG_DFL)
 
 
 @dataclass(frozen=True)
@@ -544,8 +616,59 @@ class _Healthy:
     generation: int
 
 
+@dataclass
+class StopBook:
+    """Why and how the current engine is being stopped; a fresh one at every start."""
+
+    request: tuple[str, int] | None = None  # (reason, exit code) from request_stop
+    signal: int | None = None  # first stop signal received
+    forwarded: set[int] = field(default_factory=set)  # SIGTERM/SIGINT/SIGHUP we forwarded
+    deadline: float | None = None  # monotonic time of the SIGKILL escalation
+    escalation: str | None = None  # why we SIGKILLed, if we did
+    sigints: int = 0
+
+
+def decide_outcome(returncode: int, phase: Phase, restarts: int, stop: StopBook) -> SupervisorOutcome:
+    """Apply the exit-code rules of the module docstring to how the engine ended."""
+    sig = signal_name(-returncode) if returncode < 0 else None
+    how = f"killed by {sig}" if sig else f"exited with code {returncode}"
+    if stop.escalation:
+        how += f" ({stop.escalation})"
+    if stop.request is not None:
+        code, reason = stop.request[1], f"{stop.request[0]}; engine {how}"
+    elif stop.signal is not None:
+        clean = returncode == 0 or -returncode in stop.forwarded
+        code = 0 if clean else exit_code_for(returncode)
+        reason = f"stopped on {signal_name(stop.signal)}; engine {how}"
+    else:
+        code, reason = exit_code_for(returncode), f"engine {how}"
+    return SupervisorOutcome(code, returncode, sig, reason, phase, restarts)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+# --------------------------------------------------------------------------- supervisor
+
+
+@dataclass(frozen=True)
+class SupervisorOptions:
+    """Tunables of one supervision; the defaults suit systemd and containers."""
+
+    grace_seconds: float = 30.0  # SIGTERM -> SIGKILL (Kubernetes' default grace is 30 s too)
+    health: HealthCheck | None = None  # poll it from each start; 200 -> on_ready
+    ready_file: Path | None = None  # written at mark_ready(), removed when not ready or at exit
+    watches: Mapping[str, float] = field(default_factory=dict)  # event name -> seconds from start
+    notify_env: Mapping[str, str] | None = None  # where NOTIFY_SOCKET is read; None: os.environ
+    stdout_fd: int = 1
+    stderr_fd: int = 2
+    group_guard: bool = True
+    reap_orphans: bool | None = None  # waitpid(-1) for every child; None: only when we are PID 1
+    handle_signals: bool = True  # needs run() on the main thread
+    extend_every_s: float = EXTEND_EVERY_S
+    extend_by_s: float = EXTEND_BY_S
+    max_line_bytes: int = MAX_LINE_BYTES
 
 
 class Supervisor:
@@ -589,19 +712,12 @@ class Supervisor:
         self._generation = 0
         self._restarts = 0
         self._reap_all = os.getpid() == 1 if self._opts.reap_orphans is None else self._opts.reap_orphans
-        self._events: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._wake_lock = threading.Lock()
-        self._wake_r = self._wake_w = -1
-        self._selector: selectors.BaseSelector | None = None
+        self._events = _EventQueue()
+        self._selector = selectors.DefaultSelector()
+        self._ready_file = ReadyFile(self._opts.ready_file)
         self._health: _HealthPoller | None = None
-        # stop bookkeeping, reset at every start
+        self._stop = StopBook()
         self._pending_restart: EngineCommand | None = None
-        self._stop_request: _StopRequest | None = None
-        self._stop_signal: int | None = None
-        self._forwarded: set[int] = set()
-        self._sigints = 0
-        self._stop_deadline: float | None = None
-        self._escalation: str | None = None
         self._drain_deadline: float | None = None
         self._watch_deadlines: dict[str, float] = {}
         self._next_extend: float | None = None
@@ -636,26 +752,22 @@ class Supervisor:
     def engine_pid(self) -> int | None:
         return self._engine.pid if self._engine else None
 
-    @property
-    def restarts(self) -> int:
-        return self._restarts
-
     def request_stop(self, reason: str, exit_code: int, *, kill: bool = False) -> None:
         """Stop the engine's group (SIGTERM, SIGKILL after the grace; at once if ``kill``) and
         make :meth:`run` return ``exit_code`` whatever the engine does."""
-        self._post(_StopRequest(reason, int(exit_code), kill))
+        self._events.post(_StopRequest(reason, int(exit_code), kill))
 
     def request_restart(self, command: EngineCommand, reason: str = "retune") -> None:
         """Stop the engine gracefully, then start ``command`` (ignored once stopping)."""
-        self._post(_RestartRequest(command, reason))
+        self._events.post(_RestartRequest(command, reason))
 
     def mark_ready(self, status: str | None = None) -> None:
         """Declare the engine serving: READY=1 (+ STATUS) to systemd, write the ready file."""
-        self._post(_MarkReady(status))
+        self._events.post(_MarkReady(status))
 
     def mark_event(self, name: str) -> None:
         """Record that a watched event happened, disarming its watch timeout."""
-        self._post(_MarkEvent(name))
+        self._events.post(_MarkEvent(name))
 
     def status(self, text: str) -> None:
         """Show ``text`` in ``systemctl status`` (STATUS=); thread-safe, never raises."""
@@ -669,12 +781,14 @@ class Supervisor:
         """
         if self._state is not State.NEW:
             raise RuntimeError("Supervisor.run() may be called only once")
-        self._remove_ready_file()  # a stale file from a crashed run must not pass a probe
+        self._ready_file.remove()  # a stale file from a crashed run must not pass a probe
         for stream in (sys.stdout, sys.stderr):
-            stream.flush()  # our own buffered text goes out before the engine's bytes
-        self._open_wakeup()
+            if stream is not None:
+                stream.flush()  # our own buffered text goes out before the engine's bytes
+        self._events.open()
+        self._selector.register(self._events.read_fd, selectors.EVENT_READ, None)
         try:
-            with self._signals_installed():
+            with self._signals():
                 self._state = State.RUNNING
                 self._spawn(self._command)
                 while self._state is not State.FINISHED:
@@ -692,10 +806,9 @@ class Supervisor:
     # ------------------------------------------------------------------ loop steps
 
     def _pump_io(self, timeout: float) -> None:
-        assert self._selector is not None
         for key, _mask in self._selector.select(timeout):
             if key.data is None:
-                _drain_fd(self._wake_r)
+                self._events.drain_pipe()
                 continue
             try:
                 chunk = os.read(key.fd, READ_CHUNK)
@@ -707,25 +820,21 @@ class Supervisor:
                 self._close_pipe(key.fd)
 
     def _drain_events(self) -> None:
-        while True:
-            try:
-                event = self._events.get_nowait()
-            except queue.Empty:
-                return
+        while (event := self._events.pop()) is not None:
             if isinstance(event, int):
                 self._signal_table[event](event)
             else:
                 self._request_table[type(event)](event)
 
     def _reconcile(self, now: float) -> None:
+        """Every tick: reap, flush stale partial lines, deadlines, keep-alives, end of engine."""
         self._reap()
-        engine = self._engine
-        assert engine is not None
+        engine = self._current()
         for pump, _file in engine.pipes.values():
             if pump.pending_since is not None and now - pump.pending_since >= PARTIAL_FLUSH_AFTER_S:
                 pump.flush_partial()
         if engine.returncode is None:
-            if self._stop_deadline is not None and now >= self._stop_deadline:
+            if self._stop.deadline is not None and now >= self._stop.deadline:
                 self._escalate(f"the engine did not stop within the {self._opts.grace_seconds:g} s grace period")
             self._check_watches(now)
             if self._next_extend is not None and now >= self._next_extend and self._state is State.RUNNING:
@@ -743,33 +852,26 @@ class Supervisor:
         self._finish_engine(engine)
 
     def _next_timeout(self, now: float) -> float:
-        engine = self._engine
-        assert engine is not None
         deadlines = [now + TICK_S, *self._watch_deadlines.values()]
-        for candidate in (self._stop_deadline, self._drain_deadline, self._next_extend):
+        for candidate in (self._stop.deadline, self._drain_deadline, self._next_extend):
             if candidate is not None:
                 deadlines.append(candidate)
-        for pump, _file in engine.pipes.values():
+        for pump, _file in self._current().pipes.values():
             if pump.pending_since is not None:
                 deadlines.append(pump.pending_since + PARTIAL_FLUSH_AFTER_S)
         return max(0.0, min(deadlines) - now)
 
     def _reap(self) -> None:
-        engine = self._engine
-        while True:
-            if self._reap_all:
-                target = -1
-            elif engine is not None and engine.returncode is None:
-                target = engine.pid
-            else:
-                return
+        """Collect exit statuses: the engine's, and every orphan's when we are PID 1."""
+        engine = self._current()
+        while self._reap_all or engine.returncode is None:
             try:
-                pid, status = os.waitpid(target, os.WNOHANG)
+                pid, status = os.waitpid(-1 if self._reap_all else engine.pid, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            if engine is not None and pid == engine.pid:
+            if pid == engine.pid:
                 engine.record_exit(status)
                 log.info("engine exited", pid=pid, returncode=engine.returncode)
             else:
@@ -787,24 +889,19 @@ class Supervisor:
 
     # ------------------------------------------------------------------ dispatch targets
 
-    def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
-        """Signal handler: enqueue only (NO LOGGING, nothing else); the C handler already woke us."""
-        self._events.put_nowait(signum)
-
     def _on_stop_signal(self, signum: int) -> None:
         """SIGTERM, SIGHUP, SIGQUIT, a first SIGINT: forward to the engine's group and stop."""
         if self._state is State.FINISHED:
             return
         log.info("forwarding signal to the engine's process group", signal=signal_name(signum), pgid=self.engine_pid)
-        if self._stop_signal is None:
-            self._stop_signal = signum
-        self._pending_restart = None
+        if self._stop.signal is None:
+            self._stop.signal = signum
         self._begin_stop(signum, State.STOPPING)
 
     def _on_sigint(self, signum: int) -> None:
         """A second SIGINT (impatient Ctrl-C) kills the engine's group at once."""
-        self._sigints += 1
-        if self._sigints >= 2 and self._state is State.STOPPING:
+        self._stop.sigints += 1
+        if self._stop.sigints >= 2 and self._state is State.STOPPING:
             self._escalate("second SIGINT")
         else:
             self._on_stop_signal(signum)
@@ -816,9 +913,8 @@ class Supervisor:
         if self._state is State.FINISHED:
             return
         log.warning("stopping the engine", reason=request.reason, exit_code=request.exit_code)
-        if self._stop_request is None:
-            self._stop_request = request
-        self._pending_restart = None
+        if self._stop.request is None:
+            self._stop.request = (request.reason, request.exit_code)
         self._begin_stop(signal.SIGTERM, State.STOPPING)
         if request.kill:
             self._escalate(request.reason)
@@ -830,18 +926,16 @@ class Supervisor:
         self._pending_restart = request.command
         if self._state is State.RUNNING:
             log.info("restarting the engine", reason=request.reason)
-            self._remove_ready_file()
+            self._ready_file.remove()
             self._begin_stop(signal.SIGTERM, State.RESTARTING)
 
     def _on_mark_ready(self, request: _MarkReady) -> None:
-        engine = self._engine
-        if self._state is not State.RUNNING or engine is None or engine.returncode is not None:
-            return
-        if engine.phase is Phase.READY:
+        engine = self._current()
+        if self._state is not State.RUNNING or engine.returncode is not None or engine.phase is Phase.READY:
             return
         engine.phase = Phase.READY
         self._next_extend = None
-        self._write_ready_file(engine)
+        self._ready_file.write(engine.pid)
         self._notify(f"READY=1\nSTATUS={_one_line(request.status or f'engine ready (pid {engine.pid})')}")
         log.info("engine ready", pid=engine.pid)
 
@@ -849,8 +943,8 @@ class Supervisor:
         self._watch_deadlines.pop(request.name, None)
 
     def _on_healthy(self, event: _Healthy) -> None:
-        engine = self._engine
-        if engine is None or event.generation != engine.generation or self._state is not State.RUNNING:
+        engine = self._current()
+        if event.generation != engine.generation or self._state is not State.RUNNING:
             return
         engine.phase = max(engine.phase, Phase.HEALTHY)
         if self._on_ready is not None:
@@ -861,13 +955,14 @@ class Supervisor:
     # ------------------------------------------------------------------ stopping
 
     def _begin_stop(self, signum: int, state: State) -> None:
+        if state is State.STOPPING:
+            self._pending_restart = None  # stopping wins over a restart in progress
         self._state = state
-        if self._stop_deadline is None:
-            self._stop_deadline = time.monotonic() + self._opts.grace_seconds
+        if self._stop.deadline is None:
+            self._stop.deadline = time.monotonic() + self._opts.grace_seconds
         if signum in STOP_SIGNALS_CLEAN:
-            self._forwarded.add(signum)
-        if self._engine is not None:
-            self._engine.signal_group(signum)
+            self._stop.forwarded.add(signum)
+        self._current().signal_group(signum)
         if state is State.STOPPING and not self._stopping_sent:
             self._stopping_sent = True
             extend_us = int((self._opts.grace_seconds + DRAIN_AFTER_EXIT_S + 5.0) * 1e6)
@@ -876,9 +971,9 @@ class Supervisor:
             self.status("restarting the engine")
 
     def _escalate(self, reason: str) -> None:
-        engine = self._engine
-        if self._escalation is None and engine is not None and engine.returncode is None:
-            self._escalation = reason
+        engine = self._current()
+        if self._stop.escalation is None and engine.returncode is None:
+            self._stop.escalation = reason
             log.error("killing the engine's process group", reason=reason, pgid=engine.pgid)
             engine.signal_group(signal.SIGKILL)
 
@@ -889,7 +984,7 @@ class Supervisor:
         self._stop_health()
         if engine.guard is not None:
             engine.guard.disarm()
-        self._remove_ready_file()
+        self._ready_file.remove()
         assert engine.returncode is not None
         if self._state is State.RUNNING and self._on_exit is not None:
             self._on_exit(engine.returncode)
@@ -900,23 +995,8 @@ class Supervisor:
             self._state = State.RUNNING
             self._spawn(command)
             return
-        self._outcome = self._decide_outcome(engine.returncode, engine.phase)
+        self._outcome = decide_outcome(engine.returncode, engine.phase, self._restarts, self._stop)
         self._state = State.FINISHED
-
-    def _decide_outcome(self, returncode: int, phase: Phase) -> SupervisorOutcome:
-        sig = signal_name(-returncode) if returncode < 0 else None
-        how = f"killed by {sig}" if sig else f"exited with code {returncode}"
-        if self._escalation:
-            how += f" ({self._escalation})"
-        if self._stop_request is not None:
-            code, reason = self._stop_request.exit_code, f"{self._stop_request.reason}; engine {how}"
-        elif self._stop_signal is not None:
-            clean = returncode == 0 or -returncode in self._forwarded
-            code = 0 if clean else exit_code_for(returncode)
-            reason = f"stopped on {signal_name(self._stop_signal)}; engine {how}"
-        else:
-            code, reason = exit_code_for(returncode), f"engine {how}"
-        return SupervisorOutcome(code, returncode, sig, reason, phase, self._restarts)
 
     def _abandon(self) -> None:
         """After an unexpected exception: stop the group without the loop, briefly."""
@@ -926,19 +1006,26 @@ class Supervisor:
         engine.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + min(self._opts.grace_seconds, 5.0)
         while engine.returncode is None:
-            pid, status = os.waitpid(engine.pid, os.WNOHANG if time.monotonic() < deadline else 0)
+            late = time.monotonic() >= deadline
+            if late:
+                engine.signal_group(signal.SIGKILL)
+            try:
+                pid, status = os.waitpid(engine.pid, 0 if late else os.WNOHANG)
+            except ChildProcessError:
+                return  # reaped elsewhere; nothing left to wait for
             if pid:
                 engine.record_exit(status)
-            elif time.monotonic() >= deadline:
-                engine.signal_group(signal.SIGKILL)
             else:
                 time.sleep(0.05)
         engine.kill_stragglers()
 
     # ------------------------------------------------------------------ plumbing
 
+    def _current(self) -> _Engine:
+        assert self._engine is not None, "no engine started yet"
+        return self._engine
+
     def _spawn(self, command: EngineCommand) -> None:
-        assert self._selector is not None
         popen = spawn_engine(command)
         self._generation += 1
         guard = None
@@ -948,10 +1035,7 @@ class Supervisor:
             except OSError as exc:
                 log.warning("no group guard: engine children may outlive a SIGKILLed safe-serve", error=str(exc))
         engine = _Engine(command, popen, guard, self._generation)
-        for name, fileobj, out_fd in (
-            ("stdout", popen.stdout, self._opts.stdout_fd),
-            ("stderr", popen.stderr, self._opts.stderr_fd),
-        ):
+        for name, fileobj, out_fd in (("stdout", popen.stdout, self._opts.stdout_fd), ("stderr", popen.stderr, self._opts.stderr_fd)):
             assert fileobj is not None
             pump = StreamPump(name, out_fd, self._on_line, self._opts.max_line_bytes)
             _grow_pipe(fileobj.fileno())
@@ -959,23 +1043,23 @@ class Supervisor:
             self._selector.register(fileobj.fileno(), selectors.EVENT_READ, pump)
         self._engine = engine
         now = time.monotonic()
-        self._stop_deadline = self._drain_deadline = None
-        self._escalation = None
+        self._stop = StopBook()
+        self._drain_deadline = None
         self._watch_deadlines = {name: now + seconds for name, seconds in self._opts.watches.items()}
         self._next_extend = now
         if self._opts.health is not None:
             generation = self._generation
-            self._health = _HealthPoller(self._opts.health, lambda: self._post(_Healthy(generation)))
+            self._health = _HealthPoller(self._opts.health, lambda: self._events.post(_Healthy(generation)))
             self._health.start()
         log.info("engine started", pid=popen.pid, argv=list(command.argv), restarts=self._restarts)
         self.status(f"engine starting (pid {popen.pid})")
 
-    def _close_pipe(self, fd: int) -> None:
-        engine = self._engine
-        assert engine is not None and self._selector is not None
-        pump, fileobj = engine.pipes.pop(fd)
+    def _close_pipe(self, fd: int, *, hook: bool = True) -> None:
+        pump, fileobj = self._current().pipes.pop(fd)
         self._selector.unregister(fd)
         fileobj.close()
+        if not hook:
+            pump.on_line = None
         pump.close()
 
     def _stop_health(self) -> None:
@@ -983,82 +1067,28 @@ class Supervisor:
             self._health.stop()
             self._health = None
 
-    def _post(self, event: object) -> None:
-        self._events.put(event)
-        with self._wake_lock:
-            if self._wake_w >= 0:
-                try:
-                    os.write(self._wake_w, b"\0")
-                except BlockingIOError:
-                    pass  # the pipe is full: a wake-up is pending anyway
-
     def _notify(self, state: str) -> None:
         sdnotify.notify(state, self._opts.notify_env)
 
-    def _write_ready_file(self, engine: _Engine) -> None:
-        path = self._opts.ready_file
-        if path is None:
-            return
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(f"{engine.pid}\n")
-            os.replace(tmp, path)
-        except OSError as exc:
-            log.warning("cannot write the ready file", path=str(path), error=str(exc))
-
-    def _remove_ready_file(self) -> None:
-        if self._opts.ready_file is not None:
-            try:
-                self._opts.ready_file.unlink(missing_ok=True)
-            except OSError as exc:
-                log.warning("cannot remove the ready file", path=str(self._opts.ready_file), error=str(exc))
-
-    def _open_wakeup(self) -> None:
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-
-    @contextmanager
-    def _signals_installed(self) -> Iterator[None]:
+    def _signals(self) -> AbstractContextManager[None]:
         if not self._opts.handle_signals:
-            yield
-            return
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("Supervisor.run() handles signals and must run on the main thread")
-        previous = {signum: signal.signal(signum, self._handle_signal) for signum in self._signal_table}
-        old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        try:
-            yield
-        finally:
-            signal.set_wakeup_fd(old_wakeup)
-            for signum, handler in previous.items():
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            return nullcontext()
+        return installed_signal_handlers(self._signal_table, self._handle_signal, self._events.write_fd)
+
+    def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
+        """The signal handler: enqueue only (NO LOGGING); the C-level handler already woke us."""
+        self._events.put_signal(signum)
 
     def _close(self) -> None:
         self._stop_health()
-        engine = self._engine
-        if engine is not None:
-            for fd in list(engine.pipes):
-                self._close_pipe(fd)
-            if engine.guard is not None:
-                engine.guard.disarm()
-        self._remove_ready_file()
+        if self._engine is not None:
+            for fd in list(self._engine.pipes):  # only after an exception: no more hook calls
+                self._close_pipe(fd, hook=False)
+            if self._engine.guard is not None:
+                self._engine.guard.disarm()
+        self._ready_file.remove()
         if not self._stopping_sent:
             self._stopping_sent = True
             self._notify("STOPPING=1")
-        if self._selector is not None:
-            self._selector.close()
-        with self._wake_lock:
-            for fd in (self._wake_r, self._wake_w):
-                if fd >= 0:
-                    os.close(fd)
-            self._wake_r = self._wake_w = -1
-
-
-def _drain_fd(fd: int) -> None:
-    """Empty the non-blocking wake-up pipe."""
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass
+        self._selector.close()
+        self._events.close()

@@ -30,10 +30,11 @@ Steps (each may carry ``delay: seconds`` before it and ``stream: stdout|stderr``
     {crash: SIGSEGV}                       # die of a signal (core dumps disabled)
     {exit: 0}
     {hang: true}                           # wait for a signal (e.g. the KV line never comes)
+    {orphan: 0.5}                          # leave an orphan that exits after 0.5 s (double fork)
 
 ``--record DIR`` appends every byte written to ``DIR/stdout.bin`` / ``DIR/stderr.bin``, so a
 test can compare what came out of the supervisor byte for byte. ``--pid-file`` gets
-``{"engine": pid, "grandchild": pid}`` as JSON; ``--env-file`` the environment we got.
+``{"engine": pid, "grandchild": pid, "orphans": [pid, ...]}`` as JSON; ``--env-file`` the environment we got.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ if {ignore}:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 while True:
     time.sleep(3600)
+"""
+
+_ORPHAN = """\
+import os, time
+pid = os.fork()
+if pid == 0:
+    time.sleep({lifetime})
+    os._exit(0)
+print(pid)
 """
 
 
@@ -99,15 +109,15 @@ class StandinEngine:
         self.stop = threading.Event()
         self.pid_file: Path | None = args.pid_file
         self.grandchild: subprocess.Popen[bytes] | None = None
+        self.orphans: list[int] = []
 
     def run(self) -> int:
         self._install_signals()
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGSEGV/SIGQUIT tests leave no core files
         if self.scenario.get("grandchild"):
             ignore = bool(self.scenario.get("grandchild_ignores_sigterm"))
             self.grandchild = subprocess.Popen([sys.executable, "-c", _GRANDCHILD.format(ignore=ignore)])  # noqa: S603
-        if self.pid_file is not None:
-            pids = {"engine": os.getpid(), "grandchild": self.grandchild.pid if self.grandchild else None}
-            self.pid_file.write_text(json.dumps(pids))
+        self._write_pids()
         for step in self.scenario.get("steps", []):
             if self._wait(float(step.get("delay", 0.0)) * self.scale):
                 return self._graceful_exit()
@@ -142,7 +152,23 @@ class StandinEngine:
             return int(step["exit"])
         elif "hang" in step:
             self.stop.wait()
+        elif "orphan" in step:
+            self._orphan(float(step["orphan"]))
         return None
+
+    def _write_pids(self) -> None:
+        if self.pid_file is not None:
+            grandchild = self.grandchild.pid if self.grandchild else None
+            pids = {"engine": os.getpid(), "grandchild": grandchild, "orphans": self.orphans}
+            tmp = self.pid_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(pids))
+            tmp.replace(self.pid_file)
+
+    def _orphan(self, lifetime: float) -> None:
+        code = _ORPHAN.format(lifetime=lifetime)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)  # noqa: S603
+        self.orphans.append(int(done.stdout))
+        self._write_pids()
 
     def _long_line(self, stream: str, size: int, step: dict[str, Any]) -> None:
         chunk = int(step.get("chunk", 65536))
@@ -176,7 +202,6 @@ class StandinEngine:
 
     def _crash(self, name: str) -> None:
         signum = signal.Signals[name] if isinstance(name, str) else signal.Signals(int(name))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         self.out.flush()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
