@@ -24,9 +24,14 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import structlog  # noqa: E402
+import structlog
 
-from launcher.supervisor import EngineCommand, HealthCheck, Supervisor, SupervisorOptions  # noqa: E402
+from launcher.supervisor import (
+    EngineCommand,
+    HealthCheck,
+    Supervisor,
+    SupervisorOptions,
+)
 
 # Lines quoted in /work/shared/reference/vllm-memory.md (§1) and uvicorn's startup lines.
 SCENARIO = {

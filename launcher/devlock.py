@@ -21,8 +21,12 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from launcher.errors import TemporarilyUnavailable
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["DeviceLock", "default_lock_dir", "lock_path"]
 
@@ -110,7 +114,7 @@ class DeviceLock:
                 pass
             os.close(fd)
 
-    def __enter__(self) -> DeviceLock:
+    def __enter__(self) -> Self:
         self.acquire()
         return self
 

@@ -116,7 +116,7 @@ class StandinEngine:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGSEGV/SIGQUIT tests leave no core files
         if self.scenario.get("grandchild"):
             ignore = bool(self.scenario.get("grandchild_ignores_sigterm"))
-            self.grandchild = subprocess.Popen([sys.executable, "-c", _GRANDCHILD.format(ignore=ignore)])  # noqa: S603
+            self.grandchild = subprocess.Popen([sys.executable, "-c", _GRANDCHILD.format(ignore=ignore)])
         self._write_pids()
         for step in self.scenario.get("steps", []):
             if self._wait(float(step.get("delay", 0.0)) * self.scale):
@@ -166,7 +166,7 @@ class StandinEngine:
 
     def _orphan(self, lifetime: float) -> None:
         code = _ORPHAN.format(lifetime=lifetime)
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)  # noqa: S603
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         self.orphans.append(int(done.stdout))
         self._write_pids()
 
@@ -242,12 +242,12 @@ def flood_line(index: int, width: int) -> bytes:
 
 
 class _HealthHandler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802  # http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         self.send_response(200 if self.path == "/health" else 404)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  # keep stderr exact
+    def log_message(self, format: str, *args: Any) -> None:  # keep stderr exact
         pass
 
 

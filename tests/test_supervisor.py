@@ -8,6 +8,7 @@ The driver's stdout/stderr are files, compared byte for byte with what the stand
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -23,23 +24,27 @@ from typing import Any
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from launcher import sdnotify  # noqa: E402
-from launcher.devlock import DeviceLock, default_lock_dir, lock_path  # noqa: E402
-from launcher.errors import ExitCode, TemporarilyUnavailable  # noqa: E402
-from launcher.supervisor import (  # noqa: E402
+from launcher import sdnotify
+from launcher.devlock import DeviceLock, default_lock_dir, lock_path
+from launcher.errors import ExitCode, TemporarilyUnavailable
+from launcher.supervisor import (
     EngineCommand,
     EngineSpawnError,
     HealthCheck,
     Phase,
+    StopBook,
     StreamPump,
     Supervisor,
     SupervisorOptions,
     build_child_env,
+    decide_outcome,
     exit_code_for,
 )
 
@@ -134,8 +139,10 @@ class Engine:
         argv += ["--pid-file", str(self.pid_file), "--env-file", str(self.env_file)]
         return argv + (["--port", str(self.port)] if self.port else [])
 
-    def pids(self) -> dict[str, int | None]:
-        return wait_for(lambda: self.pid_file.exists() and json.loads(self.pid_file.read_text() or "null"), what="pid file")
+    def pids(self) -> dict[str, Any]:
+        """The pids the stand-in wrote: engine, grandchild, orphans."""
+        pids: dict[str, Any] = wait_for(lambda: self.pid_file.exists() and json.loads(self.pid_file.read_text()), what="pid file")
+        return pids
 
     def recorded(self, stream: str) -> bytes:
         path = self.record / f"{stream}.bin"
@@ -155,7 +162,7 @@ class Driver:
             config["health_port"] = engine.port
         (tmp / "driver.json").write_text(json.dumps(config))
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(  # noqa: S603
+            self.proc = subprocess.Popen(
                 [sys.executable, __file__, str(tmp / "driver.json")],
                 stdout=out,
                 stderr=err,
@@ -170,7 +177,8 @@ class Driver:
             raise
 
     def result(self) -> dict[str, Any]:
-        return json.loads(self.result_path.read_text())
+        result: dict[str, Any] = json.loads(self.result_path.read_text())
+        return result
 
     def stdout(self) -> bytes:
         return self.stdout_path.read_bytes()
@@ -223,6 +231,43 @@ class TestExitCodeFor:
         assert expected == exit_code_for(returncode)
 
 
+class TestHealthCheck:
+    @pytest.mark.parametrize(
+        ("host", "url"),
+        [
+            pytest.param("0.0.0.0", "http://127.0.0.1:8000/health", id="wildcard-v4"),
+            pytest.param("::", "http://[::1]:8000/health", id="wildcard-v6"),
+            pytest.param("fe80::1", "http://[fe80::1]:8000/health", id="v6-literal"),
+            pytest.param("gpu-box", "http://gpu-box:8000/health", id="name"),
+        ],
+    )
+    def test_url(self, host: str, url: str) -> None:
+        """Wildcard binds are polled on loopback and IPv6 literals get brackets."""
+        assert url == HealthCheck(host, 8000).url
+
+
+class TestDecideOutcome:
+    @pytest.mark.parametrize(
+        ("returncode", "stop", "expected_code", "reason_start"),
+        [
+            pytest.param(1, StopBook(), 1, "engine exited with code 1", id="own-error"),
+            pytest.param(0, StopBook(), 0, "engine exited with code 0", id="own-clean-exit"),
+            pytest.param(-11, StopBook(), 139, "engine killed by SIGSEGV", id="own-crash"),
+            pytest.param(-15, StopBook(signal=15, forwarded={15}), 0, "stopped on SIGTERM", id="term-died-of-term"),
+            pytest.param(0, StopBook(signal=2, forwarded={2}), 0, "stopped on SIGINT", id="int-exit-0"),
+            pytest.param(1, StopBook(signal=15, forwarded={15}), 1, "stopped on SIGTERM", id="term-but-exit-1"),
+            pytest.param(-9, StopBook(signal=15, forwarded={15}, escalation="grace"), 137, "stopped on SIGTERM", id="term-escalated"),
+            pytest.param(-3, StopBook(signal=3), 131, "stopped on SIGQUIT", id="quit-is-not-clean"),
+            pytest.param(0, StopBook(request=("KV too small", 78), signal=15, forwarded={15}), 78, "KV too small", id="request-wins"),
+        ],
+    )
+    def test_exit_code_rules(self, returncode: int, stop: StopBook, expected_code: int, reason_start: str) -> None:
+        """request_stop's code wins, a forwarded TERM/INT/HUP ending is clean, else the engine's status."""
+        outcome = decide_outcome(returncode, Phase.STARTING, 0, stop)
+        assert expected_code == outcome.exit_code
+        assert outcome.reason.startswith(reason_start)
+
+
 class TestStreamPump:
     def _pump(self, tmp_path: Path, **kw: Any) -> tuple[StreamPump, list[bytes], Path, int]:
         path = tmp_path / "out.bin"
@@ -259,6 +304,31 @@ class TestStreamPump:
         os.close(fd)
         assert [b"x" * 10, b"z", b"z"] == seen
         assert b"x" * 25 + b"y" * 5 + b"\nz\nz" == path.read_bytes()
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        pieces=st.lists(st.sampled_from([b"KV cache", b"K", b"V cache", b"\n", b"\r\n", b"x" * 7, b"\xff\xfe", b""]), max_size=40),
+        cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+        needles=st.sampled_from([None, (b"KV cache",), (b"KV cache", b"\xff")]),
+    )
+    def test_any_chunking_gives_the_same_lines(self, pieces: list[bytes], cuts: list[int], needles: tuple[bytes, ...] | None) -> None:
+        """However the pipe cuts the data, the output is identical and the hook sees the same (filtered) lines."""
+        data = b"".join(pieces)
+        bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})
+        read_fd, write_fd = os.pipe()
+        seen: list[bytes] = []
+        pump = StreamPump("stdout", write_fd, lambda _s, line: seen.append(line), needles=needles)
+        for start, end in itertools.pairwise(bounds):
+            pump.feed(data[start:end])
+        pump.close()
+        os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as reader:
+            assert data == reader.read()
+        lines = data.split(b"\n")
+        if lines[-1] == b"":
+            lines.pop()
+        expected = [line for line in lines if needles is None or any(n in line for n in needles)]
+        assert expected == seen
 
     def test_broken_destination_keeps_the_hook_fed(self, tmp_path: Path) -> None:
         """When our stdout is gone the pipe is still drained and parsed."""
@@ -336,6 +406,26 @@ class TestPassThrough:
         assert result["lines"]["stdout"]["longest"] == 4 << 20
         assert result["outcome"]["exit_code"] == 0
 
+    def test_line_filter_passes_everything_but_hands_over_only_matches(self, tmp_path: Path) -> None:
+        """With line_filter the flood still passes byte for byte but the hook sees only the KV line."""
+        steps = [{"flood": 50_000}, {"text": VLLM_KV}, {"flood": 50_000}, {"exit": 0}]
+        engine = Engine(tmp_path, "engine", graceful(steps=steps))
+        driver = Driver(tmp_path, engine, line_filter=["KV cache"])
+        assert 0 == driver.wait(60)
+        assert engine.recorded("stdout") == driver.stdout()
+        stdout_seen = driver.result()["lines"]["stdout"]
+        assert (1, hashlib.sha256(VLLM_KV.encode() + b"\n").hexdigest()) == (stdout_seen["count"], stdout_seen["sha256"])
+
+    def test_unterminated_output_is_flushed_while_the_engine_runs(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """Text without a newline (a progress bar) shows up within a fraction of a second, not at EOF."""
+        engine = Engine(tmp_path, "engine", graceful(steps=[{"partial": VLLM_SERVER}, {"hang": True}]))
+        driver = Driver(tmp_path, engine)
+        cleanup.append(driver.proc.pid)
+        wait_for(lambda: driver.stdout() == engine.recorded("stdout") != b"", 3.0, "partial line on our stdout")
+        assert driver.proc.poll() is None
+        driver.proc.send_signal(signal.SIGTERM)
+        assert 0 == driver.wait()
+
     def test_flood_loses_and_reorders_nothing(self, tmp_path: Path) -> None:
         """200,000 lines on stdout interleaved with stderr lines all pass, in order, to output and hook."""
         scenario = graceful(
@@ -382,6 +472,24 @@ class TestSignals:
         assert "stopped on SIGTERM" in result["reason"]
         assert b"INFO:     Application shutdown complete.\n" in driver.stderr()
         assert engine.recorded("stderr") == driver.stderr()
+
+    @pytest.mark.parametrize(
+        ("signum", "exit_code", "engine_returncode"),
+        [
+            pytest.param(signal.SIGINT, 0, 0, id="SIGINT-graceful"),
+            pytest.param(signal.SIGHUP, 0, -signal.SIGHUP, id="SIGHUP-default-death-is-clean"),
+            pytest.param(signal.SIGQUIT, 128 + signal.SIGQUIT, -signal.SIGQUIT, id="SIGQUIT-passes-through"),
+        ],
+    )
+    def test_other_stop_signals_are_forwarded(self, tmp_path: Path, cleanup: list[int], signum: int, exit_code: int, engine_returncode: int) -> None:
+        """SIGINT, SIGHUP and SIGQUIT reach the engine's group; death by a forwarded INT/HUP counts as clean."""
+        _engine, driver, pids = self._serving(tmp_path, cleanup)
+        driver.proc.send_signal(signum)
+        assert exit_code == driver.wait()
+        outcome = driver.result()["outcome"]
+        assert engine_returncode == outcome["engine_returncode"]
+        assert f"stopped on {signal.Signals(signum).name}" in outcome["reason"]
+        assert gone(pids["engine"]) and gone(pids["grandchild"])
 
     def test_engine_ignoring_sigterm_is_killed_after_the_grace(self, tmp_path: Path, cleanup: list[int]) -> None:
         """An engine that ignores SIGTERM is SIGKILLed (group) once grace_seconds have passed: exit 137."""
@@ -458,13 +566,20 @@ class TestExitCodes:
         assert driver.stderr().startswith(b"Traceback (most recent call last):\n")
         assert "engine exited with code 1" == driver.result()["outcome"]["reason"]
 
-    def test_engine_killed_by_sigsegv_gives_139(self, tmp_path: Path) -> None:
-        """Death by signal 11 gives exit code 128+11 and names the signal."""
-        engine = Engine(tmp_path, "engine", graceful(steps=[{"text": VLLM_KV}, {"crash": "SIGSEGV"}]))
+    @pytest.mark.parametrize(
+        ("steps", "phase"),
+        [
+            pytest.param([{"text": VLLM_SERVER}, {"crash": "SIGSEGV"}], "starting", id="while-loading"),
+            pytest.param([*serving_steps(), {"delay": 1.0, "crash": "SIGSEGV"}], "ready", id="after-ready"),
+        ],
+    )
+    def test_engine_killed_by_sigsegv_gives_139(self, tmp_path: Path, steps: list[dict[str, Any]], phase: str) -> None:
+        """Death by signal 11 gives exit code 128+11, names the signal and the phase reached."""
+        engine = Engine(tmp_path, "engine", graceful(steps=steps), port=free_port())
         driver = Driver(tmp_path, engine)
         assert 139 == driver.wait()
         outcome = driver.result()["outcome"]
-        assert ("SIGSEGV", -11, "starting") == (outcome["signal_name"], outcome["engine_returncode"], outcome["phase"])
+        assert ("SIGSEGV", -11, phase) == (outcome["signal_name"], outcome["engine_returncode"], outcome["phase"])
 
     def test_request_stop_exit_code_wins(self, tmp_path: Path, cleanup: list[int]) -> None:
         """request_stop(reason, 78) from the line hook stops the engine group and we exit 78."""
@@ -486,6 +601,38 @@ class TestExitCodes:
         cleanup += [pids["engine"], pids["grandchild"], driver.proc.pid]
         assert 3 == driver.wait(10)
         assert gone(pids["grandchild"])
+
+    def test_exception_in_a_hook_stops_the_engine_and_propagates(self, tmp_path: Path) -> None:
+        """A bug in on_line is not swallowed: the engine group is stopped and the exception re-raised."""
+        engine = Engine(tmp_path, "engine", graceful(grandchild=True, steps=[{"text": VLLM_KV}, {"hang": True}]))
+        out = os.open(tmp_path / "out.bin", os.O_WRONLY | os.O_CREAT)
+
+        def on_line(stream: str, line: bytes) -> None:
+            raise RuntimeError("parser bug")
+
+        options = SupervisorOptions(stdout_fd=out, stderr_fd=out, handle_signals=False)
+        sup = Supervisor(EngineCommand(tuple(engine.argv), os.environ), options, on_line=on_line)
+        with pytest.raises(RuntimeError, match="parser bug"):
+            sup.run()
+        os.close(out)
+        pids = engine.pids()
+        assert gone(pids["engine"]) and gone(pids["grandchild"])
+        assert (tmp_path / "out.bin").read_bytes().startswith(VLLM_KV.encode() + b"\n")
+
+    def test_orphans_are_reaped_but_only_the_engine_counts(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """As PID 1 (here: a child subreaper with reap_orphans) an orphan's exit is reaped, not taken for the engine's."""
+        steps = [{"orphan": 0.3}, *serving_steps()]
+        engine = Engine(tmp_path, "engine", graceful(steps=steps), port=free_port())
+        driver = Driver(tmp_path, engine, subreaper=True, ready_file=str(tmp_path / "ready"))
+        cleanup.append(driver.proc.pid)
+        orphan = wait_for(lambda: engine.pids()["orphans"], what="orphan pid")[0]
+        wait_for(lambda: f"reaped an orphaned process     pid={orphan}" in driver.log_path.read_text(), what="orphan reaped")
+        wait_for((tmp_path / "ready").exists, what="ready file")
+        assert driver.proc.poll() is None
+        driver.proc.send_signal(signal.SIGTERM)
+        assert 0 == driver.wait()
+        outcome = driver.result()["outcome"]
+        assert (0, "ready") == (outcome["engine_returncode"], outcome["phase"])
 
     def test_missing_executable_raises_spawn_error(self) -> None:
         """An engine that is not installed is EngineSpawnError with exit code 69."""
@@ -517,6 +664,29 @@ class TestRestart:
         stderr = driver.stderr()
         assert stderr == first.recorded("stderr") + second.recorded("stderr")
         assert stderr.index(b"Application shutdown complete") < stderr.index(b"Started server process [%d]" % pids2["engine"])
+
+
+    def test_fatal_line_restart_while_the_engine_dies(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """A restart asked for on the engine's last error line still happens though the engine exits by itself."""
+        steps = [{"text": VLLM_FREE_MEMORY}, {"fatal": {"type": "ValueError", "message": VLLM_FREE_MEMORY, "exit": 1}}]
+        first = Engine(tmp_path, "first", graceful(steps=steps))
+        second = Engine(tmp_path, "second", graceful(steps=[{"text": VLLM_KV}, {"exit": 0}]))
+        trigger = {"match": "Free memory on device", "action": "restart", "argv": second.argv}
+        driver = Driver(tmp_path, first, triggers=[trigger])
+        cleanup.append(driver.proc.pid)
+        assert 0 == driver.wait()
+        assert (1, 0) == (driver.result()["outcome"]["restarts"], driver.result()["outcome"]["engine_returncode"])
+        assert driver.stdout() == first.recorded("stdout") + second.recorded("stdout")
+
+    def test_on_exit_hook_can_restart(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """on_exit gets the engine's return code after its last line and may start another command."""
+        first = Engine(tmp_path, "first", graceful(steps=[{"crash": "SIGSEGV"}]))
+        second = Engine(tmp_path, "second", graceful(steps=[{"exit": 4}]))
+        driver = Driver(tmp_path, first, on_exit_restart=second.argv)
+        cleanup.append(driver.proc.pid)
+        assert 4 == driver.wait()
+        result = driver.result()
+        assert ([-11, 4], 1) == (result["exits_seen"], result["outcome"]["restarts"])
 
 
 class TestReadiness:
@@ -616,7 +786,7 @@ time.sleep(60)
 class TestDeviceLock:
     def _holder(self, tmp_path: Path, uuids: list[str], cleanup: list[int]) -> subprocess.Popen[str]:
         code = _HOLDER.format(repo=str(REPO), uuids=uuids, lock_dir=str(tmp_path))
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)  # noqa: S603
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         cleanup.append(proc.pid)
         assert proc.stdout is not None and "held\n" == proc.stdout.readline()
         return proc
@@ -677,13 +847,19 @@ def _driver(config_path: str) -> int:
     cfg = json.loads(Path(config_path).read_text())
     structlog.configure(logger_factory=structlog.WriteLoggerFactory(file=open(cfg["log"], "a")))  # noqa: SIM115
     health = HealthCheck("127.0.0.1", cfg["health_port"], interval_s=0.1) if cfg.get("health_port") else None
+    if cfg.get("subreaper"):  # stand in for PID 1: orphans of the engine get reparented to us
+        import ctypes
+
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     options = SupervisorOptions(
+        reap_orphans=bool(cfg.get("subreaper")),
         grace_seconds=cfg.get("grace_seconds", 5.0),
         health=health,
         ready_file=Path(cfg["ready_file"]) if cfg.get("ready_file") else None,
         watches=cfg.get("watches", {}),
         group_guard=cfg.get("group_guard", True),
         extend_every_s=cfg.get("extend_every_s", 10.0),
+        line_filter=tuple(n.encode() for n in cfg["line_filter"]) if cfg.get("line_filter") else None,
     )
     triggers: list[dict[str, Any]] = cfg.get("triggers", [])
     hashes = {name: hashlib.sha256() for name in ("stdout", "stderr")}
@@ -711,17 +887,26 @@ def _driver(config_path: str) -> int:
     def on_watch_timeout(name: str) -> None:
         sup.request_stop(f"watch {name} timed out", cfg["on_watch_timeout"]["code"])
 
+    exits_seen: list[int] = []
+
+    def on_exit(returncode: int) -> None:
+        exits_seen.append(returncode)
+        if len(exits_seen) == 1:
+            sup.request_restart(EngineCommand(tuple(cfg["on_exit_restart"]), os.environ), reason="crashed")
+
     sup = Supervisor(
         EngineCommand(tuple(cfg["argv"]), os.environ),
         options,
         on_line=on_line,
         on_ready=on_ready if cfg.get("on_ready") == "ignore" else None,
         on_watch_timeout=on_watch_timeout if cfg.get("on_watch_timeout") else None,
+        on_exit=on_exit if cfg.get("on_exit_restart") else None,
     )
     outcome = sup.run()
     result = {
         "outcome": {**asdict(outcome), "phase": outcome.phase.name.lower()},
         "lines": {name: {**stats[name], "sha256": hashes[name].hexdigest()} for name in hashes},
+        "exits_seen": exits_seen,
     }
     Path(cfg["result"]).write_text(json.dumps(result))
     return outcome.exit_code
