@@ -51,7 +51,7 @@ def test_truth_covers_the_required_kinds() -> None:
 def test_window_models_print_more_than_bytes_over_bytes_per_token() -> None:
     """Sliding-window and MLA models print numbers that are not KV bytes / bytes per token."""
     for case in CASES:
-        if case["kind"] in ("mistral", "gemma2"):
+        if case["kind"] in ("mistral", "gemma2") and "--disable-hybrid-kv-cache-manager" not in case["args"]:
             geometry = geometry_from_config(case["config"])
             naive = int(case["env"]["VLLM_CPU_KVCACHE_SPACE"]) * GiB // geometry.kv_bytes_per_token(2)
             assert case["tokens"] != naive

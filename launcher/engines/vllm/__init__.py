@@ -147,6 +147,11 @@ def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tupl
     """
     if device == "cpu" and geometry.mla is not None and not cpu_amx:
         return 16, "CPU MLA reference kernel (no AMX) requires block 16 (vllm/platforms/cpu.py)"
+    if pinned and device == "cpu" and SLIDING in geometry.layer_kinds and pinned % 32:
+        # Sliding-window layers pick a kernel block of their own (CPU kernels take multiples
+        # of 32) and the other layers are scaled to the same page: `kv lcm block sizes 32`.
+        return -(-pinned // 32) * 32, f"pinned --block-size {pinned}, raised to a multiple of 32 by the CPU " \
+            "sliding-window kernel (Attention.get_kv_cache_spec)"
     if pinned:
         return pinned, "pinned --block-size"
     if device == "cpu":
