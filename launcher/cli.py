@@ -95,7 +95,14 @@ def serve_command(**opts: Any) -> None:
 
     _configure_logging(opts.get("log_format"))
     request = build_request(opts, os.environ)
-    plan = _make_plan(request)
+    try:
+        plan = _make_plan(request)
+    except WontFit as refusal:
+        if not request.trust_engine:
+            raise
+        from launcher.plan import engine_decides
+
+        plan = engine_decides(request, refusal)
     argv = engine_argv(plan, request.model.name if request.model.source != "local" else request.model.path,
                        request.engine_args, opts.get("engine_cmd"))
     if opts["dry_run"]:

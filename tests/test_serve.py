@@ -83,3 +83,11 @@ def test_engine_cmd_for_the_api_server_takes_model_flag() -> None:
     argv = engine_argv(plan, "m", ["--x"], "python -m vllm.entrypoints.openai.api_server")
     assert argv[:5] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
     assert argv[-4:] == list(plan.engine_args)
+
+
+def test_kv_cache_memory_bytes_reads_like_vllm() -> None:
+    """16M is 16 x 2**20 and 1k is 1000, as vLLM's human_readable_int reads them."""
+    from launcher.engines.vllm import pinned_flags
+
+    assert pinned_flags(["--kv-cache-memory-bytes", "16M"]) == {"--kv-cache-memory-bytes": 16 * 2**20}
+    assert pinned_flags(["--kv-cache-memory-bytes=25.6k"]) == {"--kv-cache-memory-bytes": 25600}

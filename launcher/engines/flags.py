@@ -63,17 +63,20 @@ def has_flag(argv: Sequence[str], spec: FlagSpec) -> bool:
     return any(token.partition("=")[0] in spellings for token in argv)
 
 
-_HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def human_int(text: str) -> int:
-    """vLLM's `human_readable_int`: 1k = 1000, 1K = 1024, 25.6k, 2M, 1G."""
-    match = _HUMAN_INT.match(text.strip())
+    """vLLM's `human_readable_int`: 1k = 1000, 1K = 1024, 25.6k; no decimals with K/M/G/T."""
+    match = _HUMAN_INT.fullmatch(text.strip())
     if not match:
         return int(text)
-    number, suffix = float(match.group(1)), match.group(2)
-    scale = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}[suffix]
-    return int(number * scale)
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    return int(number) * _BINARY[suffix]
 
 
 def human_int_or_auto(text: str) -> int:

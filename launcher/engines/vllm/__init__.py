@@ -15,7 +15,6 @@ from launcher.engines.flags import FlagSpec, fraction, human_int, human_int_or_a
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, KvLayout, kv_layout
 from launcher.model import MAX_LEN_KEYS, SLIDING, ModelGeometry
-from launcher.units import parse_size
 
 NAME = "vllm"
 NEWEST = "0.32.0"
@@ -52,7 +51,7 @@ FLAGS = (
     FlagSpec("--max-num-batched-tokens", human_int),
     FlagSpec("--max-num-seqs", int),
     FlagSpec("--kv-cache-dtype", str),
-    FlagSpec("--kv-cache-memory-bytes", lambda s: parse_size(s) if s[-1:].isalpha() else human_int(s)),
+    FlagSpec("--kv-cache-memory-bytes", human_int),
     FlagSpec("--block-size", int),
     FlagSpec("--tensor-parallel-size", int, aliases=("-tp",)),
     FlagSpec("--pipeline-parallel-size", int, aliases=("-pp",)),

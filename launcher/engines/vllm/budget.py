@@ -76,22 +76,30 @@ def requested_bytes(cuda_total_bytes: int, utilization: float) -> int:
     return math.ceil(cuda_total_bytes * utilization)
 
 
+# The sampler's peak in "fp32 logits copies" (logits, probabilities, log-probs, sort buffers).
+# Fitted on five published profiles where the sampler dominates: Qwen2.5 1.5B/3B/7B at
+# 256 x 151,936 (1.40-1.42 GiB), Phi-4 at 320 x 100,352 (1.16 GiB), Qwen2.5-0.5B at
+# 288 x 151,936 (1.61 GiB): 9.4-9.9 copies.
+SAMPLER_LOGIT_COPIES = 9.5
+
+
 def activation_peak_bytes(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: int, tp: int,
                           act_dtype_bytes: int = 2) -> int:
-    """Transient peak of the profile run: one forward of `batched_tokens` plus the sampler.
+    """Transient peak of the profile run: the larger of the forward pass and the sampler.
 
-    The MLP holds gate+up (2 x intermediate) and its output (1 x) for every token, the
-    attention block ~3 x hidden; the sampler holds fp32 logits and probabilities for
-    `num_seqs` rows. Calibrated on Llama-3.1-8B at 20,000 and 29,000 profile tokens
-    (RTX 3090: +0.92 GiB for +9,000 tokens, i.e. ~107 KB/token; the formula gives 110 KB).
+    The two run one after the other, so their peaks do not add. Forward: for every token
+    the MLP holds gate+up (2 x intermediate) and its output, the attention block ~3 x hidden
+    (Llama-3.1-8B: 2.06 GiB at 20,000 tokens and 2.99 GiB at 29,000, logged 2.07 and 2.99).
+    Sampler: `SAMPLER_LOGIT_COPIES` fp32 rows of the vocabulary per sequence.
     """
     intermediate = geometry.intermediate_size or 4 * geometry.hidden_size
     moe = geometry.text_config.get("moe_intermediate_size")
     if geometry.num_experts and geometry.experts_per_token and isinstance(moe, int) and moe > 0:
         intermediate = moe * geometry.experts_per_token
     per_token = (3 * intermediate // max(tp, 1) + 3 * geometry.hidden_size) * act_dtype_bytes
-    logits = num_seqs * geometry.vocab_size * 4 * 2
-    return batched_tokens * per_token + logits
+    forward = batched_tokens * per_token
+    sampler = int(num_seqs * geometry.vocab_size * 4 * SAMPLER_LOGIT_COPIES)
+    return max(forward, sampler)
 
 
 def cudagraph_estimate_bytes(kv_layers_on_rank: int) -> int:
