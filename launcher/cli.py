@@ -53,6 +53,7 @@ def plan_options(func: Any) -> Any:
         click.option("--engine-version", default=None, help="Plan for this engine version (default: installed)."),
         click.option("--trust-engine", is_flag=True, help="Plan even where the geometry is unknown; the engine decides."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON (schema safe-serve.plan/1)."),
+        click.option("--no-calibration", is_flag=True, help="Ignore what earlier starts measured."),
         click.argument("engine_args", nargs=-1, type=click.UNPROCESSED),
     ]
     for option in reversed(options):
@@ -60,7 +61,7 @@ def plan_options(func: Any) -> Any:
     return func
 
 
-@cli.command("plan", context_settings={"ignore_unknown_options": True})
+@cli.command("plan")
 @plan_options
 def plan_command(**opts: Any) -> None:
     """Print the plan (budget table and flags) without starting anything."""
@@ -74,7 +75,7 @@ def plan_command(**opts: Any) -> None:
         click.echo(render_plan(plan))
 
 
-@cli.command("serve", context_settings={"ignore_unknown_options": True})
+@cli.command("serve")
 @plan_options
 @click.option("--engine-cmd", default=None, help='Replace the engine executable, e.g. "python -m vllm.entrypoints.openai.api_server".')
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact command line, then exit 0.")
@@ -119,9 +120,22 @@ def serve_command(**opts: Any) -> None:
                            watch_timeout=opts["watch_timeout"], grace=opts["grace"],
                            lock_timeout=opts["lock_timeout"], ready_file=opts.get("ready_file"))
     uuids = [g.uuid for g in request.gpus[: plan.tp * plan.pp] if g.uuid]
+    from launcher.calibration import record
+    from launcher.paths import state_dir
+
+    key = calibration_key_for(plan.engine, request.engine_version, request.gpus, request.model.name,
+                              request.engine_args)
+
+    def on_measured(measured: Any) -> None:
+        try:
+            record(state_dir(os.environ), key, measured)
+        except OSError as exc:  # a read-only state dir must not stop the engine
+            click.echo(f"safe-serve: calibration not saved: {exc}", err=True)
+
     code = run_serve(plan, model=argv[argv.index("--model") + 1] if "--model" in argv else
                      (request.model.path or request.model.name), passthrough=request.engine_args,
-                     options=options, concurrency=request.concurrency, device_uuids=uuids)
+                     options=options, concurrency=request.concurrency, device_uuids=uuids,
+                     on_measured=on_measured)
     sys.exit(code)
 
 
@@ -191,6 +205,12 @@ def build_request(opts: Mapping[str, Any], env: Mapping[str, str]) -> Any:
             raise ProbeError("no GPU is visible to the engine (CUDA_VISIBLE_DEVICES hides them all)",
                              hint="use --gpu NAME for a hypothetical plan, or --device cpu")
     version = opts.get("engine_version") or installed_version(opts["engine"])
+    calibration = None
+    if not opts.get("no_calibration"):
+        from launcher.calibration import load
+        from launcher.paths import state_dir
+
+        calibration = load(state_dir(env), calibration_key_for(opts["engine"], version, gpus, model.name, engine_args))
     max_gpu = opts.get("max_gpu_memory")
     from launcher.plan import DEFAULT_MARGIN_BYTES
 
@@ -199,8 +219,19 @@ def build_request(opts: Mapping[str, Any], env: Mapping[str, str]) -> Any:
         model=model, engine=opts["engine"], device=device, gpus=gpus, host=host, engine_version=version,
         engine_args=engine_args, engine_env={k: env[k] for k in ENGINE_ENV_KEYS if k in env},
         concurrency=opts.get("concurrency") or 1, max_gpu_memory_bytes=parse_size(max_gpu) if max_gpu else None,
-        margin_bytes=margin, trust_engine=bool(opts.get("trust_engine")), variants=variants,
+        margin_bytes=margin, trust_engine=bool(opts.get("trust_engine")), variants=variants, calibration=calibration,
     )
+
+
+def calibration_key_for(engine: str, version: str | None, gpus: Sequence[Any], model: str,
+                        engine_args: Sequence[str]) -> str:
+    from launcher.calibration import calibration_key
+    from launcher.engines import sglang, vllm
+
+    pinned = (vllm if engine == "vllm" else sglang).pinned_flags(engine_args)
+    gpu_name = f"{len(gpus)} x {gpus[0].name}" if gpus else "cpu"
+    return calibration_key(gpu_name=gpu_name, model=model, engine=engine, engine_version=version or "newest",
+                           pinned=pinned)
 
 
 def _make_plan(request: Any) -> Any:

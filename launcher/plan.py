@@ -19,7 +19,7 @@ from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.kv import KvCapacity, KvLayout, kv_capacity
 from launcher.errors import UsageError, WontFit
 from launcher.gpu import GpuDevice, HostMemory
-from launcher.model import refuse_unsupported
+from launcher.model import SLIDING, refuse_unsupported
 from launcher.resolve import ResolvedModel
 from launcher.units import GiB, MiB, floor_to, format_gib
 
@@ -210,10 +210,24 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     block, block_reason = vl.block_size(geometry, device=request.device, compute_capability=compute_capability,
                                         pinned=pinned.get("--block-size"),
                                         cpu_amx=request.host.cpu_amx if request.host else None)
+    if request.device == "cpu":
+        _refuse_cpu_combinations(request, geometry, block, kv_bytes)
     layout = vl.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
     max_len, max_len_reason = vl.derived_max_model_len(geometry, rules=rules)
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
                       layout, max_len, max_len_reason)
+
+
+def _refuse_cpu_combinations(request: PlanRequest, geometry: Any, block: int, kv_bytes: int) -> None:
+    """Combinations the vLLM 0.32 CPU backend accepts at start but cannot run (seen on the real engine)."""
+    amx = request.host.cpu_amx if request.host else None
+    if geometry.mla is not None and kv_bytes == 1 and not amx:
+        raise WontFit("vLLM's CPU MLA kernel (no AMX) starts with an fp8 KV cache but fails the first request "
+                      "('expected scalar type BFloat16 but found Float8_e4m3fn')", hint="use --kv-cache-dtype auto")
+    if block % 32 and geometry.mla is None and SLIDING not in geometry.layer_kinds:
+        raise WontFit(f"--block-size {block}: vLLM's CPU attention needs a multiple of 32 and stops after "
+                      f"sizing the cache ('No common block size for {block} (CPU_ATTN: [MultipleOf(32)])')",
+                      hint="use --block-size 32 or leave it unset (128)")
 
 
 def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Any) -> tuple[int, str, KvCapacity]:

@@ -19,7 +19,8 @@ from launcher.engines import sglang as sg
 from launcher.engines import vllm as vl
 from launcher.engines.events import EngineEvent
 from launcher.errors import ExitCode
-from launcher.plan import Plan
+from launcher.plan import Calibration, Plan
+from launcher.units import GiB
 
 RETUNE, ABORT, WARN = "retune", "abort", "warn"
 
@@ -53,6 +54,37 @@ def parser_for(engine: str) -> Callable[[str], EngineEvent | None]:
     else:
         from launcher.engines.vllm.logs import parse
     return parse
+
+
+def prefilter_for(engine: str) -> tuple[bytes, ...]:
+    """Substrings a line needs for any rule to match: the rest never reaches Python decoding."""
+    if engine == "sglang":
+        from launcher.engines.sglang.logs import PREFILTER
+    else:
+        from launcher.engines.vllm.logs import PREFILTER
+    return tuple(key.encode() for key in PREFILTER)
+
+
+class Measurements:
+    """Turns what the engine logged into a `Calibration` for the next plan of the same key."""
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        self._pre_load_gib: float | None = None
+
+    def feed(self, event: EngineEvent) -> Calibration | None:
+        requested = self._plan.item("requested")
+        weights = self._plan.item("weights")
+        if event.kind == "available_kv" and requested is not None:
+            # vLLM: everything it subtracted from the request besides the KV cache.
+            return Calibration(non_kv_bytes=requested.bytes - int(event.values["gib"] * GiB))
+        if event.kind == "pre_load":
+            self._pre_load_gib = event.values["gib"]
+        if event.kind == "weights" and self._plan.engine == "sglang" and self._pre_load_gib is not None \
+                and weights is not None:
+            used = int((self._pre_load_gib - event.values["avail_gib"]) * GiB)
+            return Calibration(load_overhead_bytes=max(used - weights.bytes, 0))
+        return None
 
 
 def health_port(plan: Plan, passthrough: Sequence[str]) -> tuple[str, int]:
@@ -117,10 +149,12 @@ def child_env(plan: Plan, base: Mapping[str, str] | None = None) -> dict[str, st
 
 
 EXIT_WONT_FIT = int(ExitCode.CONFIG)
+# Other processes hold the memory: the same command may work later (exit 75, not 78).
+TEMPORARY_KINDS = ("fatal:unbalanced", "fatal:startup_free", "fatal:cpu_node_memory")
 
 
 def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: ServeOptions, concurrency: int,
-              device_uuids: Sequence[str] = ()) -> int:
+              device_uuids: Sequence[str] = (), on_measured: Callable[[Calibration], None] | None = None) -> int:
     """Start the engine, watch its first lines against the plan, supervise; returns the exit code."""
     import structlog
 
@@ -161,14 +195,20 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
         if event.is_fatal or options.on_divergence == ABORT:
             log.error("abort", reason=why, planned_tokens=plan.kv_cache_tokens, planned_len=plan.max_model_len,
                       **event.values)
-            supervisor.request_stop(why, EXIT_WONT_FIT)
+            code = int(ExitCode.TEMPFAIL) if event.kind in TEMPORARY_KINDS else EXIT_WONT_FIT
+            supervisor.request_stop(why, code)
         else:
             log.warning("divergence", reason=why, planned_tokens=plan.kv_cache_tokens, **event.values)
+
+    measured = Measurements(plan)
 
     def on_line(stream: str, raw: bytes) -> None:
         event = parse(raw.decode("utf-8", errors="replace"))
         if event is None:
             return
+        calibration = measured.feed(event)
+        if calibration is not None and on_measured is not None:
+            on_measured(calibration)
         if event.kind == "kv":
             supervisor.mark_event("kv")
             lock.release()
@@ -194,6 +234,7 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
     supervisor = Supervisor(
         command_for(args),
         SupervisorOptions(grace_seconds=options.grace, health=HealthCheck(host=host, port=port),
+                          line_filter=prefilter_for(plan.engine),
                           ready_file=__import__("pathlib").Path(options.ready_file) if options.ready_file else None,
                           watches={"kv": options.watch_timeout}),
         on_line=on_line, on_ready=on_ready, on_watch_timeout=on_watch_timeout,

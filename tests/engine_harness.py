@@ -8,8 +8,16 @@ Used by the CI integration tests and by the script that (re)generates
                        timeout=240, keep_alive=lambda run: complete(run.base_url, "hi"))
     run.kv_tokens, run.concurrency, run.exit_code, run.lines
 
-The server is started in its own session / process group; at the end the whole
-group gets SIGTERM, then SIGKILL, so EngineCore children never leak.
+The server is started in its own session / process group.  At the end the API
+server gets SIGTERM (it stops its EngineCore cleanly); whatever is left of the
+group after 10 s gets SIGTERM, then SIGKILL, so EngineCore/Worker children
+never leak.  A printed KV line does not mean the server came up (e.g. a
+--block-size that is not a multiple of 32 fails right after it): check
+``run.ready`` / ``run.ok``.
+
+CLI:
+    python tests/engine_harness.py MODEL_DIR [vllm args...]     # one run, log echoed
+    python tests/engine_harness.py truth OUT.json MODELS_DIR [--python PY] [--only ID ...]
 """
 
 from __future__ import annotations
@@ -332,7 +340,7 @@ LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 # Lines that say nothing about KV sizing (environment noise on the reference machine).
 NOISE = ("ulimit", "libtcmalloc", "libiomp", "Triton", "triton", "DeprecationWarning", "deprecated",
          "Route:", "leaked", "resource_tracker", "FutureWarning", "nanobind", "Enforce eager",
-         "Inductor compilation", "reduce_op", "NUMA binding", "Final IR op priority")
+         "Inductor compilation", "reduce_op", "NUMA binding", "Final IR op priority", "dump_input.py")
 KEYWORDS = ("KV cache", "kv cache", "block size", "block_size", "sliding", "Sliding", "hybrid", "Hybrid",
             "padding layers", "Explicitly set", "Auto set", "Using max model len", "max_num_batched_tokens",
             "data type to store kv cache", "MLA", "chunked prefill", "prefix caching", "Resolved architecture",
@@ -344,6 +352,13 @@ def normalize_line(line: str) -> str:
     return PREFIX_RE.sub(lambda m: f"({m.group('proc')}) {m.group('lvl')} ", line)
 
 
+def _is_traceback_noise(msg: str) -> bool:
+    """Traceback frames, source excerpts and caret markers (keep the exception lines)."""
+    st = msg.strip()
+    return (not st or msg[:1].isspace() or st.startswith(("File \"", "Traceback", "^", "~", "raise ", "return "))
+            or set(st) <= set("^~ "))
+
+
 def relevant_lines(lines: list[str]) -> list[str]:
     out: list[str] = []
     for ln in lines:
@@ -351,6 +366,11 @@ def relevant_lines(lines: list[str]) -> list[str]:
             continue
         m = PREFIX_RE.match(ln)
         lvl = m.group("lvl") if m else ""
+        msg = ln[m.end():] if m else ln
+        if m and msg.startswith("["):  # "[file.py:123] message"
+            msg = msg.split("] ", 1)[1] if "] " in msg else ""
+        if _is_traceback_noise(msg):
+            continue
         if lvl in ("WARNING", "ERROR", "CRITICAL") or any(k in ln for k in KEYWORDS):
             if "Initializing a V1 LLM engine" in ln or "non-default args" in ln:
                 continue
@@ -399,11 +419,20 @@ def truth_matrix() -> list[dict[str, Any]]:
         _case("mistral-mml1024", "mistral", E("--max-model-len", "1024"),
               note="window + in-flight tokens capped by max_model_len"),
         _case("mistral-bs64", "mistral", E("--max-model-len", "4096", "--block-size", "64")),
+        _case("mistral-bs16", "mistral", E("--max-model-len", "4096", "--block-size", "16"),
+              note="SW layers pick their own kernel block (MultipleOf(32) -> 32)"),
         _case("gemma2-disable-hybrid", "gemma2", E("--max-model-len", "4096", "--disable-hybrid-kv-cache-manager")),
         _case("gemma2-mnbt1024", "gemma2", E("--max-model-len", "4096", "--max-num-batched-tokens", "1024")),
+        _case("gemma2-bs16", "gemma2", E("--max-model-len", "4096", "--block-size", "16"),
+              note="full layers 16, SW layers 32 -> page unification"),
+        _case("gpt_oss-mml8192", "gpt_oss", E("--max-model-len", "8192")),
         _case("deepseek_v2-bs128", "deepseek_v2", E("--max-model-len", "4096", "--block-size", "128"),
               note="CPU reference MLA forces block 16"),
         _case("deepseek_v2-mml1000", "deepseek_v2", E("--max-model-len", "1000")),
+        _case("deepseek_v2-kv-fp8", "deepseek_v2", E("--max-model-len", "4096", "--kv-cache-dtype", "fp8"),
+              note="CPU_MLA lists only 'auto' as supported kv-cache dtype"),
+        _case("qwen2-env-and-bytes", "qwen2", E("--max-model-len", "4096", "--kv-cache-memory-bytes", "1000000000"),
+              note="VLLM_CPU_KVCACHE_SPACE overrides --kv-cache-memory-bytes"),
     ]
     return cases
 
@@ -462,6 +491,17 @@ def run_case(case: dict[str, Any], models_root: str, python: str, timeout: float
     }
 
 
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                if ln.startswith("model name"):
+                    return ln.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def generate_truth(out_path: str, models_root: str, python: str, only: list[str] | None = None) -> None:
     import platform
 
@@ -477,7 +517,7 @@ def generate_truth(out_path: str, models_root: str, python: str, only: list[str]
     results.setdefault("meta", {}).update({
         "generator": "python tests/engine_harness.py truth OUT.json MODELS_DIR [--python PY] [--only ID ...]",
         "versions": json.loads(versions),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_model() or platform.machine(),
         "nproc": os.cpu_count(),
         "launch": "python -m vllm.entrypoints.openai.api_server --model DIR --host 127.0.0.1 --port P ARGS",
     })
@@ -497,7 +537,9 @@ def generate_truth(out_path: str, models_root: str, python: str, only: list[str]
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)
             f.write("\n")
-    results["meta"]["last_generation_seconds"] = round(time.monotonic() - t0, 1)
+    results["meta"]["last_run_seconds"] = round(time.monotonic() - t0, 1)
+    results["meta"]["last_run_cases"] = only or "all"
+    results["meta"]["sum_case_seconds"] = round(sum(c.get("seconds_total") or 0 for c in results["cases"]), 1)
     with open(out_path, "w") as f:
         json.dump(results, f, indent=1)
         f.write("\n")

@@ -196,3 +196,27 @@ def test_bad_concurrency_is_a_usage_error() -> None:
     """--concurrency 0 is refused as a usage error."""
     with pytest.raises(UsageError):
         make_plan(request(concurrency=0))
+
+
+class TestCpuRefusals:
+    """Combinations the real CPU engine accepted at start and then failed (tests/data/vllm_cpu_truth.json)."""
+
+    def _request(self, model_config: dict, args: tuple[str, ...]) -> PlanRequest:
+        from launcher.resolve import ResolvedModel
+
+        model = ResolvedModel(name="tiny", source="local", geometry=geometry_from_config(model_config),
+                              weight_bytes=2**20, weight_bytes_source="test", config=model_config)
+        return PlanRequest(model=model, engine="vllm", device="cpu",
+                           host=HostMemory(total_bytes=24 * GiB, available_bytes=20 * GiB, cpu_amx=False),
+                           engine_args=("--max-model-len", "4096", *args), engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+
+    def test_mla_with_fp8_kv_is_refused(self) -> None:
+        """CPU MLA without AMX with an fp8 KV cache dies at the first request: refused with exit 78."""
+        config = resolve_model("deepseek-v2-lite").config
+        with pytest.raises(WontFit, match="Float8_e4m3fn"):
+            make_plan(self._request(config, ("--kv-cache-dtype", "fp8")))
+
+    def test_block_16_on_full_attention_is_refused(self) -> None:
+        """Block 16 on a full-attention model stops the CPU engine after sizing."""
+        with pytest.raises(WontFit, match="No common block size for 16"):
+            make_plan(self._request(LLAMA_8B, ("--block-size", "16")))

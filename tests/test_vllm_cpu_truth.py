@@ -19,6 +19,9 @@ from launcher.units import GiB
 
 TRUTH = json.loads((Path(__file__).parent / "data" / "vllm_cpu_truth.json").read_text())
 CASES = [c for c in TRUTH["cases"] if c.get("tokens") is not None]
+# Cases the engine printed a KV line for and then could not serve: our plan refuses them.
+BROKEN = [c for c in CASES if not c.get("ok") or not c.get("completion_ok")]
+SERVED = [c for c in CASES if c not in BROKEN]
 
 
 def plan_for(case: dict, *, amx: bool) -> object:
@@ -30,7 +33,16 @@ def plan_for(case: dict, *, amx: bool) -> object:
     return make_plan(request)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+@pytest.mark.parametrize("case", BROKEN, ids=[c["id"] for c in BROKEN])
+def test_cases_the_engine_cannot_serve_are_refused(case: dict) -> None:
+    """Where the engine sized its cache and then failed to start or to serve, we refuse first (exit 78)."""
+    from launcher.errors import WontFit
+
+    with pytest.raises(WontFit):
+        plan_for(case, amx=TRUTH["meta"]["versions"]["amx"])
+
+
+@pytest.mark.parametrize("case", SERVED, ids=[c["id"] for c in SERVED])
 def test_tokens_and_concurrency_equal_the_engine(case: dict) -> None:
     """Predicted KV tokens and maximum concurrency equal the engine's own log line exactly."""
     plan = plan_for(case, amx=TRUTH["meta"]["versions"]["amx"])
