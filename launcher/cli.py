@@ -19,7 +19,6 @@ import click
 
 from launcher.errors import ExitCode, ProbeError, SafeServeError, WontFit
 
-SUBCOMMANDS = ("plan", "serve", "gpus", "fit", "models")
 ENGINE_ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
 
 
@@ -148,6 +147,36 @@ def _configure_logging(log_format: str | None) -> None:
     structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
                                     renderer],
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+
+@cli.command("fit")
+@click.argument("model")
+@click.option("--concurrency", type=int, required=True, help="Requests that must run at once.")
+@click.option("--tokens", type=int, required=True, help="Tokens per request (prompt + output).")
+@click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True)
+@click.option("--gpu", "gpu_specs", multiple=True, help="GPU types to consider (default: the whole catalog).")
+@click.option("--engine-version", default=None)
+@click.option("--margin", default="256MiB", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
+def fit_command(**opts: Any) -> None:
+    """The smallest configuration per GPU type that carries N requests of L tokens."""
+    from launcher.catalog import hypothetical_gpus, load_catalog
+    from launcher.fit import Workload, fit, largest_concurrency, longest_length
+    from launcher.render import fit_to_json, render_fit
+
+    specs = opts["gpu_specs"] or tuple(g.name for g in load_catalog())
+    gpus = hypothetical_gpus(specs)
+    base = build_request({**opts, "gpu_specs": (specs[0],), "concurrency": opts["concurrency"]}, os.environ)
+    workload = Workload(opts["concurrency"], opts["tokens"])
+    results = fit(base, workload, gpus)
+    inverse = None
+    if len(opts["gpu_specs"]) == 1:
+        inverse = (largest_concurrency(base, workload.tokens), longest_length(base, workload.concurrency))
+    if opts["as_json"]:
+        click.echo(json.dumps(fit_to_json(results, workload, base.model.name, base.engine, inverse), indent=2))
+    else:
+        click.echo(render_fit(results, workload, base.model.name, base.engine, inverse))
 
 
 @cli.command("gpus")

@@ -271,8 +271,10 @@ def _check_vllm_capacity(request: PlanRequest, capacity: KvCapacity, length: int
             hint=f"--max-model-len {capacity.estimated_max_model_len} fits")
     usable = (capacity.num_blocks - 1) / capacity.blocks_per_request
     if usable < request.concurrency:
-        raise WontFit(f"{request.concurrency} concurrent request(s) of {length} tokens need more KV cache: "
-                      f"only {usable:.2f} fit in {format_gib(capacity.kv_bytes)}")
+        bytes_per_block = capacity.kv_bytes // max(capacity.num_blocks, 1) if capacity.num_blocks else 0
+        needed = (math.ceil(request.concurrency * capacity.blocks_per_request) + 1) * bytes_per_block
+        raise WontFit(f"{request.concurrency} concurrent request(s) of {length} tokens need ~{format_gib(needed)} "
+                      f"of KV cache: only {usable:.2f} fit in {format_gib(capacity.kv_bytes)}")
 
 
 def _plan_vllm_gpu(request: PlanRequest) -> Plan:

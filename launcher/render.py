@@ -103,3 +103,66 @@ def plan_to_json(plan: Plan, command: Sequence[str] | None = None) -> dict[str, 
     if command is not None:
         doc["command"] = list(command)
     return doc
+
+
+FIT_SCHEMA = "safe-serve.fit/1"
+
+
+def _option_summary(option: Any) -> dict[str, Any]:
+    plan = option.plan
+    return {
+        "gpu": option.gpu_name, "gpu_count": option.gpu_count, "kv_cache_dtype": option.kv_dtype,
+        "checkpoint": option.checkpoint, "compromises": list(option.compromises),
+        "engine_args": list(option.engine_args), "fits": option.fits, "shortfall": option.shortfall,
+        "kv_cache_tokens": plan.kv_cache_tokens if plan else None,
+        "kv_cache_bytes": plan.kv_cache_bytes if plan else None,
+        "max_concurrency": plan.max_concurrency if plan else None,
+        "memory_knob": (plan.gpu_memory_utilization if plan and plan.gpu_memory_utilization is not None
+                        else plan.mem_fraction_static if plan else None),
+    }
+
+
+def fit_to_json(results: Sequence[Any], workload: Any, model: str, engine: str,
+                inverse: tuple[int, int] | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "schema": FIT_SCHEMA, "model": model, "engine": engine,
+        "workload": {"concurrency": workload.concurrency, "tokens": workload.tokens},
+        "gpus": [{"gpu": r.gpu_name, "fits": r.best is not None,
+                  "best": _option_summary(r.best) if r.best else None,
+                  "single_gpu_miss": _option_summary(r.closest_miss) if r.closest_miss and r.best is not r.closest_miss
+                  else None} for r in results],
+    }
+    if inverse is not None:
+        doc["largest_concurrency_at_tokens"], doc["longest_tokens_at_concurrency"] = inverse
+    return doc
+
+
+def render_fit(results: Sequence[Any], workload: Any, model: str, engine: str,
+               inverse: tuple[int, int] | None) -> str:
+    lines = [f"safe-serve fit: {model} on {engine}, {workload.concurrency} requests x {workload.tokens:,} tokens",
+             "", f"  {'GPU':34} {'needs':26} {'KV tokens':>11} {'headroom':>9}  flags / why not"]
+    need = workload.concurrency * workload.tokens
+    for result in results:
+        option = result.best
+        if option is not None and option.plan is not None:
+            needs = f"{option.gpu_count} GPU" + ("s" if option.gpu_count > 1 else "")
+            if option.compromises:
+                needs += " + " + ", ".join("fp8 KV" if c == "fp8 KV cache" else "quantized" for c in option.compromises)
+            headroom = f"{option.plan.max_concurrency / workload.concurrency - 1:+.0%}"
+            flags = " ".join(a for a in option.engine_args)
+            if option.quantized:
+                flags = f"model {option.checkpoint}: {flags}"
+            lines.append(f"  {result.gpu_name[:34]:34} {needs:26} {option.plan.kv_cache_tokens:>11,} {headroom:>9}  "
+                         f"{flags}")
+        else:
+            miss = result.closest_miss
+            lines.append(f"  {result.gpu_name[:34]:34} {'no fit up to 8':26} {'-':>11} {'-':>9}  "
+                         f"{miss.shortfall if miss else ''}")
+        if option is not None and result.closest_miss is not None and result.closest_miss is not option \
+                and result.closest_miss.gpu_count == 1 and result.closest_miss.kv_dtype == "auto":
+            lines.append(f"  {'':34} {'1 GPU, bf16':26} {'':>11} {'':>9}  short: {result.closest_miss.shortfall}")
+    lines.append(f"\n  workload: {need:,} KV tokens at once; headroom = extra requests the KV cache would hold")
+    if inverse is not None:
+        lines.append(f"  on one of these GPUs as configured (no fp8, original checkpoint): at most {inverse[0]} requests of {workload.tokens:,} tokens; "
+                     f"{workload.concurrency} requests of at most {inverse[1]:,} tokens each")
+    return "\n".join(lines)

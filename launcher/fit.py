@@ -1,0 +1,154 @@
+"""Reverse planning: from a workload (N requests of L tokens) to the hardware and flags that carry it.
+
+Every answer is a plan from `launcher.plan.make_plan`, so `safe-serve fit` and
+`safe-serve plan` always agree: a fitted configuration, planned, carries the workload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launcher.errors import UsageError, WontFit
+from launcher.gpu import GpuDevice
+from launcher.plan import Plan, PlanRequest, make_plan
+from launcher.resolve import ResolvedModel
+
+GPU_COUNTS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    length: str
+    tp: str
+    fp8: tuple[str, str]
+
+
+FLAGS = {
+    "vllm": EngineFlags("--max-model-len", "--tensor-parallel-size", ("--kv-cache-dtype", "fp8")),
+    "sglang": EngineFlags("--context-length", "--tp-size", ("--kv-cache-dtype", "fp8_e4m3")),
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration tried for one GPU type."""
+
+    gpu_name: str
+    gpu_count: int
+    kv_dtype: str  # "auto" or "fp8"
+    checkpoint: str  # alias or repo of the checkpoint
+    quantized: bool
+    engine_args: tuple[str, ...]
+    plan: Plan | None  # None: it does not fit
+    shortfall: str | None = None  # why not, with the missing amount
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None
+
+    @property
+    def compromises(self) -> tuple[str, ...]:
+        """What it costs beyond the GPUs: precision traded for memory."""
+        found = []
+        if self.kv_dtype == "fp8":
+            found.append("fp8 KV cache")
+        if self.quantized:
+            found.append(f"quantized checkpoint {self.checkpoint}")
+        return tuple(found)
+
+
+@dataclass(frozen=True)
+class GpuFit:
+    gpu_name: str
+    best: Option | None  # the smallest configuration that carries the workload
+    closest_miss: Option | None  # the single-GPU original configuration, when it does not fit
+
+
+@dataclass(frozen=True)
+class Workload:
+    concurrency: int
+    tokens: int
+
+
+def candidate_order(model: ResolvedModel, variants: Sequence[ResolvedModel]) -> list[tuple[int, str, ResolvedModel]]:
+    """Cheapest first: fewer GPUs, then full precision, fp8 KV, a quantized checkpoint, both."""
+    order: list[tuple[int, str, ResolvedModel]] = []
+    for count in GPU_COUNTS:
+        order.append((count, "auto", model))
+        order.append((count, "fp8", model))
+        for variant in variants:
+            order.append((count, "auto", variant))
+            order.append((count, "fp8", variant))
+    return order
+
+
+def try_option(base: PlanRequest, workload: Workload, gpu: GpuDevice, count: int, kv_dtype: str,
+               checkpoint: ResolvedModel) -> Option:
+    flags = FLAGS[base.engine]
+    args: list[str] = [*base.engine_args, flags.length, str(workload.tokens)]
+    if count > 1:
+        args += [flags.tp, str(count)]
+    if kv_dtype == "fp8":
+        args += list(flags.fp8)
+    devices = tuple(dataclasses.replace(gpu, index=i) for i in range(count))
+    request = dataclasses.replace(base, model=checkpoint, gpus=devices, engine_args=tuple(args),
+                                  concurrency=workload.concurrency, variants=())
+    label = checkpoint.alias or checkpoint.name
+    quantized = checkpoint is not base.model
+    try:
+        plan = make_plan(request)
+    except WontFit as refusal:
+        return Option(gpu.name, count, kv_dtype, label, quantized, tuple(args), None, refusal.message)
+    return Option(gpu.name, count, kv_dtype, label, quantized, tuple(args), plan)
+
+
+def fit(base: PlanRequest, workload: Workload, gpus: Sequence[GpuDevice]) -> list[GpuFit]:
+    """For each GPU type, the smallest configuration that carries `workload`, or the miss."""
+    if workload.concurrency < 1 or workload.tokens < 1:
+        raise UsageError("--concurrency and --tokens must be at least 1")
+    results = []
+    for gpu in gpus:
+        best = None
+        first_miss = None
+        for count, kv_dtype, checkpoint in candidate_order(base.model, base.variants):
+            option = try_option(base, workload, gpu, count, kv_dtype, checkpoint)
+            if option.fits:
+                best = option
+                break
+            if first_miss is None:
+                first_miss = option
+        results.append(GpuFit(gpu.name, best, first_miss))
+    return results
+
+
+def largest_concurrency(base: PlanRequest, tokens: int) -> int:
+    """Most requests of `tokens` that fit at once on `base.gpus` (0 if not one): the planner's own check."""
+    flags = FLAGS[base.engine]
+    pinned = dataclasses.replace(base, engine_args=(*base.engine_args, flags.length, str(tokens)))
+
+    def fits(concurrency: int) -> bool:
+        try:
+            make_plan(dataclasses.replace(pinned, concurrency=concurrency))
+        except WontFit:
+            return False
+        return True
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while fits(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def longest_length(base: PlanRequest, concurrency: int) -> int:
+    """Longest length `concurrency` requests can each have at once (0 if none)."""
+    try:
+        return make_plan(dataclasses.replace(base, concurrency=concurrency)).max_model_len
+    except WontFit:
+        return 0
