@@ -13,11 +13,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import yaml
-
 from launcher.errors import UsageError
 from launcher.gpu import CUDA_RESERVE_FRACTION, GpuDevice
-from launcher.paths import profiles_dir
+from launcher.paths import load_yaml, profiles_dir
 from launcher.units import MiB, parse_size
 
 _COUNT = re.compile(r"^\s*(\d+)\s*[x×*]\s*(.+)$", re.IGNORECASE)
@@ -42,7 +40,7 @@ def normalise(text: str) -> str:
 @lru_cache(maxsize=1)
 def load_catalog() -> tuple[CatalogGpu, ...]:
     path = profiles_dir() / "gpus.yaml"
-    raw = yaml.safe_load(path.read_text()) if path.is_file() else []
+    raw = load_yaml(path.read_text()) if path.is_file() else []
     entries = raw.get("gpus", raw) if isinstance(raw, Mapping) else raw
     return tuple(_entry(e) for e in entries or [] if isinstance(e, Mapping))
 

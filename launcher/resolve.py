@@ -19,7 +19,7 @@ import yaml
 
 from launcher.errors import ModelConfigError, ModelNotFound
 from launcher.model import ModelGeometry, geometry_from_config
-from launcher.paths import profiles_dir
+from launcher.paths import load_yaml, profiles_dir
 
 INDEX_FILE = "model.safetensors.index.json"
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors caps its JSON header at 100 MB
@@ -84,7 +84,7 @@ def profile_for_repo(repo_id: str) -> Mapping[str, Any] | None:
 
 def _read_yaml(path: Path) -> Mapping[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         raise ModelConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
     if not isinstance(data, Mapping):
