@@ -76,7 +76,8 @@ def hypothetical_gpus(specs: Sequence[str], catalog: Sequence[CatalogGpu] | None
             count, what = int(match.group(1)), match.group(2)
             if count < 1:
                 raise UsageError(f"--gpu {spec!r}: the count must be at least 1")
-        devices.extend(_device(what, spec, len(devices) + i, catalog) for i in range(count))
+        start = len(devices)
+        devices.extend(_device(what, spec, start + i, catalog) for i in range(count))
     return tuple(devices)
 
 

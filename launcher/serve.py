@@ -149,6 +149,11 @@ def child_env(plan: Plan, base: Mapping[str, str] | None = None) -> dict[str, st
 
 
 EXIT_WONT_FIT = int(ExitCode.CONFIG)
+# The engine's own progress, named after the last line of each kind we saw.
+ENGINE_PHASES = {
+    "pre_load": "loading weights", "weights": "weights loaded", "available_kv": "memory profiled",
+    "kv_alloc": "KV cache allocated", "kv": "KV cache sized", "ready": "serving",
+}
 # Other processes hold the memory: the same command may work later (exit 75, not 78).
 TEMPORARY_KINDS = ("fatal:unbalanced", "fatal:startup_free", "fatal:cpu_node_memory")
 
@@ -201,11 +206,13 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
             log.warning("divergence", reason=why, planned_tokens=plan.kv_cache_tokens, **event.values)
 
     measured = Measurements(plan)
+    progress = {"engine_phase": "starting"}  # how far the engine's own log got, for the exit line
 
     def on_line(stream: str, raw: bytes) -> None:
         event = parse(raw.decode("utf-8", errors="replace"))
         if event is None:
             return
+        progress["engine_phase"] = ENGINE_PHASES.get(event.kind, progress["engine_phase"])
         calibration = measured.feed(event)
         if calibration is not None and on_measured is not None:
             on_measured(calibration)
@@ -228,7 +235,7 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
         supervisor.mark_ready(f"serving: {verified.get('tokens', '?')} KV tokens (planned {plan.kv_cache_tokens})")
 
     def on_watch_timeout(name: str) -> None:
-        log.error("watch-timeout", missing=name, seconds=options.watch_timeout)
+        log.error("watch-timeout", missing=name, seconds=options.watch_timeout, engine_phase=progress["engine_phase"])
         supervisor.request_stop(f"no KV line within {options.watch_timeout:.0f} s", int(ExitCode.TEMPFAIL))
 
     supervisor = Supervisor(
@@ -243,5 +250,6 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
         outcome = supervisor.run()
     finally:
         lock.release()
-    log.info("exit", code=outcome.exit_code, reason=outcome.reason, phase=outcome.phase.name, restarts=outcome.restarts)
+    log.info("exit", code=outcome.exit_code, reason=outcome.reason, phase=outcome.phase.name,
+             engine_phase=progress["engine_phase"], restarts=outcome.restarts)
     return outcome.exit_code

@@ -1,0 +1,102 @@
+"""The command line's edges: GPU spellings, versions, JSON, and one clear line per bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from launcher.catalog import hypothetical_gpus
+from launcher.cli import cli
+from launcher.errors import UsageError
+from launcher.units import GiB, MiB
+
+
+class TestGpuSpellings:
+    @pytest.mark.parametrize("spec", ["rtx4090", "RTX-4090", "RTX 4090", "NVIDIA GeForce RTX 4090", "rtx_4090"])
+    def test_rtx4090_as_people_type_it(self, spec: str) -> None:
+        """Every common spelling finds the RTX 4090 entry (24564 MiB in nvidia-smi)."""
+        (gpu,) = hypothetical_gpus([spec])
+        assert gpu.name == "NVIDIA GeForce RTX 4090" and gpu.total_bytes == 24564 * MiB
+
+    @pytest.mark.parametrize(("spec", "name"), [("a100-80gb", "NVIDIA A100-SXM4-80GB"), ("l40s", "NVIDIA L40S"),
+                                                ("h100", "NVIDIA H100 80GB HBM3")])
+    def test_catalog_names(self, spec: str, name: str) -> None:
+        """Data-centre cards match their short names."""
+        assert hypothetical_gpus([spec])[0].name == name
+
+    def test_l40s_cuda_total_is_below_nvml(self) -> None:
+        """The L40S shows 46068 MiB to nvidia-smi but 44.42 GiB to CUDA; vLLM sizes from CUDA's."""
+        (gpu,) = hypothetical_gpus(["l40s"])
+        assert gpu.total_bytes == 46068 * MiB and round(gpu.usable_total_bytes / GiB, 2) == 44.42
+
+    @pytest.mark.parametrize(("spec", "count", "total"), [
+        ("24GiB", 1, 24 * GiB), ("44.4GiB", 1, int(44.4 * GiB)), ("24576MiB", 1, 24576 * MiB),
+        ("80GB", 1, 80 * 10**9), ("2xA100-80GB", 2, 81920 * MiB), ("1x24576MiB", 1, 24576 * MiB),
+    ])
+    def test_sizes_and_counts(self, spec: str, count: int, total: int) -> None:
+        """Sizes with units and decimals, and counts, give that many idle devices."""
+        gpus = hypothetical_gpus([spec])
+        assert len(gpus) == count and all(g.total_bytes == total for g in gpus)
+        assert [g.index for g in gpus] == list(range(count))
+
+    def test_unknown_gpu_names_the_catalog(self) -> None:
+        """A name that is not in the catalog says so and lists what is."""
+        with pytest.raises(UsageError, match="not a GPU in the catalog"):
+            hypothetical_gpus(["rtx9999"])
+
+
+class TestPlanCommand:
+    def test_json_schema_fields(self) -> None:
+        """--json carries the documented fields and the exact flags the launch adds."""
+        result = CliRunner().invoke(cli, ["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--json"])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.output)
+        for key in ("engine", "engine_version", "max_model_len", "gpu_memory_utilization", "kv_cache_bytes",
+                    "kv_cache_tokens", "max_concurrency", "budget", "engine_args"):
+            assert key in doc
+        assert doc["schema"] == "safe-serve.plan/1" and doc["mem_fraction_static"] is None
+        assert doc["engine_args"] == ["--gpu-memory-utilization", "0.92", "--max-model-len", str(doc["max_model_len"])]
+        assert {item["key"] for item in doc["budget"]} >= {"weights", "activation", "cudagraph", "kv"}
+
+    def test_unknown_engine_version_says_so(self) -> None:
+        """A version newer than we know plans with the newest rules and a note."""
+        result = CliRunner().invoke(cli, ["plan", "qwen2.5-7b", "--gpu", "h100", "--engine", "sglang",
+                                          "--engine-version", "0.7.1", "--json"])
+        doc = json.loads(result.output)
+        assert doc["rules_version"] == "0.5.23" and any("newer than 0.5.23" in n for n in doc["notes"])
+
+    def test_older_vllm_uses_its_default_utilization(self) -> None:
+        """vLLM 0.10 defaulted to 0.9 and did not subtract a CUDA-graph estimate."""
+        doc = json.loads(CliRunner().invoke(cli, ["plan", "qwen2.5-7b", "--gpu", "h100", "--engine-version",
+                                                  "0.10.2", "--json"]).output)
+        graphs = next(i for i in doc["budget"] if i["key"] == "cudagraph")
+        assert doc["gpu_memory_utilization"] == 0.9 and graphs["bytes"] == 0
+
+    def test_dry_run_prints_the_command(self) -> None:
+        """--dry-run prints the exact engine command line and exits 0."""
+        result = CliRunner().invoke(cli, ["qwen2.5-7b", "--engine", "sglang", "--gpu", "h100", "--dry-run",
+                                          "--", "--port", "31000"])
+        assert result.exit_code == 0, result.output
+        last = result.output.strip().splitlines()[-1]
+        assert "-m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --port 31000 --mem-fraction-static" \
+            in last and "--context-length" in last
+
+
+@pytest.mark.parametrize(("argv", "code", "text"), [
+    (["plan", "no-such-model", "--gpu", "h100"], 66, "not a directory, a known alias"),
+    (["plan", "qwen2.5-7b", "--gpu", "rtx9999"], 2, "not a GPU in the catalog"),
+    (["plan", "qwen2.5-7b", "--gpu", "h100", "--", "--max-model-len", "lots"], 2, "cannot read 'lots'"),
+    (["plan", "llama-3.1-70b", "--gpu", "rtx4090"], 78, "will not fit"),
+    (["plan", "qwen2.5-7b"], 69, "--gpu NAME"),
+    (["plan", "qwen2.5-7b", "--gpu", "h100", "--concurency", "2"], 2, "No such option"),
+])
+def test_bad_input_is_one_line_and_a_documented_code(argv: list[str], code: int, text: str) -> None:
+    """Bad input prints a clear message (no traceback) and exits with its documented code."""
+    run = subprocess.run([sys.executable, "-m", "launcher", *argv], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LD_LIBRARY_PATH": "/nonexistent"})
+    assert run.returncode == code, run.stderr
+    assert text in run.stderr and "Traceback" not in run.stderr
