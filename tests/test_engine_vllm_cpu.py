@@ -36,6 +36,7 @@ CASES = [
     pytest.param("qwen2", ["--max-model-len", "4096", "--kv-cache-dtype", "fp8"], {"VLLM_CPU_KVCACHE_SPACE": "1"},
                  id="qwen2-fp8"),
     pytest.param("llama", ["--max-model-len", "32768"], {"VLLM_CPU_KVCACHE_SPACE": "2"}, id="llama-long"),
+    pytest.param("gpt_oss", ["--max-model-len", "4096"], {"VLLM_CPU_KVCACHE_SPACE": "1"}, id="gpt-oss-hybrid-swa"),
     pytest.param("qwen2", [], {}, id="qwen2-planned-space"),  # safe-serve chooses length and KV space
 ]
 
