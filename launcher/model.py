@@ -188,7 +188,9 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     is_multimodal = isinstance(vision, Mapping) or "text_config" in config
     vision_layers = vision_hidden = None
     if isinstance(vision, Mapping):
-        vision_layers = _opt_int(vision, "num_hidden_layers") or _opt_int(vision, "depth")
+        # Only num_hidden_layers: SGLang's VLM adjustment reads that key and falls back to 24
+        # (Qwen2.5-VL names its depth "depth").
+        vision_layers = _opt_int(vision, "num_hidden_layers")
         vision_hidden = _opt_int(vision, "hidden_size")
 
     return ModelGeometry(

@@ -515,8 +515,11 @@ def _plan_sglang(request: PlanRequest) -> Plan:
         kv_elem, kv_reason = sg.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    cell = sg.cell_size_bytes(geometry, kv_bytes=kv_elem, tp=tp, pp=pp)
-    page = pinned.get("--page-size", sg.default_page_size("cuda"))
+    cell = sg.cell_size_bytes(geometry, kv_bytes=kv_elem, tp=tp, pp=pp, pinned=pinned)
+    page, page_reason = sg.default_page_size(geometry, gpu.compute_capability)
+    page = pinned.get("--page-size", page)
+    if geometry.is_multimodal and not pinned.get("--language-only", False):
+        after_load -= sg.MULTIMODAL_RESERVE_BYTES
     derived_len, derived_reason = sg.derived_context_length(geometry)
     context_len_pinned = pinned.get("--context-length")
     if context_len_pinned is not None and context_len_pinned > derived_len:
@@ -568,7 +571,7 @@ def _plan_sglang(request: PlanRequest) -> Plan:
             raise WontFit(f"the pool holds only {tokens} tokens: not one per request for {request.concurrency}")
     req_table = req_to_token_bytes(tokens, length)
     slack = int(pre_load * (1 - fraction_value))
-    kv = tokens * cell
+    kv = int(tokens * cell)
     args: list[str] = []
     if "--mem-fraction-static" not in pinned:
         args += ["--mem-fraction-static", f"{fraction_value:g}"]
@@ -589,7 +592,7 @@ def _plan_sglang(request: PlanRequest) -> Plan:
                    f"{f_detail}; activations, CUDA graphs and the {format_gib(req_table)} request table live here",
                    bar="activations"),
         BudgetItem("kv", "KV pool", kv, FORMULA,
-                   f"{tokens} tokens x {cell} B/token (page {page}); budget {format_gib(budget)}", bar="kv"),
+                   f"{tokens} tokens x {cell:g} B/token (page {page}); budget {format_gib(budget)}", bar="kv"),
     )
     notes = [n for n in (rules_note, dtype_reason, kv_reason) if n]
     notes.append(f"default fraction {derivation.fraction:g}: chunked prefill {derivation.chunked_prefill_size}, "

@@ -48,6 +48,7 @@ version that is importable (``--sglang-path DIR`` puts another sglang tree first
 sys.path, e.g. a ``pip install --no-deps --target`` of 0.5.22).
 """
 
+# ruff: noqa: BLE001, S110  (an oracle records whatever SGLang raises)
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,6 @@ import importlib.machinery
 import io
 import json
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -138,7 +138,7 @@ STUBBED: list[str] = []
 
 def _prepare_imports():
     """Import torch, settle its triton probe, then stub what cannot be imported."""
-    import torch  # noqa: F401
+    import torch
 
     try:
         import torch.utils._triton as _tt
@@ -173,24 +173,31 @@ def _prepare_imports():
 # Platform presets (facts understood by sglang.srt.runtime_context.override_platform).
 # ----------------------------------------------------------------------------------------
 
-_NO_GPU = dict(
-    is_sm90=False,
-    is_sm100=False,
-    is_sm100_or_sm110=False,
-    is_sm110=False,
-    is_sm120=False,
-    is_blackwell=False,
-    is_hopper_with_cuda_12_3=False,
-)
+_CUDA_BASE = {
+    "is_cuda": True,
+    "is_sm90": False,
+    "is_sm100": False,
+    "is_sm100_or_sm110": False,
+    "is_sm110": False,
+    "is_sm120": False,
+    "is_blackwell": False,
+    "is_hopper_with_cuda_12_3": False,
+}
 PLATFORM_PRESETS = {
     # A100 / A10 / 3090 (Ampere): flashinfer present, not Hopper.
-    "sm80": dict(_NO_GPU, has_flashinfer=True, device_sm=80, device_capability=(8, 0)),
-    "sm86": dict(_NO_GPU, has_flashinfer=True, device_sm=86, device_capability=(8, 6)),
+    "sm80": dict(
+        _CUDA_BASE, has_flashinfer=True, device_sm=80, device_capability=(8, 0)
+    ),
+    "sm86": dict(
+        _CUDA_BASE, has_flashinfer=True, device_sm=86, device_capability=(8, 6)
+    ),
     # L4 / L40 / 4090 (Ada)
-    "sm89": dict(_NO_GPU, has_flashinfer=True, device_sm=89, device_capability=(8, 9)),
+    "sm89": dict(
+        _CUDA_BASE, has_flashinfer=True, device_sm=89, device_capability=(8, 9)
+    ),
     # H100 / H200 / H20 (Hopper, CUDA >= 12.3)
     "sm90": dict(
-        _NO_GPU,
+        _CUDA_BASE,
         is_sm90=True,
         is_hopper_with_cuda_12_3=True,
         has_flashinfer=True,
@@ -199,7 +206,7 @@ PLATFORM_PRESETS = {
     ),
     # B200 / GB200 (Blackwell datacenter)
     "sm100": dict(
-        _NO_GPU,
+        _CUDA_BASE,
         is_sm100=True,
         is_sm100_or_sm110=True,
         is_blackwell=True,
@@ -245,13 +252,13 @@ class Oracle:
         # Determinism: no SGLANG_* knobs from the caller's environment leak in
         # (CI sets CI=true, which sglang does not read; SGLANG_IS_IN_CI it does).
         for k in list(os.environ):
-            if k.startswith("SGLANG_") or k.startswith("SGL_"):
+            if k.startswith(("SGLANG_", "SGL_")):
                 os.environ.pop(k)
         _prepare_imports()
         t0 = time.time()
         # Import the pipeline first so module-level GPU probes run unpatched.
         import sglang
-        import sglang.srt.arg_groups.pipeline  # noqa: F401
+        import sglang.srt.arg_groups.pipeline
         import sglang.srt.model_executor.cuda_graph_config as cgc
         from sglang.srt.server_args import prepare_server_args
 
@@ -289,7 +296,7 @@ class Oracle:
                 continue
             if callable(getattr(mod, "get_device_memory_capacity", None)):
                 try:
-                    setattr(mod, "get_device_memory_capacity", fake_capacity)
+                    mod.get_device_memory_capacity = fake_capacity
                     n += 1
                 except Exception:
                     pass
@@ -357,8 +364,9 @@ class Oracle:
         out: dict = {}
         if "id" in case:
             out["id"] = case["id"]
-        with _patched_env(case.get("env", {})), (
-            override_platform(**facts) if facts else contextlib.nullcontext()
+        with (
+            _patched_env(case.get("env", {})),
+            override_platform(**facts) if facts else contextlib.nullcontext(),
         ):
             err_sink = io.StringIO()
             try:
@@ -424,7 +432,9 @@ class Oracle:
             "kv_cache_dtype": v.kv_cache_dtype,
             "dtype": str(mc.dtype).replace("torch.", ""),
             "context_len": mc.context_len,
-            "attention_arch": getattr(mc.attention_arch, "name", str(mc.attention_arch)),
+            "attention_arch": getattr(
+                mc.attention_arch, "name", str(mc.attention_arch)
+            ),
             "is_multimodal": bool(mc.is_multimodal),
             "is_hybrid_swa": bool(mc.is_hybrid_swa),
             "disable_hybrid_swa_memory": bool(v.disable_hybrid_swa_memory),
@@ -435,9 +445,8 @@ class Oracle:
     # -- KV pool -------------------------------------------------------------------------
 
     def _kv(self, sa, spec: dict) -> dict:
-        import torch
-
         import sglang.srt.mem_cache.kv_cache_configurator as kvcm
+        import torch
         from sglang.srt.distributed.utils import get_pp_indices
         from sglang.srt.mem_cache import kv_cache_dtype as kvd
         from sglang.srt.model_executor.model_runner_components.layer_setup import (
@@ -458,16 +467,19 @@ class Oracle:
         mc = self._mc
         par = get_parallel()
         try:
-            par.world_group
+            _ = par.world_group
         except Exception:
             par.override_permanently(world_group=SimpleNamespace(cpu_group=None))
         pp_size = par.pp_size
         page_size = get_schedule().page_size
 
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        kv_cache_dtype_arg = resolving_view(sa).kv_cache_dtype
+        # model=None: a checkpoint whose quant config says kv_cache_quant_algo=FP8
+        # would get fp8_e4m3 under "auto"; none of the grid configs does.
         resolved_str, kv_dtype = kvd.configure_kv_cache_dtype(
-            server_args_kv_cache_dtype=sa.kv_cache_dtype
-            if not hasattr(sa, "resolved_dict")
-            else sa.resolved_dict().get("kv_cache_dtype", "auto"),
+            server_args_kv_cache_dtype=kv_cache_dtype_arg,
             model=None,
             model_dtype=mc.dtype,
             is_draft_worker=False,
@@ -475,11 +487,7 @@ class Oracle:
             speculative_draft_attention_backend=None,
             speculative_draft_kv_cache_dtype=None,
         )
-        kv_dtype_str = (
-            resolved_str
-            if resolved_str is not None
-            else sa.resolved_dict().get("kv_cache_dtype", "auto")
-        )
+        kv_dtype_str = resolved_str if resolved_str is not None else kv_cache_dtype_arg
         sliding = self._sliding_window(mc)
         spec_alg = SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm)
         spec_aux = self._spec_aux(sa, mc, spec_alg)
@@ -521,7 +529,9 @@ class Oracle:
         res: dict = {
             "kv_dtype": str(kv_dtype).replace("torch.", ""),
             "kv_dtype_bytes": torch._utils._element_size(kv_dtype),
-            "num_kv_heads_per_rank": mc.get_num_kv_heads(par.attn_tp_size, par.attn_dcp_size),
+            "num_kv_heads_per_rank": mc.get_num_kv_heads(
+                par.attn_tp_size, par.attn_dcp_size
+            ),
             "head_dim": mc.head_dim,
             "v_head_dim": mc.v_head_dim,
             "page_size": page_size,
@@ -597,18 +607,47 @@ class Oracle:
         if cfg.full_max_total_num_tokens is not None:
             res["full_max_total_num_tokens"] = cfg.full_max_total_num_tokens
             res["swa_max_total_num_tokens"] = cfg.swa_max_total_num_tokens
-        # What the "KV Cache is allocated" line would print (formula of
-        # memory_pool.py: buffers have size + page_size rows), default pools only.
+        # What the "KV Cache is allocated" lines would print (memory_pool.py: every
+        # per-layer buffer has size + page_size rows; GB = 2^30 bytes).
+        eb = res["kv_dtype_bytes"]
+        st0 = res["stages"][0]
+        if (
+            mc.is_hybrid_swa
+            and cfg.full_max_total_num_tokens is not None
+            and "mla_kv_cache_dim" not in res
+        ):
+            # swa_memory_pool.py SWAKVPool: a "Full" and a "SWA" MHA sub-pool.
+            n = res["num_kv_heads_per_rank"]
+            n_swa = mc.get_swa_num_kv_heads(par.attn_tp_size)
+            full_rows = cfg.full_max_total_num_tokens + page_size
+            swa_rows = cfg.swa_max_total_num_tokens + page_size
+            res["log_full_k_size_gb"] = round(
+                full_rows * n * mc.head_dim * st0.get("full_layers", 0) * eb / GiB, 2
+            )
+            res["log_swa_k_size_gb"] = round(
+                swa_rows
+                * n_swa
+                * mc.swa_head_dim
+                * st0.get("swa_layers", 0)
+                * eb
+                / GiB,
+                2,
+            )
         if not mc.is_hybrid_swa:
             rows = cfg.max_total_num_tokens + page_size
-            layers = res["stages"][0]["layers"]
-            eb = res["kv_dtype_bytes"]
+            layers = st0["layers"]
             if "mla_kv_cache_dim" in res:
-                res["log_kv_size_gb"] = round(rows * res["mla_kv_cache_dim"] * layers * eb / GiB, 2)
+                res["log_kv_size_gb"] = round(
+                    rows * res["mla_kv_cache_dim"] * layers * eb / GiB, 2
+                )
             else:
                 n = res["num_kv_heads_per_rank"]
-                res["log_k_size_gb"] = round(rows * n * mc.head_dim * layers * eb / GiB, 2)
-                res["log_v_size_gb"] = round(rows * n * mc.v_head_dim * layers * eb / GiB, 2)
+                res["log_k_size_gb"] = round(
+                    rows * n * mc.head_dim * layers * eb / GiB, 2
+                )
+                res["log_v_size_gb"] = round(
+                    rows * n * mc.v_head_dim * layers * eb / GiB, 2
+                )
         return res
 
     @staticmethod
@@ -626,10 +665,12 @@ class Oracle:
             try:
                 m = importlib.import_module(f"sglang.srt.models.{mod}")
                 fn = m.get_attention_sliding_window_size
-                fake_model.get_attention_sliding_window_size = lambda: fn(mc.hf_text_config)
+                fake_model.get_attention_sliding_window_size = lambda: fn(
+                    mc.hf_text_config
+                )
             except Exception:
-                fake_model.get_attention_sliding_window_size = (
-                    lambda: mc.hf_text_config.sliding_window - 1
+                fake_model.get_attention_sliding_window_size = lambda: (
+                    mc.hf_text_config.sliding_window - 1
                 )
         return resolve_sliding_window_size(fake_model, mc)
 
@@ -652,8 +693,21 @@ class Oracle:
 # ----------------------------------------------------------------------------------------
 
 GRID_GPUS = [
-    15360, 16384, 20480, 23028, 24564, 24576, 40960, 46068, 49140,
-    61440, 81559, 81920, 97871, 143771, 183359,
+    15360,
+    16384,
+    20480,
+    23028,
+    24564,
+    24576,
+    40960,
+    46068,
+    49140,
+    61440,
+    81559,
+    81920,
+    97871,
+    143771,
+    183359,
 ]
 GRID_TPS = [1, 2, 4, 8]
 GRID_FLAGS = {
@@ -754,14 +808,55 @@ def grid_cases(configs_dir: str) -> list[dict]:
     llama = os.path.join(configs_dir, "llama-3.1-8b.json")
     gemma = os.path.join(configs_dir, "gemma-2-9b.json")
     extra = [
-        ("llama-3.1-8b", "context-length-too-long", llama, ["--context-length", "200000"], {}),
-        ("llama-3.1-8b", "context-length-too-long-allowed", llama, ["--context-length", "200000"],
-         {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}),
-        ("gemma-2-9b", "context-length-too-long", gemma, ["--context-length", "16384"], {}),
-        ("llama-3.1-8b", "ambiguous-cuda-graph-max-bs", llama, ["--cuda-graph-max-bs", "64"], {}),
-        ("llama-3.1-8b", "cuda-graph-max-bs-decode-64", llama, ["--cuda-graph-max-bs-decode", "64"], {}),
-        ("llama-3.1-8b", "explicit-mem-fraction-0.8", llama, ["--mem-fraction-static", "0.8"], {}),
-        ("llama-3.1-8b", "swa-disable-hybrid", llama, ["--disable-hybrid-swa-memory"], {}),
+        (
+            "llama-3.1-8b",
+            "context-length-too-long",
+            llama,
+            ["--context-length", "200000"],
+            {},
+        ),
+        (
+            "llama-3.1-8b",
+            "context-length-too-long-allowed",
+            llama,
+            ["--context-length", "200000"],
+            {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"},
+        ),
+        (
+            "gemma-2-9b",
+            "context-length-too-long",
+            gemma,
+            ["--context-length", "16384"],
+            {},
+        ),
+        (
+            "llama-3.1-8b",
+            "ambiguous-cuda-graph-max-bs",
+            llama,
+            ["--cuda-graph-max-bs", "64"],
+            {},
+        ),
+        (
+            "llama-3.1-8b",
+            "cuda-graph-max-bs-decode-64",
+            llama,
+            ["--cuda-graph-max-bs-decode", "64"],
+            {},
+        ),
+        (
+            "llama-3.1-8b",
+            "explicit-mem-fraction-0.8",
+            llama,
+            ["--mem-fraction-static", "0.8"],
+            {},
+        ),
+        (
+            "llama-3.1-8b",
+            "swa-disable-hybrid",
+            llama,
+            ["--disable-hybrid-swa-memory"],
+            {},
+        ),
     ]
     for name, variant, path, flags, env in extra:
         cases.append(
@@ -779,9 +874,21 @@ def grid_cases(configs_dir: str) -> list[dict]:
         )
     gptoss = os.path.join(configs_dir, "gpt-oss-20b.json")
     for variant, flags, kv in [
-        ("swa-ratio-0.5", ["--swa-full-tokens-ratio", "0.5"], kv_for("gpt-oss-20b", 81920, [], 1)),
-        ("disable-hybrid-swa-memory", ["--disable-hybrid-swa-memory"], kv_for("gpt-oss-20b", 81920, [], 1)),
-        ("weights-exceed-budget", [], {"pre_model_load_gib": 79.5, "available_gib": 5.0}),
+        (
+            "swa-ratio-0.5",
+            ["--swa-full-tokens-ratio", "0.5"],
+            kv_for("gpt-oss-20b", 81920, [], 1),
+        ),
+        (
+            "disable-hybrid-swa-memory",
+            ["--disable-hybrid-swa-memory"],
+            kv_for("gpt-oss-20b", 81920, [], 1),
+        ),
+        (
+            "weights-exceed-budget",
+            [],
+            {"pre_model_load_gib": 79.5, "available_gib": 5.0},
+        ),
     ]:
         cases.append(
             {
@@ -802,8 +909,14 @@ def grid_cases(configs_dir: str) -> list[dict]:
         ("rope-linear-2", {"type": "linear", "factor": 2.0}),
         ("rope-dynamic-2", {"rope_type": "dynamic", "factor": 2.0}),
         ("rope-yarn-4-no-original", {"rope_type": "yarn", "factor": 4.0}),
-        ("rope-yarn-4-original-4096",
-         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}),
+        (
+            "rope-yarn-4-original-4096",
+            {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 4096,
+            },
+        ),
     ]:
         cases.append(
             {
@@ -813,7 +926,10 @@ def grid_cases(configs_dir: str) -> list[dict]:
                 "tp": 1,
                 "gpu_mem_mib": 24576,
                 "config_path": llama,
-                "config_overrides": {"max_position_embeddings": 4096, "rope_scaling": rope},
+                "config_overrides": {
+                    "max_position_embeddings": 4096,
+                    "rope_scaling": rope,
+                },
                 "flags": [],
                 "kv": None,
             }
@@ -881,8 +997,14 @@ def setup_venv(venv: str, versions: list[str], allow_cuda_torch: bool) -> dict:
     if sys.version_info[:2] != (3, 11):
         raise SystemExit("the sglang wheels are cp311: run --setup with python3.11")
     run([sys.executable, "-m", "venv", venv])
-    pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q",
-           "--disable-pip-version-check"]
+    pip = [
+        os.path.join(venv, "bin", "python"),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+    ]
     local = sorted(glob.glob(TORCH_LOCAL_GLOB))
     if local:
         torch_req = local[-1]
@@ -898,7 +1020,15 @@ def setup_venv(venv: str, versions: list[str], allow_cuda_torch: bool) -> dict:
     main_v, *others = versions
     run(pip + ["--no-deps"] + ORACLE_NODEPS + [f"sglang=={main_v}"])
     for v in others:
-        run(pip + ["--no-deps", "--target", os.path.join(venv, f"sglang-{v}"), f"sglang=={v}"])
+        run(
+            pip
+            + [
+                "--no-deps",
+                "--target",
+                os.path.join(venv, f"sglang-{v}"),
+                f"sglang=={v}",
+            ]
+        )
     timings["total_s"] = round(time.time() - t0, 1)
     size = 0
     for root, _dirs, files in os.walk(venv):
@@ -907,8 +1037,13 @@ def setup_venv(venv: str, versions: list[str], allow_cuda_torch: bool) -> dict:
                 size += os.lstat(os.path.join(root, f)).st_size
             except OSError:
                 pass
-    info = {"venv": venv, "versions": versions, "torch": torch_req,
-            "size_mib": round(size / 2**20), **timings}
+    info = {
+        "venv": venv,
+        "versions": versions,
+        "torch": torch_req,
+        "size_mib": round(size / 2**20),
+        **timings,
+    }
     with open(os.path.join(venv, "oracle-setup.json"), "w") as f:
         json.dump(info, f, indent=2)
     return info
@@ -955,8 +1090,13 @@ def compact_result(r: dict) -> dict:
 
 def smoke_subset(cases: list[dict]) -> list[dict]:
     """A quick subset for a live CI check: tp 1, three GPU sizes, every model/variant."""
-    return [c for c in cases if c.get("tp") == 1 and c.get("gpu_mem_mib") in SMOKE_GPUS
-            or c.get("gpu_mem_mib") is None]
+    return [
+        c
+        for c in cases
+        if c.get("tp") == 1
+        and c.get("gpu_mem_mib") in SMOKE_GPUS
+        or c.get("gpu_mem_mib") is None
+    ]
 
 
 def _dump_run(payload: dict) -> str:
@@ -964,7 +1104,9 @@ def _dump_run(payload: dict) -> str:
     lines = ['{"meta":' + json.dumps(payload["meta"], sort_keys=True) + ',"results":[']
     res = payload["results"]
     for i, r in enumerate(res):
-        lines.append(json.dumps(r, separators=(",", ":")) + ("," if i < len(res) - 1 else ""))
+        lines.append(
+            json.dumps(r, separators=(",", ":")) + ("," if i < len(res) - 1 else "")
+        )
     lines.append("]}")
     return "\n".join(lines) + "\n"
 
@@ -991,8 +1133,24 @@ def compare_results(expected: list[dict], actual: list[dict]) -> list[str]:
         fe, fa = _flat(e), _flat(r)
         for k in sorted(set(fe) | set(fa)):
             if fe.get(k) != fa.get(k):
-                problems.append(f"{r['id']}: {k}: golden={fe.get(k)!r} live={fa.get(k)!r}")
+                problems.append(
+                    f"{r['id']}: {k}: golden={fe.get(k)!r} live={fa.get(k)!r}"
+                )
     return problems
+
+
+def _summarize_diffs(lines: list[str]) -> dict:
+    out: dict = {}
+    for line in lines:
+        case_id, field, _rest = line.split(": ", 2)
+        e = out.setdefault(field, {"cases": 0, "models": [], "variants": []})
+        e["cases"] += 1
+        parts = case_id.split("|")
+        if parts[0] not in e["models"]:
+            e["models"].append(parts[0])
+        if len(parts) > 1 and parts[1] not in e["variants"]:
+            e["variants"].append(parts[1])
+    return out
 
 
 def merge_runs(paths: list[str], command: str) -> str:
@@ -1009,7 +1167,9 @@ def merge_runs(paths: list[str], command: str) -> str:
             by_version[v]["meta"]["cases"] += run["meta"]["cases"]
         else:
             by_version[v] = run
-    versions = sorted(by_version, key=lambda v: [int(x) for x in v.split(".")], reverse=True)
+    versions = sorted(
+        by_version, key=lambda v: [int(x) for x in v.split(".")], reverse=True
+    )
     diffs = []
     if len(versions) >= 2:
         a, b = versions[1], versions[0]
@@ -1021,7 +1181,24 @@ def merge_runs(paths: list[str], command: str) -> str:
             "ModelConfig, KVCacheConfigurator/pool configurators) run on a GPU-less host "
             "with the GPU capacity mocked; see tests/oracles/README.md."
         ),
-        "generator": command,
+        "generator": {
+            "merged_by": command,
+            "regenerate": [
+                "python3.11 tests/oracles/sglang_oracle.py --setup $VENV",
+                "$VENV/bin/python tests/oracles/sglang_oracle.py --grid --output /tmp/v0523.json",
+                (
+                    "$VENV/bin/python tests/oracles/sglang_oracle.py --sglang-path "
+                    "$VENV/sglang-0.5.22 --grid --output /tmp/v0522.json"
+                ),
+                (
+                    "python3 tests/oracles/sglang_oracle.py --merge /tmp/v0523.json "
+                    "/tmp/v0522.json --output tests/data/sglang_oracle.json"
+                ),
+            ],
+            "live_check": "$VENV/bin/python tests/oracles/sglang_oracle.py --grid --subset "
+            "smoke --output /dev/null --compare tests/data/sglang_oracle.json",
+        },
+        "record_format": compact_result.__doc__.strip(),
         "versions": versions,
         "grid": {
             "gpus_mib": GRID_GPUS,
@@ -1038,6 +1215,7 @@ def merge_runs(paths: list[str], command: str) -> str:
         "differences": {
             "between": versions[:2][::-1],
             "count": len(diffs),
+            "by_field": _summarize_diffs(diffs),
             "lines": diffs,
         },
     }
@@ -1045,7 +1223,9 @@ def merge_runs(paths: list[str], command: str) -> str:
     parts.append('"runs":{')
     for i, v in enumerate(versions):
         body = _dump_run(by_version[v]).rstrip("\n")
-        parts.append(json.dumps(v) + ":" + body + ("," if i < len(versions) - 1 else ""))
+        parts.append(
+            json.dumps(v) + ":" + body + ("," if i < len(versions) - 1 else "")
+        )
     parts.append("}}")
     return "\n".join(parts) + "\n"
 
@@ -1064,23 +1244,39 @@ def main(argv=None) -> int:
         help="directory to put first on sys.path (a --target install of another sglang)",
     )
     ap.add_argument("--grid", action="store_true", help="run the golden grid")
-    ap.add_argument("--subset", choices=["all", "smoke"], default="all",
-                    help="with --grid: 'smoke' = tp 1 and GPUs 16384/24576/81920 only")
+    ap.add_argument(
+        "--subset",
+        choices=["all", "smoke"],
+        default="all",
+        help="with --grid: 'smoke' = tp 1 and GPUs 16384/24576/81920 only",
+    )
     ap.add_argument("--shard", help="K/N: run every N-th case starting at K (0-based)")
     ap.add_argument(
         "--configs-dir",
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "configs"),
+        default=os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "..", "data", "configs"
+        ),
     )
     ap.add_argument("--limit", type=int, help="only the first N cases (debugging)")
     ap.add_argument("--match", help="only cases whose id contains this substring")
     ap.add_argument("--verbose", action="store_true", help="keep sglang's log output")
-    ap.add_argument("--compare", metavar="GOLDEN",
-                    help="compare the results with this golden file (exit 1 on mismatch)")
-    ap.add_argument("--merge", nargs="+", metavar="RUN",
-                    help="merge run outputs (one or more versions) into a golden file")
+    ap.add_argument(
+        "--compare",
+        metavar="GOLDEN",
+        help="compare the results with this golden file (exit 1 on mismatch)",
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="RUN",
+        help="merge run outputs (one or more versions) into a golden file",
+    )
     ap.add_argument("--setup", metavar="VENV", help="create the oracle venv and exit")
-    ap.add_argument("--versions", default="0.5.23,0.5.22",
-                    help="with --setup: main version, then extra versions (--target installs)")
+    ap.add_argument(
+        "--versions",
+        default="0.5.23,0.5.22",
+        help="with --setup: main version, then extra versions (--target installs)",
+    )
     ap.add_argument("--allow-cuda-torch", action="store_true")
     args = ap.parse_args(argv)
 
@@ -1089,8 +1285,11 @@ def main(argv=None) -> int:
         print(json.dumps(info, indent=2))
         return 0
     if args.merge:
-        text = merge_runs(args.merge, "tests/oracles/sglang_oracle.py --merge " + " ".join(
-            os.path.basename(p) for p in args.merge))
+        text = merge_runs(
+            args.merge,
+            "tests/oracles/sglang_oracle.py --merge "
+            + " ".join(os.path.basename(p) for p in args.merge),
+        )
         if args.output:
             with open(args.output, "w") as f:
                 f.write(text)
@@ -1106,8 +1305,11 @@ def main(argv=None) -> int:
         if args.subset == "smoke":
             cases = smoke_subset(cases)
     else:
-        src = sys.stdin if args.input in (None, "-") else open(args.input)
-        data = json.load(src)
+        if args.input in (None, "-"):
+            data = json.load(sys.stdin)
+        else:
+            with open(args.input) as f:
+                data = json.load(f)
         cases = data["cases"] if isinstance(data, dict) else data
     if args.match:
         cases = [c for c in cases if args.match in c.get("id", "")]
@@ -1127,8 +1329,16 @@ def main(argv=None) -> int:
     for c in cases:
         r = oracle.run_case(c)
         if args.grid:
-            for k in ("model", "variant", "tp", "gpu_mem_mib", "flags", "env", "platform",
-                      "config_overrides"):
+            for k in (
+                "model",
+                "variant",
+                "tp",
+                "gpu_mem_mib",
+                "flags",
+                "env",
+                "platform",
+                "config_overrides",
+            ):
                 if c.get(k) not in (None, {}, []) or k in ("gpu_mem_mib", "flags"):
                     r.setdefault(k, c.get(k))
             r.setdefault("kv_input", c.get("kv"))
@@ -1164,13 +1374,18 @@ def main(argv=None) -> int:
             golden = json.load(f)
         runs = golden.get("runs", {})
         if oracle.version not in runs:
-            print(f"golden file has no run for sglang {oracle.version}", file=sys.stderr)
+            print(
+                f"golden file has no run for sglang {oracle.version}", file=sys.stderr
+            )
             return 1
         problems = compare_results(runs[oracle.version]["results"], results)
         for p in problems[:50]:
             print("MISMATCH", p, file=sys.stderr)
-        print(f"compared {len(results)} cases against {args.compare} "
-              f"(sglang {oracle.version}): {len(problems)} mismatches", file=sys.stderr)
+        print(
+            f"compared {len(results)} cases against {args.compare} "
+            f"(sglang {oracle.version}): {len(problems)} mismatches",
+            file=sys.stderr,
+        )
         return 1 if problems else 0
     return 0
 

@@ -66,6 +66,8 @@ FLAGS = (
     FlagSpec("--port", int),
     FlagSpec("--host", str),
     FlagSpec("--language-only", None),
+    FlagSpec("--disable-hybrid-swa-memory", None),
+    FlagSpec("--swa-full-tokens-ratio", float),
 )
 
 
@@ -204,7 +206,9 @@ def derived_context_length(geometry: ModelGeometry) -> tuple[int, str]:
     factor = 1.0
     for entry in rope_scaling_entries(text):
         rope_type = entry.get("rope_type") or entry.get("type")
-        if "original_max_position_embeddings" in entry or rope_type == "llama3":
+        # transformers 5 fills original_max_position_embeddings into YaRN configs that lack it,
+        # so YaRN never multiplies (oracle: "rope-yarn-4-no-original" stays 4096).
+        if "original_max_position_embeddings" in entry or rope_type in ("llama3", "yarn"):
             continue
         if isinstance(entry.get("factor"), (int, float)):
             factor = float(entry["factor"])
@@ -225,16 +229,51 @@ def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str, geometry: Model
     raise ValueError(f"kv-cache-dtype {value!r} is not one safe-serve can size yet")
 
 
-def cell_size_bytes(geometry: ModelGeometry, *, kv_bytes: int, tp: int, pp: int) -> int:
-    """Bytes one token takes in the pool on one rank (all of its layers)."""
-    layers = -(-geometry.kv_layers // pp)
+# `is_hybrid_swa_model` (configs/model_config.py): these get a separate, smaller sliding-window
+# pool. Gemma 2/3 are not on it (SGLang sizes all their layers as full attention).
+HYBRID_SWA_ARCHITECTURES = frozenset({
+    "GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "IQuestQ1ForCausalLM",
+    "BeamForCausalLM", "Llama4ForConditionalGeneration", "DeepseekV4ForCausalLM", "MiMoV2ForCausalLM",
+    "MiMoV2FlashForCausalLM", "Step3p5ForCausalLM", "Step3p7ForConditionalGeneration", "Gemma4ForCausalLM",
+    "Gemma4ForConditionalGeneration", "LagunaForCausalLM", "MellumForCausalLM",
+})
+DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio
+
+
+def is_hybrid_swa(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> bool:
+    return (geometry.architecture in HYBRID_SWA_ARCHITECTURES and geometry.sliding_window is not None
+            and not pinned.get("--disable-hybrid-swa-memory", False))
+
+
+def stage_layers(num_layers: int, pp: int) -> list[range]:
+    """Layers per pipeline stage: SGLang gives the remainder to the last stages (13 + 14 for 27 on 2)."""
+    base, extra = divmod(num_layers, pp)
+    sizes = [base + (1 if rank >= pp - extra else 0) for rank in range(pp)]
+    starts = [sum(sizes[:rank]) for rank in range(pp)]
+    return [range(start, start + size) for start, size in zip(starts, sizes)]
+
+
+def cell_size_bytes(geometry: ModelGeometry, *, kv_bytes: int, tp: int, pp: int,
+                    pinned: Mapping[str, Any] | None = None) -> float:
+    """Bytes one token takes in the pool on the fullest pipeline stage (all of its layers).
+
+    Hybrid SWA models count their sliding layers at `--swa-full-tokens-ratio` (a float,
+    as in SGLang's HybridSWAPoolConfigurator).
+    """
+    pinned = pinned or {}
+    layers = max(stage_layers(geometry.num_layers, pp), key=len)
+    kinds = [geometry.layer_kinds[i] for i in layers]
     if geometry.mla is not None:
-        return geometry.mla.latent_dim * layers * kv_bytes
-    heads = kv_heads_per_rank(geometry.num_kv_heads, tp)
-    return heads * (geometry.head_dim + geometry.v_head_dim) * layers * kv_bytes
+        return geometry.mla.latent_dim * len(kinds) * kv_bytes
+    per_layer = kv_heads_per_rank(geometry.num_kv_heads, tp) * (geometry.head_dim + geometry.v_head_dim) * kv_bytes
+    if not is_hybrid_swa(geometry, pinned):
+        return per_layer * len(kinds)
+    ratio = float(pinned.get("--swa-full-tokens-ratio", DEFAULT_SWA_FULL_TOKENS_RATIO))
+    sliding = sum(1 for kind in kinds if kind == "sliding")
+    return per_layer * (len(kinds) - sliding) + ratio * per_layer * sliding
 
 
-def pool_tokens(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: float, cell_bytes: int,
+def pool_tokens(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: float, cell_bytes: float,
                 page_size: int, max_total_tokens: int | None) -> tuple[int, int]:
     """(tokens, budget bytes): rest = A - P x (1 - f), // cell, floored to the page."""
     slack_gib = pre_load_bytes / GiB * (1 - fraction_value)
@@ -242,7 +281,7 @@ def pool_tokens(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: f
     budget = int(rest_gib * GiB)
     if budget <= 0:
         return 0, budget
-    tokens = budget // cell_bytes // page_size * page_size
+    tokens = int(budget // cell_bytes) // page_size * page_size
     if max_total_tokens is not None:
         tokens = min(tokens, max_total_tokens) // page_size * page_size
     return tokens, budget
@@ -256,9 +295,15 @@ def max_running_requests(tokens: int, context_len: int, pinned: int | None) -> i
     return min(estimated, tokens // 2)
 
 
-def default_page_size(device: str) -> int:
-    """FlashInfer and FA3 default to page 1 on CUDA; the CPU backend too."""
-    return 1
+def default_page_size(geometry: ModelGeometry, compute_capability: tuple[int, int] | None) -> tuple[int, str]:
+    """Page size of the default attention backend (`arg_groups` attention/page-size hooks).
+
+    Hopper: fa3, page 1. Blackwell (sm100): trtllm_mha for MHA models, page 64; MLA uses
+    flashinfer, page 1. Ampere/Ada: flashinfer (MHA) or triton (MLA), page 1.
+    """
+    if compute_capability is not None and compute_capability[0] == 10 and geometry.mla is None:
+        return 64, "trtllm_mha backend on Blackwell (page 64)"
+    return 1, "default attention backend (page 1)"
 
 
 # Memory SGLang holds before its "pre-load" baseline (CUDA context; NCCL with TP).
@@ -266,3 +311,5 @@ CUDA_CONTEXT_BYTES = 560 * 1024**2
 NCCL_BYTES = 320 * 1024**2
 # Allocated between the baseline and pool sizing besides the weights (loader buffers).
 LOAD_OVERHEAD_BYTES = 96 * 1024**2
+# SGLANG_VLM_CACHE_SIZE_MB: kept out of the KV budget for multimodal models.
+MULTIMODAL_RESERVE_BYTES = 100 * 1024**2
