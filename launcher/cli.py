@@ -94,6 +94,9 @@ def serve_command(**opts: Any) -> None:
     from launcher.serve import ServeOptions, engine_argv, run_serve
 
     _configure_logging(opts.get("log_format"))
+    # Concurrent starts on one GPU must not mis-size each other (vLLM #55827): hold the
+    # devices' lock from reading free memory until the engine has sized its KV cache.
+    lock = None if opts["dry_run"] else _lock_live_devices(opts)
     request = build_request(opts, os.environ)
     try:
         plan = _make_plan(request)
@@ -103,8 +106,8 @@ def serve_command(**opts: Any) -> None:
         from launcher.plan import engine_decides
 
         plan = engine_decides(request, refusal)
-    argv = engine_argv(plan, request.model.name if request.model.source != "local" else request.model.path,
-                       request.engine_args, opts.get("engine_cmd"))
+    model_ref = request.model.path or request.model.name  # a local directory, else the repo id
+    argv = engine_argv(plan, model_ref, request.engine_args, opts.get("engine_cmd"))
     if opts["dry_run"]:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.engine_env.items())
         if opts["as_json"]:
@@ -118,7 +121,6 @@ def serve_command(**opts: Any) -> None:
                            tolerance=opts["tolerance"], max_retunes=opts["max_retunes"],
                            watch_timeout=opts["watch_timeout"], grace=opts["grace"],
                            lock_timeout=opts["lock_timeout"], ready_file=opts.get("ready_file"))
-    uuids = [g.uuid for g in request.gpus[: plan.tp * plan.pp] if g.uuid]
     from launcher.calibration import record
     from launcher.paths import state_dir
 
@@ -131,11 +133,28 @@ def serve_command(**opts: Any) -> None:
         except OSError as exc:  # a read-only state dir must not stop the engine
             click.echo(f"safe-serve: calibration not saved: {exc}", err=True)
 
-    code = run_serve(plan, model=argv[argv.index("--model") + 1] if "--model" in argv else
-                     (request.model.path or request.model.name), passthrough=request.engine_args,
-                     options=options, concurrency=request.concurrency, device_uuids=uuids,
-                     on_measured=on_measured)
+    code = run_serve(plan, model=model_ref, passthrough=request.engine_args, options=options,
+                     concurrency=request.concurrency, lock=lock, on_measured=on_measured)
     sys.exit(code)
+
+
+def _lock_live_devices(opts: Mapping[str, Any]) -> Any:
+    """Take the start lock on the GPUs the engine will use, before the plan reads free memory."""
+    from launcher.devlock import DeviceLock
+    from launcher.engines import sglang, vllm
+
+    if opts.get("gpu_specs") or opts.get("device") == "cpu":
+        return None  # a hypothetical GPU or the host: nothing shared to lock
+    from launcher.probe import probe_inventory
+
+    engine_args = [a for a in opts.get("engine_args") or () if a != "--"]
+    pinned = (vllm if opts["engine"] == "vllm" else sglang).pinned_flags(engine_args)
+    ranks = (pinned.get("--tensor-parallel-size") or pinned.get("--tp-size") or 1) * (
+        pinned.get("--pipeline-parallel-size") or pinned.get("--pp-size") or 1)
+    visible = probe_inventory().visible[:ranks]
+    lock = DeviceLock([g.uuid for g in visible if g.uuid], timeout_s=opts["lock_timeout"])
+    lock.acquire()
+    return lock
 
 
 def _configure_logging(log_format: str | None) -> None:

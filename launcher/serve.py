@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from launcher.engines import sglang as sg
 from launcher.engines import vllm as vl
+from launcher.devlock import DeviceLock
 from launcher.engines.events import EngineEvent
 from launcher.errors import ExitCode
 from launcher.plan import Calibration, Plan
@@ -159,11 +160,10 @@ TEMPORARY_KINDS = ("fatal:unbalanced", "fatal:startup_free", "fatal:cpu_node_mem
 
 
 def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: ServeOptions, concurrency: int,
-              device_uuids: Sequence[str] = (), on_measured: Callable[[Calibration], None] | None = None) -> int:
+              lock: DeviceLock | None = None, on_measured: Callable[[Calibration], None] | None = None) -> int:
     """Start the engine, watch its first lines against the plan, supervise; returns the exit code."""
     import structlog
 
-    from launcher.devlock import DeviceLock
     from launcher.supervisor import EngineCommand, HealthCheck, Supervisor, SupervisorOptions
 
     log = structlog.get_logger("safe_serve.watch")
@@ -178,8 +178,9 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
         tried.add(tuple(argv))
         return EngineCommand(argv=tuple(argv), env=child_env(plan))
 
-    lock = DeviceLock(device_uuids, timeout_s=options.lock_timeout)
-    lock.acquire()  # held from the plan's free-memory reading until the engine sized its KV cache
+    # Held since before the plan read free memory (cli._lock_live_devices); released when
+    # the engine has sized its KV cache, or fails, or at exit.
+    lock = lock if lock is not None else DeviceLock(())
     host, port = health_port(plan, passthrough)
     supervisor: Supervisor
 

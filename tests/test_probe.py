@@ -659,3 +659,63 @@ class TestRender:
         assert {"total_bytes": 64 * GiB, "available_bytes": 60 * GiB, "cgroup_limit_bytes": None,
                 "numa_nodes": 1} == data["host"]
         assert json.loads(json.dumps(data)) == data
+
+
+# ---- the CLI on the live probe ----------------------------------------------------------
+
+
+def _safe_serve(lib_dir: Path, fixture_text: str, tmp_path: Path, *argv: str,
+                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    fixture = tmp_path / "fixture.txt"
+    fixture.write_text(fixture_text)
+    child_env = {key: value for key, value in os.environ.items() if not key.startswith(("CUDA_", "NVIDIA_"))}
+    child_env.update(LD_LIBRARY_PATH=str(lib_dir), SAFE_SERVE_NVML_STUB_FIXTURE=str(fixture),
+                     SAFE_SERVE_STATE_DIR=str(tmp_path / "state"), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "launcher", *argv], env=child_env, capture_output=True,
+                          text=True, timeout=60, check=False, cwd=REPO)
+
+
+class TestCliOnTheProbe:
+    def test_plan_uses_free_memory_and_names_the_tenant(self, stub_libs: StubLibs, sleeper: psutil.Process,
+                                                        dead_pid: int, tmp_path: Path) -> None:
+        """Without --gpu the plan reads NVML: the busy H100's free memory and its tenant by name."""
+        text = _fixture("two_gpus.txt", sleep_pid=sleeper.pid, dead_pid=dead_pid)
+        run = _safe_serve(stub_libs.current, text, tmp_path, "plan", "qwen2.5-7b", "--json",
+                          env={"CUDA_VISIBLE_DEVICES": "0"})
+        assert run.returncode == 0, run.stderr
+        doc = json.loads(run.stdout)
+        other = next(item for item in doc["budget"] if item["key"] == "other")
+        context = next(item for item in doc["budget"] if item["key"] == "context")
+        requested = next(item for item in doc["budget"] if item["key"] == "requested")
+        assert doc["gpu"]["name"] == "NVIDIA H100 80GB HBM3"
+        assert other["bytes"] == 85520809984 - 69704089600 and f"pid {sleeper.pid} sleep" in other["detail"]
+        # requested = ceil(total x u) stays within free - context - margin: vLLM will start.
+        assert requested["bytes"] <= 69704089600 - context["bytes"] - 256 * 2**20
+        assert doc["gpu_memory_utilization"] < 0.92
+
+    def test_gpus_command(self, stub_libs: StubLibs, sleeper: psutil.Process, dead_pid: int,
+                          tmp_path: Path) -> None:
+        """`safe-serve gpus --json` prints the probe object with both devices."""
+        run = _safe_serve(stub_libs.current, _fixture("two_gpus.txt", sleep_pid=sleeper.pid, dead_pid=dead_pid),
+                          tmp_path, "gpus", "--json")
+        assert run.returncode == 0, run.stderr
+        doc = json.loads(run.stdout)
+        assert doc["schema"] == "safe-serve.gpus/1" and len(doc["devices"]) == 2
+
+    def test_start_lock_is_taken_before_planning(self, stub_libs: StubLibs, sleeper: psutil.Process,
+                                                 dead_pid: int, tmp_path: Path) -> None:
+        """A second start on a GPU whose lock is held waits, then exits 75 naming the holder."""
+        from launcher.devlock import DeviceLock
+
+        lock_dir = tmp_path / "locks"
+        lock_dir.mkdir()
+        holder = DeviceLock([H100_UUID], lock_dir=lock_dir)
+        holder.acquire()
+        try:
+            run = _safe_serve(stub_libs.current, _fixture("two_gpus.txt", sleep_pid=sleeper.pid, dead_pid=dead_pid),
+                              tmp_path, "qwen2.5-7b", "--lock-timeout", "1", "--engine-cmd", "true",
+                              env={"CUDA_VISIBLE_DEVICES": "0", "SAFE_SERVE_LOCK_DIR": str(lock_dir)})
+        finally:
+            holder.release()
+        assert run.returncode == 75, run.stderr
+        assert str(os.getpid()) in run.stderr and "Traceback" not in run.stderr
