@@ -132,12 +132,21 @@ def _plan_once(request: PlanRequest) -> Plan:
 # --------------------------------------------------------------------------- shared helpers
 
 
-def _rank_devices(request: PlanRequest, ranks: int) -> tuple[GpuDevice, ...]:
-    if len(request.gpus) < ranks:
+def _rank_devices(request: PlanRequest, ranks: int, nnodes: int = 1) -> tuple[GpuDevice, ...]:
+    """The devices this node's ranks run on: all ranks, or a 1/nnodes share with `--nnodes`.
+
+    Multi-node runs start safe-serve on every node; each node plans its own ranks, and
+    every rank holds the same share of the model, so one node's plan is every node's.
+    """
+    if nnodes > 1 and ranks % nnodes:
+        raise UsageError(f"{ranks} ranks do not split evenly over --nnodes {nnodes}")
+    local = ranks // max(nnodes, 1)
+    if len(request.gpus) < local:
+        where = f" on this node (of {ranks} over {nnodes} nodes)" if nnodes > 1 else ""
         raise WontFit(
-            f"{ranks} ranks (tensor x pipeline parallel) need {ranks} GPUs; {len(request.gpus)} visible",
+            f"{local} ranks (tensor x pipeline parallel){where} need {local} GPUs; {len(request.gpus)} visible",
             hint="lower --tensor-parallel-size, or make more GPUs visible (CUDA_VISIBLE_DEVICES)")
-    devices = request.gpus[:ranks]
+    devices = request.gpus[:local]
     for device in devices:
         if device.free_bytes is None:
             raise WontFit(f"{device.label} ({device.name}): free memory unknown ({'; '.join(device.notes) or 'NVML'})",
@@ -281,7 +290,7 @@ def _plan_vllm_gpu(request: PlanRequest) -> Plan:
     model, geometry = request.model, request.model.geometry
     probe_setup = _vllm_setup(request, request.gpus[0].compute_capability if request.gpus else None)
     tp, pp = probe_setup.tp, probe_setup.pp
-    devices = _rank_devices(request, tp * pp)
+    devices = _rank_devices(request, tp * pp, pinned.get("--nnodes", 1))
     gpu = _tightest(devices)
     setup = _vllm_setup(request, gpu.compute_capability)
     pinned, rules = setup.pinned, setup.rules
@@ -497,7 +506,7 @@ def _plan_sglang(request: PlanRequest) -> Plan:
     rules, rules_note = sg.rules_for(request.engine_version)
     pinned = sg.pinned_flags(request.engine_args)
     tp, pp = pinned.get("--tp-size", 1), pinned.get("--pp-size", 1)
-    devices = _rank_devices(request, tp * pp)
+    devices = _rank_devices(request, tp * pp, pinned.get("--nnodes", 1))
     gpu = _tightest(devices)
     # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
     gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB

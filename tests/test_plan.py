@@ -220,3 +220,19 @@ class TestCpuRefusals:
         """Block 16 on a full-attention model stops the CPU engine after sizing."""
         with pytest.raises(WontFit, match="No common block size for 16"):
             make_plan(self._request(LLAMA_8B, ("--block-size", "16")))
+
+
+class TestMultiNode:
+    def test_each_node_plans_its_share_of_the_ranks(self) -> None:
+        """TP 8 over --nnodes 2 needs 4 GPUs on this node; the per-rank KV is the same as on 8."""
+        on_node = make_plan(request("llama-3.1-70b", "4xh100", engine="sglang",
+                                    engine_args=("--tp-size", "8", "--nnodes", "2")))
+        single_node = make_plan(request("llama-3.1-70b", "8xh100", engine="sglang", engine_args=("--tp-size", "8")))
+        assert on_node.gpu_count == 4 and single_node.gpu_count == 8
+        assert on_node.kv_cache_tokens == single_node.kv_cache_tokens
+
+    def test_uneven_split_is_a_usage_error(self) -> None:
+        """6 ranks cannot be split over 4 nodes."""
+        with pytest.raises(UsageError, match="do not split evenly"):
+            make_plan(request("llama-3.1-70b", "2xh100", engine_args=("--tensor-parallel-size", "6",
+                                                                      "--nnodes", "4")))

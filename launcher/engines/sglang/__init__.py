@@ -63,6 +63,7 @@ FLAGS = (
     FlagSpec("--cuda-graph-max-bs-decode", int),
     FlagSpec("--cuda-graph-backend-prefill", str),
     FlagSpec("--enable-dp-attention", None),
+    FlagSpec("--nnodes", int),
     FlagSpec("--port", int),
     FlagSpec("--host", str),
     FlagSpec("--language-only", None),

@@ -59,6 +59,7 @@ FLAGS = (
     FlagSpec("--dtype", str),
     FlagSpec("--disable-hybrid-kv-cache-manager", None),
     FlagSpec("--num-gpu-blocks-override", int),
+    FlagSpec("--nnodes", int),
     FlagSpec("--port", int),
     FlagSpec("--host", str),
     FlagSpec("--cpu-offload-gb", float),
