@@ -290,7 +290,7 @@ def _plan_vllm_gpu(request: PlanRequest) -> Plan:
     model, geometry = request.model, request.model.geometry
     probe_setup = _vllm_setup(request, request.gpus[0].compute_capability if request.gpus else None)
     tp, pp = probe_setup.tp, probe_setup.pp
-    devices = _rank_devices(request, tp * pp, pinned.get("--nnodes", 1))
+    devices = _rank_devices(request, tp * pp, probe_setup.pinned.get("--nnodes", 1))
     gpu = _tightest(devices)
     setup = _vllm_setup(request, gpu.compute_capability)
     pinned, rules = setup.pinned, setup.rules
