@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.engines import sglang as sg
+from launcher.engines.flags import drop_flag
 from launcher.engines import vllm as vl
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.kv import KvCapacity, KvLayout, kv_capacity
@@ -635,7 +636,7 @@ def alternatives_for(request: PlanRequest) -> tuple[str, ...]:
             return None
 
     # Alternatives free the length (the usual reason nothing fits) and report what it becomes.
-    free_len = _drop_flag(args, length_flag)
+    free_len = drop_flag(args, length_flag)
     if free_len != args or request.concurrency > 1:
         plan = attempt("length", engine_args=tuple(free_len))
         if plan is not None:
@@ -659,43 +660,3 @@ def alternatives_for(request: PlanRequest) -> tuple[str, ...]:
             found.append(f"quantized checkpoint {variant.alias or variant.name} ({variant.name}): "
                          f"{plan.kv_cache_tokens:,} KV tokens, {length_flag} {plan.max_model_len}")
     return tuple(found)
-
-
-def _drop_flag(args: list[str], flag: str) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for i, token in enumerate(args):
-        if skip:
-            skip = False
-            continue
-        name = token.partition("=")[0]
-        if name in (flag, flag.replace("-", "_").replace("__", "--", 1)):
-            skip = "=" not in token
-            continue
-        out.append(token)
-    return out
-
-
-def engine_decides(request: PlanRequest, refusal: WontFit) -> Plan:
-    """`--trust-engine`: launch with the operator's flags only; the engine sizes itself.
-
-    The plan carries no token prediction (nothing to diverge from); the watcher still
-    retunes from the engine's own numbers when it refuses.
-    """
-    engine = vl if request.engine == "vllm" else sg
-    pinned = engine.pinned_flags(request.engine_args)
-    block = None
-    if request.engine == "vllm":
-        block, _ = vl.block_size(request.model.geometry, device=request.device, compute_capability=None,
-                                 pinned=pinned.get("--block-size"),
-                                 cpu_amx=request.host.cpu_amx if request.host else None)
-    return Plan(
-        engine=request.engine, engine_version=request.engine_version or engine.NEWEST,
-        rules_version=engine.rules_for(request.engine_version)[0].version, device=request.device,
-        model=request.model.name, max_model_len=pinned.get("--max-model-len") or pinned.get("--context-length") or 0,
-        max_model_len_source="left to the engine (--trust-engine)", kv_cache_bytes=0, kv_cache_tokens=0,
-        max_concurrency=0.0, budget=(), engine_args=(), engine_env={}, pinned=dict(pinned),
-        tp=pinned.get("--tensor-parallel-size", pinned.get("--tp-size", 1)), block_size=block,
-        gpu_name=request.gpus[0].name if request.gpus else request.device, gpu_count=len(request.gpus),
-        notes=(f"--trust-engine: safe-serve's plan refused ({refusal.message}); the engine decides",),
-    )

@@ -19,6 +19,7 @@ from launcher.engines import sglang as sg
 from launcher.engines import vllm as vl
 from launcher.devlock import DeviceLock
 from launcher.engines.events import EngineEvent
+from launcher.engines.flags import set_flag
 from launcher.errors import ExitCode
 from launcher.plan import Calibration, Plan
 from launcher.units import GiB
@@ -92,22 +93,6 @@ def health_port(plan: Plan, passthrough: Sequence[str]) -> tuple[str, int]:
     pinned = (sg if plan.engine == "sglang" else vl).pinned_flags(passthrough)
     default_port = sg.DEFAULT_PORT if plan.engine == "sglang" else vl.DEFAULT_PORT
     return str(pinned.get("--host") or "127.0.0.1"), int(pinned.get("--port") or default_port)
-
-
-def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:
-    """`args` with `flag` set to `value` (replacing any earlier spelling of it)."""
-    out: list[str] = []
-    skip = False
-    for token in args:
-        if skip:
-            skip = False
-            continue
-        name = token.partition("=")[0]
-        if name in (flag, flag.replace("-", "_").replace("__", "--", 1)):
-            skip = "=" not in token
-            continue
-        out.append(token)
-    return [*out, flag, value]
 
 
 def retuned_args(plan: Plan, args: Sequence[str], event: EngineEvent, *, concurrency: int = 1,

@@ -89,3 +89,25 @@ def fraction(text: str) -> float:
     if not 0 < value <= 1:
         raise ValueError("must be in (0, 1]")
     return value
+
+
+def drop_flag(args: Sequence[str], flag: str) -> list[str]:
+    """`args` without `flag` in any spelling (`--flag v`, `--flag=v`, `--flag_name v`)."""
+    spellings = {flag, flag.replace("-", "_").replace("__", "--", 1)}
+    out: list[str] = []
+    skip = False
+    for token in args:
+        if skip:
+            skip = False
+            continue
+        name = token.partition("=")[0]
+        if name in spellings:
+            skip = "=" not in token
+            continue
+        out.append(token)
+    return out
+
+
+def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:
+    """`args` with `flag` set to `value`, replacing any earlier spelling of it."""
+    return [*drop_flag(args, flag), flag, value]
