@@ -8,12 +8,14 @@ flags twice), aborts (exit 78) or warns.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.engines import sglang as sg
 from launcher.engines import vllm as vl
@@ -153,15 +155,27 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
 
     log = structlog.get_logger("safe_serve.watch")
     parse = parser_for(plan.engine)
-    args = list(passthrough)
+    # The engine's flags as one list: the operator's, then the plan's. A retune rewrites this
+    # list, so a recomputed flag replaces the plan's own instead of being overridden by it.
+    args = [*passthrough, *plan.engine_args]
+    bare = dataclasses.replace(plan, engine_args=())
     tried: set[tuple[str, ...]] = set()
     retunes = 0
     verified: dict[str, object] = {}
+    # The supervisor generation whose fate is decided (restart or stop requested): lines
+    # still coming from that engine pass through but are not acted on again (vLLM reports
+    # a fatal error twice, on stdout and stderr).
+    settled = {"generation": -1}
+    progress = {"engine_phase": "starting"}  # how far the engine's own log got, for the exit line
+
+    def argv_for(flags: Sequence[str]) -> tuple[str, ...]:
+        return tuple(engine_argv(bare, model, flags, options.engine_cmd))
 
     def command_for(flags: Sequence[str]) -> EngineCommand:
-        argv = engine_argv(plan, model, flags, options.engine_cmd)
-        tried.add(tuple(argv))
-        return EngineCommand(argv=tuple(argv), env=child_env(plan))
+        argv = argv_for(flags)
+        tried.add(argv)
+        progress["engine_phase"] = "starting"
+        return EngineCommand(argv=argv, env=child_env(plan))
 
     # Held since before the plan read free memory (cli._lock_live_devices); released when
     # the engine has sized its KV cache, or fails, or at exit.
@@ -176,25 +190,28 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
             return
         new_args = retuned_args(plan, args, event, concurrency=concurrency) if options.on_divergence == RETUNE else None
         if new_args is not None and retunes < options.max_retunes:
-            if tuple(engine_argv(plan, model, new_args, options.engine_cmd)) not in tried:  # never twice
+            if argv_for(new_args) not in tried:  # never the same flags twice
                 command = command_for(new_args)
                 retunes += 1
                 args = new_args
                 log.warning("retune", reason=why, attempt=retunes, engine_args=new_args, **event.values)
                 supervisor.request_restart(command, reason=why)
+                settled["generation"] = supervisor.generation
                 return
         if event.is_fatal or options.on_divergence == ABORT:
             log.error("abort", reason=why, planned_tokens=plan.kv_cache_tokens, planned_len=plan.max_model_len,
                       **event.values)
             code = int(ExitCode.TEMPFAIL) if event.kind in TEMPORARY_KINDS else EXIT_WONT_FIT
             supervisor.request_stop(why, code)
+            settled["generation"] = supervisor.generation
         else:
             log.warning("divergence", reason=why, planned_tokens=plan.kv_cache_tokens, **event.values)
 
     measured = Measurements(plan)
-    progress = {"engine_phase": "starting"}  # how far the engine's own log got, for the exit line
 
     def on_line(stream: str, raw: bytes) -> None:
+        if settled["generation"] == supervisor.generation:
+            return
         event = parse(raw.decode("utf-8", errors="replace"))
         if event is None:
             return
@@ -206,7 +223,8 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
             supervisor.mark_event("kv")
             lock.release()
             verified.update(event.values)
-            if diverges(plan, event, options.tolerance):
+            # After a retune the plan no longer describes the flags: only fatal errors count.
+            if retunes == 0 and diverges(plan, event, options.tolerance):
                 decide(event, f"engine KV tokens {event.values['tokens']:,} vs planned {plan.kv_cache_tokens:,} "
                               f"(tolerance {options.tolerance:.0%})")
             elif plan.engine == "sglang" and retuned_args(plan, args, event, concurrency=concurrency):
@@ -228,7 +246,7 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
         command_for(args),
         SupervisorOptions(grace_seconds=options.grace, health=HealthCheck(host=host, port=port),
                           line_filter=prefilter_for(plan.engine),
-                          ready_file=__import__("pathlib").Path(options.ready_file) if options.ready_file else None,
+                          ready_file=Path(options.ready_file) if options.ready_file else None,
                           watches={"kv": options.watch_timeout}),
         on_line=on_line, on_ready=on_ready, on_watch_timeout=on_watch_timeout,
     )

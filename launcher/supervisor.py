@@ -791,6 +791,11 @@ class Supervisor:
     # ------------------------------------------------------------------ public API
 
     @property
+    def generation(self) -> int:
+        """How many engines this supervisor has started (the current one's number)."""
+        return self._generation
+
+    @property
     def state(self) -> State:
         return self._state
 
