@@ -660,3 +660,28 @@ def alternatives_for(request: PlanRequest) -> tuple[str, ...]:
             found.append(f"quantized checkpoint {variant.alias or variant.name} ({variant.name}): "
                          f"{plan.kv_cache_tokens:,} KV tokens, {length_flag} {plan.max_model_len}")
     return tuple(found)
+
+
+def engine_decides(request: PlanRequest, refusal: WontFit) -> Plan:
+    """`--trust-engine`: launch with the operator's flags only; the engine sizes itself.
+
+    The plan carries no token prediction (nothing to diverge from); the watcher still
+    retunes from the engine's own numbers when it refuses.
+    """
+    engine = vl if request.engine == "vllm" else sg
+    pinned = engine.pinned_flags(request.engine_args)
+    block = None
+    if request.engine == "vllm":
+        block, _ = vl.block_size(request.model.geometry, device=request.device, compute_capability=None,
+                                 pinned=pinned.get("--block-size"),
+                                 cpu_amx=request.host.cpu_amx if request.host else None)
+    return Plan(
+        engine=request.engine, engine_version=request.engine_version or engine.NEWEST,
+        rules_version=engine.rules_for(request.engine_version)[0].version, device=request.device,
+        model=request.model.name, max_model_len=pinned.get("--max-model-len") or pinned.get("--context-length") or 0,
+        max_model_len_source="left to the engine (--trust-engine)", kv_cache_bytes=0, kv_cache_tokens=0,
+        max_concurrency=0.0, budget=(), engine_args=(), engine_env={}, pinned=dict(pinned),
+        tp=pinned.get("--tensor-parallel-size", pinned.get("--tp-size", 1)), block_size=block,
+        gpu_name=request.gpus[0].name if request.gpus else request.device, gpu_count=len(request.gpus),
+        notes=(f"--trust-engine: safe-serve's plan refused ({refusal.message}); the engine decides",),
+    )

@@ -236,3 +236,15 @@ class TestMultiNode:
         with pytest.raises(UsageError, match="do not split evenly"):
             make_plan(request("llama-3.1-70b", "2xh100", engine_args=("--tensor-parallel-size", "6",
                                                                       "--nnodes", "4")))
+
+
+def test_trust_engine_plan_leaves_sizing_to_the_engine() -> None:
+    """--trust-engine turns a refusal into a plan that adds no flags and predicts no tokens."""
+    from launcher.plan import engine_decides
+
+    refused = request(engine_args=("--max-model-len", "131072"), trust_engine=True)
+    with pytest.raises(WontFit) as info:
+        make_plan(refused)
+    plan = engine_decides(refused, info.value)
+    assert plan.engine_args == () and plan.kv_cache_tokens == 0 and plan.max_model_len == 131072
+    assert plan.block_size == 16 and "the engine decides" in plan.notes[0]
