@@ -22,7 +22,8 @@ SCHEMA = "safe-serve.calibration/1"
 # Flags that change what the engine allocates besides the KV cache.
 _KEY_FLAGS = ("--max-num-batched-tokens", "--max-num-seqs", "--enforce-eager", "--dtype", "--kv-cache-dtype",
               "--tensor-parallel-size", "--pipeline-parallel-size", "--chunked-prefill-size", "--tp-size",
-              "--pp-size", "--cuda-graph-max-bs-decode", "--disable-cuda-graph", "--max-running-requests")
+              "--pp-size", "--cuda-graph-max-bs-decode", "--disable-cuda-graph", "--max-running-requests",
+              "--no-enable-chunked-prefill", "--cpu-offload-gb", "--block-size")
 
 
 def calibration_key(*, gpu_name: str, model: str, engine: str, engine_version: str,

@@ -92,6 +92,8 @@ def _device(what: str, spec: str, index: int, catalog: Sequence[CatalogGpu] | No
                                 "CUDA total unknown: NVML total less 2 %",))
     if re.match(r"^\s*\d", what):
         size = parse_size(what)
+        if size < MiB:
+            raise UsageError(f"--gpu {spec!r}: a GPU needs some memory")
         return GpuDevice(index=index, name=f"{size / MiB:.0f} MiB GPU", total_bytes=size, free_bytes=size,
                          used_bytes=0, cuda_total_bytes=size, source="catalog")
     known = ", ".join(sorted(a for g in (catalog or load_catalog()) for a in g.aliases[:1]))

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from launcher.errors import ExitCode, ProbeError, SafeServeError, WontFit
+from launcher.errors import ExitCode, ProbeError, SafeServeError, UnsupportedModel, WontFit
 
 ENGINE_ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
 
@@ -100,7 +100,7 @@ def serve_command(**opts: Any) -> None:
     request = build_request(opts, os.environ)
     try:
         plan = _make_plan(request)
-    except WontFit as refusal:
+    except (WontFit, UnsupportedModel) as refusal:
         if not request.trust_engine:
             raise
         from launcher.plan import engine_decides
@@ -185,8 +185,9 @@ def fit_command(**opts: Any) -> None:
     from launcher.render import fit_to_json, render_fit
 
     specs = opts["gpu_specs"] or tuple(g.name for g in load_catalog())
-    gpus = hypothetical_gpus(specs)
-    base = build_request({**opts, "gpu_specs": (specs[0],), "concurrency": opts["concurrency"]}, os.environ)
+    gpus = tuple(hypothetical_gpus([spec])[0] for spec in specs)  # one device per GPU type: fit sets counts
+    base = build_request({**opts, "gpu_specs": (specs[0],), "concurrency": opts["concurrency"],
+                          "no_calibration": True}, os.environ)
     workload = Workload(opts["concurrency"], opts["tokens"])
     results = fit(base, workload, gpus)
     inverse = None
@@ -266,7 +267,7 @@ def build_request(opts: Mapping[str, Any], env: Mapping[str, str]) -> Any:
     return PlanRequest(
         model=model, engine=opts["engine"], device=device, gpus=gpus, host=host, engine_version=version,
         engine_args=engine_args, engine_env={k: env[k] for k in ENGINE_ENV_KEYS if k in env},
-        concurrency=opts.get("concurrency") or 1, max_gpu_memory_bytes=parse_size(max_gpu) if max_gpu else None,
+        concurrency=opts.get("concurrency", 1), max_gpu_memory_bytes=parse_size(max_gpu) if max_gpu else None,
         margin_bytes=margin, trust_engine=bool(opts.get("trust_engine")), variants=variants, calibration=calibration,
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from launcher.errors import UsageError, WontFit
 from launcher.gpu import GpuDevice
@@ -18,17 +19,10 @@ from launcher.resolve import ResolvedModel
 GPU_COUNTS = (1, 2, 4, 8)
 
 
-@dataclass(frozen=True)
-class EngineFlags:
-    length: str
-    tp: str
-    fp8: tuple[str, str]
+def engine_module(engine: str) -> Any:
+    from launcher.engines import sglang, vllm
 
-
-FLAGS = {
-    "vllm": EngineFlags("--max-model-len", "--tensor-parallel-size", ("--kv-cache-dtype", "fp8")),
-    "sglang": EngineFlags("--context-length", "--tp-size", ("--kv-cache-dtype", "fp8_e4m3")),
-}
+    return vllm if engine == "vllm" else sglang
 
 
 @dataclass(frozen=True)
@@ -86,15 +80,15 @@ def candidate_order(model: ResolvedModel, variants: Sequence[ResolvedModel]) -> 
 
 def try_option(base: PlanRequest, workload: Workload, gpu: GpuDevice, count: int, kv_dtype: str,
                checkpoint: ResolvedModel) -> Option:
-    flags = FLAGS[base.engine]
-    args: list[str] = [*base.engine_args, flags.length, str(workload.tokens)]
+    engine = engine_module(base.engine)
+    args: list[str] = [*base.engine_args, engine.LENGTH_FLAG, str(workload.tokens)]
     if count > 1:
-        args += [flags.tp, str(count)]
+        args += [engine.TP_FLAG, str(count)]
     if kv_dtype == "fp8":
-        args += list(flags.fp8)
+        args += ["--kv-cache-dtype", engine.FP8_KV]
     devices = tuple(dataclasses.replace(gpu, index=i) for i in range(count))
     request = dataclasses.replace(base, model=checkpoint, gpus=devices, engine_args=tuple(args),
-                                  concurrency=workload.concurrency, variants=())
+                                  concurrency=workload.concurrency, variants=(), calibration=None)
     label = checkpoint.alias or checkpoint.name
     quantized = checkpoint is not base.model
     try:
@@ -125,8 +119,8 @@ def fit(base: PlanRequest, workload: Workload, gpus: Sequence[GpuDevice]) -> lis
 
 def largest_concurrency(base: PlanRequest, tokens: int) -> int:
     """Most requests of `tokens` that fit at once on `base.gpus` (0 if not one): the planner's own check."""
-    flags = FLAGS[base.engine]
-    pinned = dataclasses.replace(base, engine_args=(*base.engine_args, flags.length, str(tokens)))
+    engine = engine_module(base.engine)
+    pinned = dataclasses.replace(base, engine_args=(*base.engine_args, engine.LENGTH_FLAG, str(tokens)))
 
     def fits(concurrency: int) -> bool:
         try:

@@ -12,6 +12,7 @@ lives in `launcher.resolve`; this module does no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,8 +182,6 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         v_head_dim = mla.v_head_dim
 
     layer_kinds, window = _layer_kinds(text, model_type, num_layers, mla is not None)
-    if any(kind == LINEAR for kind in layer_kinds) or model_type in _HYBRID_MODEL_TYPES:
-        layer_kinds = tuple(LINEAR if kind == LINEAR else kind for kind in layer_kinds)
 
     vision = config.get("vision_config")
     is_multimodal = isinstance(vision, Mapping) or "text_config" in config
@@ -315,7 +314,8 @@ def _opt_int(cfg: Mapping[str, Any], key: str) -> int | None:
     value = cfg.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value) or value < 0:
         raise ModelConfigError(f"config.json: '{key}' must be a non-negative whole number, not {value!r}")
     return int(value)
 

@@ -18,7 +18,7 @@ from launcher.engines.flags import drop_flag
 from launcher.engines import vllm as vl
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.kv import KvCapacity, KvLayout, kv_capacity
-from launcher.errors import UsageError, WontFit
+from launcher.errors import SafeServeError, UsageError, WontFit
 from launcher.gpu import GpuDevice, HostMemory
 from launcher.model import SLIDING, refuse_unsupported
 from launcher.resolve import ResolvedModel
@@ -112,8 +112,7 @@ def make_plan(request: PlanRequest) -> Plan:
     """Plan a start, or raise `WontFit` with computed alternatives."""
     if request.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
-    if not request.trust_engine:
-        refuse_unsupported(request.model.geometry)
+    refuse_unsupported(request.model.geometry)  # --trust-engine turns this into engine_decides()
     try:
         return _plan_once(request)
     except WontFit as failure:
@@ -252,6 +251,17 @@ def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Any) -> t
         _check_vllm_capacity(request, capacity, pinned_len)
         return pinned_len, "pinned --max-model-len", capacity
 
+    if pinned_len == -1:
+        # --max-model-len auto: vLLM's own auto-fit sizes for ONE request (binary search on
+        # the KV check); predict its answer, then hold it to the concurrency asked for.
+        at_max = capacity_at(setup.model_max_len)
+        length = setup.model_max_len if at_max.fits_one_request else at_max.estimated_max_model_len
+        if length <= 0:
+            raise WontFit("vLLM will fail with 'Cannot auto-fit max_model_len': no KV room for a single token")
+        capacity = capacity_at(length)
+        _check_vllm_capacity(request, capacity, length)
+        return length, "vLLM auto-fit (pinned --max-model-len auto), predicted", capacity
+
     def fits(length: int) -> bool:
         cap = capacity_at(length)
         return cap.fits_one_request and (cap.num_blocks - 1) / cap.blocks_per_request >= request.concurrency
@@ -262,9 +272,6 @@ def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Any) -> t
         raise WontFit(
             f"no KV room for {request.concurrency} request(s) of even {setup.block} tokens: "
             f"{format_gib(max(capacity.kv_bytes, 0))} left for the KV cache")
-    if pinned_len == -1:
-        # --max-model-len auto: vLLM fits it itself; we predict the same answer.
-        return length, "vLLM auto-fit (pinned --max-model-len auto), predicted", capacity_at(length)
     reason = (f"model maximum ({setup.model_max_len_reason})" if length == setup.model_max_len
               else f"longest that fits {request.concurrency} request(s) (model maximum {setup.model_max_len})")
     return length, reason, capacity_at(length)
@@ -301,7 +308,8 @@ def _plan_vllm_gpu(request: PlanRequest) -> Plan:
     free_at_init = free - context
     cal = request.calibration
 
-    weights = model.weight_bytes // (tp * pp)
+    offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
+    weights = max(model.weight_bytes // (tp * pp) - offloaded, 0)
     non_torch = vb.non_torch_bytes(tp, pp)
     eager = pinned.get("--enforce-eager", False)
     cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
@@ -324,19 +332,20 @@ def _plan_vllm_gpu(request: PlanRequest) -> Plan:
                        else f"free {format_gib(free)} - context {format_gib(context)} - margin "
                             f"{format_gib(request.margin_bytes)}" + (" (capped by --max-gpu-memory)"
                                                                      if request.max_gpu_memory_bytes else ""))
+    if utilization <= 0:
+        raise WontFit(f"{gpu.label} has {format_gib(free)} free: no room for vLLM at all")
     requested = vb.requested_bytes(total, utilization)
     if requested > free_at_init:
         raise WontFit(
             f"vLLM will refuse to start: free memory on {gpu.label} at start ~{format_gib(free_at_init)} is less "
             f"than --gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)}",
             hint="lower --gpu-memory-utilization or stop the other processes on the GPU")
-    if utilization <= 0:
-        raise WontFit(f"{gpu.label} has {format_gib(free)} free: no room for vLLM at all")
 
     def budget_at(length: int) -> tuple[int, int, int]:
         batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
                                          pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
-                                         pinned_num_seqs=pinned.get("--max-num-seqs"))
+                                         pinned_num_seqs=pinned.get("--max-num-seqs"),
+                                         chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
         activation = vb.activation_peak_bytes(geometry, batched_tokens=batched, num_seqs=min(seqs, batched), tp=tp)
         return batched, seqs, activation
 
@@ -363,7 +372,7 @@ def _plan_vllm_gpu(request: PlanRequest) -> Plan:
         args += ["--max-model-len", str(length)]
 
     calibrated = cal is not None and cal.non_kv_bytes is not None
-    others = gpu.total_bytes - free
+    others = gpu.usable_total_bytes - free  # CUDA's view: the driver reserve is not a tenant
     items = [
         BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
                    "cudaMemGetInfo total" + (" (catalog)" if gpu.cuda_total_bytes else
@@ -374,8 +383,9 @@ def _plan_vllm_gpu(request: PlanRequest) -> Plan:
         BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA,
                    "before vLLM's init snapshot; only tightens the startup check", bar="other"),
         BudgetItem("requested", f"requested = ceil(total x {utilization:g})", requested, util_source, util_detail),
-        BudgetItem("weights", "weights (per rank)", weights, MEASURED if not calibrated else CALIBRATED,
-                   model.weight_bytes_source + (f" / {tp * pp} ranks" if tp * pp > 1 else ""), bar="weights"),
+        BudgetItem("weights", "weights (per rank)", weights, MEASURED,
+                   model.weight_bytes_source + (f" / {tp * pp} ranks" if tp * pp > 1 else "")
+                   + (f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else ""), bar="weights"),
         BudgetItem("non_torch", "non-torch after snapshot", non_torch, FORMULA,
                    "cuBLAS/allocator growth; 0.03-0.43 GiB in published logs", bar="other"),
         BudgetItem("activation", "activation peak (profile run)", activation, FORMULA,
@@ -394,6 +404,13 @@ def _plan_vllm_gpu(request: PlanRequest) -> Plan:
         BudgetItem("free", "left free", max(free_at_init - requested, 0), FORMULA,
                    "not requested by vLLM: margin for other tenants", bar="free"),
     ]
+    if calibrated:
+        # The engine's own measurement replaces our three estimates; the rows still add up.
+        estimates = ("non_torch", "activation", "cudagraph")
+        items = [i for i in items if i.key not in estimates]
+        items.insert(-2, BudgetItem("measured_non_kv", "non-KV besides weights", cal.non_kv_bytes - weights,
+                                    CALIBRATED, f"measured by vLLM at an earlier start ({cal.key})",
+                                    bar="activations"))
     notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
     if calibrated:
         notes.append(f"non-KV memory from an earlier start of the same configuration ({cal.key})")
@@ -548,7 +565,7 @@ def _plan_sglang(request: PlanRequest) -> Plan:
         f_source, f_detail = PINNED, "pinned --mem-fraction-static"
     else:
         # The slack SGLang's default leaves on this card when idle, kept in bytes.
-        idle_pre_load = gpu.total_bytes - context
+        idle_pre_load = gpu.usable_total_bytes - context
         slack_needed = idle_pre_load * (1 - derivation.fraction) + request.margin_bytes
         room = pre_load
         if request.max_gpu_memory_bytes is not None:
@@ -587,7 +604,7 @@ def _plan_sglang(request: PlanRequest) -> Plan:
         args += ["--mem-fraction-static", f"{fraction_value:g}"]
     if context_len_pinned is None:
         args += ["--context-length", str(length)]
-    others = gpu.total_bytes - (gpu.free_bytes or 0)
+    others = gpu.usable_total_bytes - (gpu.free_bytes or 0)
     items = (
         BudgetItem("total", "GPU total (NVML)", gpu.total_bytes, MEASURED if gpu.source == "nvml" else CATALOG,
                    f"tier heuristic uses {gpu_mem_mib:.0f} MiB"),
@@ -625,13 +642,14 @@ def alternatives_for(request: PlanRequest) -> tuple[str, ...]:
     """Each alternative is planned for real; only the ones that fit are offered."""
     found: list[str] = []
     args = list(request.engine_args)
-    length_flag = "--max-model-len" if request.engine == "vllm" else "--context-length"
-    kv_flag_value = "fp8" if request.engine == "vllm" else "fp8_e4m3"
-    tp_flag = "--tensor-parallel-size" if request.engine == "vllm" else "--tp-size"
+    engine = vl if request.engine == "vllm" else sg
+    length_flag, kv_flag_value, tp_flag = engine.LENGTH_FLAG, engine.FP8_KV, engine.TP_FLAG
 
     def attempt(label: str, **changes: Any) -> Plan | None:
+        # What an earlier start measured holds for its own setup only, not for another
+        # checkpoint, parallelism or KV dtype.
         try:
-            return _plan_once(dataclasses.replace(request, **changes))
+            return _plan_once(dataclasses.replace(request, calibration=None, **changes))
         except (WontFit, UsageError):
             return None
 
@@ -662,7 +680,7 @@ def alternatives_for(request: PlanRequest) -> tuple[str, ...]:
     return tuple(found)
 
 
-def engine_decides(request: PlanRequest, refusal: WontFit) -> Plan:
+def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     """`--trust-engine`: launch with the operator's flags only; the engine sizes itself.
 
     The plan carries no token prediction (nothing to diverge from); the watcher still

@@ -140,12 +140,19 @@ def weight_bytes_in_dir(path: Path) -> tuple[int, str]:
     """Checkpoint tensor bytes: the index's total_size, else the safetensors headers."""
     index = path / INDEX_FILE
     if index.is_file():
-        total = total_size_from_index(json.loads(index.read_text()), str(index))
+        total = total_size_from_index(_read_json(index), str(index))
         return total, f"{INDEX_FILE} total_size"
     shards = sorted(path.glob("*.safetensors"))
     if shards:
         return sum(safetensors_tensor_bytes(s) for s in shards), f"headers of {len(shards)} safetensors file(s)"
     raise ModelConfigError(f"{path}: no *.safetensors files or {INDEX_FILE} to read the weight size from")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{path}: not valid JSON ({exc})") from None
 
 
 def total_size_from_index(index: Any, where: str) -> int:
@@ -179,9 +186,10 @@ def tensor_bytes_from_header(header: Any, where: str) -> int:
         if name == "__metadata__":
             continue
         offsets = entry.get("data_offsets") if isinstance(entry, Mapping) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2):
-            raise ModelConfigError(f"{where}: tensor {name!r} has no data_offsets")
-        total += int(offsets[1]) - int(offsets[0])
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise ModelConfigError(f"{where}: tensor {name!r} has no valid data_offsets")
+        total += offsets[1] - offsets[0]
     return total
 
 
@@ -232,7 +240,7 @@ def _hub_weight_bytes(repo_id: str, token: str | None) -> tuple[int, str]:
 
     try:
         index_path = hf_hub_download(repo_id, INDEX_FILE, token=token)
-        total = total_size_from_index(json.loads(Path(index_path).read_text()), f"{repo_id}/{INDEX_FILE}")
+        total = total_size_from_index(_read_json(Path(index_path)), f"{repo_id}/{INDEX_FILE}")
         return total, f"{repo_id} {INDEX_FILE} total_size"
     except (EntryNotFoundError, LocalEntryNotFoundError, OSError):
         pass

@@ -113,7 +113,7 @@ def retuned_args(plan: Plan, args: Sequence[str], event: EngineEvent, *, concurr
     if event.kind == "kv" and v.get("tokens") is not None and plan.engine == "sglang":
         # SGLang caps request length at the pool silently: make the cap explicit.
         length = v["tokens"] // concurrency
-        if length < plan.max_model_len:
+        if length < (v.get("max_model_len") or plan.max_model_len):
             return set_flag(args, "--context-length", str(length))
     if event.kind == "kv" and v.get("concurrency") is not None and v["concurrency"] < concurrency:
         length = int(v["tokens"] / concurrency) // block * block
@@ -121,6 +121,12 @@ def retuned_args(plan: Plan, args: Sequence[str], event: EngineEvent, *, concurr
     if event.kind == "fatal:weights_leave_nothing":
         return set_flag(args, "--mem-fraction-static", f"{min(v['minimum'] + 0.02, 0.99):.3f}")
     return None
+
+
+def pool_short(event: EngineEvent, concurrency: int, tolerance: float) -> bool:
+    """SGLang's pool holds fewer than `concurrency` requests of its context, beyond the tolerance."""
+    tokens, context = event.values.get("tokens"), event.values.get("max_model_len")
+    return tokens is not None and bool(context) and tokens < context * concurrency * (1 - tolerance)
 
 
 def diverges(plan: Plan, event: EngineEvent, tolerance: float) -> bool:
@@ -217,7 +223,8 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
             return
         progress["engine_phase"] = ENGINE_PHASES.get(event.kind, progress["engine_phase"])
         calibration = measured.feed(event)
-        if calibration is not None and on_measured is not None:
+        # Measured against the plan's own flags only: after a retune the request has changed.
+        if calibration is not None and on_measured is not None and retunes == 0:
             on_measured(calibration)
         if event.kind == "kv":
             supervisor.mark_event("kv")
@@ -227,7 +234,7 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
             if retunes == 0 and diverges(plan, event, options.tolerance):
                 decide(event, f"engine KV tokens {event.values['tokens']:,} vs planned {plan.kv_cache_tokens:,} "
                               f"(tolerance {options.tolerance:.0%})")
-            elif plan.engine == "sglang" and retuned_args(plan, args, event, concurrency=concurrency):
+            elif plan.engine == "sglang" and pool_short(event, concurrency, options.tolerance):
                 decide(event, "SGLang pool smaller than the context length")
         elif event.is_fatal:
             lock.release()

@@ -41,23 +41,8 @@ def format_gib(num_bytes: float) -> str:
     return f"{num_bytes / GiB:.2f} GiB"
 
 
-def engine_gib(num_bytes: float) -> float:
-    """vLLM's `format_gib`: round(b / 2**30, 2)."""
-    return round(num_bytes / GiB, 2)
-
-
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def round_down(value: int, multiple: int) -> int:
-    return value // multiple * multiple
-
-
-def ceil_to(value: float, decimals: int) -> float:
-    """Round up to `decimals` places (a fraction that must not fall short)."""
-    scale = 10**decimals
-    return math.ceil(value * scale - 1e-9) / scale
 
 
 def floor_to(value: float, decimals: int) -> float:

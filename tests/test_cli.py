@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -100,3 +101,36 @@ def test_bad_input_is_one_line_and_a_documented_code(argv: list[str], code: int,
                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LD_LIBRARY_PATH": "/nonexistent"})
     assert run.returncode == code, run.stderr
     assert text in run.stderr and "Traceback" not in run.stderr
+
+
+def test_malformed_index_is_exit_65(tmp_path) -> None:
+    """A broken safetensors index is a data error (65) naming the file, not a traceback."""
+    from tests.test_model import QWEN25_7B
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
+    (tmp_path / "model.safetensors.index.json").write_text("{not json")
+    run = subprocess.run([sys.executable, "-m", "launcher", "plan", str(tmp_path), "--gpu", "h100"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 65 and "model.safetensors.index.json: not valid JSON" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_trust_engine_launches_a_hybrid_model_unplanned() -> None:
+    """--trust-engine on a model we cannot size adds no flags: the engine decides, and says so."""
+    import tempfile
+
+    config = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 64,
+              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+              "max_position_embeddings": 4096,
+              "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"]}
+    with tempfile.TemporaryDirectory() as model:
+        Path(model, "config.json").write_text(json.dumps(config))
+        Path(model, "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 10**6}}))
+        refused = CliRunner().invoke(cli, ["plan", model, "--gpu", "rtx4090"])
+        trusted = CliRunner().invoke(cli, [model, "--gpu", "rtx4090", "--trust-engine", "--dry-run", "--json"])
+    from launcher.errors import ExitCode, UnsupportedModel
+
+    assert isinstance(refused.exception, UnsupportedModel) and refused.exception.exit_code == ExitCode.CONFIG
+    assert "3 of 4 layers" in str(refused.exception)
+    doc = json.loads(trusted.output)
+    assert doc["engine_args"] == [] and doc["kv_cache_tokens"] == 0 and "the engine decides" in doc["notes"][0]

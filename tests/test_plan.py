@@ -248,3 +248,62 @@ def test_trust_engine_plan_leaves_sizing_to_the_engine() -> None:
     plan = engine_decides(refused, info.value)
     assert plan.engine_args == () and plan.kv_cache_tokens == 0 and plan.max_model_len == 131072
     assert plan.block_size == 16 and "the engine decides" in plan.notes[0]
+
+
+class TestFlagsThatChangeTheBudget:
+    def test_no_chunked_prefill_profiles_the_whole_length(self) -> None:
+        """Without chunked prefill vLLM profiles max(max_model_len, 2048) tokens: a bigger activation peak."""
+        chunked = make_plan(request("qwen2.5-7b", "rtx4090", engine_args=("--max-model-len", "32768")))
+        whole = make_plan(request("qwen2.5-7b", "rtx4090", engine_args=("--max-model-len", "32768",
+                                                                        "--no-enable-chunked-prefill")))
+        assert "32768 batched tokens" in whole.item("activation").detail
+        assert whole.item("activation").bytes > 2 * chunked.item("activation").bytes
+        assert whole.kv_cache_bytes < chunked.kv_cache_bytes
+
+    def test_cpu_offload_moves_weights_off_the_gpu(self) -> None:
+        """--cpu-offload-gb 4 leaves 4 GiB fewer weights on the GPU and that much more KV."""
+        plain = make_plan(request("qwen2.5-7b", "rtx4090", engine_args=("--max-model-len", "8192")))
+        offload = make_plan(request("qwen2.5-7b", "rtx4090", engine_args=("--max-model-len", "8192",
+                                                                          "--cpu-offload-gb", "4")))
+        assert plain.item("weights").bytes - offload.item("weights").bytes == 4 * GiB
+        assert offload.kv_cache_bytes - plain.kv_cache_bytes == 4 * GiB
+
+    def test_auto_length_is_held_to_the_concurrency(self) -> None:
+        """vLLM's auto-fit sizes for one request; asking for 4 at that length is refused with alternatives."""
+        one = make_plan(request("qwen2.5-7b", "rtx4090", engine_args=("--max-model-len", "auto")))
+        assert one.max_model_len == 32768 and "auto-fit" in one.max_model_len_source
+        with pytest.raises(WontFit) as info:
+            make_plan(request("qwen2.5-7b", "rtx4090", concurrency=4, engine_args=("--max-model-len", "auto")))
+        assert any(a.startswith("--max-model-len ") for a in info.value.alternatives)
+
+    def test_packed_kv_dtypes_are_not_guessed(self) -> None:
+        """fp8_ds_mla packs 656 B per token: refused rather than sized as 1 byte per element."""
+        with pytest.raises(UsageError, match="fp8_ds_mla"):
+            make_plan(request("deepseek-v2-lite", "h100", engine_args=("--kv-cache-dtype", "fp8_ds_mla")))
+
+
+class TestCalibrationScope:
+    def test_calibrated_rows_add_up(self) -> None:
+        """With a calibration the table shows one measured non-KV row; requested = weights + it + KV."""
+        from launcher.plan import Calibration
+
+        plan = make_plan(request("qwen2.5-7b", "l40s", calibration=Calibration(non_kv_bytes=16 * GiB, key="k")))
+        keys = [i.key for i in plan.budget]
+        assert "activation" not in keys and "measured_non_kv" in keys
+        parts = plan.item("weights").bytes + plan.item("measured_non_kv").bytes + plan.kv_cache_bytes
+        assert parts == plan.item("requested").bytes
+
+    def test_alternatives_do_not_reuse_another_setups_measurement(self) -> None:
+        """A calibration of 1 x 4090 does not shrink the TP 2 or AWQ alternatives."""
+        from launcher.plan import Calibration
+
+        variants = tuple(resolve_model(a) for a in resolve_model("qwen2.5-7b").quantized_variants)
+        args = ("--max-model-len", "32768")
+        plain = request("qwen2.5-7b", "2xrtx4090", concurrency=8, engine_args=args, variants=variants)
+        measured = dataclasses.replace(plain, calibration=Calibration(non_kv_bytes=int(16.5 * GiB), key="k"))
+        with pytest.raises(WontFit) as without:
+            make_plan(plain)
+        with pytest.raises(WontFit) as with_calibration:
+            make_plan(measured)
+        others = [a for a in without.value.alternatives if not a.startswith("--max-model-len")]
+        assert others and all(a in with_calibration.value.alternatives for a in others)

@@ -688,7 +688,9 @@ class TestCliOnTheProbe:
         context = next(item for item in doc["budget"] if item["key"] == "context")
         requested = next(item for item in doc["budget"] if item["key"] == "requested")
         assert doc["gpu"]["name"] == "NVIDIA H100 80GB HBM3"
-        assert other["bytes"] == 85520809984 - 69704089600 and f"pid {sleeper.pid} sleep" in other["detail"]
+        # NVML total - reserved - free: the tenant's 15,250,489,344 B, not the driver's reserve.
+        assert other["bytes"] == 85520809984 - 566231040 - 69704089600 == 15250489344
+        assert f"pid {sleeper.pid} sleep" in other["detail"]
         # requested = ceil(total x u) stays within free - context - margin: vLLM will start.
         assert requested["bytes"] <= 69704089600 - context["bytes"] - 256 * 2**20
         assert doc["gpu_memory_utilization"] < 0.92

@@ -91,3 +91,14 @@ def test_kv_cache_memory_bytes_reads_like_vllm() -> None:
 
     assert pinned_flags(["--kv-cache-memory-bytes", "16M"]) == {"--kv-cache-memory-bytes": 16 * 2**20}
     assert pinned_flags(["--kv-cache-memory-bytes=25.6k"]) == {"--kv-cache-memory-bytes": 25600}
+
+
+def test_sglang_pool_within_tolerance_is_no_reason_to_restart() -> None:
+    """A pool 4 tokens short of the context (0.015 %) is within 2 %; 10 % short is not."""
+    from launcher.serve import pool_short
+
+    near = parse_sglang("max_total_num_tokens=27572, chunked_prefill_size=4096, max_prefill_tokens=16384, "
+                        "max_running_requests=2048, context_len=27576, available_gpu_mem=2.10 GB")
+    far = parse_sglang("max_total_num_tokens=24818, chunked_prefill_size=4096, max_prefill_tokens=16384, "
+                       "max_running_requests=2048, context_len=27576, available_gpu_mem=2.10 GB")
+    assert not pool_short(near, 1, 0.02) and pool_short(far, 1, 0.02)

@@ -58,11 +58,6 @@ def parse_pinned(argv: Sequence[str], specs: Sequence[FlagSpec]) -> dict[str, An
     return pinned
 
 
-def has_flag(argv: Sequence[str], spec: FlagSpec) -> bool:
-    spellings = set(_spellings(spec))
-    return any(token.partition("=")[0] in spellings for token in argv)
-
-
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -80,8 +75,22 @@ def human_int(text: str) -> int:
 
 
 def human_int_or_auto(text: str) -> int:
-    """`--max-model-len` also takes -1 and auto (fit the KV cache)."""
-    return -1 if text.strip().lower() in ("auto", "-1") else human_int(text)
+    """`--max-model-len` also takes -1 and auto (fit the KV cache); otherwise a positive count."""
+    return -1 if text.strip().lower() in ("auto", "-1") else positive(human_int)(text)
+
+
+def positive(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse`, refusing zero and negative values (sizes, counts and lengths)."""
+    def parse_positive(text: str) -> Any:
+        value = parse(text)
+        if value <= 0:
+            raise ValueError("must be positive")
+        return value
+
+    return parse_positive
+
+
+positive_int = positive(int)
 
 
 def fraction(text: str) -> float:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.engines.flags import FlagSpec, fraction, human_int, human_int_or_auto, parse_pinned
+from launcher.engines.flags import FlagSpec, fraction, human_int, human_int_or_auto, parse_pinned, positive, positive_int
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, KvLayout, kv_layout
 from launcher.model import MAX_LEN_KEYS, SLIDING, ModelGeometry
@@ -48,24 +48,27 @@ def rules_for(version: str | None) -> tuple[VllmRules, str | None]:
 FLAGS = (
     FlagSpec("--gpu-memory-utilization", fraction, aliases=("--device-memory-utilization",)),
     FlagSpec("--max-model-len", human_int_or_auto),
-    FlagSpec("--max-num-batched-tokens", human_int),
-    FlagSpec("--max-num-seqs", int),
+    FlagSpec("--max-num-batched-tokens", positive(human_int)),
+    FlagSpec("--max-num-seqs", positive_int),
     FlagSpec("--kv-cache-dtype", str),
-    FlagSpec("--kv-cache-memory-bytes", human_int),
-    FlagSpec("--block-size", int),
-    FlagSpec("--tensor-parallel-size", int, aliases=("-tp",)),
-    FlagSpec("--pipeline-parallel-size", int, aliases=("-pp",)),
+    FlagSpec("--kv-cache-memory-bytes", positive(human_int)),
+    FlagSpec("--block-size", positive_int),
+    FlagSpec("--tensor-parallel-size", positive_int, aliases=("-tp",)),
+    FlagSpec("--pipeline-parallel-size", positive_int, aliases=("-pp",)),
     FlagSpec("--enforce-eager", None),
     FlagSpec("--dtype", str),
     FlagSpec("--disable-hybrid-kv-cache-manager", None),
-    FlagSpec("--num-gpu-blocks-override", int),
-    FlagSpec("--nnodes", int),
+    FlagSpec("--num-gpu-blocks-override", positive_int),
+    FlagSpec("--nnodes", positive_int),
     FlagSpec("--port", int),
     FlagSpec("--host", str),
     FlagSpec("--cpu-offload-gb", float),
-    FlagSpec("--enable-chunked-prefill", None),
     FlagSpec("--no-enable-chunked-prefill", None),
 )
+# The flags safe-serve itself sets or suggests, in this engine's spelling.
+LENGTH_FLAG = "--max-model-len"
+TP_FLAG = "--tensor-parallel-size"
+FP8_KV = "fp8"
 DEFAULT_PORT = 8000
 
 
@@ -87,16 +90,16 @@ def rope_scaling_entries(text: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return entries
 
 
-def derived_max_model_len(geometry: ModelGeometry, *, rules: VllmRules,
-                          tokenizer_max_length: int | None = None) -> tuple[int, str]:
-    """`_get_and_verify_max_len`: the smallest length key, times a non-YaRN rope factor."""
+def derived_max_model_len(geometry: ModelGeometry, *, rules: VllmRules) -> tuple[int, str]:
+    """`_get_and_verify_max_len`: the smallest length key (a truthy model_max_length
+    overrides it, as for Command-R), times a rope factor that is not YaRN/llama3/longrope."""
     text = geometry.text_config
     found = [(text[k], k) for k in MAX_LEN_KEYS if isinstance(text.get(k), (int, float)) and text.get(k)]
     if not found:
         return 2048, "no length key in config.json (vLLM assumes 2048)"
     length, key = min(found)
-    if tokenizer_max_length:
-        length = min(length, tokenizer_max_length)
+    if isinstance(text.get("model_max_length"), (int, float)) and text["model_max_length"]:
+        length, key = text["model_max_length"], "model_max_length"
     unscaled = ("su", "longrope", "llama3", "deepseek_yarn", "deepseek_llama_scaling")
     if not rules.yarn_scales_max_len:
         unscaled = (*unscaled, "yarn")
@@ -131,7 +134,7 @@ def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str) -> tuple[int, s
     if value == "auto":
         size = 4 if model_dtype == "float32" else 2
         return size, f"kv-cache-dtype auto = model dtype {model_dtype}"
-    if value.startswith("fp8") or value in ("fp8_inc",):
+    if value in ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"):
         return 1, f"kv-cache-dtype {value} (1 byte)"
     if value in ("bfloat16", "float16", "half"):
         return 2, f"kv-cache-dtype {value}"
@@ -175,10 +178,6 @@ def in_flight_tokens(*, batched_tokens: int, device: str, pp: int) -> int:
     """
     batches = 2 if device != "cpu" and pp <= 1 else max(pp, 1)
     return batches * batched_tokens
-
-
-def has_sliding_layers(geometry: ModelGeometry) -> bool:
-    return SLIDING in geometry.layer_kinds
 
 
 def utilization_for(requested_bytes: int, cuda_total_bytes: int) -> float:

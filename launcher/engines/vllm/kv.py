@@ -193,10 +193,3 @@ def estimate_max_model_len(layout: KvLayout, check_memory: int, max_model_len: i
         else:
             high = mid - 1
     return low
-
-
-def kv_bytes_for(layout: KvLayout, *, concurrency: float, max_model_len: int, in_flight_tokens: int) -> int:
-    """Smallest KV budget that gives `concurrency` requests of `max_model_len`, null block included."""
-    per_request = layout.blocks_per_request(max_model_len, in_flight_tokens)
-    blocks = max(int(-(-concurrency * per_request // 1)), per_request) + 1
-    return blocks * layout.bytes_per_block
