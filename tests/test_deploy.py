@@ -329,15 +329,18 @@ class TestDockerfiles:
         assert "--host" in engine_args_of(params)
 
 
-class TestKubernetes:
-    @pytest.fixture(scope="class")
-    def docs(self) -> list[dict[str, Any]]:
-        return [doc for doc in yaml.safe_load_all(KUBERNETES.read_text()) if doc]
+@pytest.fixture(scope="module", name="docs")
+def _kubernetes_docs() -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(KUBERNETES.read_text()) if doc]
 
-    @pytest.fixture(scope="class")
-    def pod(self, docs: list[dict[str, Any]]) -> dict[str, Any]:
-        deployment = next(doc for doc in docs if doc["kind"] == "Deployment")
-        return deployment["spec"]["template"]["spec"]
+
+@pytest.fixture(scope="module", name="pod")
+def _kubernetes_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = next(doc for doc in docs if doc["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]
+
+
+class TestKubernetes:
 
     def test_manifest_parses(self, docs: list[dict[str, Any]]) -> None:
         assert sorted(doc["kind"] for doc in docs) == ["Deployment", "PersistentVolumeClaim", "Service"]
