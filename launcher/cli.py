@@ -141,17 +141,15 @@ def serve_command(**opts: Any) -> None:
 def _lock_live_devices(opts: Mapping[str, Any]) -> Any:
     """Take the start lock on the GPUs the engine will use, before the plan reads free memory."""
     from launcher.devlock import DeviceLock
-    from launcher.engines import sglang, vllm
+    from launcher.engines import engine_module, ranks
 
     if opts.get("gpu_specs") or opts.get("device") == "cpu":
         return None  # a hypothetical GPU or the host: nothing shared to lock
     from launcher.probe import probe_inventory
 
-    engine_args = [a for a in opts.get("engine_args") or () if a != "--"]
-    pinned = (vllm if opts["engine"] == "vllm" else sglang).pinned_flags(engine_args)
-    ranks = (pinned.get("--tensor-parallel-size") or pinned.get("--tp-size") or 1) * (
-        pinned.get("--pipeline-parallel-size") or pinned.get("--pp-size") or 1)
-    visible = probe_inventory().visible[:ranks]
+    pinned = engine_module(opts["engine"]).pinned_flags(_engine_args(opts))
+    tp, pp = ranks(opts["engine"], pinned)
+    visible = probe_inventory().visible[:tp * pp]
     lock = DeviceLock([g.uuid for g in visible if g.uuid], timeout_s=opts["lock_timeout"])
     lock.acquire()
     return lock
@@ -228,14 +226,12 @@ def build_request(opts: Mapping[str, Any], env: Mapping[str, str]) -> Any:
     from launcher.catalog import hypothetical_gpus
     from launcher.engines.versions import installed_version
     from launcher.plan import PlanRequest
-    from launcher.resolve import load_profile, resolve_model, _from_profile
+    from launcher.resolve import load_profile, model_from_profile, resolve_model
     from launcher.units import parse_size
 
-    engine_args = tuple(opts.get("engine_args") or ())
-    if engine_args and engine_args[0] == "--":
-        engine_args = engine_args[1:]
+    engine_args = _engine_args(opts)
     model = resolve_model(opts["model"], env=env)
-    variants = tuple(_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
+    variants = tuple(model_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
     gpus: tuple[Any, ...] = ()
     host = None
     device = opts.get("device", "cuda")
@@ -272,12 +268,18 @@ def build_request(opts: Mapping[str, Any], env: Mapping[str, str]) -> Any:
     )
 
 
+def _engine_args(opts: Mapping[str, Any]) -> tuple[str, ...]:
+    """The engine flags given after `--` (click normally drops the `--` itself)."""
+    engine_args = tuple(opts.get("engine_args") or ())
+    return engine_args[1:] if engine_args[:1] == ("--",) else engine_args
+
+
 def calibration_key_for(engine: str, version: str | None, gpus: Sequence[Any], model: str,
                         engine_args: Sequence[str]) -> str:
     from launcher.calibration import calibration_key
-    from launcher.engines import sglang, vllm
+    from launcher.engines import engine_module
 
-    pinned = (vllm if engine == "vllm" else sglang).pinned_flags(engine_args)
+    pinned = engine_module(engine).pinned_flags(engine_args)
     gpu_name = f"{len(gpus)} x {gpus[0].name}" if gpus else "cpu"
     return calibration_key(gpu_name=gpu_name, model=model, engine=engine, engine_version=version or "newest",
                            pinned=pinned)

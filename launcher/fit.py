@@ -9,20 +9,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from launcher.engines import engine_module
 from launcher.errors import UsageError, WontFit
 from launcher.gpu import GpuDevice
 from launcher.plan import Plan, PlanRequest, make_plan
 from launcher.resolve import ResolvedModel
 
 GPU_COUNTS = (1, 2, 4, 8)
-
-
-def engine_module(engine: str) -> Any:
-    from launcher.engines import sglang, vllm
-
-    return vllm if engine == "vllm" else sglang
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.engines import engine_module, ranks
 from launcher.engines import sglang as sg
 from launcher.engines.flags import drop_flag
 from launcher.engines import vllm as vl
@@ -207,8 +208,7 @@ class _VllmSetup:
 def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None) -> _VllmSetup:
     rules, note = vl.rules_for(request.engine_version)
     pinned = vl.pinned_flags(request.engine_args)
-    tp = pinned.get("--tensor-parallel-size", 1)
-    pp = pinned.get("--pipeline-parallel-size", 1)
+    tp, pp = ranks("vllm", pinned)
     geometry = request.model.geometry
     dtype, dtype_reason = vl.resolve_dtype(geometry, compute_capability=compute_capability,
                                            device=request.device, pinned=pinned.get("--dtype"))
@@ -523,7 +523,7 @@ def _plan_sglang(request: PlanRequest) -> Plan:
     model, geometry = request.model, request.model.geometry
     rules, rules_note = sg.rules_for(request.engine_version)
     pinned = sg.pinned_flags(request.engine_args)
-    tp, pp = pinned.get("--tp-size", 1), pinned.get("--pp-size", 1)
+    tp, pp = ranks("sglang", pinned)
     devices = _rank_devices(request, tp * pp, pinned.get("--nnodes", 1))
     gpu = _tightest(devices)
     # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
@@ -544,7 +544,8 @@ def _plan_sglang(request: PlanRequest) -> Plan:
         raise UsageError(str(exc)) from None
     cell = sg.cell_size_bytes(geometry, kv_bytes=kv_elem, tp=tp, pp=pp, pinned=pinned)
     page, page_reason = sg.default_page_size(geometry, gpu.compute_capability)
-    page = pinned.get("--page-size", page)
+    if "--page-size" in pinned:
+        page, page_reason = pinned["--page-size"], "pinned --page-size"
     if geometry.is_multimodal and not pinned.get("--language-only", False):
         after_load -= sg.MULTIMODAL_RESERVE_BYTES
     derived_len, derived_reason = sg.derived_context_length(geometry)
@@ -552,7 +553,6 @@ def _plan_sglang(request: PlanRequest) -> Plan:
     if context_len_pinned is not None and context_len_pinned > derived_len:
         raise WontFit(f"--context-length {context_len_pinned} is above the derived context length {derived_len} "
                       f"({derived_reason}); SGLang refuses it")
-    target_len = context_len_pinned or derived_len
 
     def req_to_token_bytes(tokens: int, length: int) -> int:
         mrr = sg.max_running_requests(max(tokens, 2), length, pinned.get("--max-running-requests"))
@@ -621,7 +621,7 @@ def _plan_sglang(request: PlanRequest) -> Plan:
         BudgetItem("kv", "KV pool", kv, FORMULA,
                    f"{tokens} tokens x {cell:g} B/token (page {page}); budget {format_gib(budget)}", bar="kv"),
     )
-    notes = [n for n in (rules_note, dtype_reason, kv_reason) if n]
+    notes = [n for n in (rules_note, dtype_reason, kv_reason, page_reason) if n]
     notes.append(f"default fraction {derivation.fraction:g}: chunked prefill {derivation.chunked_prefill_size}, "
                  f"decode graph bs {derivation.decode_max_bs}, {derivation.prefill_buckets} prefill buckets"
                  + (", 10 GiB floor" if derivation.floor_applied else ""))
@@ -642,7 +642,7 @@ def alternatives_for(request: PlanRequest) -> tuple[str, ...]:
     """Each alternative is planned for real; only the ones that fit are offered."""
     found: list[str] = []
     args = list(request.engine_args)
-    engine = vl if request.engine == "vllm" else sg
+    engine = engine_module(request.engine)
     length_flag, kv_flag_value, tp_flag = engine.LENGTH_FLAG, engine.FP8_KV, engine.TP_FLAG
 
     def attempt(label: str, **changes: Any) -> Plan | None:
@@ -686,7 +686,7 @@ def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     The plan carries no token prediction (nothing to diverge from); the watcher still
     retunes from the engine's own numbers when it refuses.
     """
-    engine = vl if request.engine == "vllm" else sg
+    engine = engine_module(request.engine)
     pinned = engine.pinned_flags(request.engine_args)
     block = None
     if request.engine == "vllm":
@@ -699,7 +699,7 @@ def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
         model=request.model.name, max_model_len=pinned.get("--max-model-len") or pinned.get("--context-length") or 0,
         max_model_len_source="left to the engine (--trust-engine)", kv_cache_bytes=0, kv_cache_tokens=0,
         max_concurrency=0.0, budget=(), engine_args=(), engine_env={}, pinned=dict(pinned),
-        tp=pinned.get("--tensor-parallel-size", pinned.get("--tp-size", 1)), block_size=block,
+        tp=ranks(request.engine, pinned)[0], block_size=block,
         gpu_name=request.gpus[0].name if request.gpus else request.device, gpu_count=len(request.gpus),
         notes=(f"--trust-engine: safe-serve's plan refused ({refusal.message}); the engine decides",),
     )

@@ -47,7 +47,7 @@ def resolve_model(text: str, *, env: Mapping[str, str] | None = None) -> Resolve
         return _from_local_dir(path, text)
     profile = load_profile(text)
     if profile is not None:
-        return _from_profile(profile)
+        return model_from_profile(profile)
     if "/" in text and not text.startswith((".", "/", "~")):
         return _from_hub(text, env)
     known = ", ".join(sorted(list_aliases()))
@@ -92,7 +92,7 @@ def _read_yaml(path: Path) -> Mapping[str, Any]:
     return data
 
 
-def _from_profile(profile: Mapping[str, Any], *, via: str = "alias") -> ResolvedModel:
+def model_from_profile(profile: Mapping[str, Any], *, via: str = "alias") -> ResolvedModel:
     config = profile.get("config")
     if not isinstance(config, Mapping):
         raise ModelConfigError(f"profile {profile.get('alias')!r}: missing its 'config' mapping")
@@ -217,7 +217,7 @@ def _from_hub(repo_id: str, env: Mapping[str, str]) -> ResolvedModel:
     except (LocalEntryNotFoundError, OSError) as exc:
         profile = profile_for_repo(repo_id)
         if profile is not None:
-            return _from_profile(profile, via="alias")
+            return model_from_profile(profile, via="alias")
         raise ModelNotFound(
             f"{repo_id}: config.json is not in the Hugging Face cache and the hub cannot be reached",
             hint="download it once online, or pass a local directory",

@@ -1,7 +1,7 @@
 """Launch and watch: start the engine with the plan's flags, check its numbers, retune or abort.
 
-The supervisor passes every engine line through untouched; `Watcher` reads them through the
-engine's log rules, compares the engine's KV tokens with the plan, and on divergence or a
+The supervisor passes every engine line through untouched; `run_serve`'s line hook reads
+them through the engine's log rules, compares the engine's KV tokens with the plan, and on divergence or a
 known fatal error retunes (new flags computed from the engine's own numbers, never the same
 flags twice), aborts (exit 78) or warns.
 """
@@ -17,9 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.engines import sglang as sg
-from launcher.engines import vllm as vl
 from launcher.devlock import DeviceLock
+from launcher.engines import engine_logs, engine_module
 from launcher.engines.events import EngineEvent
 from launcher.engines.flags import set_flag
 from launcher.errors import ExitCode
@@ -52,23 +51,6 @@ def engine_argv(plan: Plan, model: str, passthrough: Sequence[str], engine_cmd: 
     return [*base, *model_args, *passthrough, *plan.engine_args]
 
 
-def parser_for(engine: str) -> Callable[[str], EngineEvent | None]:
-    if engine == "sglang":
-        from launcher.engines.sglang.logs import parse
-    else:
-        from launcher.engines.vllm.logs import parse
-    return parse
-
-
-def prefilter_for(engine: str) -> tuple[bytes, ...]:
-    """Substrings a line needs for any rule to match: the rest never reaches Python decoding."""
-    if engine == "sglang":
-        from launcher.engines.sglang.logs import PREFILTER
-    else:
-        from launcher.engines.vllm.logs import PREFILTER
-    return tuple(key.encode() for key in PREFILTER)
-
-
 class Measurements:
     """Turns what the engine logged into a `Calibration` for the next plan of the same key."""
 
@@ -92,9 +74,9 @@ class Measurements:
 
 
 def health_port(plan: Plan, passthrough: Sequence[str]) -> tuple[str, int]:
-    pinned = (sg if plan.engine == "sglang" else vl).pinned_flags(passthrough)
-    default_port = sg.DEFAULT_PORT if plan.engine == "sglang" else vl.DEFAULT_PORT
-    return str(pinned.get("--host") or "127.0.0.1"), int(pinned.get("--port") or default_port)
+    engine = engine_module(plan.engine)
+    pinned = engine.pinned_flags(passthrough)
+    return str(pinned.get("--host") or "127.0.0.1"), int(pinned.get("--port") or engine.DEFAULT_PORT)
 
 
 def retuned_args(plan: Plan, args: Sequence[str], event: EngineEvent, *, concurrency: int = 1,
@@ -105,7 +87,7 @@ def retuned_args(plan: Plan, args: Sequence[str], event: EngineEvent, *, concurr
     if event.kind in ("fatal:kv_too_small", "fatal:kv_too_small_v0") and v.get("estimated_max_model_len"):
         length = v["estimated_max_model_len"] // concurrency
         length = length // block * block if length >= block else length
-        flag = "--context-length" if plan.engine == "sglang" else "--max-model-len"
+        flag = engine_module(plan.engine).LENGTH_FLAG
         return set_flag(args, flag, str(length)) if length > 0 else None
     if event.kind == "fatal:startup_free":
         utilization = math.floor((v["free_gib"] - margin_gib) / v["total_gib"] * 10_000) / 10_000
@@ -160,7 +142,8 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
     from launcher.supervisor import EngineCommand, HealthCheck, Supervisor, SupervisorOptions
 
     log = structlog.get_logger("safe_serve.watch")
-    parse = parser_for(plan.engine)
+    logs = engine_logs(plan.engine)
+    parse = logs.parse
     # The engine's flags as one list: the operator's, then the plan's. A retune rewrites this
     # list, so a recomputed flag replaces the plan's own instead of being overridden by it.
     args = [*passthrough, *plan.engine_args]
@@ -252,7 +235,8 @@ def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: Se
     supervisor = Supervisor(
         command_for(args),
         SupervisorOptions(grace_seconds=options.grace, health=HealthCheck(host=host, port=port),
-                          line_filter=prefilter_for(plan.engine),
+                          # lines no rule could match never reach Python decoding
+                          line_filter=tuple(key.encode() for key in logs.PREFILTER),
                           ready_file=Path(options.ready_file) if options.ready_file else None,
                           watches={"kv": options.watch_timeout}),
         on_line=on_line, on_ready=on_ready, on_watch_timeout=on_watch_timeout,

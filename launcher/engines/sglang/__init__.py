@@ -25,6 +25,7 @@ NEWEST = "0.5.23"
 # The flags safe-serve itself sets or suggests, in this engine's spelling.
 LENGTH_FLAG = "--context-length"
 TP_FLAG = "--tp-size"
+PP_FLAG = "--pp-size"
 FP8_KV = "fp8_e4m3"
 DEFAULT_PORT = 30000
 FALLBACK_FRACTION = 0.95  # no device capacity known

@@ -68,6 +68,7 @@ FLAGS = (
 # The flags safe-serve itself sets or suggests, in this engine's spelling.
 LENGTH_FLAG = "--max-model-len"
 TP_FLAG = "--tensor-parallel-size"
+PP_FLAG = "--pipeline-parallel-size"
 FP8_KV = "fp8"
 DEFAULT_PORT = 8000
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.model import FULL, LINEAR, MLA, SLIDING, ModelGeometry, kv_heads_per_rank
+from launcher.model import FULL, LINEAR, SLIDING, ModelGeometry, kv_heads_per_rank
 from launcher.units import cdiv
 
 DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
