@@ -296,12 +296,13 @@ def _check_vllm_capacity(request: PlanRequest, capacity: KvCapacity, length: int
 
 def _plan_vllm_gpu(request: PlanRequest) -> Plan:
     model, geometry = request.model, request.model.geometry
-    probe_setup = _vllm_setup(request, request.gpus[0].compute_capability if request.gpus else None)
-    tp, pp = probe_setup.tp, probe_setup.pp
-    devices = _rank_devices(request, tp * pp, probe_setup.pinned.get("--nnodes", 1))
+    # Parallelism picks the devices, whose compute capability then sets dtype and block size.
+    pinned = vl.pinned_flags(request.engine_args)
+    tp, pp = ranks("vllm", pinned)
+    devices = _rank_devices(request, tp * pp, pinned.get("--nnodes", 1))
     gpu = _tightest(devices)
     setup = _vllm_setup(request, gpu.compute_capability)
-    pinned, rules = setup.pinned, setup.rules
+    rules = setup.rules
     total = gpu.usable_total_bytes
     free = gpu.free_bytes or 0
     context = vb.context_bytes(tp, pp)
