@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -17,9 +18,8 @@ from typing import Any
 
 import click
 
-from launcher.errors import ExitCode, ProbeError, SafeServeError, UnsupportedModel, WontFit
-
-ENGINE_ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
+from launcher.errors import ExitCode, SafeServeError, UnsupportedModel, WontFit
+from launcher.request import PlanOptions, build_request, calibration_key_for, engine_args_after_dashes, lock_live_devices
 
 
 class DefaultToServe(click.Group):
@@ -60,14 +60,26 @@ def plan_options(func: Any) -> Any:
     return func
 
 
+def plan_options_from(opts: Mapping[str, Any]) -> PlanOptions:
+    """click's keyword arguments -> the typed options `launcher.request` works from."""
+    return PlanOptions(
+        model=opts["model"], engine=opts.get("engine") or "vllm", gpu_specs=tuple(opts.get("gpu_specs") or ()),
+        device=opts.get("device") or "cuda", concurrency=opts.get("concurrency", 1),
+        max_gpu_memory=opts.get("max_gpu_memory"), margin=opts.get("margin"),
+        engine_version=opts.get("engine_version"), trust_engine=bool(opts.get("trust_engine")),
+        use_calibration=not opts.get("no_calibration"),
+        engine_args=engine_args_after_dashes(opts.get("engine_args") or ()),
+    )
+
+
 @cli.command("plan")
 @plan_options
 def plan_command(**opts: Any) -> None:
     """Print the plan (budget table and flags) without starting anything."""
+    from launcher.planner import make_plan
     from launcher.render import plan_to_json, render_plan
 
-    request = build_request(opts, os.environ)
-    plan = _make_plan(request)
+    plan = make_plan(build_request(plan_options_from(opts), os.environ))
     if opts["as_json"]:
         click.echo(json.dumps(plan_to_json(plan), indent=2))
     else:
@@ -90,24 +102,23 @@ def serve_command(**opts: Any) -> None:
     """Plan, then start the engine with the planned flags and watch it."""
     import shlex
 
+    from launcher.engines import adapter
+    from launcher.planner import engine_decides, make_plan
     from launcher.render import plan_to_json, render_plan
-    from launcher.serve import ServeOptions, engine_argv, run_serve
+    from launcher.serve import ServeOptions, run_serve
 
     _configure_logging(opts.get("log_format"))
-    # Concurrent starts on one GPU must not mis-size each other (vLLM #55827): hold the
-    # devices' lock from reading free memory until the engine has sized its KV cache.
-    lock = None if opts["dry_run"] else _lock_live_devices(opts)
-    request = build_request(opts, os.environ)
+    options = plan_options_from(opts)
+    lock = None if opts["dry_run"] else lock_live_devices(options, opts["lock_timeout"])
+    request = build_request(options, os.environ)
     try:
-        plan = _make_plan(request)
+        plan = make_plan(request)
     except (WontFit, UnsupportedModel) as refusal:
         if not request.trust_engine:
             raise
-        from launcher.plan import engine_decides
-
         plan = engine_decides(request, refusal)
     model_ref = request.model.path or request.model.name  # a local directory, else the repo id
-    argv = engine_argv(plan, model_ref, request.engine_args, opts.get("engine_cmd"))
+    argv = adapter(plan.engine).engine_argv(plan, model_ref, request.engine_args, opts.get("engine_cmd"))
     if opts["dry_run"]:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.engine_env.items())
         if opts["as_json"]:
@@ -117,10 +128,10 @@ def serve_command(**opts: Any) -> None:
             click.echo(("\n" + env + " " if env else "\n") + shlex.join(argv))
         return
     click.echo(render_plan(plan, argv), err=True)
-    options = ServeOptions(engine_cmd=opts.get("engine_cmd"), on_divergence=opts["on_divergence"],
-                           tolerance=opts["tolerance"], max_retunes=opts["max_retunes"],
-                           watch_timeout=opts["watch_timeout"], grace=opts["grace"],
-                           lock_timeout=opts["lock_timeout"], ready_file=opts.get("ready_file"))
+    serve_options = ServeOptions(engine_cmd=opts.get("engine_cmd"), on_divergence=opts["on_divergence"],
+                                 tolerance=opts["tolerance"], max_retunes=opts["max_retunes"],
+                                 watch_timeout=opts["watch_timeout"], grace=opts["grace"],
+                                 lock_timeout=opts["lock_timeout"], ready_file=opts.get("ready_file"))
     from launcher.calibration import record
     from launcher.paths import state_dir
 
@@ -133,26 +144,9 @@ def serve_command(**opts: Any) -> None:
         except OSError as exc:  # a read-only state dir must not stop the engine
             click.echo(f"safe-serve: calibration not saved: {exc}", err=True)
 
-    code = run_serve(plan, model=model_ref, passthrough=request.engine_args, options=options,
+    code = run_serve(plan, model=model_ref, passthrough=request.engine_args, options=serve_options,
                      concurrency=request.concurrency, lock=lock, on_measured=on_measured)
     sys.exit(code)
-
-
-def _lock_live_devices(opts: Mapping[str, Any]) -> Any:
-    """Take the start lock on the GPUs the engine will use, before the plan reads free memory."""
-    from launcher.devlock import DeviceLock
-    from launcher.engines import engine_module, ranks
-
-    if opts.get("gpu_specs") or opts.get("device") == "cpu":
-        return None  # a hypothetical GPU or the host: nothing shared to lock
-    from launcher.probe import probe_inventory
-
-    pinned = engine_module(opts["engine"]).pinned_flags(_engine_args(opts))
-    tp, pp = ranks(opts["engine"], pinned)
-    visible = probe_inventory().visible[:tp * pp]
-    lock = DeviceLock([g.uuid for g in visible if g.uuid], timeout_s=opts["lock_timeout"])
-    lock.acquire()
-    return lock
 
 
 def _configure_logging(log_format: str | None) -> None:
@@ -184,8 +178,8 @@ def fit_command(**opts: Any) -> None:
 
     specs = opts["gpu_specs"] or tuple(g.name for g in load_catalog())
     gpus = tuple(hypothetical_gpus([spec])[0] for spec in specs)  # one device per GPU type: fit sets counts
-    base = build_request({**opts, "gpu_specs": (specs[0],), "concurrency": opts["concurrency"],
-                          "no_calibration": True}, os.environ)
+    base = build_request(dataclasses.replace(plan_options_from({**opts, "gpu_specs": (specs[0],)}),
+                                             use_calibration=False), os.environ)
     workload = Workload(opts["concurrency"], opts["tokens"])
     results = fit(base, workload, gpus)
     inverse = None
@@ -218,79 +212,6 @@ def models_command() -> None:
         click.echo(f"{alias:32} {profile.get('repo', '')}")
 
 
-# --------------------------------------------------------------------------- request building
-
-
-def build_request(opts: Mapping[str, Any], env: Mapping[str, str]) -> Any:
-    """Gather the plan's inputs at the edge: model, GPUs (probe or --gpu), engine version, env."""
-    from launcher.catalog import hypothetical_gpus
-    from launcher.engines.versions import installed_version
-    from launcher.plan import PlanRequest
-    from launcher.resolve import load_profile, model_from_profile, resolve_model
-    from launcher.units import parse_size
-
-    engine_args = _engine_args(opts)
-    model = resolve_model(opts["model"], env=env)
-    variants = tuple(model_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
-    gpus: tuple[Any, ...] = ()
-    host = None
-    device = opts.get("device", "cuda")
-    if device == "cpu":
-        from launcher.probe import probe_host
-
-        host = probe_host()
-    elif opts.get("gpu_specs"):
-        gpus = hypothetical_gpus(opts["gpu_specs"])
-    else:
-        from launcher.probe import probe_inventory
-
-        inventory = probe_inventory(env)
-        gpus, host = inventory.visible, inventory.host
-        if not gpus:
-            raise ProbeError("no GPU is visible to the engine (CUDA_VISIBLE_DEVICES hides them all)",
-                             hint="use --gpu NAME for a hypothetical plan, or --device cpu")
-    version = opts.get("engine_version") or installed_version(opts["engine"])
-    calibration = None
-    if not opts.get("no_calibration"):
-        from launcher.calibration import load
-        from launcher.paths import state_dir
-
-        calibration = load(state_dir(env), calibration_key_for(opts["engine"], version, gpus, model.name, engine_args))
-    max_gpu = opts.get("max_gpu_memory")
-    from launcher.plan import DEFAULT_MARGIN_BYTES
-
-    margin = parse_size(opts["margin"]) if opts.get("margin") else DEFAULT_MARGIN_BYTES
-    return PlanRequest(
-        model=model, engine=opts["engine"], device=device, gpus=gpus, host=host, engine_version=version,
-        engine_args=engine_args, engine_env={k: env[k] for k in ENGINE_ENV_KEYS if k in env},
-        concurrency=opts.get("concurrency", 1), max_gpu_memory_bytes=parse_size(max_gpu) if max_gpu else None,
-        margin_bytes=margin, trust_engine=bool(opts.get("trust_engine")), variants=variants, calibration=calibration,
-    )
-
-
-def _engine_args(opts: Mapping[str, Any]) -> tuple[str, ...]:
-    """The engine flags given after `--` (click normally drops the `--` itself)."""
-    engine_args = tuple(opts.get("engine_args") or ())
-    return engine_args[1:] if engine_args[:1] == ("--",) else engine_args
-
-
-def calibration_key_for(engine: str, version: str | None, gpus: Sequence[Any], model: str,
-                        engine_args: Sequence[str]) -> str:
-    from launcher.calibration import calibration_key
-    from launcher.engines import engine_module
-
-    pinned = engine_module(engine).pinned_flags(engine_args)
-    gpu_name = f"{len(gpus)} x {gpus[0].name}" if gpus else "cpu"
-    return calibration_key(gpu_name=gpu_name, model=model, engine=engine, engine_version=version or "newest",
-                           pinned=pinned)
-
-
-def _make_plan(request: Any) -> Any:
-    from launcher.plan import make_plan
-
-    return make_plan(request)
-
-
 # --------------------------------------------------------------------------- entry point
 
 
@@ -308,10 +229,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(int(exc.exit_code))
     except click.exceptions.Abort:
         click.echo("safe-serve: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(int(ExitCode.INTERRUPTED))
     except click.ClickException as exc:
         exc.show()
         sys.exit(int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(int(ExitCode.INTERRUPTED))
     sys.exit(0)

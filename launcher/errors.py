@@ -17,8 +17,10 @@ class ExitCode(enum.IntEnum):
     DATA = 65  # EX_DATAERR: a model config or checkpoint we cannot read
     NO_INPUT = 66  # EX_NOINPUT: model, file or directory not found
     UNAVAILABLE = 69  # EX_UNAVAILABLE: no GPU / NVML to probe, engine not installed
+    SOFTWARE = 70  # EX_SOFTWARE: the engine ended by itself with code 0, unasked (a supervised server must not)
     TEMPFAIL = 75  # EX_TEMPFAIL: GPU busy, lock timeout: try again later
     CONFIG = 78  # EX_CONFIG: will not fit as configured (RestartPreventExitStatus=78)
+    INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C before the engine ran (quiet, no traceback)
 
 
 class SafeServeError(Exception):

@@ -1,6 +1,6 @@
 """Reverse planning: from a workload (N requests of L tokens) to the hardware and flags that carry it.
 
-Every answer is a plan from `launcher.plan.make_plan`, so `safe-serve fit` and
+Every answer is a plan from `launcher.planner.make_plan`, so `safe-serve fit` and
 `safe-serve plan` always agree: a fitted configuration, planned, carries the workload.
 """
 
@@ -10,11 +10,13 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from launcher.engines import engine_module
+from launcher.engines import adapter
 from launcher.errors import UsageError, WontFit
 from launcher.gpu import GpuDevice
-from launcher.plan import Plan, PlanRequest, make_plan
+from launcher.plan import Plan, PlanRequest
+from launcher.planner import make_plan
 from launcher.resolve import ResolvedModel
+from launcher.search import largest_count
 
 GPU_COUNTS = (1, 2, 4, 8)
 
@@ -74,12 +76,12 @@ def candidate_order(model: ResolvedModel, variants: Sequence[ResolvedModel]) -> 
 
 def try_option(base: PlanRequest, workload: Workload, gpu: GpuDevice, count: int, kv_dtype: str,
                checkpoint: ResolvedModel) -> Option:
-    engine = engine_module(base.engine)
-    args: list[str] = [*base.engine_args, engine.LENGTH_FLAG, str(workload.tokens)]
+    engine = adapter(base.engine)
+    args: list[str] = [*base.engine_args, engine.length_flag, str(workload.tokens)]
     if count > 1:
-        args += [engine.TP_FLAG, str(count)]
+        args += [engine.tp_flag, str(count)]
     if kv_dtype == "fp8":
-        args += ["--kv-cache-dtype", engine.FP8_KV]
+        args += ["--kv-cache-dtype", engine.fp8_kv_dtype]
     devices = tuple(dataclasses.replace(gpu, index=i) for i in range(count))
     request = dataclasses.replace(base, model=checkpoint, gpus=devices, engine_args=tuple(args),
                                   concurrency=workload.concurrency, variants=(), calibration=None)
@@ -113,8 +115,8 @@ def fit(base: PlanRequest, workload: Workload, gpus: Sequence[GpuDevice]) -> lis
 
 def largest_concurrency(base: PlanRequest, tokens: int) -> int:
     """Most requests of `tokens` that fit at once on `base.gpus` (0 if not one): the planner's own check."""
-    engine = engine_module(base.engine)
-    pinned = dataclasses.replace(base, engine_args=(*base.engine_args, engine.LENGTH_FLAG, str(tokens)))
+    engine = adapter(base.engine)
+    pinned = dataclasses.replace(base, engine_args=(*base.engine_args, engine.length_flag, str(tokens)))
 
     def fits(concurrency: int) -> bool:
         try:
@@ -123,15 +125,7 @@ def largest_concurrency(base: PlanRequest, tokens: int) -> int:
             return False
         return True
 
-    if not fits(1):
-        return 0
-    low, high = 1, 2
-    while fits(high):
-        low, high = high, high * 2
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
-    return low
+    return largest_count(fits)
 
 
 def longest_length(base: PlanRequest, concurrency: int) -> int:

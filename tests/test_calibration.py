@@ -7,7 +7,8 @@ from pathlib import Path
 
 from launcher.calibration import calibration_key, load, record
 from launcher.catalog import hypothetical_gpus
-from launcher.plan import CALIBRATED, Calibration, PlanRequest, make_plan
+from launcher.plan import CALIBRATED, Calibration, PlanRequest
+from launcher.planner import make_plan
 from launcher.resolve import resolve_model
 from launcher.units import GiB
 
@@ -18,9 +19,9 @@ def test_round_trip_and_merge(tmp_path: Path) -> None:
                           pinned={"--enforce-eager": True, "--max-model-len": 4096})
     assert "--enforce-eager=True" in key and "max-model-len" not in key  # length does not change non-KV memory
     record(tmp_path, key, Calibration(non_kv_bytes=5 * GiB))
-    record(tmp_path, key, Calibration(weights_bytes=4 * GiB))
+    record(tmp_path, key, Calibration(load_overhead_bytes=4 * GiB))
     loaded = load(tmp_path, key)
-    assert loaded == Calibration(non_kv_bytes=5 * GiB, weights_bytes=4 * GiB, key=key)
+    assert loaded == Calibration(non_kv_bytes=5 * GiB, load_overhead_bytes=4 * GiB, key=key)
     assert load(tmp_path, "other key") is None
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan import PlanRequest, make_plan
+from launcher.plan import PlanRequest
+from launcher.planner import make_plan
 from launcher.resolve import resolve_model
 from launcher.gpu import HostMemory
 from launcher.units import GiB

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from launcher.catalog import hypothetical_gpus
 from launcher.cli import cli
 from launcher.fit import Workload, fit, largest_concurrency, longest_length
-from launcher.plan import PlanRequest, make_plan
+from launcher.plan import PlanRequest
+from launcher.planner import make_plan
 from launcher.resolve import resolve_model
 from launcher.units import GiB
 

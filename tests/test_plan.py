@@ -11,7 +11,8 @@ from launcher.engines import sglang as sg
 from launcher.errors import ExitCode, UsageError, WontFit
 from launcher.gpu import GpuDevice, GpuProcess, HostMemory
 from launcher.model import geometry_from_config
-from launcher.plan import PlanRequest, make_plan
+from launcher.plan import PlanRequest
+from launcher.planner import make_plan
 from launcher.resolve import resolve_model
 from launcher.units import GiB, MiB
 
@@ -240,7 +241,7 @@ class TestMultiNode:
 
 def test_trust_engine_plan_leaves_sizing_to_the_engine() -> None:
     """--trust-engine turns a refusal into a plan that adds no flags and predicts no tokens."""
-    from launcher.plan import engine_decides
+    from launcher.planner import engine_decides
 
     refused = request(engine_args=("--max-model-len", "131072"), trust_engine=True)
     with pytest.raises(WontFit) as info:

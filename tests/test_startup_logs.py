@@ -1,4 +1,4 @@
-"""Real GPU startup logs (../shared/data/startup-logs.yaml) against our KV accounting.
+"""Real GPU startup logs (tests/data/startup-logs/, copied from ../shared/data) against our KV accounting.
 
 Each case gives the engine's own KV bytes (rounded to 0.01 GiB in the log); the tokens we
 predict from those bytes must land on the logged figure within that rounding.
@@ -18,7 +18,7 @@ from launcher.model import geometry_from_config
 from launcher.resolve import resolve_model
 from launcher.units import GiB
 
-LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "startup-logs.yaml"
+LOGS = Path(__file__).resolve().parent / "data" / "startup-logs" / "startup-logs.yaml"  # copied from ../shared/data
 
 QWEN3_1_7B = {"model_type": "qwen3", "hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16,
               "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960}

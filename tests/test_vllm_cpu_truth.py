@@ -13,7 +13,8 @@ import pytest
 
 from launcher.gpu import HostMemory
 from launcher.model import geometry_from_config
-from launcher.plan import PlanRequest, make_plan
+from launcher.plan import PlanRequest
+from launcher.planner import make_plan
 from launcher.resolve import ResolvedModel
 from launcher.units import GiB
 

@@ -1,29 +1,31 @@
-"""Engine adapters: one package per engine holds all of that engine's knowledge."""
+"""Engine adapters: one package per engine holds all of that engine's knowledge.
+
+`adapter(engine)` is the one door: it returns the engine's `EngineAdapter` (see `base.py`).
+"""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from types import ModuleType
 from typing import Any
 
+from launcher.engines.base import EngineAdapter
+
 ENGINES = ("vllm", "sglang")
+_ADAPTERS: dict[str, EngineAdapter] = {}
 
 
-def engine_module(engine: str) -> ModuleType:
-    """The package holding `engine`'s knowledge (flags, defaults, budget)."""
+def adapter(engine: str) -> EngineAdapter:
+    """The adapter of `engine` ("vllm" or "sglang"); ValueError for any other name."""
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}")
-    return importlib.import_module(f"launcher.engines.{engine}")
-
-
-def engine_logs(engine: str) -> ModuleType:
-    """`engine`'s log rules: `parse(line)` and the `PREFILTER` substrings."""
-    engine_module(engine)  # validates the name
-    return importlib.import_module(f"launcher.engines.{engine}.logs")
+        raise ValueError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+    found = _ADAPTERS.get(engine)
+    if found is None:
+        module = importlib.import_module(f"launcher.engines.{engine}.adapter")
+        found = _ADAPTERS[engine] = module.ADAPTER
+    return found
 
 
 def ranks(engine: str, pinned: Mapping[str, Any]) -> tuple[int, int]:
     """(tensor, pipeline) parallel sizes from the pinned flags, in the engine's spelling."""
-    module = engine_module(engine)
-    return pinned.get(module.TP_FLAG, 1), pinned.get(module.PP_FLAG, 1)
+    return adapter(engine).ranks(pinned)

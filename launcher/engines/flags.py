@@ -6,6 +6,7 @@ keeps them and never overrides what the operator set.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,16 @@ def _spellings(spec: FlagSpec) -> list[str]:
 
 
 def parse_pinned(argv: Sequence[str], specs: Sequence[FlagSpec]) -> dict[str, Any]:
-    """Values of the known flags in `argv` (last one wins, as in argparse)."""
+    """Values of the known flags in `argv` (last one wins, as in argparse).
+
+    One serve reads the same argv many times (plan, alternatives, lock, calibration key,
+    health port): the parse is pure, so it is done once per argv and copied out.
+    """
+    return dict(_parse_pinned(tuple(argv), tuple(specs)))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_pinned(argv: tuple[str, ...], specs: tuple[FlagSpec, ...]) -> tuple[tuple[str, Any], ...]:
     lookup = {spelling: spec for spec in specs for spelling in _spellings(spec)}
     pinned: dict[str, Any] = {}
     i = 0
@@ -55,7 +65,7 @@ def parse_pinned(argv: Sequence[str], specs: Sequence[FlagSpec]) -> dict[str, An
             pinned[spec.name] = spec.parse(raw)
         except (ValueError, UsageError) as exc:
             raise UsageError(f"engine flag {name}: cannot read {raw!r} ({exc})") from None
-    return pinned
+    return tuple(pinned.items())
 
 
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")

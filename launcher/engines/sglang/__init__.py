@@ -80,6 +80,11 @@ def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
     return parse_pinned(engine_args, FLAGS)
 
 
+def ranks(pinned: Mapping[str, Any]) -> tuple[int, int]:
+    """(tensor, pipeline) parallel sizes as pinned."""
+    return int(pinned.get(TP_FLAG, 1)), int(pinned.get(PP_FLAG, 1))
+
+
 # --------------------------------------------------------------------------- default fraction
 
 

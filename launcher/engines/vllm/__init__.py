@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.flags import FlagSpec, fraction, human_int, human_int_or_auto, parse_pinned, positive, positive_int
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, KvLayout, kv_layout
@@ -77,6 +78,11 @@ def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
     return parse_pinned(engine_args, FLAGS)
 
 
+def ranks(pinned: Mapping[str, Any]) -> tuple[int, int]:
+    """(tensor, pipeline) parallel sizes as pinned."""
+    return int(pinned.get(TP_FLAG, 1)), int(pinned.get(PP_FLAG, 1))
+
+
 # --------------------------------------------------------------------------- model facts
 
 
@@ -101,7 +107,7 @@ def derived_max_model_len(geometry: ModelGeometry, *, rules: VllmRules) -> tuple
     length, key = min(found)
     if isinstance(text.get("model_max_length"), (int, float)) and text["model_max_length"]:
         length, key = text["model_max_length"], "model_max_length"
-    unscaled = ("su", "longrope", "llama3", "deepseek_yarn", "deepseek_llama_scaling")
+    unscaled: tuple[str, ...] = ("su", "longrope", "llama3", "deepseek_yarn", "deepseek_llama_scaling")
     if not rules.yarn_scales_max_len:
         unscaled = (*unscaled, "yarn")
     factor = 1.0
@@ -112,22 +118,6 @@ def derived_max_model_len(geometry: ModelGeometry, *, rules: VllmRules) -> tuple
                 factor = float(entry["factor"])
     reason = f"config.json {key}={int(length)}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
     return int(length * factor), reason
-
-
-def resolve_dtype(geometry: ModelGeometry, *, compute_capability: tuple[int, int] | None, device: str,
-                  pinned: str | None) -> tuple[str, str]:
-    """`_resolve_auto_dtype`: keep a supported config dtype, float32 -> bf16, bf16 -> fp16 pre-Ampere."""
-    if pinned and pinned != "auto":
-        return {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(pinned, pinned), \
-            "pinned --dtype"
-    supports_bf16 = device == "cpu" or compute_capability is None or compute_capability >= (8, 0)
-    preferred = "bfloat16" if supports_bf16 else "float16"
-    config = geometry.config_dtype or "float32"
-    if config in ("float32", "float"):
-        return preferred, f"config dtype {config} is downcast to {preferred}"
-    if config == "bfloat16" and not supports_bf16:
-        return "float16", "this GPU has no bf16 (compute capability < 8.0): vLLM falls back to float16"
-    return config, f"config.json dtype {config}"
 
 
 def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str) -> tuple[int, str]:

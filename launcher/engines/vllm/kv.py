@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.search import largest_length
 from launcher.model import FULL, LINEAR, SLIDING, ModelGeometry, kv_heads_per_rank
 from launcher.units import cdiv
 
@@ -181,15 +182,6 @@ def estimate_max_model_len(layout: KvLayout, check_memory: int, max_model_len: i
     def fits(length: int) -> bool:
         return layout.bytes_per_block * layout.blocks_per_request(length, in_flight_tokens) <= check_memory
 
-    if check_memory <= 0 or not fits(1):
+    if check_memory <= 0:
         return 0
-    low, high = 1, max_model_len
-    if fits(high):
-        return high
-    while low < high:
-        mid = (low + high + 1) // 2
-        if fits(mid):
-            low = mid
-        else:
-            high = mid - 1
-    return low
+    return largest_length(fits, max_model_len, 1)

@@ -1,0 +1,130 @@
+"""What an engine adapter is: the one object through which the rest of safe-serve meets an engine.
+
+Each engine package (`launcher/engines/vllm/`, `launcher/engines/sglang/`) provides one
+adapter. Everything outside `launcher/engines/` reaches an engine only through this protocol:
+no other module names an engine's flag, default or log line.
+
+The adapter answers three kinds of question:
+
+* planning: its flags as the operator pinned them, its parallel ranks, its rule set for a
+  version, the plan itself (`plan`) and the plan for `--trust-engine` (`engine_decides`);
+* launching: the engine's command line and where its health endpoint listens;
+* watching: how to read its log lines (typed events), what it does when the engine's own
+  numbers disagree with the plan (`retuned_args`, `kv_shortfall`), which fatal errors are
+  temporary, and what a start measured for the next plan (`measurements`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from launcher.engines.events import EngineEvent
+    from launcher.errors import SafeServeError
+    from launcher.plan import Calibration, Plan, PlanRequest
+
+
+class Measurements(Protocol):
+    """Turns the engine's log events of one start into a `Calibration` for the next plan."""
+
+    def feed(self, event: EngineEvent) -> Calibration | None: ...
+
+
+class EngineAdapter(Protocol):
+    name: str  # "vllm" or "sglang" (launcher.vocab.Engine)
+    newest: str  # the newest engine version whose rules we carry
+    length_flag: str  # the flag safe-serve sets for the length
+    tp_flag: str
+    pp_flag: str
+    fp8_kv_dtype: str  # the --kv-cache-dtype value an alternative suggests
+    default_port: int
+    log_prefilter: tuple[str, ...]  # substrings that every line a rule can match contains
+    temporary_fatal: frozenset[str]  # fatal event names the same command may survive later (exit 75)
+
+    # planning
+    def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]: ...
+    def ranks(self, pinned: Mapping[str, Any]) -> tuple[int, int]: ...
+    def rules_version(self, version: str | None) -> tuple[str, str | None]: ...
+    def plan(self, request: PlanRequest) -> Plan: ...
+    def engine_decides(self, request: PlanRequest, refusal: SafeServeError) -> Plan: ...
+
+    # launching
+    def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
+                    engine_cmd: str | None) -> list[str]: ...
+    def health_address(self, passthrough: Sequence[str]) -> tuple[str, int]: ...
+
+    # watching
+    def parse_line(self, line: str) -> EngineEvent | None: ...
+    def retuned_args(self, plan: Plan, args: Sequence[str], event: EngineEvent, *,
+                     concurrency: int) -> list[str] | None: ...
+    def kv_shortfall(self, plan: Plan, event: EngineEvent, *, concurrency: int,
+                     tolerance: float) -> str | None: ...
+    def measurements(self, plan: Plan) -> Measurements: ...
+
+
+class PackageAdapter:
+    """An `EngineAdapter` assembled from an engine package's modules.
+
+    Each engine package keeps its knowledge in four modules: `__init__` (flags, rules by
+    version), `planner` (the plan), `runtime` (command line, retunes, measurements) and
+    `logs` (its log lines as events). A subclass names them and the engine's flag spellings.
+    """
+
+    name: str
+    newest: str
+    length_flag: str
+    tp_flag: str
+    pp_flag: str
+    fp8_kv_dtype: str
+    default_port: int
+    log_prefilter: tuple[str, ...]
+    temporary_fatal: frozenset[str]
+    _rules: Any  # the package: pinned_flags(), rules_for()
+    _logs: Any  # parse(line)
+    _runtime: Any  # engine_argv, retuned_args, kv_shortfall, measurements_for
+    _planner_module: str  # imported on first plan (keeps `safe-serve gpus` light)
+
+    def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]:
+        return dict(self._rules.pinned_flags(engine_args))
+
+    def ranks(self, pinned: Mapping[str, Any]) -> tuple[int, int]:
+        tp, pp = self._rules.ranks(pinned)
+        return int(tp), int(pp)
+
+    def rules_version(self, version: str | None) -> tuple[str, str | None]:
+        chosen, note = self._rules.rules_for(version)
+        return str(chosen.version), note
+
+    def _planner(self) -> Any:
+        import importlib
+
+        return importlib.import_module(self._planner_module)
+
+    def plan(self, request: PlanRequest) -> Plan:
+        return self._planner().plan(request)  # type: ignore[no-any-return]
+
+    def engine_decides(self, request: PlanRequest, refusal: SafeServeError) -> Plan:
+        return self._planner().engine_decides(request, refusal)  # type: ignore[no-any-return]
+
+    def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
+                    engine_cmd: str | None) -> list[str]:
+        return list(self._runtime.engine_argv(plan, model_ref, passthrough, engine_cmd))
+
+    def health_address(self, passthrough: Sequence[str]) -> tuple[str, int]:
+        pinned = self.pinned_flags(passthrough)
+        return str(pinned.get("--host") or "127.0.0.1"), int(pinned.get("--port") or self.default_port)
+
+    def parse_line(self, line: str) -> EngineEvent | None:
+        return self._logs.parse(line)  # type: ignore[no-any-return]
+
+    def retuned_args(self, plan: Plan, args: Sequence[str], event: EngineEvent, *,
+                     concurrency: int) -> list[str] | None:
+        return self._runtime.retuned_args(plan, args, event, concurrency=concurrency)  # type: ignore[no-any-return]
+
+    def kv_shortfall(self, plan: Plan, event: EngineEvent, *, concurrency: int, tolerance: float) -> str | None:
+        return self._runtime.kv_shortfall(plan, event, concurrency=concurrency,  # type: ignore[no-any-return]
+                                          tolerance=tolerance)
+
+    def measurements(self, plan: Plan) -> Measurements:
+        return self._runtime.measurements_for(plan)  # type: ignore[no-any-return]

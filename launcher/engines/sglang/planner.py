@@ -1,0 +1,143 @@
+"""SGLang's planner: from a `PlanRequest` to `--mem-fraction-static`, `--context-length` and the pool.
+
+SGLang sizes its pool from the free memory it saw before loading (P) and after (A):
+`pool = A - P x (1 - fraction)`, in cells of `cell_size_bytes` per token, floored to the page
+(`mem_cache/kv_cache_configurator.py`); the default fraction is SGLang's own reserve formula
+(`default_fraction`, checked against SGLang's code in tests/data/sglang_oracle.json).
+"""
+
+from __future__ import annotations
+
+from launcher.budget import rank_devices, tenants_detail, tightest, unplanned
+from launcher.engines import sglang as sg
+from launcher.engines.dtypes import resolve_dtype
+from launcher.errors import SafeServeError, UsageError, WontFit
+from launcher.plan import CALIBRATED, CATALOG, ENGINE_DEFAULT, FORMULA, MEASURED, PINNED, BudgetItem, Plan, PlanRequest
+from launcher.units import MiB, floor_to, format_gib
+
+
+def plan(request: PlanRequest) -> Plan:
+    if request.device == "cpu":
+        raise UsageError("SGLang on CPU is not planned yet: use --engine vllm --device cpu")
+    model, geometry = request.model, request.model.geometry
+    rules, rules_note = sg.rules_for(request.engine_version)
+    pinned = sg.pinned_flags(request.engine_args)
+    tp, pp = sg.ranks(pinned)
+    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1))
+    gpu = tightest(devices)
+    # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
+    gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB
+    derivation = sg.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules)
+    context = sg.CUDA_CONTEXT_BYTES + (sg.NCCL_BYTES if tp * pp > 1 else 0)
+    pre_load = min(d.free_bytes or 0 for d in devices) - context  # P: min over ranks
+    cal = request.calibration
+    load_overhead = cal.load_overhead_bytes if cal and cal.load_overhead_bytes is not None else sg.LOAD_OVERHEAD_BYTES
+    weights = model.weight_bytes // (tp * pp)
+    after_load = pre_load - weights - load_overhead  # A
+
+    dtype, dtype_reason = resolve_dtype(geometry, compute_capability=gpu.compute_capability, device="cuda",
+                                           pinned=pinned.get("--dtype"))
+    try:
+        kv_elem, kv_reason = sg.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cell = sg.cell_size_bytes(geometry, kv_bytes=kv_elem, tp=tp, pp=pp, pinned=pinned)
+    page, page_reason = sg.default_page_size(geometry, gpu.compute_capability)
+    if "--page-size" in pinned:
+        page, page_reason = pinned["--page-size"], "pinned --page-size"
+    if geometry.is_multimodal and not pinned.get("--language-only", False):
+        after_load -= sg.MULTIMODAL_RESERVE_BYTES
+    derived_len, derived_reason = sg.derived_context_length(geometry)
+    context_len_pinned = pinned.get("--context-length")
+    if context_len_pinned is not None and context_len_pinned > derived_len:
+        raise WontFit(f"--context-length {context_len_pinned} is above the derived context length {derived_len} "
+                      f"({derived_reason}); SGLang refuses it")
+
+    def req_to_token_bytes(tokens: int, length: int) -> int:
+        mrr = sg.max_running_requests(max(tokens, 2), length, pinned.get("--max-running-requests"))
+        return (mrr + 1) * (length + 4) * 4
+
+    # Fraction: pinned, or keep SGLang's absolute slack (its own reserve) against *free*
+    # memory, so other tenants don't shrink the room for activations and graphs.
+    if "--mem-fraction-static" in pinned:
+        fraction_value = pinned["--mem-fraction-static"]
+        f_source, f_detail = PINNED, "pinned --mem-fraction-static"
+    else:
+        # The slack SGLang's default leaves on this card when idle, kept in bytes.
+        idle_pre_load = gpu.usable_total_bytes - context
+        slack_needed = idle_pre_load * (1 - derivation.fraction) + request.margin_bytes
+        room = pre_load
+        if request.max_gpu_memory_bytes is not None:
+            room = min(room, request.max_gpu_memory_bytes - context)
+        from_free = floor_to(1 - (slack_needed + (pre_load - room)) / pre_load, 3) if pre_load > 0 else 0.0
+        fraction_value = min(derivation.fraction, from_free)
+        f_source = ENGINE_DEFAULT if fraction_value == derivation.fraction else FORMULA
+        f_detail = (f"SGLang {rules.version} default: reserve {derivation.reserved_mib:.0f} MiB of {gpu_mem_mib:.0f} MiB"
+                    if f_source == ENGINE_DEFAULT else
+                    f"keeps the {format_gib(slack_needed - request.margin_bytes)} slack SGLang's default "
+                    f"{derivation.fraction:g} leaves on an idle card, + margin, out of {format_gib(pre_load)} free")
+    tokens, budget = sg.pool_tokens(pre_load_bytes=pre_load, after_load_bytes=after_load, fraction_value=fraction_value,
+                                    cell_bytes=cell, page_size=page, max_total_tokens=pinned.get("--max-total-tokens"))
+    if tokens <= 0:
+        minimum = 1 - after_load / pre_load if pre_load > 0 else 1.0
+        raise WontFit(f"SGLang will fail: the weights leave no KV pool under --mem-fraction-static "
+                      f"{fraction_value:g} (minimum viable {minimum:.4f})",
+                      hint="raise --mem-fraction-static, quantize, or use tensor parallel")
+    if context_len_pinned is not None:
+        length, length_reason = context_len_pinned, "pinned --context-length"
+        if tokens < request.concurrency * length:
+            raise WontFit(f"the pool holds {tokens} tokens: {request.concurrency} request(s) of {length} do not fit; "
+                          "SGLang would cap requests at the pool size silently")
+    else:
+        length = min(derived_len, tokens // request.concurrency // page * page)
+        length_reason = (f"model maximum ({derived_reason})" if length == derived_len
+                         else f"longest that fits {request.concurrency} request(s) in the pool (SGLang would cap "
+                              f"silently at {tokens} tokens)")
+        if length <= 0:
+            raise WontFit(f"the pool holds only {tokens} tokens: not one per request for {request.concurrency}")
+    req_table = req_to_token_bytes(tokens, length)
+    slack = int(pre_load * (1 - fraction_value))
+    kv = int(tokens * cell)
+    args: list[str] = []
+    if "--mem-fraction-static" not in pinned:
+        args += ["--mem-fraction-static", f"{fraction_value:g}"]
+    if context_len_pinned is None:
+        args += ["--context-length", str(length)]
+    others = gpu.usable_total_bytes - (gpu.free_bytes or 0)
+    items = (
+        BudgetItem("total", "GPU total (NVML)", gpu.total_bytes, MEASURED if gpu.source == "nvml" else CATALOG,
+                   f"tier heuristic uses {gpu_mem_mib:.0f} MiB"),
+        BudgetItem("other", "held by others", max(others, 0), MEASURED if gpu.source == "nvml" else CATALOG,
+                   tenants_detail(gpu), bar="other"),
+        BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA, "before SGLang's pre-load baseline", bar="other"),
+        BudgetItem("pre_load", "free at baseline (P)", pre_load, FORMULA, "min over ranks of free - context"),
+        BudgetItem("weights", "weights (per rank)", weights, MEASURED, model.weight_bytes_source, bar="weights"),
+        BudgetItem("load_overhead", "loader leftovers", load_overhead, CALIBRATED if cal else FORMULA,
+                   "allocated between baseline and pool sizing besides weights", bar="other"),
+        BudgetItem("slack", f"slack P x (1 - {fraction_value:g})", slack, f_source,
+                   f"{f_detail}; activations, CUDA graphs and the {format_gib(req_table)} request table live here",
+                   bar="activations"),
+        BudgetItem("kv", "KV pool", kv, FORMULA,
+                   f"{tokens} tokens x {cell:g} B/token (page {page}); budget {format_gib(budget)}", bar="kv"),
+    )
+    notes = [n for n in (rules_note, dtype_reason, kv_reason, page_reason) if n]
+    notes.append(f"default fraction {derivation.fraction:g}: chunked prefill {derivation.chunked_prefill_size}, "
+                 f"decode graph bs {derivation.decode_max_bs}, {derivation.prefill_buckets} prefill buckets"
+                 + (", 10 GiB floor" if derivation.floor_applied else ""))
+    return Plan(
+        engine="sglang", engine_version=request.engine_version or sg.NEWEST, rules_version=rules.version,
+        device="cuda", model=model.name, max_model_len=length, max_model_len_source=length_reason,
+        kv_cache_bytes=kv, kv_cache_tokens=tokens, max_concurrency=round(tokens / length, 2) if length else 0.0,
+        budget=items, engine_args=tuple(args), engine_env={}, pinned=dict(pinned), tp=tp, pp=pp,
+        mem_fraction_static=fraction_value, block_size=page, gpu_name=gpu.name, gpu_count=len(devices),
+        notes=tuple(notes),
+        engine_version_assumed=request.engine_version_assumed,
+    )
+
+
+def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
+    """`--trust-engine`: launch with the operator's flags only; SGLang sizes itself."""
+    pinned = sg.pinned_flags(request.engine_args)
+    rules, _ = sg.rules_for(request.engine_version)
+    return unplanned(request, refusal, newest=sg.NEWEST, rules_version=rules.version, pinned=pinned,
+                     length=pinned.get("--context-length") or 0, tp=sg.ranks(pinned)[0], block=None)

@@ -1,0 +1,60 @@
+"""Launching and watching SGLang: its command line, health port, retunes and measurements."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Sequence
+
+from launcher.engines.events import EngineEvent
+from launcher.engines.flags import set_flag
+from launcher.plan import Calibration, Plan
+from launcher.units import GiB
+
+# "The memory capacity is unbalanced": another tenant on one rank; may pass later (exit 75).
+TEMPORARY_FATAL = frozenset({"unbalanced"})
+
+
+def engine_argv(plan: Plan, model_ref: str, passthrough: Sequence[str], engine_cmd: str | None) -> list[str]:
+    base = shlex.split(engine_cmd) if engine_cmd else [sys.executable, "-m", "sglang.launch_server"]
+    return [*base, "--model-path", model_ref, *passthrough, *plan.engine_args]
+
+
+def retuned_args(plan: Plan, args: Sequence[str], event: EngineEvent, *, concurrency: int) -> list[str] | None:
+    values = event.values
+    if event.kind == "kv" and values.get("tokens") is not None:
+        # SGLang caps request length at the pool silently: make the cap explicit.
+        length = int(values["tokens"]) // concurrency
+        if length < (values.get("max_model_len") or plan.max_model_len):
+            return set_flag(args, "--context-length", str(length))
+    if event.kind == "fatal:weights_leave_nothing":
+        return set_flag(args, "--mem-fraction-static", f"{min(values['minimum'] + 0.02, 0.99):.3f}")
+    return None
+
+
+def kv_shortfall(plan: Plan, event: EngineEvent, *, concurrency: int, tolerance: float) -> str | None:
+    """SGLang's pool holds fewer than `concurrency` requests of its context, beyond the tolerance."""
+    tokens, context = event.values.get("tokens"), event.values.get("max_model_len")
+    if tokens is not None and context and tokens < context * concurrency * (1 - tolerance):
+        return "SGLang pool smaller than the context length"
+    return None
+
+
+class SglangMeasurements:
+    """What loading cost beyond the weights: pre-load free minus free after load, less the weights."""
+
+    def __init__(self, plan: Plan) -> None:
+        self._weights = plan.item("weights")
+        self._pre_load_gib: float | None = None
+
+    def feed(self, event: EngineEvent) -> Calibration | None:
+        if event.kind == "pre_load":
+            self._pre_load_gib = event.values["gib"]
+        if event.kind == "weights" and self._pre_load_gib is not None and self._weights is not None:
+            used = int((self._pre_load_gib - event.values["avail_gib"]) * GiB)
+            return Calibration(load_overhead_bytes=max(used - self._weights.bytes, 0))
+        return None
+
+
+def measurements_for(plan: Plan) -> SglangMeasurements:
+    return SglangMeasurements(plan)

@@ -1,0 +1,24 @@
+"""vLLM's adapter: the `EngineAdapter` through which the rest of safe-serve meets vLLM."""
+
+from __future__ import annotations
+
+from launcher.engines import vllm as rules
+from launcher.engines.base import PackageAdapter
+from launcher.engines.vllm import logs, runtime
+
+
+class VllmAdapter(PackageAdapter):
+    name = "vllm"
+    newest = rules.NEWEST
+    length_flag = "--max-model-len"
+    tp_flag = "--tensor-parallel-size"
+    pp_flag = "--pipeline-parallel-size"
+    fp8_kv_dtype = "fp8"
+    default_port = 8000
+    log_prefilter = logs.PREFILTER
+    temporary_fatal = runtime.TEMPORARY_FATAL
+    _rules, _logs, _runtime = rules, logs, runtime
+    _planner_module = "launcher.engines.vllm.planner"
+
+
+ADAPTER = VllmAdapter()

@@ -1,0 +1,373 @@
+"""vLLM's planner: from a `PlanRequest` to the flags and the KV cache vLLM will give, per rank.
+
+GPU (`plan_gpu`): `requested = ceil(cuda_total x utilization)` must not exceed the free memory
+at start (vLLM refuses otherwise), and `KV = requested - weights - non-torch - activation
+peak - CUDA-graph estimate` (`budget.py`); tokens follow vLLM's own block accounting
+(`kv.py`). CPU (`plan_cpu`): the KV space is VLLM_CPU_KVCACHE_SPACE whole GiB of host RAM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.budget import rank_devices, tenants_detail, tightest, unplanned
+from launcher.engines import vllm as vl
+from launcher.engines.dtypes import resolve_dtype
+from launcher.engines.vllm import budget as vb
+from launcher.engines.vllm.kv import KvCapacity, KvLayout, kv_capacity
+from launcher.errors import SafeServeError, UsageError, WontFit
+from launcher.model import SLIDING, ModelGeometry
+from launcher.search import largest_length
+from launcher.plan import CALIBRATED, CATALOG, ENGINE_DEFAULT, FORMULA, MEASURED, PINNED, BudgetItem, Plan, PlanRequest
+from launcher.units import GiB, MiB, format_gib
+
+
+def plan(request: PlanRequest) -> Plan:
+    """The vLLM plan for `request`'s device, or `WontFit`."""
+    return plan_cpu(request) if request.device == "cpu" else plan_gpu(request)
+
+
+@dataclass(frozen=True)
+class _VllmSetup:
+    rules: vl.VllmRules
+    rules_note: str | None
+    pinned: Mapping[str, Any]
+    tp: int
+    pp: int
+    dtype: str
+    dtype_reason: str
+    kv_bytes_per_elem: int
+    kv_reason: str
+    block: int
+    block_reason: str
+    layout: KvLayout
+    model_max_len: int
+    model_max_len_reason: str
+
+
+def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None) -> _VllmSetup:
+    rules, note = vl.rules_for(request.engine_version)
+    pinned = vl.pinned_flags(request.engine_args)
+    tp, pp = vl.ranks(pinned)
+    geometry = request.model.geometry
+    dtype, dtype_reason = resolve_dtype(geometry, compute_capability=compute_capability,
+                                           device=request.device, pinned=pinned.get("--dtype"))
+    try:
+        kv_bytes, kv_reason = vl.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    block, block_reason = vl.block_size(geometry, device=request.device, compute_capability=compute_capability,
+                                        pinned=pinned.get("--block-size"),
+                                        cpu_amx=request.host.cpu_amx if request.host else None)
+    if request.device == "cpu":
+        _refuse_cpu_combinations(request, geometry, block, kv_bytes)
+    layout = vl.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
+    max_len, max_len_reason = vl.derived_max_model_len(geometry, rules=rules)
+    return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
+                      layout, max_len, max_len_reason)
+
+
+def _refuse_cpu_combinations(request: PlanRequest, geometry: Any, block: int, kv_bytes: int) -> None:
+    """Combinations the vLLM 0.32 CPU backend accepts at start but cannot run (seen on the real engine)."""
+    amx = request.host.cpu_amx if request.host else None
+    if geometry.mla is not None and kv_bytes == 1 and not amx:
+        raise WontFit("vLLM's CPU MLA kernel (no AMX) starts with an fp8 KV cache but fails the first request "
+                      "('expected scalar type BFloat16 but found Float8_e4m3fn')", hint="use --kv-cache-dtype auto")
+    if block % 32 and geometry.mla is None and SLIDING not in geometry.layer_kinds:
+        raise WontFit(f"--block-size {block}: vLLM's CPU attention needs a multiple of 32 and stops after "
+                      f"sizing the cache ('No common block size for {block} (CPU_ATTN: [MultipleOf(32)])')",
+                      hint="use --block-size 32 or leave it unset (128)")
+
+
+def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Any) -> tuple[int, str, KvCapacity]:
+    """Keep a pinned --max-model-len, or choose the longest that carries `concurrency` requests."""
+    pinned_len = setup.pinned.get("--max-model-len")
+    if pinned_len is not None and pinned_len > 0:
+        if pinned_len > setup.model_max_len:
+            raise WontFit(
+                f"--max-model-len {pinned_len} is above the model's maximum {setup.model_max_len} "
+                f"({setup.model_max_len_reason}); vLLM refuses it at start")
+        capacity = capacity_at(pinned_len)
+        _check_vllm_capacity(request, capacity, pinned_len)
+        return pinned_len, "pinned --max-model-len", capacity
+
+    if pinned_len == -1:
+        # --max-model-len auto: vLLM's own auto-fit sizes for ONE request (binary search on
+        # the KV check); predict its answer, then hold it to the concurrency asked for.
+        at_max = capacity_at(setup.model_max_len)
+        length = setup.model_max_len if at_max.fits_one_request else at_max.estimated_max_model_len
+        if length <= 0:
+            raise WontFit("vLLM will fail with 'Cannot auto-fit max_model_len': no KV room for a single token")
+        capacity = capacity_at(length)
+        _check_vllm_capacity(request, capacity, length)
+        return length, "vLLM auto-fit (pinned --max-model-len auto), predicted", capacity
+
+    def fits(length: int) -> bool:
+        cap = capacity_at(length)
+        return bool(cap.fits_one_request and (cap.num_blocks - 1) / cap.blocks_per_request >= request.concurrency)
+
+    length = largest_length(fits, setup.model_max_len, setup.block)
+    if length <= 0:
+        capacity = capacity_at(setup.block)
+        raise WontFit(
+            f"no KV room for {request.concurrency} request(s) of even {setup.block} tokens: "
+            f"{format_gib(max(capacity.kv_bytes, 0))} left for the KV cache")
+    reason = (f"model maximum ({setup.model_max_len_reason})" if length == setup.model_max_len
+              else f"longest that fits {request.concurrency} request(s) (model maximum {setup.model_max_len})")
+    return length, reason, capacity_at(length)
+
+
+def _check_vllm_capacity(request: PlanRequest, capacity: KvCapacity, length: int) -> None:
+    if capacity.kv_bytes <= 0:
+        raise WontFit(f"no memory left for the KV cache ({format_gib(capacity.kv_bytes)}): "
+                      "vLLM fails with 'No available memory for the cache blocks'")
+    if not capacity.fits_one_request:
+        raise WontFit(
+            f"max seq len {length} needs more KV cache than the {format_gib(capacity.kv_bytes)} available; "
+            f"vLLM estimates the maximum model length at {capacity.estimated_max_model_len}",
+            hint=f"--max-model-len {capacity.estimated_max_model_len} fits")
+    usable = (capacity.num_blocks - 1) / capacity.blocks_per_request
+    if usable < request.concurrency:
+        bytes_per_block = capacity.kv_bytes // max(capacity.num_blocks, 1) if capacity.num_blocks else 0
+        needed = (math.ceil(request.concurrency * capacity.blocks_per_request) + 1) * bytes_per_block
+        raise WontFit(f"{request.concurrency} concurrent request(s) of {length} tokens need ~{format_gib(needed)} "
+                      f"of KV cache: only {usable:.2f} fit in {format_gib(capacity.kv_bytes)}")
+
+
+def plan_gpu(request: PlanRequest) -> Plan:
+    model, geometry = request.model, request.model.geometry
+    # Parallelism picks the devices, whose compute capability then sets dtype and block size.
+    pinned = vl.pinned_flags(request.engine_args)
+    tp, pp = vl.ranks(pinned)
+    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1))
+    gpu = tightest(devices)
+    setup = _vllm_setup(request, gpu.compute_capability)
+    rules = setup.rules
+    total = gpu.usable_total_bytes
+    free = gpu.free_bytes or 0
+    context = vb.context_bytes(tp, pp)
+    free_at_init = free - context
+    cal = request.calibration
+
+    offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
+    weights = max(model.weight_bytes // (tp * pp) - offloaded, 0)
+    non_torch = vb.non_torch_bytes(tp, pp)
+    eager = pinned.get("--enforce-eager", False)
+    cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
+        setup.layout.group_size * len(setup.layout.groups))
+    defaults = vb.batch_defaults(nvml_total_bytes=gpu.total_bytes, gpu_name=gpu.name, device="cuda",
+                                 world_size=tp * pp)
+
+    # Utilization: pinned, or the most we can request from *free* memory (other tenants
+    # make vLLM refuse to start when free < total x utilization), capped by the engine default.
+    if "--gpu-memory-utilization" in pinned:
+        utilization = pinned["--gpu-memory-utilization"]
+        util_source, util_detail = PINNED, "pinned --gpu-memory-utilization"
+    else:
+        room = free_at_init - request.margin_bytes
+        if request.max_gpu_memory_bytes is not None:
+            room = min(room, request.max_gpu_memory_bytes - context)
+        utilization = min(rules.default_utilization, vl.utilization_for(max(room, 0), total))
+        util_source = ENGINE_DEFAULT if utilization == rules.default_utilization else FORMULA
+        util_detail = (f"vLLM {rules.version} default" if util_source == ENGINE_DEFAULT
+                       else f"free {format_gib(free)} - context {format_gib(context)} - margin "
+                            f"{format_gib(request.margin_bytes)}" + (" (capped by --max-gpu-memory)"
+                                                                     if request.max_gpu_memory_bytes else ""))
+    if utilization <= 0:
+        raise WontFit(f"{gpu.label} has {format_gib(free)} free: no room for vLLM at all")
+    requested = vb.requested_bytes(total, utilization)
+    if requested > free_at_init:
+        raise WontFit(
+            f"vLLM will refuse to start: free memory on {gpu.label} at start ~{format_gib(free_at_init)} is less "
+            f"than --gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)}",
+            hint="lower --gpu-memory-utilization or stop the other processes on the GPU")
+
+    def budget_at(length: int) -> tuple[int, int, int]:
+        batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
+                                         pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
+                                         pinned_num_seqs=pinned.get("--max-num-seqs"),
+                                         chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
+        activation = vb.activation_peak_bytes(geometry, batched_tokens=batched, num_seqs=min(seqs, batched), tp=tp)
+        return batched, seqs, activation
+
+    def kv_at(length: int) -> int:
+        if "--kv-cache-memory-bytes" in pinned:
+            return int(pinned["--kv-cache-memory-bytes"])
+        if cal is not None and cal.non_kv_bytes is not None:
+            return requested - cal.non_kv_bytes
+        return requested - weights - non_torch - budget_at(length)[2] - cudagraph
+
+    def capacity_at(length: int) -> KvCapacity:
+        batched = budget_at(length)[0]
+        return kv_capacity(setup.layout, kv_at(length), max_model_len=length,
+                           in_flight_tokens=vl.in_flight_tokens(batched_tokens=batched, device="cuda", pp=pp))
+
+    length, length_reason, capacity = _vllm_length(request, setup, capacity_at)
+    batched, seqs, activation = budget_at(length)
+    kv = kv_at(length)
+
+    args: list[str] = []
+    if "--gpu-memory-utilization" not in pinned and "--kv-cache-memory-bytes" not in pinned:
+        args += ["--gpu-memory-utilization", f"{utilization:g}"]
+    if "--max-model-len" not in pinned:
+        args += ["--max-model-len", str(length)]
+
+    measured_non_kv = cal.non_kv_bytes if cal is not None else None
+    calibration_key = cal.key if cal is not None else ""
+    others = gpu.usable_total_bytes - free  # CUDA's view: the driver reserve is not a tenant
+    items = [
+        BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
+                   "cudaMemGetInfo total" + (" (catalog)" if gpu.cuda_total_bytes else
+                                             " = NVML total - driver reserve" if gpu.reserved_bytes else
+                                             " ~ NVML total - 2 % (not measured for this GPU)")),
+        BudgetItem("other", "held by others", max(others, 0), MEASURED if gpu.source == "nvml" else CATALOG,
+                   tenants_detail(gpu), bar="other"),
+        BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA,
+                   "before vLLM's init snapshot; only tightens the startup check", bar="other"),
+        BudgetItem("requested", f"requested = ceil(total x {utilization:g})", requested, util_source, util_detail),
+        BudgetItem("weights", "weights (per rank)", weights, MEASURED,
+                   model.weight_bytes_source + (f" / {tp * pp} ranks" if tp * pp > 1 else "")
+                   + (f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else ""), bar="weights"),
+        BudgetItem("non_torch", "non-torch after snapshot", non_torch, FORMULA,
+                   "cuBLAS/allocator growth; 0.03-0.43 GiB in published logs", bar="other"),
+        BudgetItem("activation", "activation peak (profile run)", activation, FORMULA,
+                   f"max of {batched} batched tokens x MLP/attention and the sampler's "
+                   f"{min(seqs, batched)} x vocab fp32 rows ({defaults.reason})", bar="activations"),
+        BudgetItem("cudagraph", "CUDA graph estimate", cudagraph, FORMULA if cudagraph else ENGINE_DEFAULT,
+                   "--enforce-eager: no graphs" if eager else
+                   ("not subtracted before vLLM 0.21" if not cudagraph else
+                    f"{vb.CUDAGRAPH_BASE_BYTES // MiB} MiB + {vb.CUDAGRAPH_PER_LAYER_BYTES / MiB:.1f} MiB x layers"),
+                   bar="graphs"),
+        BudgetItem("kv", "KV cache", kv, PINNED if "--kv-cache-memory-bytes" in pinned else
+                   (CALIBRATED if measured_non_kv is not None else FORMULA),
+                   f"{capacity.num_blocks} blocks x {setup.layout.bytes_per_block} B "
+                   f"({setup.layout.group_size} layers x {setup.layout.page_bytes} B page, block {setup.block})",
+                   bar="kv"),
+        BudgetItem("free", "left free", max(free_at_init - requested, 0), FORMULA,
+                   "not requested by vLLM: margin for other tenants", bar="free"),
+    ]
+    if measured_non_kv is not None:
+        # The engine's own measurement replaces our three estimates; the rows still add up.
+        estimates = ("non_torch", "activation", "cudagraph")
+        items = [i for i in items if i.key not in estimates]
+        items.insert(-2, BudgetItem("measured_non_kv", "non-KV besides weights", measured_non_kv - weights,
+                                    CALIBRATED, f"measured by vLLM at an earlier start ({calibration_key})",
+                                    bar="activations"))
+    notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
+    if measured_non_kv is not None:
+        notes.append(f"non-KV memory from an earlier start of the same configuration ({calibration_key})")
+    if setup.layout.padding_layers:
+        notes.append(f"vLLM pads {setup.layout.padding_layers} layer(s) to even KV groups")
+    return Plan(
+        engine="vllm", engine_version=request.engine_version or vl.NEWEST, rules_version=rules.version,
+        device="cuda", model=model.name, max_model_len=length, max_model_len_source=length_reason,
+        kv_cache_bytes=kv, kv_cache_tokens=capacity.tokens, max_concurrency=round(capacity.max_concurrency, 2),
+        budget=tuple(items), engine_args=tuple(args), engine_env={}, pinned=dict(pinned), tp=tp, pp=pp,
+        gpu_memory_utilization=utilization, block_size=setup.block, num_blocks=capacity.num_blocks,
+        gpu_name=gpu.name, gpu_count=len(devices), notes=tuple(notes),
+        engine_version_assumed=request.engine_version_assumed,
+    )
+
+
+# --------------------------------------------------------------------------- vLLM on CPU
+
+
+def plan_cpu(request: PlanRequest) -> Plan:
+    """KV space is VLLM_CPU_KVCACHE_SPACE whole GiB; weights and activations share host RAM."""
+    model, geometry = request.model, request.model.geometry
+    setup = _vllm_setup(request, None)
+    pinned = setup.pinned
+    host = request.host
+    if host is None:
+        raise WontFit("host memory unknown: cannot plan the CPU backend")
+    weights = model.weight_bytes
+    defaults = vb.batch_defaults(nvml_total_bytes=None, gpu_name="cpu", device="cpu", world_size=setup.tp * setup.pp)
+    env_space = request.engine_env.get("VLLM_CPU_KVCACHE_SPACE")
+
+    def activation_at(length: int) -> tuple[int, int]:
+        batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
+                                         pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
+                                         pinned_num_seqs=pinned.get("--max-num-seqs"))
+        return batched, vb.activation_peak_bytes(geometry, batched_tokens=batched, num_seqs=min(seqs, batched),
+                                                 tp=setup.tp, act_dtype_bytes=2)
+
+    room = host.available_bytes - weights - request.margin_bytes
+    if request.max_gpu_memory_bytes is not None:
+        room = min(room, request.max_gpu_memory_bytes - weights)
+
+    def capacity_for(space_bytes: int, length: int) -> KvCapacity:
+        batched = activation_at(length)[0]
+        return kv_capacity(setup.layout, space_bytes, max_model_len=length,
+                           in_flight_tokens=vl.in_flight_tokens(batched_tokens=batched, device="cpu", pp=setup.pp))
+
+    if env_space not in (None, ""):
+        try:
+            space_gib = int(env_space)
+        except ValueError:
+            raise UsageError(f"VLLM_CPU_KVCACHE_SPACE={env_space!r}: vLLM needs whole GiB") from None
+        space_source, space_detail = PINNED, "VLLM_CPU_KVCACHE_SPACE from the environment"
+    elif "--kv-cache-memory-bytes" in pinned:
+        space_gib = None
+        space_source, space_detail = PINNED, "pinned --kv-cache-memory-bytes"
+    else:
+        # Take what the requests need (whole GiB, at least 1), not the whole host.
+        pinned_len = pinned.get("--max-model-len")
+        target_len = pinned_len if pinned_len and pinned_len > 0 else setup.model_max_len
+        needed = setup.layout.bytes_per_block * (
+            math.ceil(request.concurrency * setup.layout.blocks_per_request(
+                target_len, vl.in_flight_tokens(batched_tokens=activation_at(target_len)[0], device="cpu",
+                                                pp=setup.pp))) + 1)
+        most = max((room - activation_at(target_len)[1]) // GiB, 0)
+        space_gib = max(1, min(math.ceil(needed / GiB), most))
+        space_source = FORMULA
+        space_detail = (f"enough for {request.concurrency} x {target_len} tokens" if space_gib * GiB >= needed
+                        else f"all the host can spare ({format_gib(room)} after weights and margin)")
+    kv = pinned["--kv-cache-memory-bytes"] if space_gib is None else space_gib * GiB
+
+    def capacity_at(length: int) -> KvCapacity:
+        return capacity_for(kv, length)
+
+    length, length_reason, capacity = _vllm_length(request, setup, capacity_at)
+    batched, activation = activation_at(length)
+    if weights + activation + kv + request.margin_bytes > host.available_bytes:
+        raise WontFit(
+            f"host RAM: weights {format_gib(weights)} + activations {format_gib(activation)} + KV {format_gib(kv)} "
+            f"exceed the {format_gib(host.available_bytes)} available",
+            hint="lower VLLM_CPU_KVCACHE_SPACE or --max-model-len")
+    env = {} if env_space not in (None, "") or space_gib is None else {"VLLM_CPU_KVCACHE_SPACE": str(space_gib)}
+    args = [] if "--max-model-len" in pinned else ["--max-model-len", str(length)]
+    items = (
+        BudgetItem("total", "host RAM available", host.available_bytes, MEASURED,
+                   "psutil available" + (", cgroup limit applied" if host.cgroup_limit_bytes else "")),
+        BudgetItem("weights", "weights", weights, MEASURED, model.weight_bytes_source, bar="weights"),
+        BudgetItem("activation", "activation peak", activation, FORMULA, f"{batched} batched tokens ({defaults.reason})",
+                   bar="activations"),
+        BudgetItem("kv", "KV cache (VLLM_CPU_KVCACHE_SPACE)", kv, space_source,
+                   f"{space_detail}; {capacity.num_blocks} blocks x {setup.layout.bytes_per_block} B, block {setup.block}",
+                   bar="kv"),
+        BudgetItem("free", "left free", max(host.available_bytes - weights - activation - kv, 0), FORMULA,
+                   "host RAM not planned for", bar="free"),
+    )
+    notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
+    return Plan(
+        engine="vllm", engine_version=request.engine_version or vl.NEWEST, rules_version=setup.rules.version,
+        device="cpu", model=model.name, max_model_len=length, max_model_len_source=length_reason,
+        kv_cache_bytes=kv, kv_cache_tokens=capacity.tokens, max_concurrency=round(capacity.max_concurrency, 2),
+        budget=items, engine_args=tuple(args), engine_env=env, pinned=dict(pinned), tp=setup.tp, pp=setup.pp,
+        cpu_kvcache_space_gib=space_gib, block_size=setup.block, num_blocks=capacity.num_blocks,
+        gpu_name="cpu", gpu_count=0, notes=tuple(notes),
+        engine_version_assumed=request.engine_version_assumed,
+    )
+
+
+def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
+    """`--trust-engine`: launch with the operator's flags only; vLLM sizes itself."""
+    pinned = vl.pinned_flags(request.engine_args)
+    block, _ = vl.block_size(request.model.geometry, device=request.device, compute_capability=None,
+                             pinned=pinned.get("--block-size"), cpu_amx=request.host.cpu_amx if request.host else None)
+    rules, _ = vl.rules_for(request.engine_version)
+    return unplanned(request, refusal, newest=vl.NEWEST, rules_version=rules.version, pinned=pinned,
+                     length=pinned.get("--max-model-len") or 0, tp=vl.ranks(pinned)[0], block=block)

@@ -1,0 +1,130 @@
+"""Gathering a plan's inputs at the edge, once: model, GPUs (probe or catalog), engine version,
+pinned flags, calibration. The CLI hands over typed options; the planner gets a `PlanRequest`.
+
+This is the only place (with `launcher.probe`) that reads the machine and the environment for
+a plan, so everything below it stays pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from launcher.errors import ProbeError
+from launcher.gpu import GpuDevice, HostMemory
+from launcher.plan import DEFAULT_MARGIN_BYTES, Calibration, PlanRequest
+
+if TYPE_CHECKING:
+    from launcher.devlock import DeviceLock
+
+# Engine settings read from the environment because the engine reads them there.
+ENGINE_ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the operator asked for on the command line, before anything is probed."""
+
+    model: str
+    engine: str = "vllm"
+    gpu_specs: tuple[str, ...] = ()  # --gpu: hypothetical GPUs instead of the probe
+    device: str = "cuda"
+    concurrency: int = 1
+    max_gpu_memory: str | None = None  # a size as typed (parsed here)
+    margin: str | None = None  # a size as typed; None: DEFAULT_MARGIN_BYTES
+    engine_version: str | None = None
+    trust_engine: bool = False
+    use_calibration: bool = True
+    engine_args: tuple[str, ...] = ()  # after `--`, exactly as given
+
+
+def engine_args_after_dashes(raw: Sequence[str]) -> tuple[str, ...]:
+    """The engine flags given after `--` (click normally drops the `--` itself)."""
+    args = tuple(raw)
+    return args[1:] if args[:1] == ("--",) else args
+
+
+def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
+    """The `PlanRequest` for `options`: resolves the model, probes or builds the GPUs."""
+    from launcher.engines.versions import installed_version
+    from launcher.resolve import load_profile, model_from_profile, resolve_model
+    from launcher.units import parse_size
+
+    model = resolve_model(options.model, env=env)
+    variants = tuple(model_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
+    gpus, host = _devices(options, env)
+    installed = installed_version(options.engine)
+    version = options.engine_version or installed
+    calibration = None
+    if options.use_calibration:
+        calibration = _load_calibration(env, calibration_key_for(options.engine, version, gpus, model.name,
+                                                                 options.engine_args))
+    return PlanRequest(
+        model=model, engine=options.engine, device=options.device, gpus=gpus, host=host, engine_version=version,
+        engine_version_assumed=version is None,
+        engine_args=options.engine_args, engine_env={k: env[k] for k in ENGINE_ENV_KEYS if k in env},
+        concurrency=options.concurrency,
+        max_gpu_memory_bytes=parse_size(options.max_gpu_memory) if options.max_gpu_memory else None,
+        margin_bytes=parse_size(options.margin) if options.margin else DEFAULT_MARGIN_BYTES,
+        trust_engine=options.trust_engine, variants=variants, calibration=calibration,
+    )
+
+
+def _devices(options: PlanOptions, env: Mapping[str, str]) -> tuple[tuple[GpuDevice, ...], HostMemory | None]:
+    """The host for --device cpu, hypothetical GPUs for --gpu, else what NVML shows."""
+    if options.device == "cpu":
+        from launcher.probe import probe_host
+
+        return (), probe_host()
+    if options.gpu_specs:
+        from launcher.catalog import hypothetical_gpus
+
+        return hypothetical_gpus(options.gpu_specs), None
+    from launcher.probe import probe_inventory
+
+    inventory = probe_inventory(env)
+    if not inventory.visible:
+        raise ProbeError("no GPU is visible to the engine (CUDA_VISIBLE_DEVICES hides them all)",
+                         hint="use --gpu NAME for a hypothetical plan, or --device cpu")
+    return inventory.visible, inventory.host
+
+
+def _load_calibration(env: Mapping[str, str], key: str) -> Calibration | None:
+    from launcher.calibration import load
+    from launcher.paths import state_dir
+
+    return load(state_dir(env), key)
+
+
+def calibration_key_for(engine: str, version: str | None, gpus: Sequence[GpuDevice], model: str,
+                        engine_args: Sequence[str]) -> str:
+    """The setup a measurement belongs to: engine, version, GPUs, model, memory-relevant flags."""
+    from launcher.calibration import calibration_key
+    from launcher.engines import adapter
+
+    pinned = adapter(engine).pinned_flags(engine_args)
+    gpu_name = f"{len(gpus)} x {gpus[0].name}" if gpus else "cpu"
+    return calibration_key(gpu_name=gpu_name, model=model, engine=engine, engine_version=version or "newest",
+                           pinned=pinned)
+
+
+def lock_live_devices(options: PlanOptions, timeout_s: float) -> DeviceLock | None:
+    """Take the start lock on the GPUs the engine will use, before the plan reads free memory.
+
+    Concurrent starts on one GPU must not mis-size each other (vLLM #55827): the lock is held
+    from reading free memory until the engine has sized its KV cache.
+    """
+    from launcher.devlock import DeviceLock
+    from launcher.engines import adapter
+
+    if options.gpu_specs or options.device == "cpu":
+        return None  # a hypothetical GPU or the host: nothing shared to lock
+    from launcher.probe import probe_inventory
+
+    engine = adapter(options.engine)
+    tp, pp = engine.ranks(engine.pinned_flags(options.engine_args))
+    visible = probe_inventory().visible[:tp * pp]
+    lock = DeviceLock([g.uuid for g in visible if g.uuid], timeout_s=timeout_s)
+    lock.acquire()
+    return lock
