@@ -91,6 +91,9 @@ def try_option(base: PlanRequest, workload: Workload, gpu: GpuDevice, count: int
         plan = make_plan(request)
     except WontFit as refusal:
         return Option(gpu.name, count, kv_dtype, label, quantized, tuple(args), None, refusal.message)
+    if plan.may_not_fit:
+        # fit answers what carries the workload at the central estimate, not what might.
+        return Option(gpu.name, count, kv_dtype, label, quantized, tuple(args), None, plan.may_not_fit)
     return Option(gpu.name, count, kv_dtype, label, quantized, tuple(args), plan)
 
 
@@ -120,10 +123,9 @@ def largest_concurrency(base: PlanRequest, tokens: int) -> int:
 
     def fits(concurrency: int) -> bool:
         try:
-            make_plan(dataclasses.replace(pinned, concurrency=concurrency))
+            return make_plan(dataclasses.replace(pinned, concurrency=concurrency)).may_not_fit is None
         except WontFit:
             return False
-        return True
 
     return largest_count(fits)
 
@@ -131,6 +133,7 @@ def largest_concurrency(base: PlanRequest, tokens: int) -> int:
 def longest_length(base: PlanRequest, concurrency: int) -> int:
     """Longest length `concurrency` requests can each have at once (0 if none)."""
     try:
-        return make_plan(dataclasses.replace(base, concurrency=concurrency)).max_model_len
+        plan = make_plan(dataclasses.replace(base, concurrency=concurrency))
     except WontFit:
         return 0
+    return plan.max_model_len if plan.may_not_fit is None else 0

@@ -75,6 +75,7 @@ class BudgetItem:
     source: str
     detail: str
     bar: str | None = None  # which budget-bar segment: weights/activations/graphs/other/kv/free
+    error_bytes: int = 0  # expected error of a formula figure (+/-), from the data behind it; 0: exact
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,16 @@ class Plan:
     gpu_count: int = 0
     notes: tuple[str, ...] = ()
     engine_version_assumed: bool = False
+    # The KV cache at the unfavourable and favourable ends of the estimates' error bands
+    # (equal to kv_cache_bytes when every figure is exact, pinned or calibrated).
+    kv_cache_bytes_low: int | None = None
+    kv_cache_bytes_high: int | None = None
+    # Set when the configuration fits only inside the error band: the plan is kept (exit 0),
+    # the engine's own numbers decide at start and the watch retunes.
+    may_not_fit: str | None = None
+    # What the engine's own defaults would choose on this GPU, for comparison.
+    engine_defaults: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
     def item(self, key: str) -> BudgetItem | None:
         return next((i for i in self.budget if i.key == key), None)

@@ -63,9 +63,12 @@ def plan(request: PlanRequest) -> Plan:
         fraction_value = pinned["--mem-fraction-static"]
         f_source, f_detail = PINNED, "pinned --mem-fraction-static"
     else:
-        # The slack SGLang's default leaves on this card when idle, kept in bytes.
+        # The slack SGLang's default leaves on this card when idle, kept in bytes. On an idle
+        # card that is the default itself: its slack already holds activations and graphs, and
+        # there is no tenant to keep a margin for. Other tenants add the margin for their drift.
         idle_pre_load = gpu.usable_total_bytes - context
-        slack_needed = idle_pre_load * (1 - derivation.fraction) + request.margin_bytes
+        tenants = gpu.usable_total_bytes - (gpu.free_bytes or 0) > 0
+        slack_needed = idle_pre_load * (1 - derivation.fraction) + (request.margin_bytes if tenants else 0)
         room = pre_load
         if request.max_gpu_memory_bytes is not None:
             room = min(room, request.max_gpu_memory_bytes - context)
@@ -74,18 +77,36 @@ def plan(request: PlanRequest) -> Plan:
         f_source = ENGINE_DEFAULT if fraction_value == derivation.fraction else FORMULA
         f_detail = (f"SGLang {rules.version} default: reserve {derivation.reserved_mib:.0f} MiB of {gpu_mem_mib:.0f} MiB"
                     if f_source == ENGINE_DEFAULT else
-                    f"keeps the {format_gib(slack_needed - request.margin_bytes)} slack SGLang's default "
-                    f"{derivation.fraction:g} leaves on an idle card, + margin, out of {format_gib(pre_load)} free")
+                    f"keeps the {format_gib(idle_pre_load * (1 - derivation.fraction))} slack SGLang's default "
+                    f"{derivation.fraction:g} leaves on an idle card" + (" + margin for other tenants" if tenants else "")
+                    + f", out of {format_gib(pre_load)} free")
     tokens, budget = sg.pool_tokens(pre_load_bytes=pre_load, after_load_bytes=after_load, fraction_value=fraction_value,
                                     cell_bytes=cell, page_size=page, max_total_tokens=pinned.get("--max-total-tokens"))
+    # The favourable end of the error band: our CUDA-context and loader estimates too high.
+    context_error = sg.CONTEXT_ERROR_BYTES
+    overhead_error = 0 if cal and cal.load_overhead_bytes is not None else sg.LOAD_OVERHEAD_ERROR_BYTES
+    tokens_high, _ = sg.pool_tokens(pre_load_bytes=pre_load + context_error,
+                                    after_load_bytes=after_load + context_error + overhead_error,
+                                    fraction_value=fraction_value, cell_bytes=cell, page_size=page,
+                                    max_total_tokens=pinned.get("--max-total-tokens"))
+    doubt = None
     if tokens <= 0:
         minimum = 1 - after_load / pre_load if pre_load > 0 else 1.0
-        raise WontFit(f"SGLang will fail: the weights leave no KV pool under --mem-fraction-static "
-                      f"{fraction_value:g} (minimum viable {minimum:.4f})",
-                      hint="raise --mem-fraction-static, quantize, or use tensor parallel")
+        if tokens_high <= 0:
+            hint = ("raise --mem-fraction-static, quantize, or use tensor parallel" if minimum < 0.99 else
+                    "no --mem-fraction-static can fit: the weights alone need more than the free memory; "
+                    "quantize or use tensor parallel")
+            raise WontFit(f"SGLang will fail: the weights leave no KV pool under --mem-fraction-static "
+                          f"{fraction_value:g} (minimum viable {minimum:.4f})", hint=hint)
+        doubt = (f"the weights leave a KV pool under --mem-fraction-static {fraction_value:g} only at the favourable "
+                 f"end of the estimate (minimum viable {minimum:.4f} at the central estimate)")
+        tokens = tokens_high
     if context_len_pinned is not None:
         length, length_reason = context_len_pinned, "pinned --context-length"
-        if tokens < request.concurrency * length:
+        if tokens < request.concurrency * length and tokens_high >= request.concurrency * length:
+            doubt = (f"the pool holds ~{tokens} tokens at the central estimate ({tokens_high} at best): "
+                     f"{request.concurrency} request(s) of {length} may not fit")
+        elif tokens < request.concurrency * length:
             raise WontFit(f"the pool holds {tokens} tokens: {request.concurrency} request(s) of {length} do not fit; "
                           "SGLang would cap requests at the pool size silently")
     else:
@@ -132,6 +153,11 @@ def plan(request: PlanRequest) -> Plan:
         mem_fraction_static=fraction_value, block_size=page, gpu_name=gpu.name, gpu_count=len(devices),
         notes=tuple(notes),
         engine_version_assumed=request.engine_version_assumed,
+        kv_cache_bytes_low=max(kv - int(max(tokens_high - tokens, 0) * cell), 0),
+        kv_cache_bytes_high=int(max(tokens_high, tokens) * cell),
+        may_not_fit=doubt,
+        engine_defaults={"mem_fraction_static": derivation.fraction,
+                         "chunked_prefill_size": derivation.chunked_prefill_size},
     )
 
 

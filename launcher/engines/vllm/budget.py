@@ -37,6 +37,16 @@ CUDAGRAPH_BASE_BYTES = 256 * MiB
 CUDAGRAPH_PER_LAYER_BYTES = int(13.5 * MiB)
 
 
+# Expected errors of the estimates above (+/-), from the published logs behind each.
+# CUDA total where neither the catalog nor NVML's v2 reserve knows it: NVML total - 2 %
+# with published totals 1.1-2.9 % below NVML, so +/- 0.9 % of the NVML total.
+CUDA_TOTAL_ERROR_FRACTION = 0.009
+NON_TORCH_ERROR_BYTES = 256 * MiB  # logs: 0.03-0.43 GiB against 0.16/0.39 GiB estimates
+CONTEXT_ERROR_BYTES = 128 * MiB  # CUDA context + torch before the snapshot: 0.45-0.62 GiB seen
+CUDAGRAPH_ERROR_FRACTION = 0.5  # vLLM measures its graphs when profiling; ours is a fit on few logs
+ACTIVATION_ERROR_FRACTION = 0.25  # profile-run peak vs our shape formula (bench/startup_logs.py)
+
+
 @dataclass(frozen=True)
 class BatchDefaults:
     max_num_batched_tokens: int

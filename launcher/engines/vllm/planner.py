@@ -17,6 +17,7 @@ from launcher.budget import rank_devices, tenants_detail, tightest, unplanned
 from launcher.engines import vllm as vl
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.vllm import budget as vb
+from launcher.engines.vllm.architectures import cpu_unservable, uses_mla
 from launcher.engines.vllm.kv import KvCapacity, KvLayout, kv_capacity
 from launcher.errors import SafeServeError, UsageError, WontFit
 from launcher.model import SLIDING, ModelGeometry
@@ -73,17 +74,24 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
 def _refuse_cpu_combinations(request: PlanRequest, geometry: Any, block: int, kv_bytes: int) -> None:
     """Combinations the vLLM 0.32 CPU backend accepts at start but cannot run (seen on the real engine)."""
     amx = request.host.cpu_amx if request.host else None
-    if geometry.mla is not None and kv_bytes == 1 and not amx:
-        raise WontFit("vLLM's CPU MLA kernel (no AMX) starts with an fp8 KV cache but fails the first request "
-                      "('expected scalar type BFloat16 but found Float8_e4m3fn')", hint="use --kv-cache-dtype auto")
-    if block % 32 and geometry.mla is None and SLIDING not in geometry.layer_kinds:
+    unservable = cpu_unservable(geometry, kv_dtype_bytes=kv_bytes, cpu_amx=amx)  # MLA kernel limits
+    if unservable:
+        raise WontFit(unservable[0], hint=unservable[1])
+    if block % 32 and not uses_mla(geometry) and SLIDING not in geometry.layer_kinds:
         raise WontFit(f"--block-size {block}: vLLM's CPU attention needs a multiple of 32 and stops after "
                       f"sizing the cache ('No common block size for {block} (CPU_ATTN: [MultipleOf(32)])')",
                       hint="use --block-size 32 or leave it unset (128)")
 
 
-def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Any) -> tuple[int, str, KvCapacity]:
-    """Keep a pinned --max-model-len, or choose the longest that carries `concurrency` requests."""
+def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[[int], KvCapacity],
+                 favourable_at: Callable[[int], KvCapacity] | None = None) -> tuple[int, str, KvCapacity, str | None]:
+    """Keep a pinned --max-model-len, or choose the longest that carries `concurrency` requests.
+
+    `favourable_at` is the capacity at the favourable end of the estimate's error band: a
+    configuration is refused only when it fails there too. When it fails at the central
+    estimate only, the plan keeps it and says why it may not fit (the fourth value); the
+    engine's own numbers then decide, and the watch retunes.
+    """
     pinned_len = setup.pinned.get("--max-model-len")
     if pinned_len is not None and pinned_len > 0:
         if pinned_len > setup.model_max_len:
@@ -91,8 +99,8 @@ def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Any) -> t
                 f"--max-model-len {pinned_len} is above the model's maximum {setup.model_max_len} "
                 f"({setup.model_max_len_reason}); vLLM refuses it at start")
         capacity = capacity_at(pinned_len)
-        _check_vllm_capacity(request, capacity, pinned_len)
-        return pinned_len, "pinned --max-model-len", capacity
+        doubt = _checked_in_band(request, capacity, pinned_len, favourable_at)
+        return pinned_len, "pinned --max-model-len", capacity, doubt
 
     if pinned_len == -1:
         # --max-model-len auto: vLLM's own auto-fit sizes for ONE request (binary search on
@@ -102,22 +110,46 @@ def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Any) -> t
         if length <= 0:
             raise WontFit("vLLM will fail with 'Cannot auto-fit max_model_len': no KV room for a single token")
         capacity = capacity_at(length)
-        _check_vllm_capacity(request, capacity, length)
-        return length, "vLLM auto-fit (pinned --max-model-len auto), predicted", capacity
+        doubt = _checked_in_band(request, capacity, length, favourable_at)
+        return length, "vLLM auto-fit (pinned --max-model-len auto), predicted", capacity, doubt
 
-    def fits(length: int) -> bool:
-        cap = capacity_at(length)
-        return bool(cap.fits_one_request and (cap.num_blocks - 1) / cap.blocks_per_request >= request.concurrency)
+    def carries(at: Callable[[int], KvCapacity]) -> Callable[[int], bool]:
+        def fits(length: int) -> bool:
+            cap = at(length)
+            return bool(cap.fits_one_request and (cap.num_blocks - 1) / cap.blocks_per_request >= request.concurrency)
+        return fits
 
-    length = largest_length(fits, setup.model_max_len, setup.block)
+    length = largest_length(carries(capacity_at), setup.model_max_len, setup.block)
+    doubt = None
+    if length <= 0 and favourable_at is not None:
+        length = largest_length(carries(favourable_at), setup.model_max_len, setup.block)
+        if length > 0:
+            doubt = (f"{request.concurrency} request(s) of {length} tokens fit only at the favourable end of the "
+                     f"estimate's error band ({format_gib(capacity_at(length).kv_bytes)} KV at the central "
+                     f"estimate, {format_gib(favourable_at(length).kv_bytes)} at best)")
     if length <= 0:
-        capacity = capacity_at(setup.block)
+        capacity = (favourable_at or capacity_at)(setup.block)
         raise WontFit(
             f"no KV room for {request.concurrency} request(s) of even {setup.block} tokens: "
-            f"{format_gib(max(capacity.kv_bytes, 0))} left for the KV cache")
+            f"{format_gib(max(capacity.kv_bytes, 0))} left for the KV cache"
+            + (" at the favourable end of the estimate" if favourable_at is not None else ""))
     reason = (f"model maximum ({setup.model_max_len_reason})" if length == setup.model_max_len
               else f"longest that fits {request.concurrency} request(s) (model maximum {setup.model_max_len})")
-    return length, reason, capacity_at(length)
+    return length, reason, capacity_at(length), doubt
+
+
+def _checked_in_band(request: PlanRequest, capacity: KvCapacity, length: int,
+                     favourable_at: Callable[[int], KvCapacity] | None) -> str | None:
+    """None when `length` fits at the central estimate; the doubt when it fits only at the
+    favourable end; `WontFit` when it fails there too."""
+    try:
+        _check_vllm_capacity(request, capacity, length)
+        return None
+    except WontFit as central:
+        if favourable_at is None:
+            raise
+        _check_vllm_capacity(request, favourable_at(length), length)
+        return f"{central.message} at the central estimate; it fits at the favourable end of the error band"
 
 
 def _check_vllm_capacity(request: PlanRequest, capacity: KvCapacity, length: int) -> None:
@@ -179,11 +211,16 @@ def plan_gpu(request: PlanRequest) -> Plan:
     if utilization <= 0:
         raise WontFit(f"{gpu.label} has {format_gib(free)} free: no room for vLLM at all")
     requested = vb.requested_bytes(total, utilization)
-    if requested > free_at_init:
+    startup_doubt = None
+    if requested > free_at_init + vb.CONTEXT_ERROR_BYTES:
         raise WontFit(
             f"vLLM will refuse to start: free memory on {gpu.label} at start ~{format_gib(free_at_init)} is less "
             f"than --gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)}",
             hint="lower --gpu-memory-utilization or stop the other processes on the GPU")
+    if requested > free_at_init:
+        startup_doubt = (f"--gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)} is "
+                         f"above the ~{format_gib(free_at_init)} free at start by less than the CUDA context's "
+                         "error: vLLM may refuse to start")
 
     def budget_at(length: int) -> tuple[int, int, int]:
         batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
@@ -200,14 +237,32 @@ def plan_gpu(request: PlanRequest) -> Plan:
             return requested - cal.non_kv_bytes
         return requested - weights - non_torch - budget_at(length)[2] - cudagraph
 
-    def capacity_at(length: int) -> KvCapacity:
+    total_error = 0 if gpu.cuda_total_bytes is not None or gpu.reserved_bytes else int(
+        gpu.total_bytes * vb.CUDA_TOTAL_ERROR_FRACTION)
+
+    def kv_error_at(length: int) -> int:
+        """+/- on the KV figure: the sum of the estimated terms' errors (0 when none is estimated)."""
+        if "--kv-cache-memory-bytes" in pinned or (cal is not None and cal.non_kv_bytes is not None):
+            return 0
+        return (math.ceil(total_error * utilization) + vb.NON_TORCH_ERROR_BYTES
+                + int(budget_at(length)[2] * vb.ACTIVATION_ERROR_FRACTION)
+                + int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
+
+    def capacity_for(length: int, kv_bytes: int) -> KvCapacity:
         batched = budget_at(length)[0]
-        return kv_capacity(setup.layout, kv_at(length), max_model_len=length,
+        return kv_capacity(setup.layout, kv_bytes, max_model_len=length,
                            in_flight_tokens=vl.in_flight_tokens(batched_tokens=batched, device="cuda", pp=pp))
 
-    length, length_reason, capacity = _vllm_length(request, setup, capacity_at)
+    def capacity_at(length: int) -> KvCapacity:
+        return capacity_for(length, kv_at(length))
+
+    def favourable_at(length: int) -> KvCapacity:
+        return capacity_for(length, kv_at(length) + kv_error_at(length))
+
+    length, length_reason, capacity, doubt = _vllm_length(request, setup, capacity_at, favourable_at)
     batched, seqs, activation = budget_at(length)
     kv = kv_at(length)
+    kv_error = kv_error_at(length)
 
     args: list[str] = []
     if "--gpu-memory-utilization" not in pinned and "--kv-cache-memory-bytes" not in pinned:
@@ -222,7 +277,8 @@ def plan_gpu(request: PlanRequest) -> Plan:
         BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
                    "cudaMemGetInfo total" + (" (catalog)" if gpu.cuda_total_bytes else
                                              " = NVML total - driver reserve" if gpu.reserved_bytes else
-                                             " ~ NVML total - 2 % (not measured for this GPU)")),
+                                             " ~ NVML total - 2 % (not measured for this GPU)"),
+                   error_bytes=total_error),
         BudgetItem("other", "held by others", max(others, 0), MEASURED if gpu.source == "nvml" else CATALOG,
                    tenants_detail(gpu), bar="other"),
         BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA,
@@ -232,15 +288,17 @@ def plan_gpu(request: PlanRequest) -> Plan:
                    model.weight_bytes_source + (f" / {tp * pp} ranks" if tp * pp > 1 else "")
                    + (f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else ""), bar="weights"),
         BudgetItem("non_torch", "non-torch after snapshot", non_torch, FORMULA,
-                   "cuBLAS/allocator growth; 0.03-0.43 GiB in published logs", bar="other"),
+                   "cuBLAS/allocator growth; 0.03-0.43 GiB in published logs", bar="other",
+                   error_bytes=vb.NON_TORCH_ERROR_BYTES),
         BudgetItem("activation", "activation peak (profile run)", activation, FORMULA,
                    f"max of {batched} batched tokens x MLP/attention and the sampler's "
-                   f"{min(seqs, batched)} x vocab fp32 rows ({defaults.reason})", bar="activations"),
+                   f"{min(seqs, batched)} x vocab fp32 rows ({defaults.reason})", bar="activations",
+                   error_bytes=int(activation * vb.ACTIVATION_ERROR_FRACTION)),
         BudgetItem("cudagraph", "CUDA graph estimate", cudagraph, FORMULA if cudagraph else ENGINE_DEFAULT,
                    "--enforce-eager: no graphs" if eager else
                    ("not subtracted before vLLM 0.21" if not cudagraph else
                     f"{vb.CUDAGRAPH_BASE_BYTES // MiB} MiB + {vb.CUDAGRAPH_PER_LAYER_BYTES / MiB:.1f} MiB x layers"),
-                   bar="graphs"),
+                   bar="graphs", error_bytes=int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION)),
         BudgetItem("kv", "KV cache", kv, PINNED if "--kv-cache-memory-bytes" in pinned else
                    (CALIBRATED if measured_non_kv is not None else FORMULA),
                    f"{capacity.num_blocks} blocks x {setup.layout.bytes_per_block} B "
@@ -269,6 +327,11 @@ def plan_gpu(request: PlanRequest) -> Plan:
         gpu_memory_utilization=utilization, block_size=setup.block, num_blocks=capacity.num_blocks,
         gpu_name=gpu.name, gpu_count=len(devices), notes=tuple(notes),
         engine_version_assumed=request.engine_version_assumed,
+        kv_cache_bytes_low=kv - kv_error, kv_cache_bytes_high=kv + kv_error,
+        may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None,
+        engine_defaults={"gpu_memory_utilization": rules.default_utilization,
+                         "max_num_batched_tokens": defaults.max_num_batched_tokens,
+                         "max_num_seqs": defaults.max_num_seqs},
     )
 
 
@@ -330,7 +393,7 @@ def plan_cpu(request: PlanRequest) -> Plan:
     def capacity_at(length: int) -> KvCapacity:
         return capacity_for(kv, length)
 
-    length, length_reason, capacity = _vllm_length(request, setup, capacity_at)
+    length, length_reason, capacity, _ = _vllm_length(request, setup, capacity_at)
     batched, activation = activation_at(length)
     if weights + activation + kv + request.margin_bytes > host.available_bytes:
         raise WontFit(

@@ -1,0 +1,87 @@
+"""Error bands and engine defaults: refuse only what fails at the favourable end; on an idle
+card give at least what the engine's own defaults give."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from launcher.catalog import hypothetical_gpus
+from launcher.engines import sglang as sg
+from launcher.errors import WontFit
+from launcher.gpu import GpuDevice
+from launcher.plan import DEFAULT_MARGIN_BYTES, PlanRequest
+from launcher.planner import make_plan
+from launcher.resolve import resolve_model
+from launcher.units import GiB
+
+
+def request(model: str = "qwen2.5-7b", gpu: str = "rtx4090", engine: str = "vllm", **changes: object) -> PlanRequest:
+    base = PlanRequest(model=resolve_model(model), engine=engine, gpus=hypothetical_gpus([gpu]))
+    return dataclasses.replace(base, **changes)
+
+
+def _with_tenant(gpu: GpuDevice, held_bytes: int) -> GpuDevice:
+    return dataclasses.replace(gpu, free_bytes=(gpu.free_bytes or 0) - held_bytes, source="nvml")
+
+
+class TestSglangIdleDefault:
+    def test_idle_card_gets_the_engines_default_fraction(self) -> None:
+        """Qwen2.5-7B on an idle RTX 4090: SGLang's own default (0.704), not default minus our margin."""
+        plan = make_plan(request(engine="sglang"))
+        assert plan.mem_fraction_static == plan.engine_defaults["mem_fraction_static"] == 0.704
+        assert plan.item("slack").source == "engine default"
+
+    def test_a_tenant_adds_the_margin_to_the_default_slack(self) -> None:
+        gpu = _with_tenant(hypothetical_gpus(["rtx4090"])[0], GiB // 2)
+        plan = make_plan(request(engine="sglang", gpus=(gpu,)))
+        idle = make_plan(request(engine="sglang"))
+        # The slack in bytes stays at least the idle default's plus the margin.
+        assert plan.mem_fraction_static < idle.mem_fraction_static
+        assert plan.item("slack").bytes >= idle.item("slack").bytes + DEFAULT_MARGIN_BYTES - 2**20
+
+    def test_engine_defaults_in_json(self) -> None:
+        from launcher.render import plan_to_json
+
+        doc = plan_to_json(make_plan(request(engine="sglang")))
+        assert doc["engine_defaults"] == {"mem_fraction_static": 0.704, "chunked_prefill_size": 4096}
+        vllm = plan_to_json(make_plan(request()))
+        assert vllm["engine_defaults"] == {"gpu_memory_utilization": 0.92, "max_num_batched_tokens": 2048,
+                                           "max_num_seqs": 256}
+
+
+class TestVllmBand:
+    def test_band_brackets_the_central_figure(self) -> None:
+        plan = make_plan(request())
+        assert plan.kv_cache_bytes_low is not None and plan.kv_cache_bytes_high is not None
+        assert plan.kv_cache_bytes_low < plan.kv_cache_bytes < plan.kv_cache_bytes_high
+        errors = sum(i.error_bytes for i in plan.budget if i.key in ("non_torch", "activation", "cudagraph"))
+        # The total's own error enters through ceil(total x utilization).
+        assert plan.kv_cache_bytes_high - plan.kv_cache_bytes >= errors
+
+    def test_pinned_inside_the_band_plans_with_a_warning(self) -> None:
+        """A length that fails at the central estimate but fits at the favourable end is kept (exit 0)."""
+        central = make_plan(request(engine_args=("--max-model-len", "8192"), concurrency=1))
+        tokens_central = central.kv_cache_tokens
+        high_tokens = central.kv_cache_bytes_high * tokens_central // central.kv_cache_bytes
+        # Ask for just more than the central estimate carries, but less than the favourable end.
+        concurrency = tokens_central // 8192 + 1
+        assert concurrency * 8192 < high_tokens
+        plan = make_plan(request(engine_args=("--max-model-len", "8192"), concurrency=concurrency))
+        assert plan.may_not_fit and "favourable end" in plan.may_not_fit
+
+    def test_beyond_the_band_is_refused(self) -> None:
+        with pytest.raises(WontFit):
+            make_plan(request(engine_args=("--max-model-len", "32768"), concurrency=40))
+
+    def test_pinned_kv_bytes_have_no_band(self) -> None:
+        plan = make_plan(request(engine_args=("--kv-cache-memory-bytes", "4G")))
+        assert plan.kv_cache_bytes_low == plan.kv_cache_bytes == plan.kv_cache_bytes_high
+
+
+def test_sglang_weights_beyond_any_fraction_say_so() -> None:
+    with pytest.raises(WontFit) as info:
+        make_plan(request(model="llama-3.1-70b", engine="sglang"))
+    assert "no --mem-fraction-static can fit" in str(info.value)
+    assert sg.LOAD_OVERHEAD_ERROR_BYTES > 0
