@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from launcher.errors import ExitCode, SafeServeError, UnsupportedModel, WontFit
+from launcher import cli_hints, inputs, presets
+from launcher.errors import ExitCode, SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.request import PlanOptions, build_request, calibration_key_for, engine_args_after_dashes, lock_live_devices
 
 
@@ -31,7 +32,7 @@ class DefaultToServe(click.Group):
         return super().parse_args(ctx, args)
 
 
-@click.group(cls=DefaultToServe, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=DefaultToServe, context_settings={"help_option_names": ["-h", "--help"]}, epilog=cli_hints.EPILOG)
 @click.version_option(package_name="safe-serve", prog_name="safe-serve")
 def cli() -> None:
     """Start vLLM or SGLang so that it fits in GPU memory, every time, and say why."""
@@ -44,11 +45,13 @@ def plan_options(func: Any) -> Any:
         click.option("--gpu", "gpu_specs", multiple=True,
                      help="Plan for a hypothetical GPU: catalog name (rtx4090, a100-80gb), size (24GiB) or count (2xH100)."),
         click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True),
-        click.option("--concurrency", type=int, default=1, show_default=True,
-                     help="Requests of the chosen length that must fit at once."),
+        click.option("--concurrency", type=int, default=None,
+                     help="Requests of the chosen length that must fit at once (default 1, or the preset's)."),
+        click.option("--preset", type=click.Choice(presets.names()), default=None, help=presets.help_text()),
         click.option("--max-gpu-memory", "max_gpu_memory", default=None,
                      help="Cap what this server takes (e.g. 40GiB) so several can share a GPU."),
-        click.option("--margin", default="256MiB", show_default=True, help="Headroom left for other tenants."),
+        click.option("--margin", default=None,
+                     help="Headroom left for other tenants (default 256MiB, or the preset's)."),
         click.option("--engine-version", default=None, help="Plan for this engine version (default: installed)."),
         click.option("--trust-engine", is_flag=True, help="Plan even where the geometry is unknown; the engine decides."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON (schema safe-serve.plan/1)."),
@@ -61,11 +64,19 @@ def plan_options(func: Any) -> Any:
 
 
 def plan_options_from(opts: Mapping[str, Any]) -> PlanOptions:
-    """click's keyword arguments -> the typed options `launcher.request` works from."""
+    """click's keyword arguments -> the typed options `launcher.request` works from.
+
+    Every value is checked here, before anything is probed, resolved or planned.
+    """
+    if opts.get("engine_version"):
+        inputs.check_engine_version(opts["engine_version"])
+    if opts.get("concurrency") is not None:
+        inputs.check_concurrency(opts["concurrency"])
+    inputs.check_device_and_gpus(opts.get("device") or "cuda", tuple(opts.get("gpu_specs") or ()))
     return PlanOptions(
         model=opts["model"], engine=opts.get("engine") or "vllm", gpu_specs=tuple(opts.get("gpu_specs") or ()),
-        device=opts.get("device") or "cuda", concurrency=opts.get("concurrency", 1),
-        max_gpu_memory=opts.get("max_gpu_memory"), margin=opts.get("margin"),
+        device=opts.get("device") or "cuda", concurrency=opts.get("concurrency"),
+        max_gpu_memory=opts.get("max_gpu_memory"), margin=opts.get("margin"), preset=opts.get("preset"),
         engine_version=opts.get("engine_version"), trust_engine=bool(opts.get("trust_engine")),
         use_calibration=not opts.get("no_calibration"),
         engine_args=engine_args_after_dashes(opts.get("engine_args") or ()),
@@ -79,11 +90,19 @@ def plan_command(**opts: Any) -> None:
     from launcher.planner import make_plan
     from launcher.render import plan_to_json, render_plan
 
-    plan = make_plan(build_request(plan_options_from(opts), os.environ))
+    request = build_request(plan_options_from(opts), os.environ)
+    try:
+        plan = make_plan(request)
+    except (WontFit, UnsupportedModel) as refusal:
+        if opts["as_json"]:  # a refusal is data too: stdout gets the document, stderr the one line
+            as_wont_fit = refusal if isinstance(refusal, WontFit) else WontFit(
+                refusal.message, hint=refusal.hint, rule="unsupported-model")
+            click.echo(json.dumps(as_wont_fit.to_json(), indent=2))
+        raise
     if opts["as_json"]:
-        click.echo(json.dumps(plan_to_json(plan), indent=2))
+        click.echo(json.dumps(plan_to_json(plan, given=request.gpus), indent=2))
     else:
-        click.echo(render_plan(plan))
+        click.echo(render_plan(plan, given=request.gpus))
 
 
 @cli.command("serve")
@@ -107,8 +126,15 @@ def serve_command(**opts: Any) -> None:
     from launcher.render import plan_to_json, render_plan
     from launcher.serve import ServeOptions, run_serve
 
-    _configure_logging(opts.get("log_format"))
     options = plan_options_from(opts)
+    for name in ("watch_timeout", "grace", "lock_timeout"):
+        inputs.check_seconds("--" + name.replace("_", "-"), opts[name], allow_zero=name != "watch_timeout")
+    inputs.check_tolerance(opts["tolerance"])
+    inputs.check_max_retunes(opts["max_retunes"])
+    if options.gpu_specs and not opts["dry_run"]:
+        raise UsageError("--gpu plans for a hypothetical GPU: serve launches on the real one",
+                         hint="add --dry-run to see the plan and command for that GPU, or drop --gpu")
+    _configure_logging(opts.get("log_format"))
     lock = None if opts["dry_run"] else lock_live_devices(options, opts["lock_timeout"])
     request = build_request(options, os.environ)
     try:
@@ -122,12 +148,12 @@ def serve_command(**opts: Any) -> None:
     if opts["dry_run"]:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.engine_env.items())
         if opts["as_json"]:
-            click.echo(json.dumps(plan_to_json(plan, argv), indent=2))
+            click.echo(json.dumps(plan_to_json(plan, argv, given=request.gpus), indent=2))
         else:
-            click.echo(render_plan(plan))
+            click.echo(render_plan(plan, given=request.gpus))
             click.echo(("\n" + env + " " if env else "\n") + shlex.join(argv))
         return
-    click.echo(render_plan(plan, argv), err=True)
+    click.echo(render_plan(plan, argv, given=request.gpus), err=True)
     serve_options = ServeOptions(engine_cmd=opts.get("engine_cmd"), on_divergence=opts["on_divergence"],
                                  tolerance=opts["tolerance"], max_retunes=opts["max_retunes"],
                                  watch_timeout=opts["watch_timeout"], grace=opts["grace"],
@@ -167,7 +193,7 @@ def _configure_logging(log_format: str | None) -> None:
 @click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True)
 @click.option("--gpu", "gpu_specs", multiple=True, help="GPU types to consider (default: the whole catalog).")
 @click.option("--engine-version", default=None)
-@click.option("--margin", default="256MiB", show_default=True)
+@click.option("--margin", default=None, help="Headroom left for other tenants (default 256MiB).")
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def fit_command(**opts: Any) -> None:
@@ -176,6 +202,8 @@ def fit_command(**opts: Any) -> None:
     from launcher.fit import Workload, fit, largest_concurrency, longest_length
     from launcher.render import fit_to_json, render_fit
 
+    inputs.check_concurrency(opts["concurrency"])
+    inputs.check_tokens(opts["tokens"])
     specs = opts["gpu_specs"] or tuple(g.name for g in load_catalog())
     gpus = tuple(hypothetical_gpus([spec])[0] for spec in specs)  # one device per GPU type: fit sets counts
     base = build_request(dataclasses.replace(plan_options_from({**opts, "gpu_specs": (specs[0],)}),
@@ -185,10 +213,24 @@ def fit_command(**opts: Any) -> None:
     inverse = None
     if len(opts["gpu_specs"]) == 1:
         inverse = (largest_concurrency(base, workload.tokens), longest_length(base, workload.concurrency))
+    refusal = None
+    if not any(result.best for result in results):
+        misses = "; ".join(f"{r.gpu_name}: {r.closest_miss.shortfall}" for r in results
+                           if r.closest_miss and r.closest_miss.shortfall)
+        refusal = WontFit(f"no configuration of {', '.join(specs)} (up to 8 GPUs, fp8 KV, quantized checkpoints) "
+                          f"carries {workload.concurrency} x {workload.tokens} tokens", rule="fit",
+                          figures={"concurrency": workload.concurrency, "tokens": workload.tokens,
+                                   "misses": misses})
     if opts["as_json"]:
-        click.echo(json.dumps(fit_to_json(results, workload, base.model.name, base.engine, inverse), indent=2))
+        doc = fit_to_json(results, workload, base.model.name, base.engine, inverse)
+        if refusal is not None:
+            doc["refusal"] = refusal.to_json()
+        click.echo(json.dumps(doc, indent=2))
     else:
-        click.echo(render_fit(results, workload, base.model.name, base.engine, inverse))
+        click.echo(render_fit(results, workload, base.model.name, base.engine, inverse,
+                              geometry=base.model.geometry))
+    if refusal is not None:
+        raise refusal
 
 
 @cli.command("gpus")
@@ -232,6 +274,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(int(ExitCode.INTERRUPTED))
     except click.ClickException as exc:
         exc.show()
+        if isinstance(exc, click.UsageError):
+            hint = cli_hints.usage_hint(exc, list(argv) if argv is not None else sys.argv[1:])
+            if hint:
+                click.echo(f"hint: {hint}", err=True)
         sys.exit(int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(int(ExitCode.INTERRUPTED))

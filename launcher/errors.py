@@ -63,14 +63,56 @@ class ProbeError(SafeServeError):
     exit_code = ExitCode.UNAVAILABLE
 
 
+class Alternative(str):
+    """One configuration that was planned and fits, offered when the asked one does not.
+
+    It reads as its one-line description (a `str`), and carries what automation needs:
+    the engine flags that replace the operator's, the checkpoint and GPU count if they
+    change, and the KV figures the plan gave.
+    """
+
+    engine_args: tuple[str, ...]
+    model: str | None
+    gpu_count: int | None
+    kv_cache_tokens: int
+    max_model_len: int
+
+    def __new__(cls, text: str, *, engine_args: tuple[str, ...], kv_cache_tokens: int, max_model_len: int,
+                model: str | None = None, gpu_count: int | None = None) -> Alternative:
+        self = super().__new__(cls, text)
+        self.engine_args, self.model, self.gpu_count = engine_args, model, gpu_count
+        self.kv_cache_tokens, self.max_model_len = kv_cache_tokens, max_model_len
+        return self
+
+    def to_json(self) -> dict[str, object]:
+        return {"description": str(self), "engine_args": list(self.engine_args), "model": self.model,
+                "gpu_count": self.gpu_count, "kv_cache_tokens": self.kv_cache_tokens,
+                "max_model_len": self.max_model_len}
+
+
 class WontFit(SafeServeError):
-    """The model and flags cannot fit the memory at hand; retrying will not help."""
+    """The model and flags cannot fit the memory at hand; retrying will not help.
+
+    `rule` names the engine rule or budget line that refuses (e.g. "tp-divides-heads",
+    "kv-capacity"), `source` where that rule lives (engine file:line) and `figures` the
+    numbers behind the refusal, so `--json` can print the refusal as data.
+    """
 
     exit_code = ExitCode.CONFIG
 
-    def __init__(self, message: str, *, hint: str | None = None, alternatives: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, alternatives: tuple[str, ...] = (),
+                 rule: str = "budget", source: str | None = None,
+                 figures: dict[str, object] | None = None) -> None:
         super().__init__(message, hint=hint)
         self.alternatives = alternatives
+        self.rule, self.source, self.figures = rule, source, figures or {}
+
+    def to_json(self) -> dict[str, object]:
+        """The `safe-serve.refusal/1` document (README: JSON output)."""
+        return {"schema": "safe-serve.refusal/1", "exit_code": int(self.exit_code), "reason": self.message,
+                "hint": self.hint, "rule": self.rule, "source": self.source, "figures": self.figures,
+                "alternatives": [a.to_json() if isinstance(a, Alternative) else {"description": str(a)}
+                                 for a in self.alternatives]}
 
 
 class TemporarilyUnavailable(SafeServeError):

@@ -14,11 +14,11 @@ from launcher.engines import adapter
 from launcher.errors import UsageError, WontFit
 from launcher.gpu import GpuDevice
 from launcher.plan import Plan, PlanRequest
-from launcher.planner import make_plan
+from launcher.planner import GPU_COUNTS, configuration_request, configurations, make_plan
 from launcher.resolve import ResolvedModel
 from launcher.search import largest_count
 
-GPU_COUNTS = (1, 2, 4, 8)
+__all__ = ["GPU_COUNTS", "GpuFit", "Option", "Workload", "fit", "largest_concurrency", "longest_length"]
 
 
 @dataclass(frozen=True)
@@ -62,29 +62,12 @@ class Workload:
     tokens: int
 
 
-def candidate_order(model: ResolvedModel, variants: Sequence[ResolvedModel]) -> list[tuple[int, str, ResolvedModel]]:
-    """Cheapest first: fewer GPUs, then full precision, fp8 KV, a quantized checkpoint, both."""
-    order: list[tuple[int, str, ResolvedModel]] = []
-    for count in GPU_COUNTS:
-        order.append((count, "auto", model))
-        order.append((count, "fp8", model))
-        for variant in variants:
-            order.append((count, "auto", variant))
-            order.append((count, "fp8", variant))
-    return order
-
-
 def try_option(base: PlanRequest, workload: Workload, gpu: GpuDevice, count: int, kv_dtype: str,
                checkpoint: ResolvedModel) -> Option:
-    engine = adapter(base.engine)
-    args: list[str] = [*base.engine_args, engine.length_flag, str(workload.tokens)]
-    if count > 1:
-        args += [engine.tp_flag, str(count)]
-    if kv_dtype == "fp8":
-        args += ["--kv-cache-dtype", engine.fp8_kv_dtype]
-    devices = tuple(dataclasses.replace(gpu, index=i) for i in range(count))
-    request = dataclasses.replace(base, model=checkpoint, gpus=devices, engine_args=tuple(args),
-                                  concurrency=workload.concurrency, variants=(), calibration=None)
+    length_flag = adapter(base.engine).length_flag
+    request = configuration_request(dataclasses.replace(base, concurrency=workload.concurrency), gpu, count,
+                                    kv_dtype, checkpoint, [*base.engine_args, length_flag, str(workload.tokens)])
+    args = request.engine_args
     label = checkpoint.alias or checkpoint.name
     quantized = checkpoint is not base.model
     try:
@@ -105,7 +88,7 @@ def fit(base: PlanRequest, workload: Workload, gpus: Sequence[GpuDevice]) -> lis
     for gpu in gpus:
         best = None
         first_miss = None
-        for count, kv_dtype, checkpoint in candidate_order(base.model, base.variants):
+        for count, kv_dtype, checkpoint in configurations(base.model, base.variants):
             option = try_option(base, workload, gpu, count, kv_dtype, checkpoint)
             if option.fits:
                 best = option

@@ -61,8 +61,10 @@ class PlanRequest:
     margin_bytes: int = DEFAULT_MARGIN_BYTES
     calibration: Calibration | None = None
     trust_engine: bool = False
+    allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN / SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN
     # Smaller checkpoints of the same model (resolved by the caller) to offer when nothing fits.
     variants: tuple[ResolvedModel, ...] = ()
+    notes: tuple[str, ...] = ()  # from the edge (preset, WSL2): shown first in the plan's notes
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,16 @@ fits, `WontFit` carries alternatives that were each planned, not guessed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
 
 from launcher.engines import adapter
-from launcher.engines.flags import drop_flag
-from launcher.errors import SafeServeError, UsageError, WontFit
+from launcher.engines.flags import drop_flag, set_flag
+from launcher.errors import Alternative, SafeServeError, UsageError, WontFit
+from launcher.gpu import GpuDevice
 from launcher.model import refuse_unsupported
 from launcher.plan import Plan, PlanRequest
+from launcher.resolve import ResolvedModel
+from launcher.search import largest_count
 
 
 def make_plan(request: PlanRequest) -> Plan:
@@ -22,9 +25,11 @@ def make_plan(request: PlanRequest) -> Plan:
         raise UsageError("--concurrency must be at least 1")
     refuse_unsupported(request.model.geometry)  # --trust-engine turns this into engine_decides()
     try:
-        return _plan_once(request)
+        plan = _plan_once(request)
     except WontFit as failure:
-        raise WontFit(failure.message, hint=failure.hint, alternatives=alternatives_for(request)) from None
+        raise WontFit(failure.message, hint=failure.hint, alternatives=alternatives_for(request), rule=failure.rule,
+                      source=failure.source, figures=failure.figures) from None
+    return dataclasses.replace(plan, notes=(*request.notes, *plan.notes)) if request.notes else plan
 
 
 def _plan_once(request: PlanRequest) -> Plan:
@@ -40,43 +45,105 @@ def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     return adapter(request.engine).engine_decides(request, refusal)
 
 
-def alternatives_for(request: PlanRequest) -> tuple[str, ...]:
-    """Each alternative is planned for real; only the ones that fit are offered."""
-    found: list[str] = []
-    args = list(request.engine_args)
-    engine = adapter(request.engine)
-    length_flag, kv_flag_value, tp_flag = engine.length_flag, engine.fp8_kv_dtype, engine.tp_flag
+GPU_COUNTS = (1, 2, 4, 8)  # the tensor-parallel sizes `fit` and the alternatives try
 
-    def attempt(label: str, **changes: Any) -> Plan | None:
-        # What an earlier start measured holds for its own setup only, not for another
-        # checkpoint, parallelism or KV dtype.
+
+def configurations(model: ResolvedModel, variants: Sequence[ResolvedModel],
+                   counts: Sequence[int] = GPU_COUNTS) -> list[tuple[int, str, ResolvedModel]]:
+    """Cheapest first: fewer GPUs, then full precision, fp8 KV, a quantized checkpoint, both."""
+    order: list[tuple[int, str, ResolvedModel]] = []
+    for count in counts:
+        for checkpoint in (model, *variants):
+            order.append((count, "auto", checkpoint))
+            order.append((count, "fp8", checkpoint))
+    return order
+
+
+def configuration_request(base: PlanRequest, gpu: GpuDevice, count: int, kv_dtype: str, checkpoint: ResolvedModel,
+                          engine_args: Sequence[str]) -> PlanRequest:
+    """`base` on `count` GPUs like `gpu` with tensor parallel `count`, the KV dtype and checkpoint given."""
+    engine = adapter(base.engine)
+    args = list(engine_args)
+    if count > 1:
+        args = set_flag(args, engine.tp_flag, str(count))
+    if kv_dtype == "fp8":
+        args = set_flag(args, "--kv-cache-dtype", engine.fp8_kv_dtype)
+    devices = tuple(dataclasses.replace(gpu, index=i) for i in range(count))
+    # What an earlier start measured holds for its own setup only.
+    return dataclasses.replace(base, model=checkpoint, gpus=devices, engine_args=tuple(args), variants=(),
+                               calibration=None)
+
+
+def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
+    """Each alternative is planned for real; only the ones that fit (at the central estimate) are offered."""
+    found: list[Alternative] = []
+    engine = adapter(request.engine)
+    args = list(request.engine_args)
+    pinned = engine.pinned_flags(args)
+    length_flag, tp_flag = engine.length_flag, engine.tp_flag
+
+    def attempt(changed: PlanRequest) -> Plan | None:
         try:
-            return _plan_once(dataclasses.replace(request, calibration=None, **changes))
+            plan = _plan_once(dataclasses.replace(changed, calibration=None))
         except (WontFit, UsageError):
             return None
+        return plan if plan.may_not_fit is None else None
+
+    def offer(text: str, plan: Plan, engine_args: Sequence[str], *, model: str | None = None,
+              gpu_count: int | None = None) -> None:
+        found.append(Alternative(f"{text}: {plan.kv_cache_tokens:,} KV tokens, {length_flag} {plan.max_model_len}",
+                                 engine_args=tuple(engine_args), kv_cache_tokens=plan.kv_cache_tokens,
+                                 max_model_len=plan.max_model_len, model=model, gpu_count=gpu_count))
 
     # Alternatives free the length (the usual reason nothing fits) and report what it becomes.
     free_len = drop_flag(args, length_flag)
     if free_len != args or request.concurrency > 1:
-        plan = attempt("length", engine_args=tuple(free_len))
+        plan = attempt(dataclasses.replace(request, engine_args=tuple(free_len)))
         if plan is not None:
-            found.append(f"{length_flag} {plan.max_model_len} (the longest that fits)")
-    if "--kv-cache-dtype" not in " ".join(args):
-        plan = attempt("fp8", engine_args=tuple([*free_len, "--kv-cache-dtype", kv_flag_value]))
+            found.append(Alternative(f"{length_flag} {plan.max_model_len} (the longest that fits)",
+                                     engine_args=tuple(set_flag(free_len, length_flag, str(plan.max_model_len))),
+                                     kv_cache_tokens=plan.kv_cache_tokens, max_model_len=plan.max_model_len))
+    if request.concurrency > 1 and free_len != args:
+        most = largest_count(lambda n: n < request.concurrency and attempt(
+            dataclasses.replace(request, concurrency=n)) is not None)
+        plan = attempt(dataclasses.replace(request, concurrency=most)) if most else None
         if plan is not None:
-            found.append(f"--kv-cache-dtype {kv_flag_value}: {plan.kv_cache_tokens:,} KV tokens, "
-                         f"{length_flag} {plan.max_model_len}")
-    if request.device == "cuda" and tp_flag not in " ".join(args):
-        for tp in (2, 4, 8):
+            offer(f"--concurrency {most} (at most {most} requests of this length at once)", plan, args)
+    if "--kv-cache-dtype" not in pinned:
+        fp8_args = set_flag(free_len, "--kv-cache-dtype", engine.fp8_kv_dtype)
+        plan = attempt(dataclasses.replace(request, engine_args=tuple(fp8_args)))
+        if plan is not None:
+            offer(f"--kv-cache-dtype {engine.fp8_kv_dtype}", plan, fp8_args)
+    tp_pinned = tp_flag in pinned
+    if request.device == "cuda":
+        # Without a pinned size: 2, 4, 8 over the GPUs given. With one the engine refuses
+        # (heads not divisible, too few GPUs): the sizes that do work, largest first.
+        sizes = (2, 4, 8) if not tp_pinned else tuple(t for t in (8, 4, 2, 1) if t != pinned[tp_flag])
+        for tp in sizes:
             if len(request.gpus) >= tp:
-                plan = attempt("tp", engine_args=tuple([*args, tp_flag, str(tp)]))
+                tp_args = set_flag(args, tp_flag, str(tp))
+                plan = attempt(dataclasses.replace(request, engine_args=tuple(tp_args)))
                 if plan is not None:
-                    found.append(f"{tp_flag} {tp} over {tp} GPUs: {plan.kv_cache_tokens:,} KV tokens, "
-                                 f"{length_flag} {plan.max_model_len}")
+                    offer(f"{tp_flag} {tp} over {tp} GPU{'s' if tp > 1 else ''}", plan, tp_args)
                     break
     for variant in request.variants:
-        plan = attempt("quantized", model=variant, variants=(), engine_args=tuple(free_len))
+        plan = attempt(dataclasses.replace(request, model=variant, variants=(), engine_args=tuple(free_len)))
         if plan is not None:
-            found.append(f"quantized checkpoint {variant.alias or variant.name} ({variant.name}): "
-                         f"{plan.kv_cache_tokens:,} KV tokens, {length_flag} {plan.max_model_len}")
+            offer(f"quantized checkpoint {variant.alias or variant.name} ({variant.name})", plan, free_len,
+                  model=variant.repo_id or variant.name)
+    if request.device == "cuda" and request.gpus and not tp_pinned and not found:
+        # What `fit` would find: the cheapest configuration of this GPU type that carries the
+        # request, with as many of them as it takes (and precision traded for memory).
+        for count, kv_dtype, checkpoint in configurations(request.model, request.variants):
+            changed = configuration_request(request, request.gpus[0], count, kv_dtype, checkpoint, free_len)
+            plan = attempt(changed)
+            if plan is not None:
+                what = [f"{count} x {request.gpus[0].name}" + (f" ({count - len(request.gpus)} more than given)"
+                                                               if count > len(request.gpus) else "")]
+                if checkpoint is not request.model:
+                    what.append(f"quantized checkpoint {checkpoint.alias or checkpoint.name}")
+                offer(", ".join(what) + " " + " ".join(changed.engine_args), plan, changed.engine_args,
+                      model=None if checkpoint is request.model else checkpoint.repo_id or checkpoint.name,
+                      gpu_count=count)
+                break
     return tuple(found)

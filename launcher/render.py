@@ -1,22 +1,130 @@
-"""Rendering a plan: a human table with a budget bar, and a stable JSON document."""
+"""Rendering a plan: a human table with a budget bar, and a stable JSON document.
+
+Every line the table prints comes from the same figures as the JSON: `plan_facts` gathers
+what the header says (GPUs used of those given, NVML and CUDA totals, whether the engine
+version is assumed) once, and both `render_plan` and `plan_to_json` read it.
+"""
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from launcher.gpu import GpuDevice
 from launcher.plan import Plan
-from launcher.units import GiB
+from launcher.units import GiB, format_gib
 
 PLAN_SCHEMA = "safe-serve.plan/1"
 
 _BAR_ORDER = ("weights", "activations", "graphs", "other", "kv", "free")
 _BAR_GLYPH = {"weights": "W", "activations": "A", "graphs": "G", "other": "o", "kv": "K", "free": "."}
 
+# Pinned values the engines store as a sentinel: shown as the operator wrote them.
+# vLLM parses `--max-model-len auto` to -1 (vllm/engine/arg_utils.py, human_readable_int_or_auto).
+_AS_WRITTEN: Mapping[tuple[str, Any], str] = {("--max-model-len", -1): "auto"}
+_TP_FLAG = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size"}
+
 
 def _gib(num: float) -> str:
     return f"{num / GiB:8.2f}"
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What the header and the totals rows say, derived once for the table and the JSON."""
+
+    used: tuple[str, ...]  # names of the devices the ranks run on, CUDA order
+    given: tuple[str, ...] | None  # names of all devices offered (--gpu or visible); None: unknown
+    unused_reason: str | None
+    nvml_total_bytes: int | None  # of the rank that sets the budget (the tightest)
+    cuda_total_bytes: int | None
+    total_source: str | None  # "measured" (NVML) or "catalog"
+    engine_version_assumed: bool
+
+    @property
+    def unused(self) -> int:
+        return 0 if self.given is None else len(self.given) - len(self.used)
+
+
+def _tightest(devices: Sequence[GpuDevice], name: str | None) -> GpuDevice | None:
+    """The rank with the least free memory (as the planner picks it), preferring the plan's GPU name."""
+    named = [d for d in devices if d.name == name] or list(devices)
+    return min(named, key=lambda d: (d.free_bytes or 0, d.usable_total_bytes)) if named else None
+
+
+def plan_facts(plan: Plan, given: Sequence[GpuDevice] | None = None) -> PlanFacts:
+    """`given`: the devices the request offered (request.gpus); the ranks use the first gpu_count."""
+    assumed = bool(getattr(plan, "engine_version_assumed", False))
+    if plan.device != "cuda":
+        return PlanFacts((), None, None, None, None, None, assumed)
+    if not given:
+        return PlanFacts((plan.gpu_name or "?",) * plan.gpu_count, None, None, None, None, None, assumed)
+    used = tuple(given[:plan.gpu_count])
+    reason = None
+    if len(given) > len(used):
+        tp_flag = _TP_FLAG.get(plan.engine, "--tensor-parallel-size")
+        reason = (f"no {tp_flag}" if plan.tp * plan.pp == 1 else
+                  f"TP {plan.tp} x PP {plan.pp} uses {len(used)}")
+    tight = _tightest(used, plan.gpu_name)
+    nvml = tight.total_bytes if tight is not None and tight.total_bytes else None
+    cuda = tight.usable_total_bytes if tight is not None else None
+    source = None if tight is None else ("catalog" if tight.source == "catalog" else "measured")
+    return PlanFacts(tuple(d.name for d in used), tuple(d.name for d in given), reason, nvml, cuda, source, assumed)
+
+
+def where_text(plan: Plan, facts: PlanFacts) -> str:
+    """`1 of 2 x NVIDIA A100-SXM4-80GB (1 unused: no --tensor-parallel-size)`, or the mixed set named."""
+    if plan.device != "cuda":
+        return "CPU (host RAM)"
+    names = list(dict.fromkeys(facts.used))  # distinct, in order
+    count = len(facts.used)
+    if len(names) <= 1:
+        name = names[0] if names else (plan.gpu_name or "?")
+        same = facts.given is not None and facts.unused and set(facts.given) == {name}
+        of = f" of {len(facts.given or ())}" if same else ""
+        text = f"{count}{of} x {name}"
+    else:
+        parts = [f"{facts.used.count(n)} x {n}" for n in names]
+        text = f"{count} GPUs ({' + '.join(parts)}; the tightest, {plan.gpu_name}, sizes every rank)"
+    if facts.unused and facts.given is not None:
+        spare = list(dict.fromkeys(facts.given[count:]))
+        what = "" if len(names) <= 1 and spare == names else " " + " + ".join(spare)
+        text += f" ({facts.unused} unused{what}: {facts.unused_reason})"
+    return text
+
+
+def version_text(plan: Plan, facts: PlanFacts) -> str:
+    return f"{plan.engine} {plan.engine_version}" + (" (assumed: not installed)" if facts.engine_version_assumed
+                                                     else "")
+
+
+def pinned_text(flag: str, value: Any) -> str:
+    """A pinned flag as the operator wrote it: `--max-model-len auto`, `--enforce-eager`."""
+    if value is True:
+        return flag
+    try:
+        written = _AS_WRITTEN.get((flag, value))
+    except TypeError:  # an unhashable value (a list) has no sentinel
+        written = None
+    return f"{flag} {written if written is not None else value}"
+
+
+def _total_rows(plan: Plan, facts: PlanFacts) -> list[str]:
+    """The other of the two totals, right under the table's total, with the difference between them."""
+    total = plan.item("total")
+    if total is None or facts.nvml_total_bytes is None or facts.cuda_total_bytes is None:
+        return []
+    gap = facts.nvml_total_bytes - facts.cuda_total_bytes
+    if gap == 0:
+        return []
+    source = facts.total_source or total.source
+    if "(NVML)" in total.label:
+        return [f"  {'CUDA total (what the engine gets)':34} {_gib(facts.cuda_total_bytes)}  {source:14} "
+                f"NVML total - {format_gib(gap)} the driver keeps back; the rows below count from it"]
+    return [f"  {'NVML total (nvidia-smi)':34} {_gib(facts.nvml_total_bytes)}  {source:14} "
+            f"CUDA total + {format_gib(gap)} the driver keeps back, never usable"]
 
 
 def budget_bar(plan: Plan, width: int = 60) -> str:
@@ -37,16 +145,19 @@ def budget_bar(plan: Plan, width: int = 60) -> str:
     return f"[{bar}]\n {legend} (GiB)"
 
 
-def render_plan(plan: Plan, command: Sequence[str] | None = None) -> str:
-    where = f"{plan.gpu_count} x {plan.gpu_name}" if plan.device == "cuda" else "CPU (host RAM)"
+def render_plan(plan: Plan, command: Sequence[str] | None = None, *,
+                given: Sequence[GpuDevice] | None = None) -> str:
+    facts = plan_facts(plan, given)
     lines = [
-        f"safe-serve plan: {plan.model} on {where}, {plan.engine} {plan.engine_version}"
+        f"safe-serve plan: {plan.model} on {where_text(plan, facts)}, {version_text(plan, facts)}"
         f" (rules {plan.rules_version}), TP {plan.tp} x PP {plan.pp}",
         "",
         f"  {'item':34} {'GiB':>8}  {'source':14} why",
     ]
     for item in plan.budget:
         lines.append(f"  {item.label[:34]:34} {_gib(item.bytes)}  {item.source:14} {item.detail}")
+        if item.key == "total":
+            lines += _total_rows(plan, facts)
     lines += ["", budget_bar(plan), ""]
     knob = (f"--gpu-memory-utilization {plan.gpu_memory_utilization:g}" if plan.gpu_memory_utilization is not None
             else f"--mem-fraction-static {plan.mem_fraction_static:g}" if plan.mem_fraction_static is not None
@@ -56,12 +167,23 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None) -> str:
     lines.append(f"  max length     {plan.max_model_len:,} ({plan.max_model_len_source})")
     lines.append(f"  KV cache       {plan.kv_cache_bytes / GiB:.2f} GiB = {plan.kv_cache_tokens:,} tokens"
                  + (f" ({plan.num_blocks:,} blocks of {plan.block_size})" if plan.num_blocks is not None else ""))
-    lines.append(f"  concurrency    {plan.max_concurrency:.2f} requests of {plan.max_model_len:,} tokens")
+    low, high = plan.kv_cache_bytes_low, plan.kv_cache_bytes_high
+    if low is not None and high is not None and high != low:
+        lines.append(f"  KV band        {low / GiB:.2f} .. {high / GiB:.2f} GiB (the estimates' expected errors)")
+    if plan.may_not_fit:
+        lines.append(f"  MAY NOT FIT    {plan.may_not_fit}")
+    requests = "request" if plan.max_concurrency == 1 else "requests"
+    lines.append(f"  concurrency    {plan.max_concurrency:.2f} {requests} of {plan.max_model_len:,} tokens")
     added = " ".join(shlex.quote(a) for a in plan.engine_args) or "(none: everything pinned)"
     env = " ".join(f"{k}={v}" for k, v in plan.engine_env.items())
     lines.append(f"  flags added    {added}" + (f"   env {env}" if env else ""))
     if plan.pinned:
-        lines.append("  pinned (kept)  " + " ".join(f"{k} {v}" if v is not True else k for k, v in plan.pinned.items()))
+        lines.append("  pinned (kept)  " + " ".join(pinned_text(k, v) for k, v in plan.pinned.items()))
+    if facts.engine_version_assumed:
+        lines.append(f"  note: {plan.engine} is not installed here: planned for {plan.engine_version}, the newest "
+                     "version safe-serve knows (--engine-version X.Y.Z plans for another)")
+    for warning in plan.warnings:
+        lines.append(f"  warning: {warning}")
     for note in plan.notes:
         lines.append(f"  note: {note}")
     if command:
@@ -69,16 +191,22 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def plan_to_json(plan: Plan, command: Sequence[str] | None = None) -> dict[str, Any]:
+def plan_to_json(plan: Plan, command: Sequence[str] | None = None, *,
+                 given: Sequence[GpuDevice] | None = None) -> dict[str, Any]:
     """The documented `safe-serve.plan/1` schema (README: JSON output)."""
+    facts = plan_facts(plan, given)
     doc: dict[str, Any] = {
         "schema": PLAN_SCHEMA,
         "engine": plan.engine,
         "engine_version": plan.engine_version,
+        "engine_version_assumed": facts.engine_version_assumed,
         "rules_version": plan.rules_version,
         "device": plan.device,
         "model": plan.model,
-        "gpu": {"name": plan.gpu_name, "count": plan.gpu_count},
+        "gpu": {"name": plan.gpu_name, "count": plan.gpu_count, "used": list(facts.used),
+                "given": None if facts.given is None else list(facts.given), "unused": facts.unused,
+                "unused_reason": facts.unused_reason, "nvml_total_bytes": facts.nvml_total_bytes,
+                "cuda_total_bytes": facts.cuda_total_bytes},
         "tensor_parallel_size": plan.tp,
         "pipeline_parallel_size": plan.pp,
         "max_model_len": plan.max_model_len,
@@ -88,11 +216,19 @@ def plan_to_json(plan: Plan, command: Sequence[str] | None = None) -> dict[str, 
         "cpu_kvcache_space_gib": plan.cpu_kvcache_space_gib,
         "kv_cache_bytes": plan.kv_cache_bytes,
         "kv_cache_tokens": plan.kv_cache_tokens,
+        "kv_cache_bytes_low": plan.kv_cache_bytes_low if plan.kv_cache_bytes_low is not None else plan.kv_cache_bytes,
+        "kv_cache_bytes_high": plan.kv_cache_bytes_high if plan.kv_cache_bytes_high is not None
+        else plan.kv_cache_bytes,
+        "fits": "may not fit" if plan.may_not_fit else "fits",
+        "may_not_fit": plan.may_not_fit,
+        "engine_defaults": dict(plan.engine_defaults),
+        "warnings": list(plan.warnings),
         "max_concurrency": plan.max_concurrency,
         "block_size": plan.block_size,
         "num_blocks": plan.num_blocks,
         "budget": [
-            {"key": i.key, "label": i.label, "bytes": i.bytes, "source": i.source, "detail": i.detail, "bar": i.bar}
+            {"key": i.key, "label": i.label, "bytes": i.bytes, "source": i.source, "detail": i.detail, "bar": i.bar,
+             "error_bytes": i.error_bytes}
             for i in plan.budget
         ],
         "engine_args": list(plan.engine_args),
@@ -106,6 +242,7 @@ def plan_to_json(plan: Plan, command: Sequence[str] | None = None) -> dict[str, 
 
 
 FIT_SCHEMA = "safe-serve.fit/1"
+_DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def _option_summary(option: Any) -> dict[str, Any]:
@@ -137,15 +274,47 @@ def fit_to_json(results: Sequence[Any], workload: Any, model: str, engine: str,
     return doc
 
 
+def compute_dtype(option: Any, geometry: Any = None) -> str | None:
+    """The dtype a fit option runs in: its own field when fit records it, else vLLM's rule for its GPU.
+
+    T4 and V100 (compute capability < 8.0) have no bf16: a bf16 checkpoint runs fp16 there.
+    None when neither is known (the row then names no dtype rather than guess one).
+    """
+    dtype = getattr(option, "dtype", None)
+    if dtype is None and geometry is not None:
+        from launcher.catalog import find
+        from launcher.engines.dtypes import resolve_dtype  # vLLM's _resolve_auto_dtype, shared by both planners
+
+        gpu = find(option.gpu_name)
+        dtype, _ = resolve_dtype(geometry, compute_capability=gpu.compute_capability if gpu else None,
+                                 device="cuda", pinned=None)
+    return None if dtype is None else _DTYPE_SHORT.get(dtype, dtype)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+def inverse_text(gpu_name: str, workload: Any, inverse: tuple[int, int]) -> str:
+    """The inverse answers on the one GPU type asked for, in words that stay true at 0."""
+    most, longest = inverse
+    by_count = (f"not one request of {workload.tokens:,} tokens fits" if most == 0 else
+                f"at most {_plural(most, 'request')} of {workload.tokens:,} tokens at once")
+    by_length = (f"{_plural(workload.concurrency, 'request')} at once fit at no length" if longest == 0 else
+                 f"{_plural(workload.concurrency, 'request')} of at most {longest:,} tokens each")
+    return f"  on 1 x {gpu_name} as given (original checkpoint, KV cache in the model's dtype): {by_count}; {by_length}"
+
+
 def render_fit(results: Sequence[Any], workload: Any, model: str, engine: str,
-               inverse: tuple[int, int] | None) -> str:
-    lines = [f"safe-serve fit: {model} on {engine}, {workload.concurrency} requests x {workload.tokens:,} tokens",
+               inverse: tuple[int, int] | None, *, geometry: Any = None) -> str:
+    lines = [f"safe-serve fit: {model} on {engine}, {_plural(workload.concurrency, 'request')} x "
+             f"{workload.tokens:,} tokens",
              "", f"  {'GPU':34} {'needs':26} {'KV tokens':>11} {'headroom':>9}  flags / why not"]
     need = workload.concurrency * workload.tokens
     for result in results:
         option = result.best
         if option is not None and option.plan is not None:
-            needs = f"{option.gpu_count} GPU" + ("s" if option.gpu_count > 1 else "")
+            needs = _plural(option.gpu_count, "GPU")
             if option.compromises:
                 needs += " + " + ", ".join("fp8 KV" if c == "fp8 KV cache" else "quantized" for c in option.compromises)
             headroom = f"{option.plan.max_concurrency / workload.concurrency - 1:+.0%}"
@@ -156,13 +325,16 @@ def render_fit(results: Sequence[Any], workload: Any, model: str, engine: str,
                          f"{flags}")
         else:
             miss = result.closest_miss
-            lines.append(f"  {result.gpu_name[:34]:34} {'no fit up to 8':26} {'-':>11} {'-':>9}  "
+            lines.append(f"  {result.gpu_name[:34]:34} {'no fit up to 8 GPUs':26} {'-':>11} {'-':>9}  "
                          f"{miss.shortfall if miss else ''}")
-        if option is not None and result.closest_miss is not None and result.closest_miss is not option \
-                and result.closest_miss.gpu_count == 1 and result.closest_miss.kv_dtype == "auto":
-            lines.append(f"  {'':34} {'1 GPU, bf16':26} {'':>11} {'':>9}  short: {result.closest_miss.shortfall}")
-    lines.append(f"\n  workload: {need:,} KV tokens at once; headroom = extra requests the KV cache would hold")
-    if inverse is not None:
-        lines.append(f"  on one of these GPUs as configured (no fp8, original checkpoint): at most {inverse[0]} requests of {workload.tokens:,} tokens; "
-                     f"{workload.concurrency} requests of at most {inverse[1]:,} tokens each")
+        miss = result.closest_miss
+        if option is not None and miss is not None and miss is not option \
+                and miss.gpu_count == 1 and miss.kv_dtype == "auto":
+            dtype = compute_dtype(miss, geometry)
+            label = f"1 GPU, {dtype}, as is" if dtype else "1 GPU, as is"
+            lines.append(f"  {'':34} {label:26} {'':>11} {'':>9}  short: {miss.shortfall}")
+    lines.append(f"\n  workload: {need:,} KV tokens at once; headroom: how many more requests of "
+                 f"{workload.tokens:,} tokens the KV cache holds, as a share of the {workload.concurrency} asked for")
+    if inverse is not None and results:
+        lines.append(inverse_text(results[0].gpu_name, workload, inverse))
     return "\n".join(lines)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher import presets
 from launcher.errors import ProbeError
 from launcher.gpu import GpuDevice, HostMemory
 from launcher.plan import DEFAULT_MARGIN_BYTES, Calibration, PlanRequest
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 
 # Engine settings read from the environment because the engine reads them there.
 ENGINE_ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
+# The engines' own switches that allow a length above the model's maximum.
+ALLOW_LONG_ENV_KEYS = ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")
 
 
 @dataclass(frozen=True)
@@ -30,9 +34,10 @@ class PlanOptions:
     engine: str = "vllm"
     gpu_specs: tuple[str, ...] = ()  # --gpu: hypothetical GPUs instead of the probe
     device: str = "cuda"
-    concurrency: int = 1
+    concurrency: int | None = None  # None: not given (1, or the preset's)
     max_gpu_memory: str | None = None  # a size as typed (parsed here)
-    margin: str | None = None  # a size as typed; None: DEFAULT_MARGIN_BYTES
+    margin: str | None = None  # a size as typed; None: DEFAULT_MARGIN_BYTES (or the preset's)
+    preset: str | None = None  # launcher.presets: a deployment shape; explicit options win
     engine_version: str | None = None
     trust_engine: bool = False
     use_calibration: bool = True
@@ -49,8 +54,6 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
     """The `PlanRequest` for `options`: resolves the model, probes or builds the GPUs."""
     from launcher.engines.versions import installed_version
     from launcher.resolve import load_profile, model_from_profile, resolve_model
-    from launcher.units import parse_size
-
     model = resolve_model(options.model, env=env)
     variants = tuple(model_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
     gpus, host = _devices(options, env)
@@ -60,15 +63,54 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
     if options.use_calibration:
         calibration = _load_calibration(env, calibration_key_for(options.engine, version, gpus, model.name,
                                                                  options.engine_args))
+    settings = _preset_settings(options, gpus, model.geometry.text_config)
+    from launcher.engines import adapter
+
+    engine_args = (*options.engine_args,
+                   *presets.length_args(settings, length_flag=adapter(options.engine).length_flag,
+                                        model_max_len=_model_max_len(model.geometry.text_config)))
     return PlanRequest(
         model=model, engine=options.engine, device=options.device, gpus=gpus, host=host, engine_version=version,
         engine_version_assumed=version is None,
-        engine_args=options.engine_args, engine_env={k: env[k] for k in ENGINE_ENV_KEYS if k in env},
-        concurrency=options.concurrency,
-        max_gpu_memory_bytes=parse_size(options.max_gpu_memory) if options.max_gpu_memory else None,
-        margin_bytes=parse_size(options.margin) if options.margin else DEFAULT_MARGIN_BYTES,
-        trust_engine=options.trust_engine, variants=variants, calibration=calibration,
+        engine_args=engine_args, engine_env={k: env[k] for k in ENGINE_ENV_KEYS if k in env},
+        concurrency=settings.concurrency, max_gpu_memory_bytes=settings.max_gpu_memory_bytes,
+        margin_bytes=settings.margin_bytes, trust_engine=options.trust_engine, variants=variants,
+        calibration=calibration, notes=settings.notes,
+        allow_long_max_model_len=any(env.get(k, "").strip().lower() in ("1", "true") for k in ALLOW_LONG_ENV_KEYS),
     )
+
+
+def _preset_settings(options: PlanOptions, gpus: Sequence[GpuDevice], text_config: Mapping[str, object]
+                     ) -> presets.Settings:
+    """Margin, cap, concurrency and length from the options, the preset where none was given,
+    and the WSL2 margin where the kernel says so."""
+    from launcher.engines import adapter
+    from launcher.units import parse_size
+
+    engine = adapter(options.engine)
+    pinned = engine.pinned_flags(options.engine_args)
+    explicit = presets.Explicit(
+        margin_bytes=parse_size(options.margin) if options.margin else None,
+        max_gpu_memory_bytes=parse_size(options.max_gpu_memory) if options.max_gpu_memory else None,
+        concurrency=options.concurrency, length_pinned=engine.length_flag in pinned,
+        memory_pinned=bool(set(pinned) & {"--gpu-memory-utilization", "--mem-fraction-static",
+                                          "--kv-cache-memory-bytes"}))
+    return presets.apply(options.preset, explicit, default_margin_bytes=DEFAULT_MARGIN_BYTES,
+                         gpu_total_bytes=presets.smallest_total([g.usable_total_bytes for g in gpus]),
+                         proc_version=_read_proc_version() if options.device == "cuda" else "")
+
+
+def _model_max_len(text_config: Mapping[str, object]) -> int:
+    """An upper bound for a preset's length cap; the engine's own rule still applies after it."""
+    value = text_config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else 1 << 30
+
+
+def _read_proc_version() -> str:
+    try:
+        return Path("/proc/version").read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _devices(options: PlanOptions, env: Mapping[str, str]) -> tuple[tuple[GpuDevice, ...], HostMemory | None]:

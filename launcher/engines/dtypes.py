@@ -12,17 +12,35 @@ from launcher.model import ModelGeometry
 __all__ = ["resolve_dtype"]
 
 
+# vllm/config/model.py:2380 _FLOAT16_NOT_SUPPORTED_MODELS (vLLM 0.32.0): fp16 is numerically unstable.
+FLOAT16_NOT_SUPPORTED = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
+_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def supported_dtypes(*, compute_capability: tuple[int, int] | None, device: str) -> tuple[str, ...]:
+    """`current_platform.supported_dtypes`, preferred first (vllm/platforms/cuda.py:255; CPU: bf16 first)."""
+    if device == "cpu" or compute_capability is None or compute_capability >= (8, 0):
+        return ("bfloat16", "float16", "float32")
+    if compute_capability >= (6, 0):
+        return ("float16", "float32")  # Pascal, Volta and Turing: no bf16
+    return ("float32",)
+
+
 def resolve_dtype(geometry: ModelGeometry, *, compute_capability: tuple[int, int] | None, device: str,
                   pinned: str | None) -> tuple[str, str]:
-    """`_resolve_auto_dtype`: keep a supported config dtype, float32 -> bf16, bf16 -> fp16 pre-Ampere."""
+    """`_resolve_auto_dtype` (vllm/config/model.py:2405): keep a config dtype the platform supports,
+    downcast float32 to the preferred one, else fall back to the preferred one; fp16 is never
+    chosen for the models where it is unstable (Gemma 2 before Ampere runs float32)."""
     if pinned and pinned != "auto":
-        return {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(pinned, pinned), \
-            "pinned --dtype"
-    supports_bf16 = device == "cpu" or compute_capability is None or compute_capability >= (8, 0)
-    preferred = "bfloat16" if supports_bf16 else "float16"
-    config = geometry.config_dtype or "float32"
-    if config in ("float32", "float"):
-        return preferred, f"config dtype {config} is downcast to {preferred}"
-    if config == "bfloat16" and not supports_bf16:
-        return "float16", "this GPU has no bf16 (compute capability < 8.0): vLLM falls back to float16"
-    return config, f"config.json dtype {config}"
+        return _ALIASES.get(pinned, pinned), "pinned --dtype"
+    supported = [d for d in supported_dtypes(compute_capability=compute_capability, device=device)
+                 if not (d == "float16" and geometry.model_type in FLOAT16_NOT_SUPPORTED)]
+    preferred = supported[0]
+    config = _ALIASES.get(geometry.config_dtype or "float32", geometry.config_dtype or "float32")
+    if config == "float32":
+        return preferred, f"config dtype float32 is downcast to {preferred}"
+    if config in supported:
+        return config, f"config.json dtype {config}"
+    return preferred, (f"this GPU (compute capability {compute_capability[0]}.{compute_capability[1]}) has no "
+                       f"{config}: the engine falls back to {preferred}" if compute_capability else
+                       f"{config} not supported here: the engine falls back to {preferred}")

@@ -62,6 +62,7 @@ FLAGS = (
     FlagSpec("--page-size", positive_int),
     FlagSpec("--kv-cache-dtype", str),
     FlagSpec("--dtype", str),
+    FlagSpec("--quantization", str),
     FlagSpec("--disable-cuda-graph", None),
     FlagSpec("--disable-prefill-cuda-graph", None),
     FlagSpec("--cuda-graph-max-bs-decode", positive_int),
@@ -313,5 +314,8 @@ CUDA_CONTEXT_BYTES = 560 * 1024**2
 NCCL_BYTES = 320 * 1024**2
 # Allocated between the baseline and pool sizing besides the weights (loader buffers).
 LOAD_OVERHEAD_BYTES = 96 * 1024**2
+# Expected errors (+/-) of the two estimates above, from the published SGLang logs.
+CONTEXT_ERROR_BYTES = 128 * 1024**2
+LOAD_OVERHEAD_ERROR_BYTES = 96 * 1024**2
 # SGLANG_VLM_CACHE_SIZE_MB: kept out of the KV budget for multimodal models.
 MULTIMODAL_RESERVE_BYTES = 100 * 1024**2

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from launcher.budget import rank_devices, tenants_detail, tightest, unplanned
 from launcher.engines import sglang as sg
+from launcher.engines.checks_common import CheckInput
 from launcher.engines.dtypes import resolve_dtype
+from launcher.engines.sglang.checks import start_checks
 from launcher.errors import SafeServeError, UsageError, WontFit
 from launcher.plan import CALIBRATED, CATALOG, ENGINE_DEFAULT, FORMULA, MEASURED, PINNED, BudgetItem, Plan, PlanRequest
 from launcher.units import MiB, floor_to, format_gib
@@ -41,13 +43,23 @@ def plan(request: PlanRequest) -> Plan:
         kv_elem, kv_reason = sg.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    derived_len, derived_reason = sg.derived_context_length(geometry)
+    refusals = start_checks(CheckInput(
+        geometry=geometry, device="cuda", compute_capability=gpu.compute_capability, gpu_count=len(request.gpus),
+        tp=tp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"), block_size=pinned.get("--page-size"),
+        max_model_len=pinned.get("--context-length"), model_max_len=derived_len, engine_version=request.engine_version,
+        gpu_name=gpu.name, allow_long_max_model_len=request.allow_long_max_model_len,
+        quantization=pinned.get("--quantization"), pinned_dtype=pinned.get("--dtype")))
+    if refusals:
+        first = refusals[0]
+        raise WontFit(f"SGLang refuses this at start: {first.message} [{first.source}]", hint=first.hint,
+                      rule=first.rule, source=first.source)
     cell = sg.cell_size_bytes(geometry, kv_bytes=kv_elem, tp=tp, pp=pp, pinned=pinned)
     page, page_reason = sg.default_page_size(geometry, gpu.compute_capability)
     if "--page-size" in pinned:
         page, page_reason = pinned["--page-size"], "pinned --page-size"
     if geometry.is_multimodal and not pinned.get("--language-only", False):
         after_load -= sg.MULTIMODAL_RESERVE_BYTES
-    derived_len, derived_reason = sg.derived_context_length(geometry)
     context_len_pinned = pinned.get("--context-length")
     if context_len_pinned is not None and context_len_pinned > derived_len:
         raise WontFit(f"--context-length {context_len_pinned} is above the derived context length {derived_len} "

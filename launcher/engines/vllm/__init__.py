@@ -14,6 +14,7 @@ from typing import Any
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.flags import FlagSpec, fraction, human_int, human_int_or_auto, parse_pinned, positive, positive_int
 from launcher.engines.vllm import budget as vb
+from launcher.engines.vllm.architectures import uses_mla  # MiniCPM3 has MLA fields, vLLM caches K/V
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, KvLayout, kv_layout
 from launcher.model import MAX_LEN_KEYS, SLIDING, ModelGeometry
 
@@ -58,6 +59,7 @@ FLAGS = (
     FlagSpec("--pipeline-parallel-size", positive_int, aliases=("-pp",)),
     FlagSpec("--enforce-eager", None),
     FlagSpec("--dtype", str),
+    FlagSpec("--quantization", str, aliases=("-q",)),
     FlagSpec("--disable-hybrid-kv-cache-manager", None),
     FlagSpec("--num-gpu-blocks-override", positive_int),
     FlagSpec("--nnodes", positive_int),
@@ -139,7 +141,7 @@ def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tupl
     On CPU the reference MLA kernel (no AMX) only compiles for block 16 and vLLM forces
     it even over a pinned --block-size (`CpuPlatform.check_and_update_config`).
     """
-    if device == "cpu" and geometry.mla is not None and not cpu_amx:
+    if device == "cpu" and uses_mla(geometry) and not cpu_amx:
         return 16, "CPU MLA reference kernel (no AMX) requires block 16 (vllm/platforms/cpu.py)"
     if pinned and device == "cpu" and SLIDING in geometry.layer_kinds and pinned % 32:
         # Sliding-window layers pick a kernel block of their own (CPU kernels take multiples
@@ -150,7 +152,7 @@ def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tupl
         return pinned, "pinned --block-size"
     if device == "cpu":
         return CPU_BLOCK_SIZE, "CPU backend default (vllm/platforms/cpu.py)"
-    if geometry.mla is not None and compute_capability is not None and compute_capability[0] >= 10:
+    if uses_mla(geometry) and compute_capability is not None and compute_capability[0] >= 10:
         return 32, "FlashInfer-MLA on Blackwell (block 32)"
     return DEFAULT_BLOCK_SIZE, "CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention / FlashInfer)"
 

@@ -8,6 +8,7 @@ peak - CUDA-graph estimate` (`budget.py`); tokens follow vLLM's own block accoun
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,7 +16,9 @@ from typing import Any
 
 from launcher.budget import rank_devices, tenants_detail, tightest, unplanned
 from launcher.engines import vllm as vl
+from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
+from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.architectures import cpu_unservable, uses_mla
 from launcher.engines.vllm.kv import KvCapacity, KvLayout, kv_capacity
@@ -49,7 +52,8 @@ class _VllmSetup:
     model_max_len_reason: str
 
 
-def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None) -> _VllmSetup:
+def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None,
+                gpu_name: str | None = None) -> _VllmSetup:
     rules, note = vl.rules_for(request.engine_version)
     pinned = vl.pinned_flags(request.engine_args)
     tp, pp = vl.ranks(pinned)
@@ -67,8 +71,26 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
         _refuse_cpu_combinations(request, geometry, block, kv_bytes)
     layout = vl.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
     max_len, max_len_reason = vl.derived_max_model_len(geometry, rules=rules)
+    refuse_what_vllm_refuses(start_checks(CheckInput(
+        geometry=geometry, device=request.device, compute_capability=compute_capability,
+        gpu_count=len(request.gpus), tp=tp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"),
+        block_size=pinned.get("--block-size"), max_model_len=pinned.get("--max-model-len") or None,
+        model_max_len=max_len, engine_version=request.engine_version, gpu_name=gpu_name,
+        max_len_key=max_len_reason.split()[1].split("=")[0] if max_len_reason.startswith("config.json ") else
+        "max_position_embeddings",
+        allow_long_max_model_len=request.allow_long_max_model_len, quantization=pinned.get("--quantization"),
+        pinned_dtype=pinned.get("--dtype"))))
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
                       layout, max_len, max_len_reason)
+
+
+def refuse_what_vllm_refuses(rules: tuple[EngineRule, ...]) -> None:
+    """The first start-time rule vLLM would stop on, as a refusal (exit 78) before any budget."""
+    if rules:
+        first = rules[0]
+        others = f" (and {len(rules) - 1} more: {', '.join(r.rule for r in rules[1:])})" if len(rules) > 1 else ""
+        raise WontFit(f"vLLM refuses this at start: {first.message}{others} [{first.source}]", hint=first.hint,
+                      rule=first.rule, source=first.source)
 
 
 def _refuse_cpu_combinations(request: PlanRequest, geometry: Any, block: int, kv_bytes: int) -> None:
@@ -84,7 +106,8 @@ def _refuse_cpu_combinations(request: PlanRequest, geometry: Any, block: int, kv
 
 
 def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[[int], KvCapacity],
-                 favourable_at: Callable[[int], KvCapacity] | None = None) -> tuple[int, str, KvCapacity, str | None]:
+                 favourable_at: Callable[[int], KvCapacity] | None = None,
+                 cause: str = "") -> tuple[int, str, KvCapacity, str | None]:
     """Keep a pinned --max-model-len, or choose the longest that carries `concurrency` requests.
 
     `favourable_at` is the capacity at the favourable end of the estimate's error band: a
@@ -132,7 +155,8 @@ def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[
         raise WontFit(
             f"no KV room for {request.concurrency} request(s) of even {setup.block} tokens: "
             f"{format_gib(max(capacity.kv_bytes, 0))} left for the KV cache"
-            + (" at the favourable end of the estimate" if favourable_at is not None else ""))
+            + (" at the favourable end of the estimate" if favourable_at is not None else "") + cause,
+            rule="kv-capacity", figures={"kv_cache_bytes": capacity.kv_bytes, "concurrency": request.concurrency})
     reason = (f"model maximum ({setup.model_max_len_reason})" if length == setup.model_max_len
               else f"longest that fits {request.concurrency} request(s) (model maximum {setup.model_max_len})")
     return length, reason, capacity_at(length), doubt
@@ -176,7 +200,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
     tp, pp = vl.ranks(pinned)
     devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1))
     gpu = tightest(devices)
-    setup = _vllm_setup(request, gpu.compute_capability)
+    setup = _vllm_setup(request, gpu.compute_capability, gpu.name)
     rules = setup.rules
     total = gpu.usable_total_bytes
     free = gpu.free_bytes or 0
@@ -192,6 +216,16 @@ def plan_gpu(request: PlanRequest) -> Plan:
         setup.layout.group_size * len(setup.layout.groups))
     defaults = vb.batch_defaults(nvml_total_bytes=gpu.total_bytes, gpu_name=gpu.name, device="cuda",
                                  world_size=tp * pp)
+    warnings: list[str] = []
+    running = int(pinned.get("--max-num-seqs", defaults.max_num_seqs))
+    if request.concurrency > running:
+        # vLLM never runs more than max_num_seqs requests at once: the rest queue. Sizing the
+        # KV cache for more would only shorten every request for nothing.
+        source = "pinned --max-num-seqs" if "--max-num-seqs" in pinned else f"vLLM's default here ({defaults.reason})"
+        warnings.append(f"--concurrency {request.concurrency}: vLLM runs at most {running} requests at once "
+                        f"(max_num_seqs {running}, {source}); planned for {running}, the rest wait in the queue "
+                        "(raise --max-num-seqs to run more)")
+        request = dataclasses.replace(request, concurrency=running)
 
     # Utilization: pinned, or the most we can request from *free* memory (other tenants
     # make vLLM refuse to start when free < total x utilization), capped by the engine default.
@@ -209,7 +243,16 @@ def plan_gpu(request: PlanRequest) -> Plan:
                             f"{format_gib(request.margin_bytes)}" + (" (capped by --max-gpu-memory)"
                                                                      if request.max_gpu_memory_bytes else ""))
     if utilization <= 0:
-        raise WontFit(f"{gpu.label} has {format_gib(free)} free: no room for vLLM at all")
+        if request.max_gpu_memory_bytes is not None and request.max_gpu_memory_bytes - context < free_at_init - \
+                request.margin_bytes:
+            cause = (f"--max-gpu-memory {format_gib(request.max_gpu_memory_bytes)} leaves nothing after the CUDA "
+                     f"context ({format_gib(context)})")
+        else:
+            cause = (f"{format_gib(free)} free - CUDA context {format_gib(context)} - margin "
+                     f"{format_gib(request.margin_bytes)} (--margin) leaves nothing")
+        raise WontFit(f"{gpu.label}: no room for vLLM at all: {cause}", rule="no-room",
+                      figures={"free_bytes": free, "context_bytes": context, "margin_bytes": request.margin_bytes,
+                               "max_gpu_memory_bytes": request.max_gpu_memory_bytes})
     requested = vb.requested_bytes(total, utilization)
     startup_doubt = None
     if requested > free_at_init + vb.CONTEXT_ERROR_BYTES:
@@ -259,7 +302,11 @@ def plan_gpu(request: PlanRequest) -> Plan:
     def favourable_at(length: int) -> KvCapacity:
         return capacity_for(length, kv_at(length) + kv_error_at(length))
 
-    length, length_reason, capacity, doubt = _vllm_length(request, setup, capacity_at, favourable_at)
+    weights_cause = ""
+    if weights >= requested:
+        weights_cause = (f": the weights alone ({format_gib(weights)} per rank) exceed the {format_gib(requested)} "
+                         f"vLLM requests at --gpu-memory-utilization {utilization:g}")
+    length, length_reason, capacity, doubt = _vllm_length(request, setup, capacity_at, favourable_at, weights_cause)
     batched, seqs, activation = budget_at(length)
     kv = kv_at(length)
     kv_error = kv_error_at(length)
@@ -328,7 +375,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
         gpu_name=gpu.name, gpu_count=len(devices), notes=tuple(notes),
         engine_version_assumed=request.engine_version_assumed,
         kv_cache_bytes_low=kv - kv_error, kv_cache_bytes_high=kv + kv_error,
-        may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None,
+        may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None, warnings=tuple(warnings),
         engine_defaults={"gpu_memory_utilization": rules.default_utilization,
                          "max_num_batched_tokens": defaults.max_num_batched_tokens,
                          "max_num_seqs": defaults.max_num_seqs},

@@ -1,0 +1,75 @@
+"""What both engines' start-time checks share: the input they read and the refusal they return.
+
+An engine's start-time checks (`launcher.engines.<engine>.checks.start_checks`) are pure
+functions of a `CheckInput`; each refusal is an `EngineRule` carrying the engine's own
+message filled in with the values, and the engine source line it comes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from launcher.engines.versions import version_key
+from launcher.model import ModelGeometry
+
+
+@dataclass(frozen=True)
+class EngineRule:
+    """One refusal, as data."""
+
+    rule: str  # short id, e.g. "tp-divides-heads", "quant-min-capability"
+    message: str  # the engine's own message, filled in with the values
+    source: str  # "vllm/config/model.py:1549 (vLLM 0.32.0)"
+    hint: str | None = None  # what would work, e.g. "--tensor-parallel-size 2 or 4"
+
+
+@dataclass(frozen=True)
+class CheckInput:
+    geometry: ModelGeometry
+    device: str  # "cuda" | "cpu"
+    compute_capability: tuple[int, int] | None
+    gpu_count: int  # GPUs given
+    tp: int
+    pp: int
+    dtype: str  # resolved model dtype ("bfloat16", "float16", "float32")
+    kv_cache_dtype: str | None  # pinned value or None (= auto)
+    block_size: int | None  # pinned value or None
+    max_model_len: int | None  # pinned length or None
+    model_max_len: int  # derived maximum
+    engine_version: str | None
+    # Optional facts some messages print or some checks honour; defaults are the engine's.
+    gpu_name: str | None = None  # printed by vLLM's bf16 refusal
+    max_len_key: str = "max_position_embeddings"  # the config key model_max_len came from
+    # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 / SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1
+    allow_long_max_model_len: bool = False
+    quantization: str | None = None  # pinned --quantization, if any
+    pinned_dtype: str | None = None  # the --dtype as typed, if pinned (unknown names are refused)
+
+
+L = TypeVar("L")
+
+
+def lines_for(table: Sequence[tuple[str, L]], version: str | None) -> tuple[str, L]:
+    """The newest (version, line table) not newer than `version`; the newest when unknown."""
+    if version is None:
+        return table[-1]
+    wanted = version_key(version)
+    eligible = [entry for entry in table if version_key(entry[0]) <= wanted]
+    return eligible[-1] if eligible else table[0]
+
+
+def quant_config(geometry: ModelGeometry) -> Mapping[str, Any]:
+    """The checkpoint's `quantization_config` (text_config carries the top-level keys)."""
+    qc = geometry.text_config.get("quantization_config")
+    return qc if isinstance(qc, Mapping) else {}
+
+
+def divisors_within(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, max(1, limit) + 1) if n % d == 0]
+
+
+def or_list(values: Sequence[int]) -> str:
+    text = [str(v) for v in values]
+    return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " or " + text[-1]

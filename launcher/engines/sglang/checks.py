@@ -1,0 +1,107 @@
+"""SGLang's start-time refusals, as a pure function of the planned configuration (read from 0.5.23).
+
+Read, not yet proven by an oracle run (SGLang's `ServerArgs`/`ModelConfig` would be the oracle,
+see tests/oracles/README.md): heads vs TP (the model's own assert, then QKVParallelLinear),
+KV heads vs TP, quantization x capability and activation dtype (model_loader/loader.py), and
+the context length above the derived one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from launcher.engines.checks_common import CheckInput, EngineRule, divisors_within, or_list, quant_config
+
+VERSION = "0.5.23"
+_SRC = {
+    "heads": "sglang/srt/models/qwen2.py:167",  # `assert self.total_num_heads % tp_size == 0` (llama.py:183 too)
+    "kv_replicas": "sglang/srt/layers/linear.py:1142",
+    "kv_split": "sglang/srt/layers/linear.py:1144",
+    "quant_cap": "sglang/srt/model_loader/loader.py:261",
+    "quant_act": "sglang/srt/model_loader/loader.py:269",
+    "context": "sglang/srt/configs/model_config.py:1314",
+}
+# get_min_capability() per method name after SGLang's override (Marlin variants need sm80;
+# below that the override keeps the plain kernel).
+MIN_CAPABILITY: Mapping[str, int] = {
+    "awq": 75, "awq_marlin": 80,  # layers/quantization/awq/awq.py:116, :308
+    "gptq": 60, "gptq_marlin": 80,  # gptq/gptq.py:140, :387
+    "fp8": 80,  # fp8.py:339 (100 with mxfp8)
+    "mxfp4": 80,  # mxfp4.py:339
+    "modelopt": 89, "modelopt_fp8": 89, "modelopt_fp4": 80,  # modelopt_quant.py:463, :1550
+    "compressed-tensors": 70, "bitsandbytes": 70,
+}
+ACT_DTYPES: Mapping[str, tuple[str, ...]] = {
+    "awq": ("float16",), "awq_marlin": ("float16", "bfloat16"),
+    "gptq": ("float16",), "gptq_marlin": ("float16", "bfloat16"),
+    "fp8": ("bfloat16", "float16"), "mxfp4": ("bfloat16", "float16"),
+    "bitsandbytes": ("float32", "float16", "bfloat16"),
+}
+
+
+def _src(key: str) -> str:
+    return f"{_SRC[key]} (SGLang {VERSION})"
+
+
+def resolved_quant_method(inp: CheckInput) -> str | None:
+    qc = quant_config(inp.geometry)
+    method = str(qc.get("quant_method") or "").lower() if qc else ""
+    if not method:
+        return inp.quantization
+    marlin = inp.device == "cuda" and inp.compute_capability is not None and inp.compute_capability >= (8, 0)
+    if method in ("awq", "gptq") and marlin and inp.quantization in (None, method + "_marlin"):
+        return method + "_marlin"
+    if method == "modelopt":
+        algo = str(qc.get("quant_algo") or "").upper()
+        return "modelopt_fp4" if "FP4" in algo else "modelopt_fp8"
+    return method
+
+
+def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
+    """Every SGLang start-time rule this configuration breaks; empty means SGLang accepts it."""
+    geo = inp.geometry
+    out: list[EngineRule] = []
+    heads, kv_heads, tp = geo.num_attention_heads, geo.num_kv_heads, inp.tp
+    good = [d for d in divisors_within(heads, max(inp.gpu_count, 1))
+            if geo.mla is not None or (d % kv_heads == 0 if d >= kv_heads else kv_heads % d == 0)]
+    hint = f"--tp-size {or_list(good)}" if good else None
+    if heads % tp:
+        out.append(EngineRule("tp-divides-heads", "assert self.total_num_heads % tp_size == 0 (AssertionError: "
+                              f"{heads} heads, tp_size {tp})", _src("heads"), hint=hint))
+    elif geo.mla is None and kv_heads > 0:
+        if tp >= kv_heads and tp % kv_heads:
+            out.append(EngineRule("kv-heads-vs-tp", f"{tp} is not divisible by {kv_heads}", _src("kv_replicas"),
+                                  hint=hint))
+        elif tp < kv_heads and kv_heads % tp:
+            out.append(EngineRule("kv-heads-vs-tp", f"{kv_heads} is not divisible by {tp}", _src("kv_split"),
+                                  hint=hint))
+
+    method = resolved_quant_method(inp)
+    cc = inp.compute_capability
+    if method is not None and inp.device == "cuda" and cc is not None:
+        cap = cc[0] * 10 + cc[1]
+        need = MIN_CAPABILITY.get(method)
+        if need is not None and cap < need:
+            out.append(EngineRule(
+                "quant-min-capability",
+                f"The quantization method {method} is not supported for the current GPU. Minimum capability: "
+                f"{need}. Current capability: {cap}.", _src("quant_cap"),
+                hint=f"a GPU with compute capability {need // 10}.{need % 10} or newer"))
+        acts = ACT_DTYPES.get(method)
+        if not out or out[-1].rule != "quant-min-capability":
+            if acts is not None and inp.dtype not in acts:
+                out.append(EngineRule(
+                    "quant-act-dtype",
+                    f"torch.{inp.dtype} is not supported for quantization method {method}. Supported dtypes: "
+                    f"[{', '.join('torch.' + d for d in acts)}]", _src("quant_act"), hint=f"--dtype {acts[0]}"))
+
+    pinned = inp.max_model_len
+    if pinned is not None and pinned > inp.model_max_len and not inp.allow_long_max_model_len:
+        out.append(EngineRule(
+            "context-length",
+            f"Warning: User-specified context_length ({pinned}) is greater than the derived context_length "
+            f"({inp.model_max_len}). This may lead to incorrect model outputs or CUDA errors. Note that the derived "
+            "context_length may differ from max_position_embeddings in the model's config. To allow overriding "
+            "this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
+            _src("context"), hint=f"--context-length {inp.model_max_len}"))
+    return tuple(out)

@@ -1,0 +1,433 @@
+"""vLLM's start-time refusals, as a pure function of the planned configuration.
+
+Each rule is one check vLLM makes while it builds its config, loads the model or sets up
+its attention backend, and that stops the engine (or, for the CPU head-size rule, every
+request). Messages are vLLM's own, filled in as vLLM fills them; `source` cites the line.
+Read from vLLM 0.32.0 and 0.33.0 (same rules, different lines); proven against vLLM's own
+classes by `tests/oracles/vllm_checks_oracle.py` (golden file `tests/data/vllm_checks_oracle.json`).
+
+Not modelled (no refusal here, see the oracle README): pipeline-parallel support of the
+model class (`registry.is_pp_supported_model`), VLLM_PP_LAYER_PARTITION, MLA and sparse
+backends on CUDA, TurboQuant/NVFP4 KV dtypes, the CPU ISA needed for an fp8 KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from launcher.engines.checks_common import (
+    CheckInput,
+    EngineRule,
+    divisors_within,
+    lines_for,
+    or_list,
+    quant_config,
+)
+
+# Line numbers of each message, per vLLM release (file, line).
+_LINES: tuple[tuple[str, Mapping[str, tuple[str, int]]], ...] = (
+    ("0.32.0", {
+        "heads": ("vllm/config/model.py", 1549),
+        "kv_replicas": ("vllm/model_executor/layers/linear.py", 1055),
+        "kv_split": ("vllm/model_executor/layers/linear.py", 1057),
+        "world": ("vllm/config/parallel.py", 1053),
+        "quant_cap": ("vllm/config/vllm.py", 903),
+        "quant_act": ("vllm/config/vllm.py", 910),
+        "quant_unknown": ("vllm/config/model.py", 1454),
+        "quant_deprecated": ("vllm/config/model.py", 1468),
+        "ct_scheme": ("vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py", 412),
+        "bf16": ("vllm/platforms/cuda.py", 649),
+        "fp16_model": ("vllm/config/model.py", 2399),
+        "dtype_unknown": ("vllm/config/model.py", 2480),
+        "max_len": ("vllm/config/model.py", 2646),
+        "kv_dtype": ("vllm/config/cache.py", 39),
+        "cpu_head": ("vllm/v1/attention/backends/cpu_attn.py", 70),
+        "cpu_fp8_head": ("vllm/v1/attention/backends/cpu_attn.py", 530),
+        "no_backend": ("vllm/platforms/cuda.py", 471),
+        "triton_fp8": ("vllm/v1/attention/backends/triton_attn.py", 497),
+        "triton_bf16": ("vllm/v1/attention/backends/triton_attn.py", 505),
+    }),
+    ("0.33.0", {
+        "heads": ("vllm/config/model.py", 1562),
+        "kv_replicas": ("vllm/model_executor/layers/linear.py", 1068),
+        "kv_split": ("vllm/model_executor/layers/linear.py", 1070),
+        "world": ("vllm/config/parallel.py", 1072),
+        "quant_cap": ("vllm/config/vllm.py", 933),
+        "quant_act": ("vllm/config/vllm.py", 940),
+        "quant_unknown": ("vllm/config/model.py", 1467),
+        "quant_deprecated": ("vllm/config/model.py", 1481),
+        "ct_scheme": ("vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py", 412),
+        "bf16": ("vllm/platforms/cuda.py", 651),
+        "fp16_model": ("vllm/config/model.py", 2417),
+        "dtype_unknown": ("vllm/config/model.py", 2498),
+        "max_len": ("vllm/config/model.py", 2664),
+        "kv_dtype": ("vllm/config/cache.py", 44),
+        "cpu_head": ("vllm/v1/attention/backends/cpu_attn.py", 79),
+        "cpu_fp8_head": ("vllm/v1/attention/backends/cpu_attn.py", 539),
+        "no_backend": ("vllm/platforms/cuda.py", 473),
+        "triton_fp8": ("vllm/v1/attention/backends/triton_attn.py", 521),
+        "triton_bf16": ("vllm/v1/attention/backends/triton_attn.py", 529),
+    }),
+)
+
+# vllm/model_executor/layers/quantization/__init__.py QuantizationMethods (0.32.0 = 0.33.0):
+# bitsandbytes is not among them any more.
+QUANTIZATION_METHODS = (
+    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+    "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
+    "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
+    "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
+    "nvfp4_per_token", "mxfp8",
+)
+DEPRECATED_QUANTIZATION_METHODS = ("fbgemm_fp8", "fp_quant")
+
+# get_min_capability() of each config class the method name maps to (quantization/*.py).
+MIN_CAPABILITY: Mapping[str, int] = {
+    "awq": 75, "awq_marlin": 75, "auto_awq": 75,  # auto_awq.py:234 (AWQ and AWQ-Marlin merged)
+    "gptq": 60, "gptq_marlin": 60, "auto_gptq": 60,  # auto_gptq.py:183
+    "fp8": 75,  # fp8.py:147 (weight-only Marlin below sm89)
+    "fbgemm_fp8": 80, "fp_quant": 100, "experts_int8": 80,
+    "modelopt": 80, "modelopt_fp4": 75, "modelopt_mxfp8": 80, "mxfp8": 80, "modelopt_mixed": 75,
+    "compressed-tensors": 70,  # then each scheme's own minimum, below
+    "quark": 70, "moe_wna16": 70, "torchao": 75, "inc": 60, "humming": 75, "online": 75,
+    "fp8_per_tensor": 75, "fp8_per_block": 75, "fp8_per_channel": 75, "int8_per_channel_weight_only": 75,
+    "nvfp4_per_token": 75,
+    "mxfp4": 80, "gpt_oss_mxfp4": 80,  # mxfp4.py:72
+}
+_HALF_BF16 = ("float16", "bfloat16")
+# get_supported_act_dtypes(), in the order vLLM prints them.
+ACT_DTYPES: Mapping[str, tuple[str, ...]] = {
+    "awq": _HALF_BF16, "awq_marlin": _HALF_BF16, "auto_awq": _HALF_BF16,
+    "gptq": _HALF_BF16, "gptq_marlin": _HALF_BF16, "auto_gptq": _HALF_BF16,
+    "inc": _HALF_BF16, "quark": _HALF_BF16,
+    "fp8": ("bfloat16", "float16"), "fbgemm_fp8": ("bfloat16", "float16"), "experts_int8": ("bfloat16", "float16"),
+    "modelopt": ("bfloat16", "float16"), "modelopt_mixed": ("bfloat16", "float16"),
+    "moe_wna16": ("bfloat16", "float16"), "humming": ("bfloat16", "float16"), "online": ("bfloat16", "float16"),
+    "modelopt_fp4": ("bfloat16", "float16", "float8_e4m3fn"),
+    "modelopt_mxfp8": ("bfloat16",), "mxfp8": ("bfloat16",), "fp_quant": ("bfloat16",),
+    "mxfp4": ("bfloat16",), "gpt_oss_mxfp4": ("bfloat16",),
+    "compressed-tensors": ("float32", "float16", "bfloat16"), "torchao": ("float32", "float16", "bfloat16"),
+}
+# vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS
+FLOAT16_NOT_SUPPORTED = {"gemma2", "gemma3", "gemma3_text", "glm4"}
+DTYPE_NAMES = ("half", "float16", "float", "float32", "bfloat16", "auto")  # _STR_DTYPE_TO_TORCH_DTYPE + auto
+# vllm/config/cache.py CacheDType
+CACHE_DTYPES = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
+    "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+)
+# cpu_attn.py CPUAttentionBackend.get_supported_head_sizes; other sizes fail in the C++ kernel
+# at the first request ("Unsupported CPU attention configuration: head_dim=N").
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+FLASHINFER_HEAD_SIZES = (64, 128, 256, 512)  # flashinfer.py:568
+
+
+def _src(lines: Mapping[str, tuple[str, int]], version: str, key: str) -> str:
+    path, line = lines[key]
+    return f"{path}:{line} (vLLM {version})"
+
+
+def _torch(dtype: str) -> str:
+    return "torch." + {"half": "float16", "float": "float32"}.get(dtype, dtype)
+
+
+def resolved_quant_method(inp: CheckInput) -> str | None:
+    """`ModelConfig._verify_quantization`: the method name after the override classes."""
+    qc = quant_config(inp.geometry)
+    method = str(qc.get("quant_method") or "").lower() if qc else ""
+    if not method:
+        quant = inp.geometry.quantization
+        method = quant.method if quant is not None and quant.method != "unknown" else ""
+    if not method:
+        return inp.quantization
+    user = inp.quantization
+    on_cpu = inp.device == "cpu"
+    if method == "gptq" and user in (None, "gptq", "gptq_marlin", "auto_gptq", "marlin"):
+        return "auto_gptq"  # auto_gptq.py:214
+    if method == "awq" and not on_cpu and user in (None, "awq", "awq_marlin", "auto_awq", "marlin"):
+        return "auto_awq"  # auto_awq.py:263 (not on CPU: cpu_awq keeps "awq")
+    if method in ("mxfp4", "gpt_oss_mxfp4") and inp.geometry.model_type == "gpt_oss":
+        return "gpt_oss_mxfp4"  # mxfp4.py:129
+    if method == "modelopt":
+        algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "").upper()
+        if algo == "FP8":
+            return "modelopt"
+        if "NVFP4" in algo or "FP4" in algo:
+            return "modelopt_fp4"
+        if "MXFP8" in algo:
+            return "modelopt_mxfp8"
+        if algo == "MIXED_PRECISION":
+            return "modelopt_mixed"
+    return method
+
+
+def _ct_scheme_min_capability(qc: Mapping[str, object], cc: int) -> tuple[str, int] | None:
+    """compressed-tensors: the scheme `_get_scheme_from_parts` picks for the first config group,
+    and its get_min_capability(); None where we do not model the scheme."""
+    groups = qc.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        return None
+    group = next(iter(groups.values()))
+    if not isinstance(group, Mapping):
+        return None
+    weights = group.get("weights") if isinstance(group.get("weights"), Mapping) else None
+    acts = group.get("input_activations") if isinstance(group.get("input_activations"), Mapping) else None
+    if weights is None:
+        return None
+    w_type, w_bits = str(weights.get("type", "int")), weights.get("num_bits")
+    w_strategy = str(weights.get("strategy", ""))
+    if w_type == "float" and w_bits == 4 and w_strategy == "tensor_group":
+        return "CompressedTensorsW4A4Fp4", 75  # NVFP4 (and NVFP4A16)
+    if w_type == "float" and w_bits == 8:
+        if acts is not None and acts.get("type") == "float" and acts.get("num_bits") == 8:
+            # W8A8 FP8 needs 89; below that vLLM falls back to W8A16 FP8 (Marlin, 75).
+            return ("CompressedTensorsW8A8Fp8", 89) if cc >= 89 else ("CompressedTensorsW8A16Fp8", 75)
+        return "CompressedTensorsW8A16Fp8", 75
+    if w_type == "int" and acts is None and w_bits in (4, 8):
+        return "CompressedTensorsWNA16", 75
+    if w_type == "int" and w_bits == 8 and acts is not None and acts.get("num_bits") == 8:
+        return "CompressedTensorsW8A8Int8", 75
+    return None
+
+
+def _backend_reasons(inp: CheckInput, cc: tuple[int, int], block: int) -> dict[str, list[str]]:
+    """`CudaPlatform.get_valid_backends` for non-MLA decoders: why each backend is invalid."""
+    head = inp.geometry.head_dim
+    kv = inp.kv_cache_dtype or "auto"
+    fp8 = kv.startswith("fp8")
+    reasons: dict[str, list[str]] = {}
+
+    fa: list[str] = []  # flash_attn.py
+    if not (head % 8 == 0 and (head <= 256 or (cc[0] == 10 and head <= 512))):
+        fa.append("head_size not supported")
+    if inp.dtype not in _HALF_BF16:
+        fa.append("dtype not supported")
+    if kv not in ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3") or (fp8 and cc[0] not in (9, 10)):
+        fa.append("kv_cache_dtype not supported")  # fp8 needs FA3 (sm90) or FA4 (sm100)
+    if block % 16:
+        fa.append("block_size not supported")
+    if cc < (8, 0):
+        fa.append("compute capability not supported")
+    reasons["FLASH_ATTN"] = fa
+
+    fi: list[str] = []  # flashinfer.py
+    if head not in FLASHINFER_HEAD_SIZES:
+        fi.append("head_size not supported")
+    if inp.dtype not in _HALF_BF16:
+        fi.append("dtype not supported")
+    if kv not in ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "nvfp4_4over6"):
+        fi.append("kv_cache_dtype not supported")
+    if block % 16:
+        fi.append("block_size not supported")
+    if not (8, 0) <= cc <= (12, 1):
+        fi.append("compute capability not supported")
+    reasons["FLASHINFER"] = fi
+
+    tr: list[str] = []  # triton_attn.py
+    if head < 32:
+        tr.append("head_size not supported")
+    if kv not in ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2",
+                  "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head"):
+        tr.append("kv_cache_dtype not supported")
+    if block % 16:
+        tr.append("block_size not supported")
+    reasons["TRITON_ATTN"] = tr
+
+    fx: list[str] = []  # flex_attention.py
+    if kv not in ("auto", "float16", "bfloat16"):
+        fx.append("kv_cache_dtype not supported")
+    if block % 16:
+        fx.append("block_size not supported")
+    reasons["FLEX_ATTENTION"] = fx
+    return reasons
+
+
+def _attention_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
+    geo = inp.geometry
+    kv = inp.kv_cache_dtype or "auto"
+    out: list[EngineRule] = []
+    if inp.device == "cpu":
+        if geo.mla is not None:
+            return out  # CPU_MLA / AMX_MLA: block size forced to 16, no head-size list
+        if geo.head_dim not in CPU_HEAD_SIZES:
+            fits = [h for h in CPU_HEAD_SIZES if h >= geo.head_dim][:1]
+            out.append(EngineRule(
+                "cpu-attn-head-size",
+                f"Unsupported CPU attention configuration: head_dim={geo.head_dim}",
+                _src(lines, version, "cpu_head") + " + csrc/cpu attention kernel",
+                hint=f"CPU attention supports head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; "
+                     "serve this model on a GPU" + (f" (nearest supported {fits[0]})" if fits else "")))
+        elif kv.startswith("fp8") and geo.head_dim % 32 and geo.head_dim % 16 == 0:
+            out.append(EngineRule(
+                "cpu-fp8-kv-head-size", "FP8 KV cache requires head_size divisible by 32 on CPU.",
+                _src(lines, version, "cpu_fp8_head"), hint="--kv-cache-dtype auto"))
+        return out
+    if inp.compute_capability is None or geo.mla is not None or kv.startswith(("turboquant", "ultraquant")):
+        return out  # MLA/sparse and TurboQuant selection not modelled; see module docstring
+    cc = inp.compute_capability
+    block = inp.block_size or 16
+    reasons = _backend_reasons(inp, cc, block)
+    order = ["FLASHINFER", "FLASH_ATTN"] if cc[0] == 10 else ["FLASH_ATTN", "FLASHINFER"]
+    order += ["TRITON_ATTN", "FLEX_ATTENTION"]
+    chosen = next((name for name in order if not reasons[name]), None)
+    cap_str = f"{cc[0]}.{cc[1]}"
+    dev = inp.gpu_name or "NVIDIA GPU"
+    if chosen is None:
+        reasons_str = "{" + ", ".join(f"{name}: [{', '.join(reasons[name])}]" for name in order) + "}"
+        out.append(EngineRule(
+            "attention-backend",
+            f"No valid attention backend found for cuda with AttentionSelectorConfig(head_size={geo.head_dim}, "
+            f"dtype={_torch(inp.dtype)}, kv_cache_dtype={kv}, block_size={block}, use_mla=False). "
+            f"Reasons: {reasons_str}.",
+            _src(lines, version, "no_backend"),
+            hint="--block-size 16" if block % 16 else "--kv-cache-dtype auto"))
+    elif chosen == "TRITON_ATTN":
+        if kv.startswith("fp8") and cc < (8, 9):
+            suggested = "float16" if cc < (8, 0) else "bfloat16"
+            out.append(EngineRule(
+                "fp8-kv-capability",
+                f"FP8 KV cache is not supported by the Triton attention backend on {dev} (compute capability "
+                f"{cap_str}); native FP8 (fp8e4nv) requires SM89+. Re-run with --kv-cache-dtype {suggested}.",
+                _src(lines, version, "triton_fp8"), hint=f"--kv-cache-dtype {suggested}"))
+        if kv == "bfloat16" and cc < (8, 0):
+            out.append(EngineRule(
+                "bf16-kv-capability",
+                f"bfloat16 KV cache is not supported on {dev} (compute capability {cap_str}); bfloat16 "
+                "requires SM80+. Re-run with --kv-cache-dtype float16.",
+                _src(lines, version, "triton_bf16"), hint="--kv-cache-dtype float16"))
+    return out
+
+
+def _quant_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
+    method = resolved_quant_method(inp)
+    if method is None:
+        return []
+    if method not in QUANTIZATION_METHODS:
+        return [EngineRule(
+            "quant-unknown-method",
+            f"Unknown quantization method: {method}. Must be one of {list(QUANTIZATION_METHODS)}.",
+            _src(lines, version, "quant_unknown"),
+            hint="a checkpoint quantized with AWQ, GPTQ, FP8 or compressed-tensors")]
+    if method in DEPRECATED_QUANTIZATION_METHODS:
+        # vLLM passes the name as a second argument, so the message keeps its "%s".
+        return [EngineRule(
+            "quant-deprecated",
+            "The quantization method %s is deprecated and will be removed in future versions of vLLM. "
+            "To bypass, set `--allow-deprecated-quantization`.",
+            _src(lines, version, "quant_deprecated"), hint="--allow-deprecated-quantization")]
+    out: list[EngineRule] = []
+    cc = inp.compute_capability
+    if inp.device == "cuda" and cc is not None:
+        cap = cc[0] * 10 + cc[1]
+        need = MIN_CAPABILITY.get(method)
+        if need is not None and cap < need:
+            out.append(EngineRule(
+                "quant-min-capability",
+                f"The quantization method {method} is not supported for the current GPU. Minimum capability: "
+                f"{need}. Current capability: {cap}.",
+                _src(lines, version, "quant_cap"),
+                hint=f"a GPU with compute capability {need // 10}.{need % 10} or newer, or an unquantized "
+                     "or differently quantized checkpoint"))
+    acts = ACT_DTYPES.get(method)
+    if acts is not None and inp.dtype not in acts and not out:
+        out.append(EngineRule(
+            "quant-act-dtype",
+            f"{_torch(inp.dtype)} is not supported for quantization method {method}. Supported dtypes: "
+            f"[{', '.join(_torch(d) for d in acts)}]",
+            _src(lines, version, "quant_act"), hint=f"--dtype {acts[0]}"))
+    if method == "compressed-tensors" and inp.device == "cuda" and cc is not None and not out:
+        cap = cc[0] * 10 + cc[1]
+        scheme = _ct_scheme_min_capability(quant_config(inp.geometry), cap)
+        if scheme is not None and cap < scheme[1]:
+            out.append(EngineRule(
+                "quant-scheme-capability",
+                f"Quantization scheme is not supported for the current GPU. Min capability: {scheme[1]}. "
+                f"Current capability: {cap}.",
+                _src(lines, version, "ct_scheme"),
+                hint=f"{scheme[0]} needs compute capability {scheme[1] // 10}.{scheme[1] % 10}"))
+    return out
+
+
+def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
+    """Every vLLM start-time rule this configuration breaks; empty means vLLM accepts it."""
+    version, lines = lines_for(_LINES, inp.engine_version)
+    geo = inp.geometry
+    out: list[EngineRule] = []
+
+    # Parallelism: ModelConfig.verify_with_parallel_config, then QKVParallelLinear at load.
+    heads, kv_heads, tp = geo.num_attention_heads, geo.num_kv_heads, inp.tp
+    good_tp = [d for d in divisors_within(heads, max(inp.gpu_count, 1))
+               if geo.mla is not None or (d % kv_heads == 0 if d >= kv_heads else kv_heads % d == 0)]
+    tp_hint = f"--tensor-parallel-size {or_list(good_tp)}" if good_tp else None
+    if heads % tp:
+        out.append(EngineRule(
+            "tp-divides-heads",
+            f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp}).",
+            _src(lines, version, "heads"), hint=tp_hint))
+    elif geo.mla is None and kv_heads > 0:
+        if tp >= kv_heads and tp % kv_heads:
+            out.append(EngineRule("kv-heads-vs-tp", f"{tp} is not divisible by {kv_heads}",
+                                  _src(lines, version, "kv_replicas"), hint=tp_hint))
+        elif tp < kv_heads and kv_heads % tp:
+            out.append(EngineRule("kv-heads-vs-tp", f"{kv_heads} is not divisible by {tp}",
+                                  _src(lines, version, "kv_split"), hint=tp_hint))
+    world = tp * inp.pp
+    if inp.device == "cuda" and world > 1 and world > inp.gpu_count:
+        out.append(EngineRule(
+            "world-size-vs-gpus",
+            f"World size ({world}) is larger than the number of available GPUs ({inp.gpu_count}) in this node. "
+            "If this is intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.\n"
+            "- multiprocessing, set '--nnodes' appropriately.",
+            _src(lines, version, "world"), hint=tp_hint))
+
+    # dtype: _get_and_verify_dtype, then the GPU worker's check_if_supports_dtype.
+    if inp.pinned_dtype is not None and inp.pinned_dtype.lower() not in DTYPE_NAMES:
+        out.append(EngineRule("dtype-unknown", f"Unknown dtype: {inp.pinned_dtype.lower()!r}",
+                              _src(lines, version, "dtype_unknown"), hint="--dtype auto"))
+    if geo.model_type in FLOAT16_NOT_SUPPORTED and inp.dtype in ("float16", "half"):
+        out.append(EngineRule(
+            "dtype-float16-model",
+            f"The model type {geo.model_type!r} does not support float16. Reason: Numerical instability. "
+            "Please use bfloat16 or float32 instead.",
+            _src(lines, version, "fp16_model"),
+            hint="--dtype bfloat16" if inp.compute_capability is None or inp.compute_capability >= (8, 0)
+            else "--dtype float32"))
+    cc = inp.compute_capability
+    if inp.device == "cuda" and inp.dtype == "bfloat16" and cc is not None and cc < (8, 0):
+        out.append(EngineRule(
+            "dtype-bf16-capability",
+            "Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+            f"Your {inp.gpu_name or 'NVIDIA'} GPU has compute capability {cc[0]}.{cc[1]}. "
+            "You can use float16 instead by explicitly setting the `dtype` flag in CLI, for example: --dtype=half.",
+            _src(lines, version, "bf16"), hint="--dtype half"))
+
+    # KV cache dtype: CacheConfig.cache_dtype is a Literal (argparse choices).
+    if inp.kv_cache_dtype is not None and inp.kv_cache_dtype not in CACHE_DTYPES:
+        out.append(EngineRule(
+            "kv-cache-dtype-unknown",
+            f"argument --kv-cache-dtype: invalid choice: {inp.kv_cache_dtype!r} "
+            f"(choose from {', '.join(CACHE_DTYPES)})",
+            _src(lines, version, "kv_dtype"), hint="--kv-cache-dtype auto or fp8"))
+    else:
+        out.extend(_attention_rules(inp, lines, version))
+
+    out.extend(_quant_rules(inp, lines, version))
+
+    # Length: _get_and_verify_max_len (-1 asks vLLM to fit the length to memory). vLLM prints the
+    # derived length as a float: it is multiplied by the rope factor (1.0 when none applies).
+    pinned = inp.max_model_len
+    if pinned is not None and pinned != -1 and pinned > inp.model_max_len and not inp.allow_long_max_model_len:
+        model_max_length = inp.geometry.text_config.get("model_max_length")
+        if not (isinstance(model_max_length, int) and pinned <= model_max_length):
+            out.append(EngineRule(
+                "max-model-len",
+                f"User-specified max_model_len ({pinned}) is greater than the derived max_model_len "
+                f"({inp.max_len_key}={float(inp.model_max_len)} or model_max_length={model_max_length} in model's "
+                "config.json). To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
+                "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If the model uses relative "
+                "position encoding (RoPE), positions exceeding derived_max_model_len lead to nan. If the model "
+                "uses absolute position encoding, positions exceeding derived_max_model_len will cause a CUDA "
+                "array out-of-bounds error.",
+                _src(lines, version, "max_len"), hint=f"--max-model-len {inp.model_max_len}"))
+    return tuple(out)

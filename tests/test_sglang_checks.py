@@ -1,0 +1,61 @@
+"""SGLang start-time checks with real values (read from SGLang 0.5.23; no oracle run yet)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.engines.checks_common import CheckInput, EngineRule
+from launcher.engines.sglang.checks import start_checks
+from launcher.model import ModelGeometry, geometry_from_config
+
+QWEN = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064,
+        "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+
+
+def _inp(geo: ModelGeometry, *, cc: tuple[int, int] | None = (9, 0), tp: int = 1, gpus: int = 1,
+         dtype: str = "bfloat16", max_len: int | None = None) -> CheckInput:
+    return CheckInput(geometry=geo, device="cuda", compute_capability=cc, gpu_count=gpus, tp=tp, pp=1, dtype=dtype,
+                      kv_cache_dtype=None, block_size=None, max_model_len=max_len, model_max_len=32768,
+                      engine_version="0.5.23")
+
+
+def _rules(inp: CheckInput) -> dict[str, EngineRule]:
+    return {r.rule: r for r in start_checks(inp)}
+
+
+def _quant(qc: dict[str, Any]) -> ModelGeometry:
+    return geometry_from_config({**QWEN, "quantization_config": qc})
+
+
+def test_tp3_refused_with_hint_and_tp4_accepted() -> None:
+    geo = geometry_from_config(QWEN)
+    rule = _rules(_inp(geo, tp=3, gpus=3))["tp-divides-heads"]
+    assert "28 heads, tp_size 3" in rule.message and rule.hint == "--tp-size 1 or 2"
+    assert rule.source == "sglang/srt/models/qwen2.py:167 (SGLang 0.5.23)"
+    assert _rules(_inp(geo, tp=7, gpus=7))["kv-heads-vs-tp"].message == "7 is not divisible by 4"
+    assert start_checks(_inp(geo, tp=4, gpus=4)) == ()
+
+
+def test_awq_marlin_needs_sm80_plain_awq_sm75_and_fp16() -> None:
+    awq = _quant({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
+    assert "Minimum capability: 75. Current capability: 70." in _rules(_inp(awq, cc=(7, 0), dtype="float16"))[
+        "quant-min-capability"].message
+    assert start_checks(_inp(awq, cc=(7, 5), dtype="float16")) == ()
+    assert _rules(_inp(awq, cc=(7, 5), dtype="bfloat16"))["quant-act-dtype"].message == (
+        "torch.bfloat16 is not supported for quantization method awq. Supported dtypes: [torch.float16]")
+    assert start_checks(_inp(awq, cc=(8, 0))) == ()  # awq_marlin
+
+
+def test_fp8_needs_sm80_in_sglang() -> None:
+    fp8 = _quant({"quant_method": "fp8", "activation_scheme": "dynamic"})
+    assert "Minimum capability: 80. Current capability: 75." in _rules(_inp(fp8, cc=(7, 5), dtype="float16"))[
+        "quant-min-capability"].message
+    assert start_checks(_inp(fp8, cc=(8, 9))) == ()
+
+
+def test_context_length_above_derived_refused() -> None:
+    rule = _rules(_inp(geometry_from_config(QWEN), max_len=40000))["context-length"]
+    assert rule.message.startswith("Warning: User-specified context_length (40000) is greater than the derived "
+                                   "context_length (32768).")
+    assert start_checks(_inp(geometry_from_config(QWEN), max_len=32768)) == ()

@@ -1,0 +1,212 @@
+"""vLLM start-time checks: every golden case decided as vLLM decided it, plus each rule with real values."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.engines.checks_common import CheckInput, EngineRule
+from launcher.engines.dtypes import resolve_dtype
+from launcher.engines.vllm import RULES, derived_max_model_len
+from launcher.engines.vllm.checks import start_checks
+from launcher.model import ModelGeometry, geometry_from_config
+
+GOLDEN = Path(__file__).parent / "data" / "vllm_checks_oracle.json"
+DOC = json.loads(GOLDEN.read_text())
+CONFIGS: dict[str, dict[str, Any]] = DOC["header"]["configs"]
+
+# The rules each oracle group exercised (the oracle runs only that part of vLLM per case).
+GROUP_RULES = {
+    "parallel": {"tp-divides-heads", "kv-heads-vs-tp", "world-size-vs-gpus"},
+    "quant": {"quant-unknown-method", "quant-deprecated", "quant-min-capability", "quant-act-dtype",
+              "quant-scheme-capability"},
+    "dtype": {"dtype-bf16-capability", "dtype-float16-model"},
+    "length": {"max-model-len"},
+    "cpu-head": {"cpu-attn-head-size"},
+}
+
+
+def _geometry(name: str) -> ModelGeometry:
+    return geometry_from_config(CONFIGS[name])
+
+
+def _inp(geometry: ModelGeometry, *, device: str = "cuda", cc: tuple[int, int] | None = (9, 0), gpus: int = 1,
+         tp: int = 1, pp: int = 1, dtype: str | None = None, kv: str | None = None, block: int | None = None,
+         max_len: int | None = None, **extra: Any) -> CheckInput:
+    if dtype is None:
+        dtype = resolve_dtype(geometry, compute_capability=cc, device=device, pinned=None)[0]
+    return CheckInput(
+        geometry=geometry, device=device, compute_capability=cc, gpu_count=gpus, tp=tp, pp=pp, dtype=dtype,
+        kv_cache_dtype=kv, block_size=block, max_model_len=max_len,
+        model_max_len=derived_max_model_len(geometry, rules=RULES[-1])[0], engine_version="0.32.0", **extra)
+
+
+def _case_input(case: dict[str, Any]) -> CheckInput:
+    cc = (case["cc"][0], case["cc"][1]) if case["cc"] else None
+    return _inp(_geometry(case["model"]), device=case["device"], cc=cc, gpus=case["gpus"],
+                tp=case["tp"], pp=case["pp"], dtype=case["dtype"], max_len=case["max_model_len"], gpu_name="TEST")
+
+
+def test_golden_file_is_a_real_grid() -> None:
+    cases = DOC["cases"]
+    assert DOC["header"]["vllm"].startswith("0.32.0")
+    assert len(cases) >= 200
+    assert {c["decision"] for c in cases} == {"accept", "refuse"}
+    assert GOLDEN.stat().st_size < 2_000_000
+
+
+@pytest.mark.parametrize("case", DOC["cases"], ids=[c["id"] for c in DOC["cases"]])
+def test_golden_case_decided_as_vllm_decides(case: dict[str, Any]) -> None:
+    rules = [r for r in start_checks(_case_input(case)) if r.rule in GROUP_RULES[case["group"]]]
+    if case["decision"] == "accept":
+        assert rules == [], f"vLLM accepts, we refuse: {rules[0].message}"
+        return
+    assert rules, f"vLLM refuses ({case['message']}), we accept"
+    assert any(r.message in case["message"] for r in rules), (rules[0].message, case["message"])
+
+
+# --------------------------------------------------------------------------- rules with real values
+
+QWEN = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064,
+        "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+
+
+def _rules(inp: CheckInput) -> dict[str, EngineRule]:
+    return {r.rule: r for r in start_checks(inp)}
+
+
+def test_qwen_tp3_refused_with_vllm_message_and_hint() -> None:
+    rule = _rules(_inp(geometry_from_config(QWEN), tp=3, gpus=3))["tp-divides-heads"]
+    assert rule.message == "Total number of attention heads (28) must be divisible by tensor parallel size (3)."
+    assert rule.source == "vllm/config/model.py:1549 (vLLM 0.32.0)"
+    assert rule.hint == "--tensor-parallel-size 1 or 2"
+    assert _rules(_inp(geometry_from_config(QWEN), tp=8, gpus=8))["tp-divides-heads"].hint == \
+        "--tensor-parallel-size 1, 2 or 4"
+
+
+def test_kv_heads_replication_needs_tp_multiple_of_kv_heads() -> None:
+    geo = geometry_from_config(QWEN)
+    assert _rules(_inp(geo, tp=7, gpus=7))["kv-heads-vs-tp"].message == "7 is not divisible by 4"
+    assert start_checks(_inp(geo, tp=4, gpus=4)) == ()
+    six_kv = geometry_from_config({**QWEN, "hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 6})
+    assert _rules(_inp(six_kv, tp=4, gpus=4))["kv-heads-vs-tp"].message == "6 is not divisible by 4"
+    assert start_checks(_inp(six_kv, tp=3, gpus=3)) == ()
+
+
+def test_world_size_above_gpus_refused_on_cuda_only() -> None:
+    geo = geometry_from_config(QWEN)
+    rule = _rules(_inp(geo, tp=2, pp=2, gpus=3))["world-size-vs-gpus"]
+    assert rule.message.startswith("World size (4) is larger than the number of available GPUs (3) in this node.")
+    assert "world-size-vs-gpus" not in _rules(_inp(geo, device="cpu", cc=None, tp=2, pp=2, gpus=0))
+
+
+def _quantized(qc: dict[str, Any], **over: Any) -> ModelGeometry:
+    return geometry_from_config({**QWEN, **over, "quantization_config": qc})
+
+
+def test_awq_on_v100_refused_min_capability_75() -> None:
+    awq = _quantized({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
+    rule = _rules(_inp(awq, cc=(7, 0)))["quant-min-capability"]
+    assert rule.message == ("The quantization method auto_awq is not supported for the current GPU. "
+                            "Minimum capability: 75. Current capability: 70.")
+    assert start_checks(_inp(awq, cc=(7, 5))) == ()  # T4 runs AWQ
+    assert start_checks(_inp(awq, device="cpu", cc=None)) == ()
+
+
+def test_mxfp4_gpt_oss_on_v100_refused_min_capability_80_and_needs_bf16() -> None:
+    gpt_oss = geometry_from_config(CONFIGS["gpt-oss-20b"])
+    rule = _rules(_inp(gpt_oss, cc=(7, 0), dtype="float16"))["quant-min-capability"]
+    assert "gpt_oss_mxfp4" in rule.message and "Minimum capability: 80. Current capability: 70." in rule.message
+    assert _rules(_inp(gpt_oss, cc=(8, 0), dtype="float16"))["quant-act-dtype"].message == (
+        "torch.float16 is not supported for quantization method gpt_oss_mxfp4. Supported dtypes: [torch.bfloat16]")
+    assert start_checks(_inp(gpt_oss, cc=(8, 0), dtype="bfloat16")) == ()
+
+
+def test_bitsandbytes_is_unknown_to_vllm_032() -> None:
+    bnb = _quantized({"quant_method": "bitsandbytes", "load_in_4bit": True})
+    assert _rules(_inp(bnb))["quant-unknown-method"].message.startswith(
+        "Unknown quantization method: bitsandbytes. Must be one of ['awq', 'auto_awq', 'fp8'")
+
+
+def test_compressed_tensors_fp8_falls_back_below_sm89_and_refuses_below_sm75() -> None:
+    ct = _quantized(CONFIGS["qwen2.5-7b-ct_w8a8_fp8"]["quantization_config"])
+    assert start_checks(_inp(ct, cc=(8, 0))) == ()  # W8A16 FP8 (Marlin)
+    assert _rules(_inp(ct, cc=(7, 0), dtype="float16"))["quant-scheme-capability"].message == (
+        "Quantization scheme is not supported for the current GPU. Min capability: 75. Current capability: 70.")
+
+
+def test_bf16_before_sm80_refused_and_gemma2_refuses_fp16() -> None:
+    geo = geometry_from_config(QWEN)
+    rule = _rules(_inp(geo, cc=(7, 0), dtype="bfloat16", gpu_name="Tesla V100-SXM2-16GB"))["dtype-bf16-capability"]
+    assert "Your Tesla V100-SXM2-16GB GPU has compute capability 7.0." in rule.message
+    assert rule.hint == "--dtype half"
+    gemma = geometry_from_config(CONFIGS["gemma2-2b"])
+    assert _rules(_inp(gemma, cc=(7, 5), dtype="float16"))["dtype-float16-model"].hint == "--dtype float32"
+
+
+def test_cpu_head_size_16_refused_64_accepted() -> None:
+    tiny = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1024, "torch_dtype": "bfloat16"}
+    head16 = geometry_from_config({**tiny, "hidden_size": 64})
+    rule = _rules(_inp(head16, device="cpu", cc=None))["cpu-attn-head-size"]
+    assert rule.message == "Unsupported CPU attention configuration: head_dim=16"
+    assert start_checks(_inp(geometry_from_config({**tiny, "hidden_size": 256}), device="cpu", cc=None)) == ()
+    head80 = geometry_from_config({**tiny, "hidden_size": 320})
+    assert start_checks(_inp(head80, device="cpu", cc=None)) == ()
+    assert _rules(_inp(head80, device="cpu", cc=None, kv="fp8"))[
+        "cpu-fp8-kv-head-size"].message == "FP8 KV cache requires head_size divisible by 32 on CPU."
+
+
+def test_fp8_kv_cache_by_gpu_and_backend() -> None:
+    geo = geometry_from_config(QWEN)  # head 128
+    v100 = _rules(_inp(geo, cc=(7, 0), dtype="float16", kv="fp8"))["fp8-kv-capability"]
+    assert v100.hint == "--kv-cache-dtype float16" and "(compute capability 7.0)" in v100.message
+    assert start_checks(_inp(geo, cc=(8, 0), kv="fp8")) == ()  # FlashInfer carries fp8 at head 128
+    head80 = geometry_from_config({**QWEN, "hidden_size": 2240})  # 28 x 80: FlashInfer has no 80 -> Triton
+    assert "fp8-kv-capability" in _rules(_inp(head80, cc=(8, 0), kv="fp8"))
+    assert start_checks(_inp(head80, cc=(8, 9), kv="fp8")) == ()  # Triton fp8 from sm89
+    assert "bf16-kv-capability" in _rules(_inp(geo, cc=(7, 5), dtype="float16", kv="bfloat16"))
+
+
+def test_block_size_not_multiple_of_16_has_no_backend() -> None:
+    rule = _rules(_inp(geometry_from_config(QWEN), block=8))["attention-backend"]
+    assert rule.message.startswith("No valid attention backend found for cuda")
+    assert "FLEX_ATTENTION: [block_size not supported]" in rule.message
+    assert start_checks(_inp(geometry_from_config(QWEN), block=32)) == ()
+
+
+def test_max_model_len_above_derived_refused_unless_allowed() -> None:
+    geo = geometry_from_config(QWEN)
+    rule = _rules(_inp(geo, max_len=65536))["max-model-len"]
+    assert rule.message.startswith("User-specified max_model_len (65536) is greater than the derived "
+                                   "max_model_len (max_position_embeddings=32768.0 or model_max_length=None")
+    assert rule.hint == "--max-model-len 32768"
+    assert start_checks(_inp(geo, max_len=65536, allow_long_max_model_len=True)) == ()
+    assert start_checks(_inp(geo, max_len=-1)) == ()
+
+
+def test_unknown_dtype_and_kv_dtype_refused() -> None:
+    geo = geometry_from_config(QWEN)
+    assert _rules(_inp(geo, pinned_dtype="banana"))["dtype-unknown"].message == "Unknown dtype: 'banana'"
+    assert "invalid choice: 'fp4'" in _rules(_inp(geo, kv="fp4"))["kv-cache-dtype-unknown"].message
+
+
+def test_sources_follow_the_engine_version() -> None:
+    inp = _inp(geometry_from_config(QWEN), tp=3, gpus=3)
+    newer = CheckInput(**{**inp.__dict__, "engine_version": "0.33.0"})
+    assert start_checks(newer)[0].source == "vllm/config/model.py:1562 (vLLM 0.33.0)"
+
+
+def test_start_checks_costs_under_a_millisecond() -> None:
+    inp = _inp(geometry_from_config(CONFIGS["gpt-oss-20b"]), cc=(7, 0), tp=3, gpus=2, dtype="bfloat16",
+               kv="fp8", block=8, max_len=10**6)
+    start_checks(inp)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        start_checks(inp)
+    assert (time.perf_counter() - t0) / 200 < 1e-3
