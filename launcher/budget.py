@@ -8,7 +8,8 @@ from typing import Any
 
 from launcher.errors import SafeServeError, UsageError, WontFit
 from launcher.gpu import GpuDevice
-from launcher.plan import Plan, PlanRequest
+from launcher.plan import COMPUTED, MEASURED, Plan, PlanRequest
+from launcher.resolve import ResolvedModel
 from launcher.units import format_gib
 
 
@@ -65,3 +66,9 @@ def unplanned(request: PlanRequest, refusal: SafeServeError, *, newest: str, rul
         notes=(f"--trust-engine: safe-serve's plan refused ({refusal.message}); the engine decides",),
         engine_version_assumed=request.engine_version_assumed,
     )
+
+
+def weights_source(model: ResolvedModel) -> str:
+    """`measured` for a checkpoint's own byte count (index total_size, tensor headers), `computed`
+    for a size derived from config shapes (profiles of checkpoints whose index we have not read)."""
+    return COMPUTED if model.weight_bytes_source.split(": ", 1)[-1].startswith("computed") else MEASURED

@@ -281,4 +281,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(int(ExitCode.INTERRUPTED))
+    except Exception as exc:  # a bug of ours: still one line, and the traceback on request
+        if os.environ.get("SAFE_SERVE_DEBUG"):
+            raise
+        click.echo(f"safe-serve: internal error: {type(exc).__name__}: {str(exc)[:300]} "
+                   "(SAFE_SERVE_DEBUG=1 shows the traceback; please report it)", err=True)
+        sys.exit(int(ExitCode.FAILURE))
     sys.exit(0)

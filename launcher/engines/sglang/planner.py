@@ -8,7 +8,7 @@ SGLang sizes its pool from the free memory it saw before loading (P) and after (
 
 from __future__ import annotations
 
-from launcher.budget import rank_devices, tenants_detail, tightest, unplanned
+from launcher.budget import weights_source, rank_devices, tenants_detail, tightest, unplanned
 from launcher.engines import sglang as sg
 from launcher.engines.checks_common import CheckInput
 from launcher.engines.dtypes import resolve_dtype
@@ -144,7 +144,7 @@ def plan(request: PlanRequest) -> Plan:
                    tenants_detail(gpu), bar="other"),
         BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA, "before SGLang's pre-load baseline", bar="other"),
         BudgetItem("pre_load", "free at baseline (P)", pre_load, FORMULA, "min over ranks of free - context"),
-        BudgetItem("weights", "weights (per rank)", weights, MEASURED, model.weight_bytes_source, bar="weights"),
+        BudgetItem("weights", "weights (per rank)", weights, weights_source(model), model.weight_bytes_source, bar="weights"),
         BudgetItem("load_overhead", "loader leftovers", load_overhead, CALIBRATED if cal else FORMULA,
                    "allocated between baseline and pool sizing besides weights", bar="other"),
         BudgetItem("slack", f"slack P x (1 - {fraction_value:g})", slack, f_source,

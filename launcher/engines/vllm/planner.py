@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.budget import rank_devices, tenants_detail, tightest, unplanned
+from launcher.budget import weights_source, rank_devices, tenants_detail, tightest, unplanned
 from launcher.engines import vllm as vl
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
@@ -331,7 +331,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
         BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA,
                    "before vLLM's init snapshot; only tightens the startup check", bar="other"),
         BudgetItem("requested", f"requested = ceil(total x {utilization:g})", requested, util_source, util_detail),
-        BudgetItem("weights", "weights (per rank)", weights, MEASURED,
+        BudgetItem("weights", "weights (per rank)", weights, weights_source(model),
                    model.weight_bytes_source + (f" / {tp * pp} ranks" if tp * pp > 1 else "")
                    + (f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else ""), bar="weights"),
         BudgetItem("non_torch", "non-torch after snapshot", non_torch, FORMULA,
@@ -452,7 +452,7 @@ def plan_cpu(request: PlanRequest) -> Plan:
     items = (
         BudgetItem("total", "host RAM available", host.available_bytes, MEASURED,
                    "psutil available" + (", cgroup limit applied" if host.cgroup_limit_bytes else "")),
-        BudgetItem("weights", "weights", weights, MEASURED, model.weight_bytes_source, bar="weights"),
+        BudgetItem("weights", "weights", weights, weights_source(model), model.weight_bytes_source, bar="weights"),
         BudgetItem("activation", "activation peak", activation, FORMULA, f"{batched} batched tokens ({defaults.reason})",
                    bar="activations"),
         BudgetItem("kv", "KV cache (VLLM_CPU_KVCACHE_SPACE)", kv, space_source,
