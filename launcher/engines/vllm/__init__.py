@@ -19,25 +19,80 @@ from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, KvLayou
 from launcher.model import MAX_LEN_KEYS, SLIDING, ModelGeometry
 
 NAME = "vllm"
-NEWEST = "0.32.0"
+NEWEST = "0.33.0"
+
+# The V2 model runner (vllm/v1/worker/gpu/model_runner.py) profiles without top-k/top-p and
+# holds a persistent penalty state; 0.22-0.28 use it by default for these architectures only
+# (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES), every model from 0.29.
+_V2_022 = frozenset({"Qwen3ForCausalLM"})
+_V2_023 = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"})
+_V2_024 = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
+                     "Qwen2MoeForCausalLM", "Qwen3ForCausalLM"})
+_V2_025 = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM"})
+_V2_026 = _V2_025 | {"InklingForCausalLM", "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM"}
+_V2_027 = _V2_026 | {"KimiK3ForConditionalGeneration"}
+_V2_028 = _V2_027 | {"DeepseekV4ForCausalLM"}
+ALL = frozenset({"*"})
 
 
 @dataclass(frozen=True)
 class VllmRules:
-    """What differs between vLLM releases that matters to memory."""
+    """What differs between vLLM releases that matters to memory (docs/engine-versions.md).
+
+    Each field was read from that release's wheel; the table below cites the line.
+    """
 
     version: str
-    default_utilization: float
-    cudagraph_estimate_subtracted: bool  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default on
-    yarn_scales_max_len: bool  # older releases multiplied the length by a YaRN factor
+    default_utilization: float  # vllm/config/cache.py gpu_memory_utilization Field default
+    cudagraph_estimate_subtracted: bool  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default (vllm/envs.py)
+    yarn_scales_max_len: bool  # _get_and_verify_max_len multiplies by a YaRN factor
+    v2_runner: frozenset[str] = frozenset()  # architectures profiled by the V2 runner; ALL: every model
+    v2_penalty_state_counted: bool = False  # from 0.27 the V2 penalty state is in total_consumed
+    sampler_warmup_pass: bool = False  # 0.33: a second dummy sampler pass with warmup params
+    tokens_from_concurrency: bool = True  # printed tokens int(concurrency x len); before 0.20.2 blocks // groups
+    b200_tier: bool = False  # get_batch_defaults: >= 160 GiB cards get 16384 tokens for `vllm serve`
+    fa4_head256_block128: bool = False  # FlashAttention 4 (SM100/110) picks block 128 for head_dim 256
+    sorting_sampler: bool = False  # before 0.19: top-k/top-p sorted the vocabulary (~9.5 fp32 copies per row)
 
 
 RULES: tuple[VllmRules, ...] = (
-    VllmRules("0.10.0", 0.90, False, True),
-    VllmRules("0.21.0", 0.90, True, False),  # CUDA-graph estimate subtracted by default since 0.21
-    VllmRules("0.26.0", 0.92, True, False),  # default utilization raised to 0.92
-    VllmRules("0.32.0", 0.92, True, False),
+    # Older than 0.19: the rules the project was first built on (V0-era logs).
+    VllmRules("0.10.0", 0.90, False, True, sorting_sampler=True),
+    # 0.19.1 vllm/config/cache.py:56 (0.9); vllm/envs.py:1655 estimate default "0".
+    VllmRules("0.19.0", 0.90, False, True, tokens_from_concurrency=False),
+    # 0.20.0 vllm/config/cache.py (0.92) and vllm/envs.py:1725 estimate default "1"; tokens as 0.19.
+    VllmRules("0.20.0", 0.92, True, True, tokens_from_concurrency=False),
+    # 0.20.2 vllm/v1/core/kv_cache_utils.py: printed tokens = int(max_concurrency x max_model_len).
+    VllmRules("0.20.2", 0.92, True, True),
+    VllmRules("0.21.0", 0.92, True, True),
+    # 0.22.1 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES.
+    VllmRules("0.22.0", 0.92, True, True, v2_runner=_V2_022),
+    VllmRules("0.23.0", 0.92, True, True, v2_runner=_V2_023),
+    VllmRules("0.24.0", 0.92, True, True, v2_runner=_V2_024),
+    VllmRules("0.25.0", 0.92, True, True, v2_runner=_V2_025),
+    VllmRules("0.26.0", 0.92, True, True, v2_runner=_V2_026),
+    # 0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak.
+    VllmRules("0.27.0", 0.92, True, True, v2_runner=_V2_027, v2_penalty_state_counted=True),
+    # 0.28.0 vllm/engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier.
+    VllmRules("0.28.0", 0.92, True, True, v2_runner=_V2_028, v2_penalty_state_counted=True, b200_tier=True),
+    # 0.29.0: the V2 runner for every model; FA4 block 128 at head_dim 256.
+    VllmRules("0.29.0", 0.92, True, True, v2_runner=ALL, v2_penalty_state_counted=True, b200_tier=True,
+              fa4_head256_block128=True),
+    # 0.30.0 vllm/config/model.py _get_and_verify_max_len: YaRN no longer scales the length.
+    VllmRules("0.30.0", 0.92, True, False, v2_runner=ALL, v2_penalty_state_counted=True, b200_tier=True,
+              fa4_head256_block128=True),
+    VllmRules("0.31.0", 0.92, True, False, v2_runner=ALL, v2_penalty_state_counted=True, b200_tier=True,
+              fa4_head256_block128=True),
+    VllmRules("0.32.0", 0.92, True, False, v2_runner=ALL, v2_penalty_state_counted=True, b200_tier=True,
+              fa4_head256_block128=True),
+    # 0.33.0 vllm/v1/worker/gpu/model_runner.py:993: a warmup-params sampler pass in the profile run.
+    VllmRules("0.33.0", 0.92, True, False, v2_runner=ALL, v2_penalty_state_counted=True, b200_tier=True,
+              fa4_head256_block128=True, sampler_warmup_pass=True),
 )
+
+
+def uses_v2_runner(rules: VllmRules, architecture: str | None) -> bool:
+    return rules.v2_runner == ALL or (architecture is not None and architecture in rules.v2_runner)
 
 
 def rules_for(version: str | None) -> tuple[VllmRules, str | None]:
@@ -109,15 +164,22 @@ def derived_max_model_len(geometry: ModelGeometry, *, rules: VllmRules) -> tuple
     length, key = min(found)
     if isinstance(text.get("model_max_length"), (int, float)) and text["model_max_length"]:
         length, key = text["model_max_length"], "model_max_length"
-    unscaled: tuple[str, ...] = ("su", "longrope", "llama3", "deepseek_yarn", "deepseek_llama_scaling")
-    if not rules.yarn_scales_max_len:
-        unscaled = (*unscaled, "yarn")
+    if rules.yarn_scales_max_len:
+        # 0.19-0.29 (vllm/config/model.py:2113 in 0.19.1): every rope type but su/longrope/llama3
+        # scales, and YaRN scales its original_max_position_embeddings.
+        unscaled: tuple[str, ...] = ("su", "longrope", "llama3")
+    else:
+        # 0.30+ (vllm/config/model.py:2469): YaRN variants already carry the scaled length.
+        unscaled = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
     factor = 1.0
     if "gemma3" not in geometry.model_type:
         for entry in rope_scaling_entries(text):
             rope_type = entry.get("rope_type") or entry.get("type")
             if rope_type not in unscaled and isinstance(entry.get("factor"), (int, float)):
                 factor = float(entry["factor"])
+                original = entry.get("original_max_position_embeddings")
+                if rope_type == "yarn" and isinstance(original, int) and original > 0:
+                    length, key = original, "original_max_position_embeddings"
     reason = f"config.json {key}={int(length)}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
     return int(length * factor), reason
 

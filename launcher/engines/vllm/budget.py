@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from launcher.model import ModelGeometry
 from launcher.units import GiB, MiB
@@ -31,6 +32,11 @@ NCCL_BYTES = 320 * MiB
 # Logs: 0.03-0.13 GiB on one GPU (T4, 4060, A100, 3090), 0.34-0.43 GiB per rank at TP 4.
 NON_TORCH_BYTES_TP1 = 160 * MiB
 NON_TORCH_BYTES_TP = 400 * MiB
+# vLLM 0.19+ on H100 ("non-torch forward increase memory"): 0.25-0.27 GiB at TP 1 (6 logs), 2.07-2.10
+# GiB per rank at TP 2 (3 logs): NCCL and custom all-reduce buffers now land after the snapshot.
+NON_TORCH_BYTES_TP1_V019 = 266 * MiB
+NON_TORCH_BYTES_TP_V019 = int(2.08 * GiB)
+NON_TORCH_TP_ERROR_BYTES = 1 * GiB  # TP > 1: one GPU model in the data; older logs showed 0.34-0.43 GiB
 # CUDA graphs (PIECEWISE+FULL capture, sizes up to 512): "Graph capturing finished ...
 # took 0.67 GiB" for a 32-layer 7B, 0.55 GiB for a 24-layer 0.5B. A fixed part plus per layer.
 CUDAGRAPH_BASE_BYTES = 256 * MiB
@@ -44,7 +50,6 @@ CUDA_TOTAL_ERROR_FRACTION = 0.009
 NON_TORCH_ERROR_BYTES = 256 * MiB  # logs: 0.03-0.43 GiB against 0.16/0.39 GiB estimates
 CONTEXT_ERROR_BYTES = 128 * MiB  # CUDA context + torch before the snapshot: 0.45-0.62 GiB seen
 CUDAGRAPH_ERROR_FRACTION = 0.5  # vLLM measures its graphs when profiling; ours is a fit on few logs
-ACTIVATION_ERROR_FRACTION = 0.25  # profile-run peak vs our shape formula (bench/startup_logs.py)
 
 
 @dataclass(frozen=True)
@@ -54,12 +59,14 @@ class BatchDefaults:
     reason: str
 
 
-def batch_defaults(*, nvml_total_bytes: int | None, gpu_name: str, device: str, world_size: int) -> BatchDefaults:
-    """`EngineArgs.get_batch_defaults` for `vllm serve` (arg_utils.py:2894)."""
+def batch_defaults(*, nvml_total_bytes: int | None, gpu_name: str, device: str, world_size: int,
+                   b200_tier: bool = True) -> BatchDefaults:
+    """`EngineArgs.get_batch_defaults` for `vllm serve` (vllm/engine/arg_utils.py; the tier reads the
+    NVML total). The >= 160 GiB tier exists from 0.28; before it such cards are in the H100 tier."""
     if device == "cpu":
         return BatchDefaults(2048 * world_size, 128 * world_size, "CPU default for vllm serve (2048 x ws / 128 x ws)")
     total = nvml_total_bytes or 0
-    if total >= 160 * GiB:
+    if total >= 160 * GiB and b200_tier:
         return BatchDefaults(16384, 1024, "GPU with >= 160 GiB (B200 tier)")
     if total >= 70 * GiB and "a100" not in gpu_name.lower():
         return BatchDefaults(8192, 1024, "GPU with >= 70 GiB, not an A100 (H100/H200 tier)")
@@ -86,30 +93,124 @@ def requested_bytes(cuda_total_bytes: int, utilization: float) -> int:
     return math.ceil(cuda_total_bytes * utilization)
 
 
-# The sampler's peak in "fp32 logits copies" (logits, probabilities, log-probs, sort buffers).
-# Fitted on five published profiles where the sampler dominates: Qwen2.5 1.5B/3B/7B at
-# 256 x 151,936 (1.40-1.42 GiB), Phi-4 at 320 x 100,352 (1.16 GiB), Qwen2.5-0.5B at
-# 288 x 151,936 (1.61 GiB): 9.4-9.9 copies.
-SAMPLER_LOGIT_COPIES = 9.5
+# --------------------------------------------------------------------------- the profile run's peak
+#
+# vLLM measures the torch peak of one dummy forward at max_num_batched_tokens (T) followed by
+# one dummy sampler run over R = min(T, max_num_seqs) rows (vllm/v1/worker/gpu_model_runner.py:5721
+# `profile_run` and :5556 `_dummy_sampler_run` in 0.19.1; gpu_worker.py:332 reads the peak after
+# both). The terms below are the tensors alive at that peak, from their shapes; one constant is
+# fitted. Data and residuals: docs/engine-versions.md ("The activation peak").
+
+# cuBLAS/compile workspaces and small buffers: the median residual of the shape sum over the nine
+# vLLM 0.19.0 H100 logs (tests/data/startup-logs/startup-logs-2.yaml, llm-d-planner sweep).
+PROFILE_CONSTANT_BYTES = int(0.052 * GiB)
+# Seven of those nine land within the print resolution (0.01 GiB) after the constant; the two
+# VLMs with their own vision towers sit 0.09-0.14 GiB above. The V2 runner's terms are from shapes
+# only (no 0.22+ log prints a peak): a wider band until one does.
+V1_PEAK_ERROR_BYTES = int(0.15 * GiB)
+V2_PEAK_ERROR_BYTES = int(0.5 * GiB)
+
+# Streaming multiprocessors: the Triton top-k/top-p kernel keeps a [min(SMs, R), V] fp32 buffer
+# (vllm/v1/sample/ops/topk_topp_triton.py:965). By GPU name; 132 (H100) when unknown.
+SM_COUNTS = {"h100": 132, "h200": 132, "h20": 78, "gh200": 132, "b200": 148, "b300": 148, "a100": 108,
+             "a800": 108, "l40s": 142, "l40": 142, "l4": 58, "a10": 72, "a6000": 84, "a5000": 64,
+             "4090": 128, "4080": 76, "4070": 46, "4060": 24, "3090": 82, "3080": 68, "5090": 170, "5080": 84,
+             "t4": 40, "v100": 80, "rtxpro6000": 188, "6000ada": 142}
+DEFAULT_SM_COUNT = 132
 
 
-def activation_peak_bytes(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: int, tp: int,
-                          act_dtype_bytes: int = 2) -> int:
-    """Transient peak of the profile run: the larger of the forward pass and the sampler.
+def sm_count(gpu_name: str) -> int:
+    name = gpu_name.lower().replace(" ", "").replace("-", "")
+    for key in sorted(SM_COUNTS, key=len, reverse=True):
+        if key in name:
+            return SM_COUNTS[key]
+    return DEFAULT_SM_COUNT
 
-    The two run one after the other, so their peaks do not add. Forward: for every token
-    the MLP holds gate+up (2 x intermediate) and its output, the attention block ~3 x hidden
-    (Llama-3.1-8B: 2.06 GiB at 20,000 tokens and 2.99 GiB at 29,000, logged 2.07 and 2.99).
-    Sampler: `SAMPLER_LOGIT_COPIES` fp32 rows of the vocabulary per sequence.
+
+@dataclass(frozen=True)
+class ProfilePeak:
+    """The torch peak of vLLM's profile run, term by term (bytes)."""
+
+    terms: tuple[tuple[str, int], ...]
+    total_bytes: int
+    error_bytes: int
+    runner: str  # "V1" or "V2" (the model runner that profiles)
+    persistent_bytes: int = 0  # V2 penalty state: allocated at init and counted with the weights from 0.27
+
+    def describe(self) -> str:
+        return " + ".join(f"{name} {bytes_ / GiB:.2f}" for name, bytes_ in self.terms if bytes_) + " GiB"
+
+
+def moe_workspace_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int) -> int:
+    """The fused-MoE workspace (vllm/model_executor/layers/fused_moe/fused_moe.py:1976), which persists:
+    workspace1 (T, topk, max(N/2, H)) + workspace2 (T, topk, max(N, H)), N = 2 x moe_intermediate / TP,
+    bf16. gpt-oss's MXFP4 experts run the Triton MoE path without it."""
+    moe = geometry.text_config.get("moe_intermediate_size") or geometry.intermediate_size
+    topk = geometry.experts_per_token
+    if not geometry.num_experts or not topk or not isinstance(moe, int) or moe <= 0:
+        return 0
+    method = (geometry.quantization.method if geometry.quantization else "") or ""
+    if "mxfp4" in method.lower():
+        return 0
+    n, h = 2 * moe // max(tp, 1), geometry.hidden_size
+    return 2 * batched_tokens * topk * (max(n // 2, h) + max(n, h))
+
+
+def profile_peak(geometry: ModelGeometry, *, rules: Any, batched_tokens: int, num_seqs: int, tp: int,
+                 gpu_name: str = "", act_dtype_bytes: int = 2, language_only: bool = False) -> ProfilePeak:
+    """What vLLM's profile run allocates at its peak, for the runner that version uses.
+
+    V1 (0.19-0.21, and 0.22-0.28 outside the V2 architecture list): the sampler dummy run holds
+    the model-dtype logits (2 B), their fp32 copy (4), softmax probabilities (4) and the exponential
+    noise (4) per row and vocabulary entry, plus the top-k/top-p buffer, while the forward's hidden
+    states (T x H) and the MoE workspace are alive. V2 (every model from 0.29): the default dummy
+    batch has no top-k/top-p, so the sampler holds only the logits and the forward peak (MLP
+    intermediates, attention skipped) dominates; 0.33 adds a warmup pass (fp32 copy + top-k/top-p
+    buffer). A penalty state int32 [max_num_seqs, V] is allocated at V2 runner init.
     """
+    from launcher.engines.vllm import uses_v2_runner
+
+    v, h, t, r = geometry.vocab_size, geometry.hidden_size, batched_tokens, min(batched_tokens, num_seqs)
+    sms = min(sm_count(gpu_name), r)
+    hidden = act_dtype_bytes * t * h
+    moe = moe_workspace_bytes(geometry, batched_tokens=t, tp=tp)
+    encoder = act_dtype_bytes * t * h if geometry.is_multimodal and not language_only else 0
+    if rules.sorting_sampler:
+        # Before 0.19 (fitted on the V0/early-V1 logs: Qwen2.5 1.5B-7B at 256 rows, Phi-4 at 320,
+        # 9.4-9.9 fp32 copies; one 0.1x gpt-oss-20b log at 1024 rows, 9.6): the larger of the forward
+        # and the sorting sampler.
+        legacy = max(cpu_activation_peak_bytes(geometry, batched_tokens=t, num_seqs=r, tp=tp), 0)
+        return ProfilePeak((("forward or sampler", legacy),), legacy, int(0.25 * legacy), "V0/V1 (before 0.19)")
+    if not uses_v2_runner(rules, geometry.architecture):
+        sampler = 14 * r * v + 4 * sms * v
+        terms: tuple[tuple[str, int], ...] = (("sampler", sampler), ("hidden states", hidden),
+                                               ("MoE workspace", moe), ("encoder cache", encoder),
+                                               ("constant", PROFILE_CONSTANT_BYTES))
+        return ProfilePeak(terms, sum(b for _, b in terms), V1_PEAK_ERROR_BYTES, "V1")
+    intermediate = geometry.intermediate_size or 4 * h
+    forward = act_dtype_bytes * t * (3 * intermediate // max(tp, 1) + 4 * h)
+    sampler = 2 * r * v + (4 * r * v + 4 * sms * v if rules.sampler_warmup_pass else 0)
+    transient = max(forward, hidden + sampler)
+    penalty = 4 * num_seqs * v + 4 * num_seqs * -(-v // 32)  # vllm/v1/worker/gpu/sample/penalties.py:40
+    terms = (("forward" if forward >= hidden + sampler else "sampler", transient), ("MoE workspace", moe),
+             ("encoder cache", encoder), ("constant", PROFILE_CONSTANT_BYTES))
+    return ProfilePeak(terms, sum(b for _, b in terms), V2_PEAK_ERROR_BYTES, "V2",
+                       persistent_bytes=penalty if rules.v2_penalty_state_counted else 0)
+
+
+# Host RAM on the CPU backend: only the RAM check and the default VLLM_CPU_KVCACHE_SPACE use this
+# (the CPU KV cache is the space itself). The larger of the forward (gate+up and output of the MLP,
+# ~3 x hidden for attention) and ~9.5 fp32 vocabulary rows per sequence for the sampler.
+CPU_SAMPLER_LOGIT_COPIES = 9.5
+
+
+def cpu_activation_peak_bytes(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: int, tp: int) -> int:
     intermediate = geometry.intermediate_size or 4 * geometry.hidden_size
     moe = geometry.text_config.get("moe_intermediate_size")
     if geometry.num_experts and geometry.experts_per_token and isinstance(moe, int) and moe > 0:
         intermediate = moe * geometry.experts_per_token
-    per_token = (3 * intermediate // max(tp, 1) + 3 * geometry.hidden_size) * act_dtype_bytes
-    forward = batched_tokens * per_token
-    sampler = int(num_seqs * geometry.vocab_size * 4 * SAMPLER_LOGIT_COPIES)
-    return max(forward, sampler)
+    forward = batched_tokens * (3 * intermediate // max(tp, 1) + 3 * geometry.hidden_size) * 2
+    return max(forward, int(num_seqs * geometry.vocab_size * 4 * CPU_SAMPLER_LOGIT_COPIES))
 
 
 def cudagraph_estimate_bytes(kv_layers_on_rank: int) -> int:
@@ -121,5 +222,9 @@ def context_bytes(tp: int, pp: int) -> int:
     return CUDA_CONTEXT_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
 
 
-def non_torch_bytes(tp: int, pp: int) -> int:
-    return NON_TORCH_BYTES_TP if tp * pp > 1 else NON_TORCH_BYTES_TP1
+def non_torch_bytes(tp: int, pp: int, *, since_019: bool = True) -> tuple[int, int]:
+    """Non-torch memory after the snapshot and its expected error, per rank."""
+    if tp * pp > 1:
+        return (NON_TORCH_BYTES_TP_V019, NON_TORCH_TP_ERROR_BYTES) if since_019 else (NON_TORCH_BYTES_TP,
+                                                                                      NON_TORCH_ERROR_BYTES)
+    return (NON_TORCH_BYTES_TP1_V019 if since_019 else NON_TORCH_BYTES_TP1), NON_TORCH_ERROR_BYTES

@@ -210,12 +210,12 @@ def plan_gpu(request: PlanRequest) -> Plan:
 
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
     weights = max(model.weight_bytes // (tp * pp) - offloaded, 0)
-    non_torch = vb.non_torch_bytes(tp, pp)
+    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=rules.version != "0.10.0")
     eager = pinned.get("--enforce-eager", False)
     cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
         setup.layout.group_size * len(setup.layout.groups))
     defaults = vb.batch_defaults(nvml_total_bytes=gpu.total_bytes, gpu_name=gpu.name, device="cuda",
-                                 world_size=tp * pp)
+                                 world_size=tp * pp, b200_tier=rules.b200_tier)
     warnings: list[str] = []
     running = int(pinned.get("--max-num-seqs", defaults.max_num_seqs))
     if request.concurrency > running:
@@ -265,13 +265,18 @@ def plan_gpu(request: PlanRequest) -> Plan:
                          f"above the ~{format_gib(free_at_init)} free at start by less than the CUDA context's "
                          "error: vLLM may refuse to start")
 
-    def budget_at(length: int) -> tuple[int, int, int]:
+    def peak_at(length: int) -> tuple[int, int, vb.ProfilePeak]:
         batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
                                          pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
                                          pinned_num_seqs=pinned.get("--max-num-seqs"),
                                          chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
-        activation = vb.activation_peak_bytes(geometry, batched_tokens=batched, num_seqs=min(seqs, batched), tp=tp)
-        return batched, seqs, activation
+        peak = vb.profile_peak(geometry, rules=rules, batched_tokens=batched, num_seqs=seqs, tp=tp,
+                               gpu_name=gpu.name, language_only=bool(pinned.get("--language-model-only")))
+        return batched, seqs, peak
+
+    def budget_at(length: int) -> tuple[int, int, int]:
+        batched, seqs, peak = peak_at(length)
+        return batched, seqs, peak.total_bytes + peak.persistent_bytes
 
     def kv_at(length: int) -> int:
         if "--kv-cache-memory-bytes" in pinned:
@@ -287,9 +292,8 @@ def plan_gpu(request: PlanRequest) -> Plan:
         """+/- on the KV figure: the sum of the estimated terms' errors (0 when none is estimated)."""
         if "--kv-cache-memory-bytes" in pinned or (cal is not None and cal.non_kv_bytes is not None):
             return 0
-        return (math.ceil(total_error * utilization) + vb.NON_TORCH_ERROR_BYTES
-                + int(budget_at(length)[2] * vb.ACTIVATION_ERROR_FRACTION)
-                + int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
+        return int(math.ceil(total_error * utilization) + non_torch_error + peak_at(length)[2].error_bytes
+                   + int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
 
     def capacity_for(length: int, kv_bytes: int) -> KvCapacity:
         batched = budget_at(length)[0]
@@ -308,6 +312,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
                          f"vLLM requests at --gpu-memory-utilization {utilization:g}")
     length, length_reason, capacity, doubt = _vllm_length(request, setup, capacity_at, favourable_at, weights_cause)
     batched, seqs, activation = budget_at(length)
+    peak = peak_at(length)[2]
     kv = kv_at(length)
     kv_error = kv_error_at(length)
 
@@ -335,15 +340,18 @@ def plan_gpu(request: PlanRequest) -> Plan:
                    model.weight_bytes_source + (f" / {tp * pp} ranks" if tp * pp > 1 else "")
                    + (f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else ""), bar="weights"),
         BudgetItem("non_torch", "non-torch after snapshot", non_torch, FORMULA,
-                   "cuBLAS/allocator growth; 0.03-0.43 GiB in published logs", bar="other",
-                   error_bytes=vb.NON_TORCH_ERROR_BYTES),
-        BudgetItem("activation", "activation peak (profile run)", activation, FORMULA,
-                   f"max of {batched} batched tokens x MLP/attention and the sampler's "
-                   f"{min(seqs, batched)} x vocab fp32 rows ({defaults.reason})", bar="activations",
-                   error_bytes=int(activation * vb.ACTIVATION_ERROR_FRACTION)),
+                   "cuBLAS, allocator" + (", NCCL and all-reduce buffers" if tp * pp > 1 else "")
+                   + f"; vLLM 0.19 logs {'2.07-2.10' if tp * pp > 1 else '0.25-0.27'} GiB", bar="other",
+                   error_bytes=non_torch_error),
+        BudgetItem("activation", f"activation peak (profile run, {peak.runner} runner)", activation, FORMULA,
+                   f"{peak.describe()} at {batched} batched tokens, {min(seqs, batched)} sampler rows "
+                   f"({defaults.reason})"
+                   + (f"; + penalty state {format_gib(peak.persistent_bytes)}" if peak.persistent_bytes else ""),
+                   bar="activations", error_bytes=peak.error_bytes),
         BudgetItem("cudagraph", "CUDA graph estimate", cudagraph, FORMULA if cudagraph else ENGINE_DEFAULT,
                    "--enforce-eager: no graphs" if eager else
-                   ("not subtracted before vLLM 0.21" if not cudagraph else
+                   (f"not subtracted by vLLM {rules.version} (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off)"
+                    if not cudagraph else
                     f"{vb.CUDAGRAPH_BASE_BYTES // MiB} MiB + {vb.CUDAGRAPH_PER_LAYER_BYTES / MiB:.1f} MiB x layers"),
                    bar="graphs", error_bytes=int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION)),
         BudgetItem("kv", "KV cache", kv, PINNED if "--kv-cache-memory-bytes" in pinned else
@@ -401,8 +409,8 @@ def plan_cpu(request: PlanRequest) -> Plan:
         batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
                                          pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
                                          pinned_num_seqs=pinned.get("--max-num-seqs"))
-        return batched, vb.activation_peak_bytes(geometry, batched_tokens=batched, num_seqs=min(seqs, batched),
-                                                 tp=setup.tp, act_dtype_bytes=2)
+        return batched, vb.cpu_activation_peak_bytes(geometry, batched_tokens=batched,
+                                                     num_seqs=min(seqs, batched), tp=setup.tp)
 
     room = host.available_bytes - weights - request.margin_bytes
     if request.max_gpu_memory_bytes is not None:
