@@ -29,7 +29,11 @@ def make_plan(request: PlanRequest) -> Plan:
     except WontFit as failure:
         raise WontFit(failure.message, hint=failure.hint, alternatives=alternatives_for(request), rule=failure.rule,
                       source=failure.source, figures=failure.figures) from None
-    return dataclasses.replace(plan, notes=(*request.notes, *plan.notes)) if request.notes else plan
+    _, rules_note = adapter(request.engine).rules_version(request.engine_version)
+    warnings = (rules_note,) if rules_note and "newer than" in rules_note else ()
+    if request.notes or warnings:
+        plan = dataclasses.replace(plan, notes=(*request.notes, *plan.notes), warnings=(*warnings, *plan.warnings))
+    return plan
 
 
 def _plan_once(request: PlanRequest) -> Plan:
