@@ -18,7 +18,10 @@ from launcher.gpu import CUDA_RESERVE_FRACTION, GpuDevice
 from launcher.paths import load_yaml, profiles_dir
 from launcher.units import MiB, parse_size
 
-_COUNT = re.compile(r"^\s*(\d+)\s*[x×*]\s*(.+)$", re.IGNORECASE)
+_COUNT = re.compile(r"^\s*([0-9]+)\s*[x×*]\s*(.+)$", re.IGNORECASE)
+# More devices than any one engine launch spans: `100000000xrtx4090` would otherwise build a
+# hundred million device records (minutes, 1.6 GB) before anything could refuse it.
+MAX_GPUS = 1024
 _NOISE = re.compile(r"nvidia|geforce|tesla|quadro|[\s_\-]+", re.IGNORECASE)
 
 
@@ -42,7 +45,9 @@ def load_catalog() -> tuple[CatalogGpu, ...]:
     path = profiles_dir() / "gpus.yaml"
     raw = load_yaml(path.read_text()) if path.is_file() else []
     entries = raw.get("gpus", raw) if isinstance(raw, Mapping) else raw
-    return tuple(_entry(e) for e in entries or [] if isinstance(e, Mapping))
+    if not isinstance(entries, list):
+        return ()
+    return tuple(_entry(e) for e in entries if isinstance(e, Mapping))
 
 
 def _entry(entry: Mapping[str, Any]) -> CatalogGpu:
@@ -73,12 +78,20 @@ def hypothetical_gpus(specs: Sequence[str], catalog: Sequence[CatalogGpu] | None
         count, what = 1, spec.strip()
         match = _COUNT.match(what)
         if match:
-            count, what = int(match.group(1)), match.group(2)
+            digits, what = match.group(1).lstrip("0") or "0", match.group(2)
+            count = int(digits) if len(digits) <= 5 else MAX_GPUS + 1  # int() of 5000 digits raises
             if count < 1:
-                raise UsageError(f"--gpu {spec!r}: the count must be at least 1")
+                raise UsageError(f"--gpu {_shown(spec)}: the count must be at least 1")
+        if len(devices) + count > MAX_GPUS:
+            raise UsageError(f"--gpu {_shown(spec)}: at most {MAX_GPUS} GPUs in all can be planned for")
         start = len(devices)
         devices.extend(_device(what, spec, start + i, catalog) for i in range(count))
     return tuple(devices)
+
+
+def _shown(spec: str) -> str:
+    """The spec as typed, cut short so a 10,000-character argument stays one readable line."""
+    return repr(spec if len(spec) <= 40 else f"{spec[:40]}...")
 
 
 def _device(what: str, spec: str, index: int, catalog: Sequence[CatalogGpu] | None) -> GpuDevice:
@@ -93,8 +106,8 @@ def _device(what: str, spec: str, index: int, catalog: Sequence[CatalogGpu] | No
     if re.match(r"^\s*\d", what):
         size = parse_size(what)
         if size < MiB:
-            raise UsageError(f"--gpu {spec!r}: a GPU needs some memory")
+            raise UsageError(f"--gpu {_shown(spec)}: a GPU needs some memory")
         return GpuDevice(index=index, name=f"{size / MiB:.0f} MiB GPU", total_bytes=size, free_bytes=size,
                          used_bytes=0, cuda_total_bytes=size, source="catalog")
     known = ", ".join(sorted(a for g in (catalog or load_catalog()) for a in g.aliases[:1]))
-    raise UsageError(f"--gpu {spec!r}: not a GPU in the catalog nor a size like 24GiB", hint=f"known: {known}")
+    raise UsageError(f"--gpu {_shown(spec)}: not a GPU in the catalog nor a size like 24GiB", hint=f"known: {known}")

@@ -45,6 +45,19 @@ DTYPE_BYTES = {
     "bfloat16": 2, "bf16": 2,
     "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1,
 }
+# torch dtype names a config.json may carry (transformers writes str(torch.dtype) without
+# "torch."); anything else ("banana") is a broken config, not a dtype to plan with.
+KNOWN_DTYPES = frozenset(DTYPE_BYTES) | {"float64", "double", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8"}
+
+# Counts and sizes in config.json stay far below this (the largest vocabularies are ~10**6);
+# a bound keeps a fuzzed 10**400 out of the planner's arithmetic.
+_MAX_CONFIG_INT = 1 << 32
+# Lengths may be larger: tokenizers write int(1e30) for "no limit", and vLLM reads it as such.
+_MAX_CONFIG_LENGTH = 10**31
+_MAX_ROPE_FACTOR = 1 << 16
+# Layers are listed one by one (layer_kinds): 2**31 of them would take 16 GiB before any
+# check, and the planners walk them per plan. The deepest published decoders have a few hundred.
+_MAX_LAYERS = 1 << 12
 
 
 @dataclass(frozen=True)
@@ -157,12 +170,24 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     architecture = architectures[0] if architectures else model_type or "unknown"
 
     num_layers = _req_int(text, "num_hidden_layers", aliases=("n_layer", "num_layers", "n_layers"))
+    if num_layers > _MAX_LAYERS:
+        raise ModelConfigError(
+            f"config.json: 'num_hidden_layers' of {num_layers} is beyond any model (at most {_MAX_LAYERS})")
     hidden = _req_int(text, "hidden_size", aliases=("n_embd", "d_model"))
-    heads = _req_int(text, "num_attention_heads", aliases=("n_head", "num_heads"))
+    heads = _req_int(text, "num_attention_heads", aliases=("n_head", "num_heads", "n_heads"))  # n_heads: DBRX
     kv_heads = _first_int(text, ("n_head_kv", "num_kv_heads", "num_key_value_heads",
                                  "multi_query_group_num", "num_attention_groups"))
+    attn_config = text.get("attn_config")
+    if kv_heads is None and isinstance(attn_config, Mapping):
+        kv_heads = _opt_int(attn_config, "kv_n_heads")  # DBRX (vLLM DbrxModelArchConfigConvertor)
+    if model_type in ("falcon", "RefinedWeb", "RefinedWebModel") and not text.get("new_decoder_architecture"):
+        # Falcon's old decoder ignores num_kv_heads: multi_query means one KV head, else MHA
+        # (vLLM models/falcon.py:116-121, FalconModelArchConfigConvertor).
+        kv_heads = 1 if text.get("multi_query", True) else heads
     if kv_heads is None:
         kv_heads = 1 if text.get("multi_query") is True else heads
+    elif kv_heads <= 0:
+        raise ModelConfigError(f"config.json: 'num_key_value_heads' must be positive, not {kv_heads}")
     head_dim = _opt_int(text, "head_dim")
     if not head_dim:
         head_dim = _opt_int(text, "hidden_size_per_head") or 0
@@ -182,6 +207,7 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         v_head_dim = mla.v_head_dim
 
     layer_kinds, window = _layer_kinds(text, model_type, num_layers, mla is not None)
+    _check_engine_numbers(text)
 
     vision = config.get("vision_config")
     is_multimodal = isinstance(vision, Mapping) or "text_config" in config
@@ -252,6 +278,8 @@ def _layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
                 f"config.json: 'layer_types' must list one type per layer ({num_layers} layers)")
         kinds = []
         for entry in layer_types:
+            if not isinstance(entry, str):
+                raise ModelConfigError(f"config.json: 'layer_types' entries must be names, not {_short(entry)}")
             if entry in _LINEAR_LAYER_TYPES:
                 kinds.append(LINEAR)
             elif entry in ("sliding_attention", "chunked_attention") and window:
@@ -274,6 +302,11 @@ def _layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
     elif model_type in ("cohere2",) and window:
         pattern = _opt_int(text, "sliding_window_pattern") or 4
         kinds = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
+    elif model_type in ("olmo3", "exaone4") and window:
+        # Olmo3Config / Exaone4Config without layer_types: 3 sliding : 1 full (an int pattern for EXAONE).
+        raw = text.get("sliding_window_pattern") if model_type == "exaone4" else None
+        pattern = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 4
+        kinds = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
     elif window:
         kinds = [SLIDING] * num_layers  # Mistral-style: one window on every layer
     else:
@@ -284,12 +317,18 @@ def _layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
 
 
 def _config_dtype(config: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
+    found = None
     for source in (config, text):
         for key in ("dtype", "torch_dtype"):
             value = source.get(key)
-            if isinstance(value, str) and value:
-                return value.removeprefix("torch.")
-    return None
+            if value is None:
+                continue
+            name = value.removeprefix("torch.") if isinstance(value, str) else None
+            if name not in KNOWN_DTYPES:
+                raise ModelConfigError(f"config.json: '{key}' must be a torch dtype name such as bfloat16, "
+                                       f"not {_short(value)}")
+            found = found or name
+    return found
 
 
 def _quantization(config: Mapping[str, Any], text: Mapping[str, Any]) -> Quantization | None:
@@ -303,8 +342,52 @@ def _quantization(config: Mapping[str, Any], text: Mapping[str, Any]) -> Quantiz
     kv_scheme = None
     if str(qc.get("kv_cache_quant_algo", "")).upper() == "FP8" or qc.get("kv_cache_scheme"):
         kv_scheme = "fp8"
-    return Quantization(method=method, bits=int(bits) if isinstance(bits, (int, float)) else None,
-                        kv_cache_scheme=kv_scheme)
+    if bits is not None and not (_is_number(bits) and bits == int(bits) and 1 <= bits <= 64):
+        raise ModelConfigError(f"config.json: 'quantization_config' bits must be a whole number from 1 to 64, "
+                               f"not {_short(bits)}")
+    return Quantization(method=method, bits=int(bits) if bits is not None else None, kv_cache_scheme=kv_scheme)
+
+
+def _check_engine_numbers(text: Mapping[str, Any]) -> None:
+    """Lengths and rope factors the engine modules read from text_config: finite, non-negative, bounded.
+
+    They read them with `isinstance(v, (int, float))`, so NaN, inf, true or 1e400 would reach
+    `int(length * factor)` there; a list would be skipped silently where transformers fails.
+    """
+    for key in MAX_LEN_KEYS:
+        _check_number(text, key, _MAX_CONFIG_LENGTH, where=key)
+    for key in ("rope_scaling", "rope_parameters"):
+        value = text.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise ModelConfigError(f"config.json: '{key}' must be an object, not {_short(value)}")
+        entries = [value, *(v for v in value.values() if isinstance(v, Mapping))]
+        for entry in entries:
+            _check_number(entry, "factor", _MAX_ROPE_FACTOR, where=f"{key}.factor")
+            _check_number(entry, "original_max_position_embeddings", _MAX_CONFIG_LENGTH,
+                          where=f"{key}.original_max_position_embeddings")
+
+
+def _check_number(cfg: Mapping[str, Any], key: str, limit: float, *, where: str) -> None:
+    value = cfg.get(key)
+    if value is not None and not (_is_number(value) and 0 <= value <= limit):
+        raise ModelConfigError(f"config.json: '{where}' must be a number from 0 to {limit:.3g}, not {_short(value)}")
+
+
+def _is_number(value: Any) -> bool:
+    """A JSON number Python can do arithmetic with: not a bool, not NaN or inf, not beyond float range."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= _MAX_CONFIG_LENGTH  # 10**400 would overflow float() and math.isfinite
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def _short(value: Any) -> str:
+    """A bad value for the error line, cut short: a fuzzed config may hold megabytes in one field."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}..."
 
 
 # --------------------------------------------------------------------------- field access
@@ -314,9 +397,10 @@ def _opt_int(cfg: Mapping[str, Any], key: str) -> int | None:
     value = cfg.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value != int(value) or value < 0:
-        raise ModelConfigError(f"config.json: '{key}' must be a non-negative whole number, not {value!r}")
+    # bool is an int in Python but not in JSON; 2.0 is accepted, as transformers' configs do.
+    if not _is_number(value) or value != int(value) or not 0 <= value <= _MAX_CONFIG_INT:
+        raise ModelConfigError(
+            f"config.json: '{key}' must be a whole number from 0 to {_MAX_CONFIG_INT}, not {_short(value)}")
     return int(value)
 
 

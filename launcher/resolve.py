@@ -3,26 +3,49 @@
 All three give the same `ResolvedModel`. Weight bytes always come from the checkpoint's
 own metadata (the safetensors index's `total_size`, or the safetensors headers), never
 from a parameter-count guess and never by downloading weights.
+
+Everything read here is untrusted: files are opened only if they are regular files (a FIFO
+would block the plan forever), JSON is size- and depth-bounded, and every value is checked
+before arithmetic. Each failure is one line: 66 for what cannot be found or opened, 65 for
+what is there but malformed, 75 for a Hub that does not answer (temporary).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import stat
 import struct
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
-from launcher.errors import ModelConfigError, ModelNotFound
+from launcher.errors import ModelConfigError, ModelNotFound, TemporarilyUnavailable
 from launcher.model import ModelGeometry, geometry_from_config
 from launcher.paths import load_yaml, profiles_dir
 
 INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors caps its JSON header at 100 MB
+_JSON_LIMIT = 64 * 1024 * 1024  # config.json and indexes are kilobytes; a larger one is not a config
+_MAX_TOTAL_SIZE = 1 << 50  # 1 PiB: beyond any checkpoint, so a typo in total_size is not planned
+_MAX_ARG = 4096  # PATH_MAX: a longer model argument names nothing
+
+# huggingface_hub's own rule (utils/_validators.py REPO_ID_REGEX, ASCII only, 96 characters).
+_REPO_ID = re.compile(r"^(?:[A-Za-z0-9_.\-]{1,96}/)?[A-Za-z0-9_.\-]{1,96}$")
+_ALIAS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+# Hub calls: a short, bounded retry, so an outage costs seconds and exits 75 (temporary),
+# instead of huggingface_hub's own 60 s etag retry with backoff when nothing is cached.
+HUB_TIMEOUT_S = 4.0
+HUB_TRIES = 2
+_HUB_RETRY_WAIT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -42,19 +65,52 @@ class ResolvedModel:
 def resolve_model(text: str, *, env: Mapping[str, str] | None = None) -> ResolvedModel:
     """Resolve a model by local directory, then alias, then Hugging Face repo id."""
     env = os.environ if env is None else env
-    path = Path(text).expanduser()
-    if path.is_dir():
-        return _from_local_dir(path, text)
+    if not text or len(text) > _MAX_ARG or "\0" in text:
+        raise ModelNotFound(f"model {_shown(text)}: not a usable name or path ({len(text)} characters)")
+    if _is_dir(_expand(text)):
+        return _from_local_dir(_expand(text), text)
     profile = load_profile(text)
     if profile is not None:
         return model_from_profile(profile)
-    if "/" in text and not text.startswith((".", "/", "~")):
+    if "/" in text and not text.startswith((".", "/", "~")) and is_repo_id(text):
         return _from_hub(text, env)
     known = ", ".join(sorted(list_aliases()))
     raise ModelNotFound(
-        f"model {text!r} is not a directory, a known alias or a Hugging Face repo id",
-        hint=f"aliases: {known}",
+        f"model {_shown(text)} is not a directory, a known alias or a Hugging Face repo id",
+        hint=f"repo ids are namespace/name in ASCII letters, digits, - _ . ; aliases: {known}",
     )
+
+
+def is_repo_id(text: str) -> bool:
+    """What huggingface_hub's validate_repo_id accepts, checked here so it never raises at us."""
+    return bool(_REPO_ID.match(text)) and "--" not in text and ".." not in text and not text.endswith(".git") \
+        and not any(part[:1] in "-." or part[-1:] in "-." for part in text.split("/"))
+
+
+def _expand(text: str) -> Path:
+    """`~/models/x` -> the home directory's; `~nosuchuser/x` is one line, not a RuntimeError."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        raise ModelNotFound(f"model {_shown(text)}: no such user's home directory") from None
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(path.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:  # ENAMETOOLONG, ELOOP, EACCES: the operator named a path we cannot use
+        if exc.errno == errno.ENAMETOOLONG:
+            raise ModelNotFound(f"model {_shown(str(path))}: the name is too long for the file system") from None
+        raise ModelNotFound(f"model {_shown(str(path))}: cannot open it ({exc.strerror or exc})") from None
+    except ValueError:  # an embedded NUL byte
+        return False
+
+
+def _shown(text: str) -> str:
+    """A name for an error line, cut short: one line even for a 10,000-character argument."""
+    return repr(text if len(text) <= 80 else f"{text[:80]}...")
 
 
 # --------------------------------------------------------------------------- aliases
@@ -66,6 +122,8 @@ def list_aliases() -> list[str]:
 
 def load_profile(alias: str) -> Mapping[str, Any] | None:
     """The profile for an alias (case-insensitive), or for a repo id a profile names."""
+    if not _ALIAS.match(alias):
+        return None  # never a path: `../x` or a 300-character name must not reach the file system
     wanted = alias.lower()
     models = profiles_dir() / "models"
     candidate = models / f"{wanted}.yaml"
@@ -116,21 +174,25 @@ def model_from_profile(profile: Mapping[str, Any], *, via: str = "alias") -> Res
 
 
 def _from_local_dir(path: Path, text: str) -> ResolvedModel:
-    config = read_config_file(path / "config.json")
+    config_path = path / "config.json"
+    config = read_config_file(config_path)
     weight_bytes, source = weight_bytes_in_dir(path)
     return ResolvedModel(
-        name=text, source="local", geometry=geometry_from_config(config), weight_bytes=weight_bytes,
+        name=text, source="local", geometry=_geometry(config, config_path), weight_bytes=weight_bytes,
         weight_bytes_source=source, config=config, path=str(path),
     )
 
 
-def read_config_file(path: Path) -> Mapping[str, Any]:
-    if not path.is_file():
-        raise ModelNotFound(f"{path} not found: a model directory needs its config.json")
+def _geometry(config: Mapping[str, Any], where: Path) -> ModelGeometry:
+    """geometry_from_config, its error naming the real file instead of a bare config.json."""
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelConfigError(f"{path}: not valid JSON ({exc})") from None
+        return geometry_from_config(config)
+    except ModelConfigError as exc:
+        raise ModelConfigError(f"{where}: {exc.message.removeprefix('config.json: ')}", hint=exc.hint) from None
+
+
+def read_config_file(path: Path) -> Mapping[str, Any]:
+    data = _read_json(path, missing=f"{path.parent}: no config.json there (a model directory needs one)")
     if not isinstance(data, Mapping):
         raise ModelConfigError(f"{path}: expected a JSON object")
     return data
@@ -139,42 +201,117 @@ def read_config_file(path: Path) -> Mapping[str, Any]:
 def weight_bytes_in_dir(path: Path) -> tuple[int, str]:
     """Checkpoint tensor bytes: the index's total_size, else the safetensors headers."""
     index = path / INDEX_FILE
-    if index.is_file():
-        total = total_size_from_index(_read_json(index), str(index))
+    if os.path.lexists(index):
+        total = total_size_from_index(_read_json(index, missing=f"{index}: not found"), str(index))
         return total, f"{INDEX_FILE} total_size"
-    shards = sorted(path.glob("*.safetensors"))
+    try:
+        shards = sorted(path.glob("*.safetensors"))
+    except OSError as exc:
+        raise ModelNotFound(f"{path}: cannot list it ({exc.strerror or exc})") from None
     if shards:
         return sum(safetensors_tensor_bytes(s) for s in shards), f"headers of {len(shards)} safetensors file(s)"
     raise ModelConfigError(f"{path}: no *.safetensors files or {INDEX_FILE} to read the weight size from")
 
 
-def _read_json(path: Path) -> Any:
+def _open_regular(path: Path, missing: str) -> IO[bytes]:
+    """Open a file we must read, only if it is a regular file.
+
+    O_NONBLOCK makes opening a FIFO return at once (a plain open waits for a writer forever);
+    fstat on the open descriptor then refuses it, with no window for a swap after a stat.
+    """
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelConfigError(f"{path}: not valid JSON ({exc})") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            target = os.readlink(path)
+            raise ModelNotFound(f"{path}: a dangling symlink (its target {target!r} does not exist)") from None
+        raise ModelNotFound(missing) from None
+    except OSError as exc:  # ELOOP (a symlink loop), EACCES, ENAMETOOLONG, ENOTDIR
+        raise ModelNotFound(f"{path}: cannot open it ({exc.strerror or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ModelConfigError(f"{path}: is {_file_kind(mode)}, not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "not a plain file"
+
+
+def _read_json(path: Path, missing: str | None = None) -> Any:
+    """Parse a small JSON file: regular, at most 64 MiB, not nested beyond Python's recursion limit."""
+    with _open_regular(path, missing or f"{path}: not found") as handle:
+        raw = handle.read(_JSON_LIMIT + 1)
+    if len(raw) > _JSON_LIMIT:
+        raise ModelConfigError(f"{path}: larger than {_JSON_LIMIT >> 20} MiB, not a config file")
+    return _parse_json(raw, str(path))
+
+
+def _parse_json(raw: bytes, where: str) -> Any:
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ModelConfigError(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
+        raise ModelConfigError(f"{where}: not valid JSON ({_one_line(exc)})") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 160 else f"{text[:160]}..."
 
 
 def total_size_from_index(index: Any, where: str) -> int:
-    total = index.get("metadata", {}).get("total_size") if isinstance(index, Mapping) else None
-    if not isinstance(total, (int, float)) or total <= 0:
+    if not isinstance(index, Mapping):
+        raise ModelConfigError(f"{where}: expected a JSON object")
+    metadata = index.get("metadata")
+    if not isinstance(metadata, Mapping):
+        raise ModelConfigError(f"{where}: 'metadata' must be an object holding total_size, not {_value(metadata)}")
+    total = metadata.get("total_size")
+    if total is None:
         raise ModelConfigError(f"{where}: no metadata.total_size")
+    if not _whole(total) or not 0 < total <= _MAX_TOTAL_SIZE:
+        raise ModelConfigError(
+            f"{where}: metadata.total_size must be a byte count from 1 to 2**50, not {_value(total)}")
     return int(total)
+
+
+def _whole(value: Any) -> bool:
+    """A JSON integer (or an integral float, as some writers emit): not bool, NaN, inf or 10**400."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and value.is_integer()
+
+
+def _value(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}..."
 
 
 def safetensors_tensor_bytes(path: Path) -> int:
     """Sum of tensor byte ranges from a safetensors header, without reading tensors."""
-    with path.open("rb") as handle:
+    with _open_regular(path, f"{path}: not found") as handle:
         raw_len = handle.read(8)
         if len(raw_len) != 8:
             raise ModelConfigError(f"{path}: too short to be a safetensors file")
         (header_len,) = struct.unpack("<Q", raw_len)
         if header_len > _HEADER_LIMIT:
             raise ModelConfigError(f"{path}: safetensors header of {header_len} bytes is not plausible")
-        try:
-            header = json.loads(handle.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ModelConfigError(f"{path}: unreadable safetensors header") from None
+        raw = handle.read(header_len)
+    if len(raw) != header_len:
+        raise ModelConfigError(f"{path}: safetensors header cut short ({len(raw)} of {header_len} bytes)")
+    try:
+        header = _parse_json(raw, str(path))
+    except ModelConfigError:
+        raise ModelConfigError(f"{path}: unreadable safetensors header") from None
     return tensor_bytes_from_header(header, str(path))
 
 
@@ -187,8 +324,8 @@ def tensor_bytes_from_header(header: Any, where: str) -> int:
             continue
         offsets = entry.get("data_offsets") if isinstance(entry, Mapping) else None
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-                and 0 <= offsets[0] <= offsets[1]):
-            raise ModelConfigError(f"{where}: tensor {name!r} has no valid data_offsets")
+                and 0 <= offsets[0] <= offsets[1] <= _MAX_TOTAL_SIZE):
+            raise ModelConfigError(f"{where}: tensor {_value(name)} has no valid data_offsets")
         total += offsets[1] - offsets[0]
     return total
 
@@ -196,59 +333,170 @@ def tensor_bytes_from_header(header: Any, where: str) -> int:
 # --------------------------------------------------------------------------- Hugging Face Hub
 
 
+class _NotCached(Exception):
+    """Offline, and the file is not in the Hugging Face cache."""
+
+
 def _from_hub(repo_id: str, env: Mapping[str, str]) -> ResolvedModel:
     """Read config.json and the weight size through huggingface_hub (cache, offline, token).
 
-    huggingface_hub itself honours HF_HOME, HF_HUB_OFFLINE and HF_TOKEN; we never log the token.
-    When the hub cannot be reached and a profile names this repo, plan from the profile.
+    huggingface_hub itself honours HF_HOME, HF_HUB_CACHE and HF_TOKEN; we never log the token.
+    Cached files are read without a network call when offline (HF_HUB_OFFLINE=1). When the hub
+    cannot be reached and a profile names this repo, plan from the profile.
     """
-    from huggingface_hub import hf_hub_download  # imported late: it is slow to import
-    from huggingface_hub.errors import (
-        EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-    )
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     token = env.get("HF_TOKEN") or None
+    offline = _offline(env)
     try:
-        config = read_config_file(Path(hf_hub_download(repo_id, "config.json", token=token)))
-    except (GatedRepoError,) as exc:
+        config_path = _hub_small_file(repo_id, "config.json", token, offline=offline)
+    except GatedRepoError as exc:
         raise ModelNotFound(f"{repo_id}: gated repository; set HF_TOKEN with access", hint=type(exc).__name__) from None
     except RepositoryNotFoundError:
         raise ModelNotFound(f"{repo_id}: no such repository on the Hugging Face Hub (or no access)") from None
-    except (LocalEntryNotFoundError, OSError) as exc:
+    except (_NotCached, TemporarilyUnavailable) as exc:
         profile = profile_for_repo(repo_id)
         if profile is not None:
             return model_from_profile(profile, via="alias")
+        if isinstance(exc, TemporarilyUnavailable):
+            raise
         raise ModelNotFound(
-            f"{repo_id}: config.json is not in the Hugging Face cache and the hub cannot be reached",
+            f"{repo_id}: config.json is not in the Hugging Face cache and HF_HUB_OFFLINE is set",
             hint="download it once online, or pass a local directory",
-        ) from exc
-    except EntryNotFoundError:
-        raise ModelNotFound(f"{repo_id}: the repository has no config.json") from None
-
-    weight_bytes, source = _hub_weight_bytes(repo_id, token)
+        ) from None
+    except HfHubHTTPError as exc:
+        raise ModelNotFound(f"{repo_id}: the Hugging Face Hub refused ({_http_status(exc)})") from None
+    if config_path is None:
+        raise ModelNotFound(f"{repo_id}: the repository has no config.json")
+    config = read_config_file(config_path)
+    weight_bytes, source = _hub_weight_bytes(repo_id, token, offline=offline)
     profile = profile_for_repo(repo_id)
     return ResolvedModel(
-        name=repo_id, source="hub", geometry=geometry_from_config(config), weight_bytes=weight_bytes,
-        weight_bytes_source=source, config=config, repo_id=repo_id,
+        name=repo_id, source="hub", geometry=_geometry(config, Path(f"{repo_id}/config.json")),
+        weight_bytes=weight_bytes, weight_bytes_source=source, config=config, repo_id=repo_id,
         quantized_variants=tuple((profile or {}).get("quantized_variants") or ()),
     )
 
 
-def _hub_weight_bytes(repo_id: str, token: str | None) -> tuple[int, str]:
-    from huggingface_hub import get_safetensors_metadata, hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+def _offline(env: Mapping[str, str]) -> bool:
+    from huggingface_hub import constants
+
+    def truthy(value: str | None) -> bool:
+        return (value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+    return bool(constants.HF_HUB_OFFLINE) or truthy(env.get("HF_HUB_OFFLINE")) \
+        or truthy(env.get("TRANSFORMERS_OFFLINE"))
+
+
+def _cached(repo_id: str, filename: str) -> tuple[Path | None, bool]:
+    """(the cached file, or None; whether the cache knows the repo has no such file)."""
+    from huggingface_hub import try_to_load_from_cache
 
     try:
-        index_path = hf_hub_download(repo_id, INDEX_FILE, token=token)
-        total = total_size_from_index(_read_json(Path(index_path)), f"{repo_id}/{INDEX_FILE}")
-        return total, f"{repo_id} {INDEX_FILE} total_size"
-    except (EntryNotFoundError, LocalEntryNotFoundError, OSError):
-        pass
+        found = try_to_load_from_cache(repo_id, filename)
+    except (OSError, ValueError):  # an unreadable cache is no cache
+        return None, False
+    if isinstance(found, str):
+        return Path(found), False
+    return None, found is not None  # _CACHED_NO_EXIST: a 404 was cached
+
+
+def _hub_small_file(repo_id: str, filename: str, token: str | None, *, offline: bool) -> Path | None:
+    """A small file of the repo (config.json, the index): cached, else fetched with a bounded retry.
+
+    None when the repo has no such file. Raises TemporarilyUnavailable when the Hub does not answer
+    and nothing is cached, _NotCached when offline and nothing is cached.
+    """
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import EntryNotFoundError
+
+    cached, known_missing = _cached(repo_id, filename)
+    if offline:
+        if cached is not None:
+            return cached
+        if known_missing:
+            return None
+        raise _NotCached(filename)
+    # A HEAD with our timeout first: hf_hub_download retries for 60 s when nothing is cached.
     try:
-        meta = get_safetensors_metadata(repo_id, token=token)  # range reads of the headers only
-    except Exception as exc:  # the hub raises several unrelated types here
-        raise ModelConfigError(f"{repo_id}: cannot read the safetensors headers ({type(exc).__name__})") from None
+        _with_retry(lambda: get_hf_file_metadata(hf_hub_url(repo_id, filename), token=token, timeout=HUB_TIMEOUT_S),
+                    repo_id)
+        return Path(_with_retry(lambda: hf_hub_download(repo_id, filename, token=token, etag_timeout=HUB_TIMEOUT_S),
+                                repo_id))
+    except EntryNotFoundError:
+        return None
+    except TemporarilyUnavailable:
+        if cached is not None:
+            return cached  # the Hub is down; the cached copy is what it last said
+        raise
+
+
+def _hub_weight_bytes(repo_id: str, token: str | None, *, offline: bool) -> tuple[int, str]:
+    """The index's total_size, else the single file's header: from the cache when they are there."""
+    from huggingface_hub import get_safetensors_metadata
+    from huggingface_hub.errors import HfHubHTTPError, NotASafetensorsRepoError
+
+    index, _ = _cached(repo_id, INDEX_FILE)
+    if index is not None:
+        return total_size_from_index(_read_json(index), f"{repo_id}/{INDEX_FILE}"), f"{repo_id} {INDEX_FILE} total_size"
+    single, _ = _cached(repo_id, SINGLE_FILE)
+    if single is not None:  # the same header reader as for a local directory, no network
+        return safetensors_tensor_bytes(single), f"{repo_id} {SINGLE_FILE} header (cached)"
+    if offline:
+        raise ModelNotFound(
+            f"{repo_id}: HF_HUB_OFFLINE is set and neither {INDEX_FILE} nor {SINGLE_FILE} is in the Hugging Face cache",
+            hint="download the index (or the single file) once online")
+    try:
+        index = _hub_small_file(repo_id, INDEX_FILE, token, offline=False)
+        if index is not None:
+            total = total_size_from_index(_read_json(index), f"{repo_id}/{INDEX_FILE}")
+            return total, f"{repo_id} {INDEX_FILE} total_size"
+        # Range reads of the headers only, never the weights.
+        meta = _with_retry(lambda: get_safetensors_metadata(repo_id, token=token, timeout=HUB_TIMEOUT_S), repo_id)
+    except NotASafetensorsRepoError:
+        raise ModelConfigError(f"{repo_id}: no safetensors weights ({INDEX_FILE} or {SINGLE_FILE})") from None
+    except HfHubHTTPError as exc:
+        raise ModelConfigError(f"{repo_id}: cannot read the safetensors headers ({_http_status(exc)})") from None
     total = 0
     for file_meta in meta.files_metadata.values():
         total += sum(t.data_offsets[1] - t.data_offsets[0] for t in file_meta.tensors.values())
     return total, f"{repo_id} safetensors headers"
+
+
+def _with_retry(call: Any, repo_id: str) -> Any:
+    """Call the Hub up to HUB_TRIES times on network errors; then one TemporarilyUnavailable (75)."""
+    last: BaseException | None = None
+    for attempt in range(HUB_TRIES):
+        if attempt:
+            time.sleep(_HUB_RETRY_WAIT_S)
+        try:
+            return call()
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            last = exc
+    raise TemporarilyUnavailable(
+        f"{repo_id}: the Hugging Face Hub is unavailable ({HUB_TRIES} tries, {HUB_TIMEOUT_S:g} s timeout each; "
+        f"{type(last).__name__}: {_one_line(last) if last else ''})",
+        hint="a network outage is temporary: try again later, or set HF_HUB_OFFLINE=1 to use the cache")
+
+
+def _transient(exc: BaseException) -> bool:
+    """Network failures and the Hub's own 429/5xx: worth a retry, and temporary if they persist."""
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    if isinstance(exc, OfflineModeIsEnabled):
+        return False
+    if isinstance(exc, HfHubHTTPError):
+        status = _http_status(exc)
+        return status is None or status == 429 or status >= 500
+    if isinstance(exc, (LocalEntryNotFoundError, ConnectionError, TimeoutError)):
+        return True
+    # httpx (huggingface_hub >= 1) and requests (older) name their network errors so.
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"TransportError", "TimeoutException", "ConnectionError", "Timeout", "ProxyError"})
+
+
+def _http_status(exc: BaseException) -> Any:
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)

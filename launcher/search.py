@@ -23,13 +23,16 @@ def largest_length(fits: Callable[[int], bool], upper: int, multiple: int) -> in
     return low * multiple
 
 
-def largest_count(fits: Callable[[int], bool]) -> int:
-    """The largest n >= 1 for which `fits(n)` holds (0 if not even 1), with no upper bound given:
-    doubling until it fails, then bisecting."""
+def largest_count(fits: Callable[[int], bool], ceiling: int = 1 << 20) -> int:
+    """The largest n >= 1 for which `fits(n)` holds (0 if not even 1), doubling until it fails,
+    then bisecting. At most `ceiling`: a predicate that never fails (a planner that caps the
+    running requests itself) would otherwise double until str(n) overflows (fuzz: fit ... 99.0)."""
     if not fits(1):
         return 0
     low, high = 1, 2
     while fits(high):
+        if high >= ceiling:
+            return ceiling
         low, high = high, high * 2
     while high - low > 1:
         mid = (low + high) // 2

@@ -18,7 +18,11 @@ _UNITS = {
     "g": 1000**3, "gb": 1000**3, "gib": GiB,
     "t": 1000**4, "tb": 1000**4, "tib": 1 << 40,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+# ASCII digits only (`\d` also takes Arabic-Indic and other digits float() would read), and a
+# bounded count of them: 310 digits overflow a float to inf, and int(inf) raises.
+_SIZE = re.compile(r"^\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([a-zA-Z]{0,3})\s*$")
+# No device or host we plan for has a PiB; anything larger is a typo, not a size.
+MAX_SIZE_BYTES = 1 << 50
 
 
 def parse_size(text: str) -> int:
@@ -26,10 +30,14 @@ def parse_size(text: str) -> int:
 
     GB means 10**9 and GiB 2**30, as the units say; a bare number is bytes.
     """
-    match = _SIZE.match(text)
+    match = _SIZE.match(text) if len(text) <= 64 else None
     if not match or match.group(2).lower() not in _UNITS:
-        raise UsageError(f"cannot read size {text!r}: use a number with a unit such as 24GiB, 24576MiB or 80GB")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        shown = text if len(text) <= 40 else f"{text[:40]}..."
+        raise UsageError(f"cannot read size {shown!r}: use a number with a unit such as 24GiB, 24576MiB or 80GB")
+    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if size > MAX_SIZE_BYTES:
+        raise UsageError(f"size {text!r} is larger than 1 PiB: not a memory size safe-serve can plan for")
+    return size
 
 
 def gib(num_bytes: float) -> float:
@@ -46,5 +54,5 @@ def cdiv(a: int, b: int) -> int:
 
 
 def floor_to(value: float, decimals: int) -> float:
-    scale = 10**decimals
+    scale = 10.0**decimals
     return math.floor(value * scale + 1e-9) / scale

@@ -134,6 +134,84 @@ class TestMalformedConfigs:
             assert str(exc).startswith("config.json")
 
 
+
+class TestConfigValues:
+    """Values of the wrong type or out of range: one ModelConfigError (65) naming the field."""
+
+    @pytest.mark.parametrize(("change", "message"), [
+        ({"num_key_value_heads": 0}, "'num_key_value_heads' must be positive, not 0"),
+        ({"num_attention_heads": 0}, "'num_attention_heads' must be positive, not 0"),
+        ({"num_hidden_layers": True}, "'num_hidden_layers' must be a whole number from 0 to 4294967296, not True"),
+        ({"hidden_size": float("nan")}, "'hidden_size' must be a whole number from 0 to 4294967296, not nan"),
+        ({"hidden_size": float("inf")}, "not inf"),
+        ({"hidden_size": 10**400}, "not 1000000000"),
+        ({"hidden_size": 2**33}, "not 8589934592"),
+        ({"num_hidden_layers": 2**31}, "'num_hidden_layers' of 2147483648 is beyond any model (at most 4096)"),
+        ({"hidden_size": 3584.5}, "not 3584.5"),
+        ({"hidden_size": [3584]}, "'hidden_size' must be a whole number from 0 to 4294967296, not [3584]"),
+        ({"vocab_size": {"n": 1}}, "'vocab_size' must be a whole number"),
+        ({"torch_dtype": "banana"}, "'torch_dtype' must be a torch dtype name such as bfloat16, not 'banana'"),
+        ({"torch_dtype": ["bfloat16"]}, "'torch_dtype' must be a torch dtype name such as bfloat16, not ['bfloat16']"),
+        ({"dtype": "torch.banana"}, "'dtype' must be a torch dtype name"),
+        ({"layer_types": [{}] * 28}, "'layer_types' entries must be names, not {}"),
+        ({"layer_types": [["full_attention"]] * 28}, "'layer_types' entries must be names"),
+        ({"max_position_embeddings": float("inf")},
+         "'max_position_embeddings' must be a number from 0 to 1e+31, not inf"),
+        ({"max_position_embeddings": float("nan")}, "not nan"),
+        ({"max_position_embeddings": 10**400}, "not 1000000000"),
+        ({"max_position_embeddings": [32768]}, "not [32768]"),
+        ({"max_position_embeddings": True}, "not True"),
+        ({"seq_length": -1}, "'seq_length' must be a number from 0 to 1e+31, not -1"),
+        ({"rope_scaling": [1.0]}, "'rope_scaling' must be an object, not [1.0]"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": float("nan")}}, "'rope_scaling.factor' must be a number"),
+        ({"rope_scaling": {"type": "linear", "factor": 1e300}},
+         "'rope_scaling.factor' must be a number from 0 to 6.55e+04"),
+        ({"rope_parameters": {"full_attention": {"factor": "8"}}}, "'rope_parameters.factor' must be a number"),
+        ({"quantization_config": {"quant_method": "awq", "bits": float("nan")}}, "bits must be a whole number"),
+        ({"quantization_config": {"quant_method": "gptq", "bits": [4]}}, "bits must be a whole number from 1 to 64"),
+        ({"quantization_config": {"quant_method": "awq", "bits": 1e400}}, "bits must be a whole number"),
+    ])
+    def test_bad_value_names_the_field(self, change: dict, message: str) -> None:
+        with pytest.raises(ModelConfigError) as caught:
+            geometry_from_config({**QWEN25_7B, **change})
+        assert str(caught.value).startswith("config.json: ") and message in str(caught.value)
+        assert caught.value.exit_code == 65 and len(str(caught.value)) < 200
+
+    @pytest.mark.parametrize(("change", "check"), [
+        ({"hidden_size": 3584.0}, lambda g: g.hidden_size == 3584),  # integral floats, as transformers reads them
+        ({"torch_dtype": "torch.float16"}, lambda g: g.config_dtype == "float16"),
+        ({"torch_dtype": None, "dtype": "bfloat16"}, lambda g: g.config_dtype == "bfloat16"),
+        ({"torch_dtype": "float32"}, lambda g: g.config_dtype == "float32"),
+        ({"model_max_length": int(1e30)}, lambda g: g.text_config["model_max_length"] == int(1e30)),
+        ({"rope_scaling": None}, lambda g: True),
+        ({"quantization_config": {"quant_method": "awq", "bits": 4.0}}, lambda g: g.quantization.bits == 4),
+    ])
+    def test_valid_variants_still_parse(self, change: dict, check: object) -> None:
+        assert check(geometry_from_config({**QWEN25_7B, **change}))  # type: ignore[operator]
+
+    def test_kv_heads_alias_zero_names_the_field(self) -> None:
+        cfg = {k: v for k, v in QWEN25_7B.items() if k != "num_key_value_heads"}
+        with pytest.raises(ModelConfigError, match="'num_key_value_heads' must be positive, not 0"):
+            geometry_from_config({**cfg, "num_kv_heads": 0})
+
+    @settings(max_examples=300, deadline=None, derandomize=True, database=None)
+    @given(st.sampled_from(sorted(QWEN25_7B) + ["head_dim", "layer_types", "rope_scaling", "dtype", "seq_length",
+                                                 "quantization_config", "model_max_length", "kv_lora_rank"]),
+           st.recursive(st.none() | st.booleans() | st.integers(-(10**400), 10**400) | st.floats()
+                        | st.text(max_size=8),
+                        lambda inner: st.lists(inner, max_size=3)
+                        | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                        max_leaves=8))
+    def test_any_single_bad_value_is_a_config_error(self, key: str, value: object) -> None:
+        """Replacing any one field by any JSON value parses or raises ModelConfigError; nothing else escapes."""
+        try:
+            geometry = geometry_from_config({**QWEN25_7B, key: value})
+        except ModelConfigError as exc:
+            assert str(exc).startswith("config.json: ") and "\n" not in str(exc)
+        else:
+            assert geometry.num_layers >= 1 and geometry.num_kv_heads >= 1 and geometry.head_dim >= 1
+
+
 def _write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> int:
     header, offset = {}, 0
     sizes = {"BF16": 2, "F32": 4, "I32": 4, "F8_E4M3": 1}

@@ -320,3 +320,11 @@ class TestCalibrationScope:
             make_plan(measured)
         others = [a for a in without.value.alternatives if not a.startswith("--max-model-len")]
         assert others and all(a in with_calibration.value.alternatives for a in others)
+
+
+@pytest.mark.parametrize(("text", "key"), [("0.11.0rc1", (0, 11, 0)), ("v0.10.2", (0, 10, 2)),
+                                           ("0.8.5.dev169+g1234abc", (0, 8, 5)), ("0.6.6.post1", (0, 6, 6))])
+def test_version_key_reads_leading_digits_only(text: str, key: tuple[int, ...]) -> None:
+    from launcher.engines.versions import version_key
+
+    assert version_key(text) == key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+import itertools
 from importlib import metadata
 from typing import Protocol, TypeVar
 
@@ -21,7 +22,7 @@ def version_key(text: str) -> tuple[int, ...]:
     """`0.32.0`, `v0.10.2`, `0.8.5.dev169+g...` -> (0, 32, 0); non-numeric tails are dropped."""
     parts = []
     for piece in text.lstrip("v").split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+        digits = "".join(itertools.takewhile(str.isdigit, piece))  # leading digits only: 0rc1 -> 0
         if not digits:
             break
         parts.append(int(digits))
