@@ -1,8 +1,10 @@
 """Our SGLang knowledge against SGLang's own code (tests/data/sglang_oracle.json).
 
-The golden file holds what SGLang 0.5.22's and 0.5.23's argument resolution and pool
-configurators computed without a GPU (tests/oracles/sglang_oracle.py, README beside it):
-2,416 cases per version over 15 GPU sizes, tp 1-8, 6 model kinds and 11 flag variants.
+The golden file holds what each checked SGLang release's own argument resolution and pool
+code computed without a GPU (tests/oracles/sglang_oracle.py, README beside it): the full
+grid (2,416 cases: 15 GPU sizes, tp 1-8, 6 model kinds, 11 flag variants) for 0.5.23, the
+compact grid (smoke + the no-flag baseline at tp 1/4) for 0.5.2, 0.5.9, 0.5.13, 0.5.18,
+0.5.21 and 0.5.22. Every version in the file is checked against the rules `rules_for` picks.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from launcher.engines import sglang as sg
+from launcher.engines.versions import version_key
 from launcher.model import geometry_from_config
 from launcher.units import GiB
 
@@ -22,6 +25,18 @@ CONFIGS = {p.stem: json.loads(p.read_text()) for p in (DATA / "configs").glob("*
 GEOMETRIES = {name: geometry_from_config(config) for name, config in CONFIGS.items()}
 # Cases that change SGLang's environment or config in ways the plan does not model are left out.
 SKIPPED = ("env", "config_overrides", "error")
+
+
+VERSIONS = sorted(ORACLE["runs"])
+# Releases whose oracle runs through ServerArgs.__post_init__ and a stand-in ModelRunner
+# (tests/oracles/README.md, "legacy"): no platform presets, pool without the SWA split.
+LEGACY = {v for v in VERSIONS if version_key(v) < (0, 5, 19)}
+
+
+def _legacy_skip(version: str, case: dict, pinned: dict) -> bool:
+    """Legacy runs size pp rank 0 only and report hybrid SWA pools unsplit (README)."""
+    return version in LEGACY and (pinned.get("--pp-size", 1) > 1 or bool(case.get("is_hybrid_swa"))
+                                  or case["model"] == "gpt-oss-20b")
 
 
 def cases(version: str) -> list[dict]:
@@ -36,7 +51,7 @@ def _ranks(pinned: dict) -> tuple[int, int]:
     return pinned.get("--tp-size", 1), pinned.get("--pp-size", 1)
 
 
-@pytest.mark.parametrize("version", ["0.5.22", "0.5.23"])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_default_fraction_and_chunk_equal_sglang(version: str) -> None:
     """The default --mem-fraction-static and chunked prefill size equal SGLang's on every case."""
     rules, _ = sg.rules_for(version)
@@ -50,10 +65,11 @@ def test_default_fraction_and_chunk_equal_sglang(version: str) -> None:
         if abs(fraction - case["mem_fraction_static"]) > 1e-12 or \
                 derivation.chunked_prefill_size != case["chunked_prefill_size"]:
             mismatches.append((case["id"], fraction, case["mem_fraction_static"]))
-    assert len(cases(version)) > 2300 and mismatches == []
+    assert mismatches == []
+    assert len(cases(version)) > (2300 if version == "0.5.23" else 250)
 
 
-@pytest.mark.parametrize("version", ["0.5.22", "0.5.23"])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_context_length_and_cell_size_equal_sglang(version: str) -> None:
     """Derived context length and the pool's bytes per token equal SGLang's (fullest PP stage)."""
     mismatches = []
@@ -61,6 +77,8 @@ def test_context_length_and_cell_size_equal_sglang(version: str) -> None:
         pinned = _pinned(case)
         tp, pp = _ranks(pinned)
         geometry = GEOMETRIES[case["model"]]
+        if _legacy_skip(version, case, pinned):
+            continue
         length = pinned.get("--context-length") or sg.derived_context_length(geometry)[0]
         kv = case.get("kv", {})
         expected_cell = max([s["cell_size"] for s in kv.get("stages", [])] or [kv.get("cell_size")])
@@ -71,7 +89,7 @@ def test_context_length_and_cell_size_equal_sglang(version: str) -> None:
     assert mismatches == []
 
 
-@pytest.mark.parametrize("version", ["0.5.22", "0.5.23"])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_pool_tokens_equal_sglang(version: str) -> None:
     """max_total_num_tokens from pre-load memory P, weights W and the fraction equals SGLang's."""
     checked, mismatches = 0, []
@@ -82,9 +100,11 @@ def test_pool_tokens_equal_sglang(version: str) -> None:
         pinned = _pinned(case)
         tp, pp = _ranks(pinned)
         geometry = GEOMETRIES[case["model"]]
+        if _legacy_skip(version, case, pinned) or kv["max_total_num_tokens"] <= 0:
+            continue  # <= 0: legacy runners return the negative count and fail later
         pre = case["kv_input"]["pre_model_load_gib"]
-        after = pre - case["kv_input"]["weights_gib"]
-        if case.get("is_multimodal"):
+        after = kv.get("available_gib", pre - case["kv_input"].get("weights_gib", 0.0))
+        if case.get("is_multimodal") and version not in LEGACY:
             after -= 100 / 1024  # SGLANG_VLM_CACHE_SIZE_MB
         kv_bytes = sg.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), "bfloat16", geometry)[0]
         cell = sg.cell_size_bytes(geometry, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
@@ -94,12 +114,17 @@ def test_pool_tokens_equal_sglang(version: str) -> None:
         checked += 1
         if tokens != kv["max_total_num_tokens"]:
             mismatches.append((case["id"], tokens, kv["max_total_num_tokens"]))
-    assert checked > 1000 and mismatches == []
+    if checked == 0 and version in LEGACY:
+        pytest.skip(f"{version}: the oracle gives budget bytes only here (pool code needs a real runner)")
+    assert mismatches == []
+    assert checked > (1000 if version == "0.5.23" else 200)
 
 
-@pytest.mark.parametrize("version", ["0.5.22", "0.5.23"])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_page_size_on_each_platform(version: str) -> None:
     """The default page size per GPU generation equals SGLang's backend choice."""
+    if version in LEGACY:
+        pytest.skip(f"{version}: no runtime_context.override_platform, so no platform cases")
     presets = ORACLE["header"]["grid"]["platform_presets"]
     checked = 0
     for case in ORACLE["runs"][version]["results"]:

@@ -83,6 +83,10 @@ class _StubMeta(type):
         return _make_stub(f"{cls.__name__}.{k}")
 
     def __call__(cls, *a, **k):
+        if cls.__name__.endswith(".get_current_target"):
+            # triton.runtime.driver.active.get_current_target(): no driver on this host
+            # (older fla/utils.py does getattr(torch, <backend>) with the answer).
+            raise RuntimeError("oracle stub: no triton driver")
         if len(a) == 1 and not k and callable(a[0]):
             return a[0]
         return _make_stub(f"{cls.__name__}()")
@@ -134,6 +138,8 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 STUBBED: list[str] = []
+# Stubbed for the legacy (<= 0.5.18) KV path only: imported by model_runner.py there.
+LEGACY_RUNNER_STUBS = ("sgl_kernel", "flashinfer")
 
 
 def _prepare_imports():
@@ -257,10 +263,40 @@ class Oracle:
         _prepare_imports()
         t0 = time.time()
         # Import the pipeline first so module-level GPU probes run unpatched.
+        import importlib.util
+
         import sglang
-        import sglang.srt.arg_groups.pipeline
-        import sglang.srt.model_executor.cuda_graph_config as cgc
-        from sglang.srt.server_args import prepare_server_args
+
+        # 0.5.19+ resolve through arg_groups/pipeline.py (resolve_once); 0.5.1-0.5.18 do
+        # everything in ServerArgs.__post_init__ ("legacy" mode, see LEGACY below).
+        try:
+            self.legacy = importlib.util.find_spec("sglang.srt.arg_groups.pipeline") is None
+        except ModuleNotFoundError:  # no arg_groups package at all (<= 0.5.11)
+            self.legacy = True
+        if not self.legacy:
+            import sglang.srt.arg_groups.pipeline  # noqa: F401
+            import sglang.srt.model_executor.cuda_graph_config as cgc
+        from sglang.version import __version__ as _v
+
+        if self.legacy and tuple(int(x) for x in _v.split(".")[:3] if x.isdigit()) < (0, 5, 3):
+            # 0.5.1-0.5.2: ModelConfig -> quantization registry -> MoE kernels import
+            # sgl_kernel at module level; an inert stub lets resolution run.
+            sys.meta_path.insert(0, _StubFinder(LEGACY_RUNNER_STUBS))
+            STUBBED.extend(LEGACY_RUNNER_STUBS)
+            self._legacy_runner_stubs = True
+        try:
+            from sglang.srt.server_args import prepare_server_args
+        except ModuleNotFoundError as e:
+            # 0.5.1-0.5.2 import sgl_kernel from server_args' import chain (MoE kernels):
+            # stub the legacy runner modules and import again.
+            if not self.legacy or e.name not in LEGACY_RUNNER_STUBS:
+                raise
+            for m in [m for m in sys.modules if m.startswith("sglang.srt")]:
+                sys.modules.pop(m, None)
+            sys.meta_path.insert(0, _StubFinder(LEGACY_RUNNER_STUBS))
+            STUBBED.extend(LEGACY_RUNNER_STUBS)
+            self._legacy_runner_stubs = True
+            from sglang.srt.server_args import prepare_server_args
 
         self.import_s = time.time() - t0
         self.sglang = sglang
@@ -270,7 +306,8 @@ class Oracle:
 
             self.version = v
         self.prepare_server_args = prepare_server_args
-        cgc.default_prefill_backend = lambda *a, **k: "breakable"
+        if not self.legacy:
+            cgc.default_prefill_backend = lambda *a, **k: "breakable"
         self._register_cuda_quant_methods()
         self._gpu_mem = None
         self._patch_capacity()
@@ -307,8 +344,10 @@ class Oracle:
         """layers/quantization/__init__.py registers "mxfp4" only when is_cuda() (or
         cpu/gfx95/xpu) is true at import time; redo the CUDA branch (gpt-oss needs it).
         The dicts are mutated in place so every module that imported them sees it."""
-        import sglang.srt.layers.quantization as q
-
+        try:  # 0.5.1-0.5.2: the registry imports sgl_kernel (not installed; resolution does not need it)
+            import sglang.srt.layers.quantization as q
+        except ModuleNotFoundError:
+            return
         try:
             from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
         except Exception:
@@ -335,7 +374,10 @@ class Oracle:
     # -- one case ------------------------------------------------------------------------
 
     def run_case(self, case: dict) -> dict:
-        from sglang.srt.runtime_context import override_platform
+        if self.legacy:
+            override_platform = None
+        else:
+            from sglang.srt.runtime_context import override_platform
 
         config = case.get("config")
         if config is None:
@@ -361,6 +403,18 @@ class Oracle:
         )
         platform = case.get("platform")
         facts = PLATFORM_PRESETS[platform] if isinstance(platform, str) else platform
+        if facts and override_platform is not None:
+            # A release knows only the facts it probes (0.5.21 has no is_sm110): drop
+            # the others, which that release cannot read anyway.
+            import sglang.srt.runtime_context as rc
+
+            known = set(getattr(rc, "_PLATFORM_PROBES", {})) | set(getattr(rc, "_PLATFORM_VALUES", {}))
+            if known:
+                facts = {k: v for k, v in facts.items() if k in known}
+        if facts and override_platform is None:
+            return {**({"id": case["id"]} if "id" in case else {}),
+                    "error": {"type": "OracleUnsupported",
+                              "message": "platform facts need runtime_context.override_platform (0.5.19+)"}}
         out: dict = {}
         if "id" in case:
             out["id"] = case["id"]
@@ -372,7 +426,8 @@ class Oracle:
             try:
                 with contextlib.redirect_stderr(err_sink):
                     sa = self.prepare_server_args(argv)
-                sa.resolve_once()
+                if not self.legacy:
+                    sa.resolve_once()
             except BaseException as e:  # argparse exits with SystemExit
                 if isinstance(e, KeyboardInterrupt):
                     raise
@@ -386,13 +441,14 @@ class Oracle:
                     out["error"] = {"type": "ArgumentError", "message": msg}
                 return out
             try:
-                out.update(self._summarize(sa))
+                out.update(self._summarize_legacy(sa) if self.legacy else self._summarize(sa))
             except Exception as e:
                 out["summary_error"] = _err(e)
                 return out
             if case.get("kv", "default") is not None:
                 try:
-                    out["kv"] = self._kv(sa, case.get("kv") or {})
+                    kv_spec = case.get("kv") or {}
+                    out["kv"] = self._kv_legacy(sa, kv_spec) if self.legacy else self._kv(sa, kv_spec)
                 except Exception as e:
                     out["kv"] = {"error": _err(e)}
         return out
@@ -648,6 +704,162 @@ class Oracle:
                 res["log_v_size_gb"] = round(
                     rows * n * mc.v_head_dim * layers * eb / GiB, 2
                 )
+        return res
+
+
+    # -- 0.5.1 ... 0.5.18 ("legacy": ServerArgs.__post_init__ resolves everything) -------
+
+    def _summarize_legacy(self, sa) -> dict:
+        """The same fields as _summarize, read from a ServerArgs that __post_init__ resolved.
+        Decode graph: ``cuda_graph_max_bs``/``cuda_graph_bs`` (<= 0.5.13) or
+        ``cuda_graph_config.decode`` (0.5.14+). Prefill graph: the piecewise CUDA graph,
+        ``enable_piecewise_cuda_graph`` (0.5.4-0.5.9, default off) or
+        ``disable_piecewise_cuda_graph`` (0.5.10-0.5.13), ``cuda_graph_config.prefill``
+        (0.5.14+)."""
+        from sglang.srt.configs.model_config import ModelConfig
+
+        mc = ModelConfig.from_server_args(sa)
+        self._mc = mc
+        cgc = getattr(sa, "cuda_graph_config", None)
+        if cgc is not None and hasattr(cgc, "decode"):
+            dec, pre = cgc.decode, cgc.prefill
+            decode = {"backend": str(dec.backend), "max_bs": dec.max_bs, "num_bs": len(dec.bs or [])}
+            prefill = {"backend": str(pre.backend), "max_bs": pre.max_bs, "num_buckets": len(pre.bs or [])}
+        else:
+            off = bool(getattr(sa, "disable_cuda_graph", False))
+            decode = {"backend": "disabled" if off else "full", "max_bs": sa.cuda_graph_max_bs,
+                      "num_bs": len(sa.cuda_graph_bs or [])}
+            if hasattr(sa, "disable_piecewise_cuda_graph"):
+                pw_on = not sa.disable_piecewise_cuda_graph
+            else:
+                pw_on = bool(getattr(sa, "enable_piecewise_cuda_graph", False))
+            tokens = getattr(sa, "piecewise_cuda_graph_tokens", None) or []
+            prefill = {"backend": "piecewise" if pw_on else "disabled",
+                       "max_bs": getattr(sa, "piecewise_cuda_graph_max_tokens", None),
+                       "num_buckets": len(tokens)}
+        arch = getattr(mc.attention_arch, "name", str(mc.attention_arch))
+        return {
+            "mem_fraction_static": sa.mem_fraction_static,
+            "chunked_prefill_size": sa.chunked_prefill_size,
+            "max_prefill_tokens": sa.max_prefill_tokens,
+            "max_running_requests": sa.max_running_requests,
+            "max_total_tokens": sa.max_total_tokens,
+            "decode_graph": decode,
+            "prefill_graph": prefill,
+            "attention_backend": sa.attention_backend,
+            "page_size": sa.page_size,
+            "kv_cache_dtype": sa.kv_cache_dtype,
+            "dtype": str(mc.dtype).replace("torch.", ""),
+            "context_len": mc.context_len,
+            "attention_arch": arch,
+            "is_multimodal": bool(mc.is_multimodal),
+            "is_hybrid_swa": bool(getattr(mc, "is_hybrid_swa", getattr(mc, "is_hybrid", False))),
+            "disable_hybrid_swa_memory": bool(getattr(sa, "disable_hybrid_swa_memory", False)),
+            "tp_size": sa.tp_size,
+            "pp_size": sa.pp_size,
+        }
+
+    def _kv_legacy(self, sa, spec: dict) -> dict:
+        """Cell size and pool tokens from the version's own ModelRunner code, called on a
+        stand-in runner: ``profile_max_num_token`` (model_runner.py in 0.5.1-0.5.6,
+        model_runner_kv_cache_mixin.py in 0.5.7-0.5.12) or ``_profile_available_bytes``
+        (mixin 0.5.13-0.5.15, KVCacheConfigurator 0.5.16-0.5.18: budget bytes only).
+        Its globals get_available_gpu_memory / get_world_group / get_attention_tp_size
+        are patched to the scenario. The page floor and --max-total-tokens cap that
+        init_memory_pool applies afterwards are applied here the same way; hybrid SWA
+        models report the raw profiled count only (no full/SWA split)."""
+        import torch
+
+        if not getattr(self, "_legacy_runner_stubs", False):
+            # model_runner.py imports sgl_kernel (CUDA kernels) at module level in these
+            # releases; stub it only here, after resolution has run, so resolution never
+            # sees it.
+            roots = []
+            for name in LEGACY_RUNNER_STUBS:
+                try:
+                    importlib.import_module(name)
+                except Exception:
+                    sys.modules.pop(name, None)
+                    roots.append(name)
+            if roots:
+                sys.meta_path.insert(0, _StubFinder(roots))
+                STUBBED.extend(roots)
+            self._legacy_runner_stubs = True
+        from sglang.srt.model_executor.model_runner import ModelRunner
+
+        mc = self._mc
+        pp = sa.pp_size
+        try:
+            from sglang.srt.distributed.utils import get_pp_indices
+
+            start, end = get_pp_indices(mc.num_hidden_layers, 0, pp)
+        except Exception:
+            start, end = 0, mc.num_hidden_layers
+        dtypes = {"auto": mc.dtype, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
+                  "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+        kv_dtype = dtypes[sa.kv_cache_dtype]
+        mla = getattr(mc.attention_arch, "name", "") == "MLA"
+        attn_tp = sa.tp_size // (sa.dp_size if getattr(sa, "enable_dp_attention", False) else 1)
+        fake = SimpleNamespace(
+            device="cuda", gpu_id=0, is_draft_worker=False, num_effective_layers=end - start,
+            start_layer=start, end_layer=end, model_config=mc, use_mla_backend=mla,
+            kv_cache_dtype=kv_dtype, mem_fraction_static=sa.mem_fraction_static, mambaish_config=None,
+            server_args=sa, page_size=sa.page_size, pp_size=pp, tp_size=sa.tp_size, dp_size=sa.dp_size,
+            is_hybrid_swa=False, is_hybrid_gdn=False, is_hybrid=False, spec_algorithm=None,
+        )
+        fake.get_cell_size_per_token = lambda n: ModelRunner.get_cell_size_per_token(fake, n)
+        res: dict = {"kv_dtype": str(kv_dtype).replace("torch.", ""),
+                     "kv_dtype_bytes": torch._utils._element_size(kv_dtype),
+                     "num_kv_heads_per_rank": mc.get_num_kv_heads(attn_tp),
+                     "head_dim": mc.head_dim, "v_head_dim": getattr(mc, "v_head_dim", mc.head_dim),
+                     "page_size": sa.page_size, "layers": end - start}
+        P = spec.get("pre_model_load_gib")
+        A = spec.get("available_gib")
+        if P is not None and A is None:
+            A = P - float(spec.get("weights_gib", 0.0))
+        fn_name = "profile_max_num_token" if hasattr(ModelRunner, "profile_max_num_token") else "_profile_available_bytes"
+        fn = getattr(ModelRunner, fn_name, None)
+        mods = {sys.modules[f.__module__] for f in (fn, getattr(ModelRunner, "get_cell_size_per_token", None)) if f}
+        patches = {"get_available_gpu_memory": lambda *a, **k: A,
+                   "get_world_group": lambda: SimpleNamespace(world_size=1, cpu_group=None),
+                   "get_attention_tp_size": lambda: attn_tp}
+        saved = [(mod, k, mod.__dict__.get(k)) for mod in mods for k in patches]
+        for mod in mods:
+            mod.__dict__.update(patches)
+        try:
+            if hasattr(ModelRunner, "get_cell_size_per_token"):
+                try:
+                    res["cell_size"] = ModelRunner.get_cell_size_per_token(fake, end - start)
+                except Exception as e:
+                    res["cell_size_error"] = _err(e)
+            if P is None:
+                return res
+            res["pre_model_load_gib"] = P
+            res["available_gib"] = A
+            if fn is None:
+                res["pool_error"] = {"type": "OracleUnsupported", "message": "no ModelRunner pool function"}
+                return res
+            try:
+                value = fn(fake, P)
+            except Exception as e:
+                res["error"] = _err(e)
+                return res
+        finally:
+            for mod, k, v in saved:
+                if v is None:
+                    mod.__dict__.pop(k, None)
+                else:
+                    mod.__dict__[k] = v
+        res["pool_function"] = f"{fn.__module__}.{fn_name}"
+        if fn_name == "_profile_available_bytes":
+            res["budget_bytes"] = value
+            return res
+        res["profiled_tokens"] = value
+        tokens = value
+        if sa.max_total_tokens is not None:
+            tokens = min(tokens, sa.max_total_tokens)
+        tokens = tokens // sa.page_size * sa.page_size
+        res["max_total_num_tokens"] = tokens
         return res
 
     @staticmethod
@@ -1099,6 +1311,17 @@ def smoke_subset(cases: list[dict]) -> list[dict]:
     ]
 
 
+def compact_subset(cases: list[dict]) -> list[dict]:
+    """The grid kept for releases other than the newest (file size): the smoke subset
+    plus the no-flag baseline at every GPU size for tp 1 and 4."""
+    smoke = {c["id"] for c in smoke_subset(cases)}
+    return [
+        c
+        for c in cases
+        if c["id"] in smoke or (c.get("variant") == "none" and c.get("tp") in (1, 4))
+    ]
+
+
 def _dump_run(payload: dict) -> str:
     """One result per line: diff-friendly and still valid JSON."""
     lines = ['{"meta":' + json.dumps(payload["meta"], sort_keys=True) + ',"results":[']
@@ -1173,7 +1396,9 @@ def merge_runs(paths: list[str], command: str) -> str:
     diffs = []
     if len(versions) >= 2:
         a, b = versions[1], versions[0]
-        for line in compare_results(by_version[a]["results"], by_version[b]["results"]):
+        ids_a = {r["id"] for r in by_version[a]["results"]}
+        common = [r for r in by_version[b]["results"] if r["id"] in ids_a]  # older runs: compact grid
+        for line in compare_results(by_version[a]["results"], common):
             diffs.append(line.replace("golden=", f"{a}=").replace("live=", f"{b}="))
     head = {
         "description": (
@@ -1246,7 +1471,7 @@ def main(argv=None) -> int:
     ap.add_argument("--grid", action="store_true", help="run the golden grid")
     ap.add_argument(
         "--subset",
-        choices=["all", "smoke"],
+        choices=["all", "smoke", "compact"],
         default="all",
         help="with --grid: 'smoke' = tp 1 and GPUs 16384/24576/81920 only",
     )
@@ -1304,6 +1529,8 @@ def main(argv=None) -> int:
         cases = grid_cases(os.path.normpath(args.configs_dir))
         if args.subset == "smoke":
             cases = smoke_subset(cases)
+        elif args.subset == "compact":
+            cases = compact_subset(cases)
     else:
         if args.input in (None, "-"):
             data = json.load(sys.stdin)

@@ -31,16 +31,72 @@ DEFAULT_PORT = 30000
 FALLBACK_FRACTION = 0.95  # no device capacity known
 
 
+Tier = tuple[int, int, int, int]  # (gpu MiB upper bound, exclusive; chunk; decode bs tp<4; tp>=4)
+
+
 @dataclass(frozen=True)
 class SglangRules:
-    """Memory rules by release. 0.5.22 and 0.5.23 size memory identically (SGLang's own code
-    agrees on 2,416 cases, tests/data/sglang_oracle.json); 0.5.23 only moved the MLA prefill
-    graph's max size, whose reserve is flat, and added a small-pool warning."""
+    """How one SGLang release sizes memory. Releases that size memory identically share
+    a `rule_set` (the first release of the set); docs/engine-versions.md has the table and
+    tests/data/sglang_oracle.json SGLang's own output per checked release.
+
+    fraction: "table" (0.5.1-0.5.2, reserve by GPU tier, server_args.py __post_init__) or
+    "reserve" (0.5.3+: 512 + activation + graph + parallel, 10 GiB floor above 60 GiB).
+    prefill_graph: "off" (no prefill graph by default, <= 0.5.9), "piecewise" (0.5.10-0.5.19,
+    MLA captures 2048 tokens) or "breakable" (0.5.20+).
+    """
 
     version: str
+    rule_set: str
+    fraction: str
+    tiers: tuple[Tier, ...]
+    top_tier: tuple[int, int]  # (chunk, decode bs) above the last bound
+    prefill_graph: str
+    fallback_fraction: float  # gpu capacity unknown
+    prefill_cap_context: bool = False  # 0.5.13-0.5.16 cap the prefill graph at --context-length
+    # <= 0.5.14: the decode term counts even under --disable-cuda-graph, which leaves the
+    # piecewise prefill graph on (0.5.15 server_args.py:3639-3643 added the backend check).
+    decode_reserve_when_off: bool = False
+    # 0.5.22+: --max-running-requests below the tier's decode bs lowers it (oracle: <= 0.5.21 not).
+    mrr_shrinks_bs: bool = False
+    source: str = ""
 
 
-RULES: tuple[SglangRules, ...] = (SglangRules("0.5.22"), SglangRules("0.5.23"))
+# 0.5.3-0.5.19 (server_args.py `_handle_gpu_memory_settings`; 0.5.19 arg_groups/memory_hook.py:63-130).
+_TIERS_OLD: tuple[Tier, ...] = ((20480, 2048, 8, 8), (35840, 2048, 24, 80), (61440, 4096, 32, 160),
+                                (92160, 8192, 256, 512), (163840, 8192, 256, 512))
+# 0.5.3-0.5.4: 16 instead of 24 on 20-35 GiB cards with tp < 4 (0.5.3 server_args.py:583-586).
+_TIERS_053: tuple[Tier, ...] = ((20480, 2048, 8, 8), (35840, 2048, 16, 80)) + _TIERS_OLD[2:]
+# 0.5.20+ (arg_groups/memory_hook.py:88-140 in 0.5.21): 4096 / 48 on 20-35 GiB cards.
+_TIERS_NEW: tuple[Tier, ...] = ((20480, 2048, 8, 8), (35840, 4096, 48, 160)) + _TIERS_OLD[2:]
+
+
+def _set(first: str, last: int, **fields: Any) -> list[SglangRules]:
+    major, minor, patch = (int(x) for x in first.split("."))
+    return [SglangRules(version=f"{major}.{minor}.{n}", rule_set=first, **fields) for n in range(patch, last + 1)]
+
+
+RULES: tuple[SglangRules, ...] = tuple(
+    _set("0.5.1", 2, fraction="table", decode_reserve_when_off=True, tiers=(), top_tier=(16384, 512), prefill_graph="off",
+         fallback_fraction=0.88, source="0.5.2 server_args.py:449-500 (table), :505-530 (chunk, graph bs)")
+    + _set("0.5.3", 4, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_053, top_tier=(16384, 512), prefill_graph="off",
+           fallback_fraction=0.88, source="0.5.3 server_args.py:542-683")
+    + _set("0.5.5", 9, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_OLD, top_tier=(16384, 512), prefill_graph="off",
+           fallback_fraction=0.88, source="0.5.9 server_args.py:911-1070")
+    + _set("0.5.10", 12, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_OLD, top_tier=(16384, 512), prefill_graph="piecewise",
+           fallback_fraction=0.88, source="0.5.10 server_args.py:1141-1330, :1076-1139 (piecewise auto-off)")
+    + _set("0.5.13", 14, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_OLD, top_tier=(16384, 512), prefill_graph="piecewise",
+           fallback_fraction=0.88, prefill_cap_context=True, source="0.5.13 server_args.py:1444-1640")
+    + _set("0.5.15", 16, fraction="reserve", tiers=_TIERS_OLD, top_tier=(16384, 512), prefill_graph="piecewise",
+           fallback_fraction=0.88, prefill_cap_context=True, source="0.5.15 server_args.py:3469-3690")
+    + _set("0.5.17", 19, fraction="reserve", tiers=_TIERS_OLD, top_tier=(16384, 512), prefill_graph="piecewise",
+           fallback_fraction=0.88, source="0.5.18 server_args.py:4802-4990; 0.5.19 arg_groups/memory_hook.py:26-270")
+    + _set("0.5.20", 21, fraction="reserve", tiers=_TIERS_NEW, top_tier=(16384, 512), prefill_graph="breakable",
+           fallback_fraction=FALLBACK_FRACTION, source="0.5.21 arg_groups/memory_hook.py:47-330, :350")
+    + _set("0.5.22", 23, fraction="reserve", tiers=_TIERS_NEW, top_tier=(16384, 512), prefill_graph="breakable",
+           fallback_fraction=FALLBACK_FRACTION, mrr_shrinks_bs=True,
+           source="0.5.23 arg_groups/memory_hook.py:47-330, :357 reserve_for_graph_mb, :417 adjust_mem_fraction_for_vlm")
+)
 
 
 def rules_for(version: str | None) -> tuple[SglangRules, str | None]:
@@ -66,6 +122,7 @@ FLAGS = (
     FlagSpec("--disable-cuda-graph", None),
     FlagSpec("--disable-prefill-cuda-graph", None),
     FlagSpec("--cuda-graph-max-bs-decode", positive_int),
+    FlagSpec("--cuda-graph-max-bs", positive_int),  # <= 0.5.18 (ambiguous from 0.5.19 on)
     FlagSpec("--cuda-graph-backend-prefill", str),
     FlagSpec("--enable-dp-attention", None),
     FlagSpec("--nnodes", positive_int),
@@ -113,39 +170,67 @@ class FractionDerivation:
     fraction: float
 
 
-def tier_defaults(gpu_mem_mib: float | None, tp: int) -> tuple[int, int]:
-    """(chunked_prefill_size, decode cuda-graph max bs) by GPU memory tier."""
+def tier_defaults(gpu_mem_mib: float | None, tp: int, rules: SglangRules | None = None) -> tuple[int, int | None]:
+    """(chunked_prefill_size, decode cuda-graph max bs) by GPU memory tier (`<` comparisons).
+
+    0.5.1-0.5.2 set the chunk by three tiers and the graph bs only below 35 GiB (the
+    runner's own default, 160, applies above: None here)."""
+    rules = rules or RULES[-1]
+    if rules.fraction == "table":
+        if gpu_mem_mib is None:
+            return 4096, None
+        bs = (8 if tp < 4 else 80) if gpu_mem_mib < 35840 else None
+        return (2048 if gpu_mem_mib < 35840 else 8192 if gpu_mem_mib < 163840 else 16384), bs
     if gpu_mem_mib is None:
         return 4096, 160
-    if gpu_mem_mib < 20480:
-        return 2048, 8
+    for bound, chunk, bs_small, bs_large in rules.tiers:
+        if gpu_mem_mib < bound:
+            return chunk, bs_small if tp < 4 else bs_large
+    return rules.top_tier
+
+
+def _table_fraction(gpu_mem_mib: float, tp: int, pp: int) -> float:
+    """0.5.1-0.5.2 (server_args.py:453-485 in 0.5.2): reserve by tier, no graph or chunk term."""
+    parallel = tp * pp
     if gpu_mem_mib < 35840:
-        return 4096, 48 if tp < 4 else 160
-    if gpu_mem_mib < 61440:
-        return 4096, 32 if tp < 4 else 160
-    if gpu_mem_mib < 92160:
-        return 8192, 256 if tp < 4 else 512
-    if gpu_mem_mib < 163840:
-        return 8192, 256 if tp < 4 else 512
-    return 16384, 512
+        reserved = (2.8 + parallel / 10) * 1024
+    elif gpu_mem_mib < 92160:
+        reserved = (9.5 + parallel / 2) * 1024
+    elif gpu_mem_mib < 163840:
+        reserved = (12 + parallel / 2) * 1024
+    else:
+        reserved = 32 * 1024
+    return reserved
 
 
 def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: int, pp: int,
                      pinned: Mapping[str, Any], rules: SglangRules, device: str = "cuda") -> FractionDerivation:
     """`handle_gpu_memory_settings` for the common path (no DP attention, DeepEP or PD split)."""
-    chunk_default, bs_default = tier_defaults(gpu_mem_mib, tp)
+    chunk_default, bs_default = tier_defaults(gpu_mem_mib, tp, rules)
     chunked = pinned.get("--chunked-prefill-size", chunk_default)
-    decode_bs: int | None = pinned.get("--cuda-graph-max-bs-decode", bs_default)
+    bs_flag = "--cuda-graph-max-bs" if rules.prefill_graph != "breakable" else "--cuda-graph-max-bs-decode"
+    decode_bs: int | None = pinned.get(bs_flag, pinned.get("--cuda-graph-max-bs-decode", bs_default))
     if device == "cpu":
         decode_bs = 32  # torch_compile_max_bs: the "CPU graph" only with --enable-torch-compile
     mrr = pinned.get("--max-running-requests")
-    if "--cuda-graph-max-bs-decode" not in pinned and mrr is not None and mrr < (decode_bs or 0):
+    if rules.mrr_shrinks_bs and bs_flag not in pinned and mrr is not None and mrr < (decode_bs or 0):
         decode_bs = mrr
     graphs_off = pinned.get("--disable-cuda-graph", False)
-    prefill_on = (device == "cuda" and not graphs_off and not pinned.get("--disable-prefill-cuda-graph", False)
-                  and pinned.get("--cuda-graph-backend-prefill", "breakable") != "disabled" and pp == 1
-                  and not (geometry.is_multimodal and not _bcg_multimodal_ok(geometry)))
-    if graphs_off:
+    if rules.prefill_graph == "off":
+        prefill_on = False
+    elif rules.prefill_graph == "piecewise":
+        # 0.5.10 server_args.py:1076-1139 `_handle_piecewise_cuda_graph` (runs before the
+        # memory settings): off for pp > 1, multimodal, --disable-piecewise-cuda-graph, ...
+        # --disable-cuda-graph does not turn it off there (0.5.13/0.5.18 oracle).
+        prefill_on = (device == "cuda" and pp == 1 and not geometry.is_multimodal
+                      and (rules.decode_reserve_when_off or not graphs_off)
+                      and not pinned.get("--disable-piecewise-cuda-graph", False)
+                      and not pinned.get("--disable-prefill-cuda-graph", False))
+    else:
+        prefill_on = (device == "cuda" and not graphs_off and not pinned.get("--disable-prefill-cuda-graph", False)
+                      and pinned.get("--cuda-graph-backend-prefill", "breakable") != "disabled" and pp == 1
+                      and not (geometry.is_multimodal and not _bcg_multimodal_ok(geometry)))
+    if graphs_off and not rules.decode_reserve_when_off:
         decode_bs = None
 
     max_prefill_tokens = pinned.get("--max-prefill-tokens", 16384)
@@ -162,6 +247,8 @@ def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: 
             prefill_max = chunked if chunked > 0 else 0
             if "--max-total-tokens" in pinned:
                 prefill_max = min(prefill_max, pinned["--max-total-tokens"])
+            if rules.prefill_cap_context and "--context-length" in pinned:
+                prefill_max = min(prefill_max, pinned["--context-length"])
             buckets = len(prefill_graph_buckets(prefill_max))
             graph += 8 * buckets
     parallel = tp * pp / 8 * 1024
@@ -169,8 +256,11 @@ def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: 
     floor = gpu_mem_mib is not None and gpu_mem_mib > 61440 and reserved < 10240
     if floor:
         reserved = 10240.0
+    if rules.fraction == "table" and gpu_mem_mib is not None:
+        activation_tokens, graph, parallel, floor, buckets = 0, 0.0, 0.0, False, 0
+        reserved = _table_fraction(gpu_mem_mib, tp, pp)
     if gpu_mem_mib is None:
-        fraction_value = FALLBACK_FRACTION
+        fraction_value = rules.fallback_fraction
     else:
         fraction_value = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
     vlm_factor = None
