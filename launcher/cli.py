@@ -116,6 +116,10 @@ def plan_command(**opts: Any) -> None:
 @click.option("--grace", type=float, default=30.0, show_default=True)
 @click.option("--lock-timeout", type=float, default=300.0, show_default=True)
 @click.option("--ready-file", default=None)
+@click.option("--health-failures", type=click.IntRange(min=0), default=3, show_default=True,
+              help="After ready, this many failed /health probes in a row stop the engine (exit 70); 0: no check.")
+@click.option("--health-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds between /health probes after ready.")
 @click.option("--log-format", type=click.Choice(["console", "json"]), default=None)
 def serve_command(**opts: Any) -> None:
     """Plan, then start the engine with the planned flags and watch it."""
@@ -157,8 +161,9 @@ def serve_command(**opts: Any) -> None:
     serve_options = ServeOptions(engine_cmd=opts.get("engine_cmd"), on_divergence=opts["on_divergence"],
                                  tolerance=opts["tolerance"], max_retunes=opts["max_retunes"],
                                  watch_timeout=opts["watch_timeout"], grace=opts["grace"],
-                                 lock_timeout=opts["lock_timeout"], ready_file=opts.get("ready_file"))
-    from launcher.calibration import record
+                                 lock_timeout=opts["lock_timeout"], ready_file=opts.get("ready_file"),
+                                 health_failures=opts["health_failures"], health_interval_s=opts["health_interval"])
+    from launcher.calibration import record, record_runtime_oom
     from launcher.paths import state_dir
 
     key = calibration_key_for(plan.engine, request.engine_version, request.gpus, request.model.name,
@@ -170,8 +175,16 @@ def serve_command(**opts: Any) -> None:
         except OSError as exc:  # a read-only state dir must not stop the engine
             click.echo(f"safe-serve: calibration not saved: {exc}", err=True)
 
+    def on_runtime_oom() -> Any:  # a CUDA OOM while serving: more headroom for the next start
+        try:
+            return record_runtime_oom(state_dir(os.environ), key)
+        except OSError as exc:
+            click.echo(f"safe-serve: calibration not saved: {exc}", err=True)
+            return None
+
     code = run_serve(plan, model=model_ref, passthrough=request.engine_args, options=serve_options,
-                     concurrency=request.concurrency, lock=lock, on_measured=on_measured)
+                     concurrency=request.concurrency, lock=lock, on_measured=on_measured,
+                     on_runtime_oom=on_runtime_oom)
     sys.exit(code)
 
 
@@ -245,10 +258,27 @@ def gpus_command(as_json: bool) -> None:
 
 
 @cli.command("models")
-def models_command() -> None:
-    """List the model aliases in profiles/."""
+@click.option("--architectures", is_flag=True,
+              help="List the architectures whose KV layout is verified against each engine instead.")
+def models_command(architectures: bool) -> None:
+    """List the model aliases in profiles/ (or, with --architectures, what each engine's layout is proven for)."""
     from launcher.resolve import list_aliases, load_profile
 
+    if architectures:
+        from launcher.engines import sglang as sg
+        from launcher.engines.vllm.architectures import ENGINE_VERSION, verified_architectures
+
+        rows = verified_architectures()
+        click.echo(f"vLLM {ENGINE_VERSION}: {len(rows)} architectures verified on the real engine "
+                   "(tests/data/vllm_cpu_truth.json)")
+        for row in rows:
+            click.echo(f"  {row.architecture:40} {len(row.cases):3} engine runs  {row.vllm_model}")
+        click.echo(f"SGLang {sg.NEWEST}: {len(sg.VERIFIED_ARCHITECTURES)} architectures verified against its own "
+                   "code (tests/data/sglang_oracle.json)")
+        for name in sorted(sg.VERIFIED_ARCHITECTURES):
+            click.echo(f"  {name}")
+        click.echo("Any other architecture is planned with a warning and a wider error band.")
+        return
     for alias in list_aliases():
         profile = load_profile(alias) or {}
         click.echo(f"{alias:32} {profile.get('repo', '')}")

@@ -123,6 +123,9 @@ class Plan:
     # What the engine's own defaults would choose on this GPU, for comparison.
     engine_defaults: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    # Whether this engine's KV layout for the model's architecture is proven against the engine
+    # (launcher/engines/vllm/architectures.py); None: not assessed (e.g. --trust-engine).
+    architecture_verified: bool | None = None
 
     def item(self, key: str) -> BudgetItem | None:
         return next((i for i in self.budget if i.key == key), None)

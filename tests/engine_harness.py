@@ -199,6 +199,26 @@ def parse_kv_line(line: str) -> dict | None:
     }
 
 
+# vLLM <= 0.27 logs the line in two halves (v1/core/kv_cache_utils.py:2235-2240 in 0.27.1):
+#   "GPU KV cache size: 1,048,576 tokens" and "Maximum concurrency for 4,096 tokens per request: 256.00x"
+KV_SIZE_ONLY_RE = re.compile(r"(?P<dev>[A-Z]+)(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens\s*$")
+KV_CONC_ONLY_RE = re.compile(r"Maximum concurrency for (?P<mml>[\d,]+) tokens per request: (?P<conc>[\d.]+)x")
+
+
+def parse_split_kv_line(lines: list[str]) -> dict | None:
+    """The two-line form: a concurrency line (the last one) completes the latest size-only line.
+
+    The joined message reads like the one-line form, so records compare alike."""
+    m_conc = KV_CONC_ONLY_RE.search(lines[-1]) if lines else None
+    if not m_conc:
+        return None
+    for prev in reversed(lines[-50:-1]):
+        m_size = KV_SIZE_ONLY_RE.search(prev)
+        if m_size:
+            return parse_kv_line(prev[m_size.start():].rstrip() + ", " + lines[-1][m_conc.start():])
+    return None
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -281,7 +301,7 @@ def run_vllm_cpu(
             with lock:
                 run.lines.append(line)
                 if run.kv_line is None:
-                    p = parse_kv_line(line)
+                    p = parse_kv_line(line) or parse_split_kv_line(run.lines)
                     if p:
                         run.kv_line, run.kv_line_full = p["message"], line
                         run.kv_tokens, run.concurrency = p["tokens"], p["concurrency"]
@@ -434,10 +454,71 @@ def truth_matrix() -> list[dict[str, Any]]:
         _case("qwen2-env-and-bytes", "qwen2", E("--max-model-len", "4096", "--kv-cache-memory-bytes", "1000000000"),
               note="VLLM_CPU_KVCACHE_SPACE overrides --kv-cache-memory-bytes"),
     ]
-    return cases
+    return cases + architecture_matrix()
 
 
-def run_case(case: dict[str, Any], models_root: str, python: str, timeout: float = 300.0) -> dict[str, Any]:
+# Second settings per architecture family (launcher/engines/vllm/architectures.py cites these ids):
+# lengths that cross the window or chunk, fp8 KV (is the dtype honoured?), other block sizes.
+_FP8 = ("--kv-cache-dtype", "fp8")
+_BS64 = ("--block-size", "64")
+ARCH_SECOND: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
+    "qwen3": (("kv-fp8", ("--max-model-len", "4096", *_FP8), ""),),
+    "gemma3": (("mml1024", ("--max-model-len", "1024"), "window 256 + 2048 in flight capped by mml"),),
+    "qwen3_moe": (("kv-fp8", ("--max-model-len", "4096", *_FP8), ""),),
+    "qwen2_moe": (("bs64", ("--max-model-len", "4096", *_BS64), ""),),
+    "mixtral": (("kv-fp8", ("--max-model-len", "4096", *_FP8), ""),),
+    "gemma": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "head_dim 64 != hidden/heads"),),
+    "phi3": (("mml1024", ("--max-model-len", "1024"), "every layer slides (window 255, no layer_types)"),),
+    "phi": (("kv-fp8", ("--max-model-len", "2048", *_FP8), "Transformers backend"),),
+    "granite": (("bs64", ("--max-model-len", "4096", *_BS64), ""),),
+    "granitemoe": (("mml1000", ("--max-model-len", "1000"), ""),),
+    "cohere": (("kv-fp8", ("--max-model-len", "4096", *_FP8), ""),),
+    "cohere2": (("mml1024", ("--max-model-len", "1024"), "window passed as sliding_window + 1"),
+                ("mnbt512", ("--max-model-len", "4096", "--max-num-batched-tokens", "512"), ""),
+                ("mnbt513", ("--max-model-len", "4096", "--max-num-batched-tokens", "513"),
+                 "256 + 513 = 769 tokens held: one block more than with the plain window")),
+    "starcoder2": (("mml1024", ("--max-model-len", "1024"), "model-wide window, no layer_types"),),
+    "gpt_bigcode": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "multi_query"),),
+    "falcon": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "multi_query, old decoder"),),
+    "falcon_ndarch": (("bs64", ("--max-model-len", "4096", *_BS64), "new_decoder_architecture"),),
+    "gpt_neox": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "Transformers backend"),),
+    "gptj": (("mml2048", ("--max-model-len", "2048"), ""),),
+    "olmo": (("kv-fp8", ("--max-model-len", "4096", *_FP8), ""),),
+    "olmo2": (("bs64", ("--max-model-len", "4096", *_BS64), ""),),
+    "olmo3": (("mml1024", ("--max-model-len", "1024"), "3 sliding : 1 full"),),
+    "glm4": (("kv-fp8", ("--max-model-len", "4096", *_FP8), ""),),
+    "deepseek_v3": (("mml1000", ("--max-model-len", "1000"), "MLA"),),
+    "minicpm3": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "MLA-like fields, plain K/V"),),
+    "llama4": (("mml8192", ("--max-model-len", "8192"), "chunked local attention, chunk 256"),
+               ("mml200", ("--max-model-len", "200"), "length under the chunk")),
+    "exaone4": (("mml1024", ("--max-model-len", "1024"), "3 sliding : 1 full"),),
+    "stablelm": (("kv-fp8", ("--max-model-len", "4096", *_FP8), ""),),
+    "ernie4_5": (("bs64", ("--max-model-len", "4096", *_BS64), ""),),
+    "hunyuan_dense": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "Transformers backend"),),
+    "bloom": (("kv-fp8", ("--max-model-len", "2048", *_FP8), "ALiBi"),),
+    "opt": (("kv-fp8", ("--max-model-len", "2048", *_FP8), ""),),
+    "gpt2": (("kv-fp8", ("--max-model-len", "1024", *_FP8), ""),),
+    "smollm3": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "Transformers backend"),),
+    "phimoe": (("bs64", ("--max-model-len", "4096", *_BS64), ""),),
+    "dbrx": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "attn_config.kv_n_heads"),),
+    "seed_oss": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "Transformers backend"),),
+}
+# Base length per family where the model's own maximum is under 4096.
+ARCH_BASE_LEN = {"phi": "2048", "bloom": "2048", "opt": "2048", "gpt2": "1024"}
+
+
+def architecture_matrix() -> list[dict[str, Any]]:
+    """Every further family at a base setting first, then its second settings (run in this order)."""
+    E = lambda *a: ["--enforce-eager", *a]  # noqa: E731
+    base = [_case(f"{k}-base", k, E("--max-model-len", ARCH_BASE_LEN.get(k, "4096")))
+            for k in ARCH_SECOND if k not in ("qwen3", "gemma3")]
+    second = [_case(f"{k}-{suffix}", k, E(*args), note=note)
+              for k, settings in ARCH_SECOND.items() for suffix, args, note in settings]
+    return base + second
+
+
+def run_case(case: dict[str, Any], models_root: str, python: str, timeout: float = 300.0,
+             engine_version: str | None = None) -> dict[str, Any]:
     from tinymodels import build, load_config  # type: ignore  # same directory
 
     model_dir = build(models_root, case["kind"])
@@ -488,6 +569,7 @@ def run_case(case: dict[str, Any], models_root: str, python: str, timeout: float
         "seconds_to_kv_line": round(run.t_kv_line, 1) if run.t_kv_line else None,
         "seconds_to_ready": round(run.t_ready, 1) if run.t_ready else None,
         "seconds_total": round(run.t_total or 0, 1),
+        "engine_version": engine_version,
     }
 
 
@@ -527,7 +609,7 @@ def generate_truth(out_path: str, models_root: str, python: str, only: list[str]
         if only and case["id"] not in only:
             continue
         print(f"[truth] {case['id']} ...", file=sys.stderr, flush=True)
-        r = run_case(case, models_root, python)
+        r = run_case(case, models_root, python, engine_version=results["meta"]["versions"].get("vllm"))
         print(f"[truth] {case['id']}: {r['kv_line'] or r['error_tail'][-3:]} ({r['seconds_total']} s)",
               file=sys.stderr, flush=True)
         cases_by_id[case["id"]] = r
@@ -545,11 +627,68 @@ def generate_truth(out_path: str, models_root: str, python: str, only: list[str]
         f.write("\n")
 
 
+# --------------------------------------------------------------------------------------
+# Several engine versions in one file (tests/data/vllm_cpu_truth_versions.json)
+# --------------------------------------------------------------------------------------
+
+VERSIONS_SUBSET = ("llama-base", "qwen2-kv-fp8", "mistral-base", "gemma2-base", "gemma3-base",
+                   "deepseek_v2-base", "mistral-mnbt512", "llama-bs32")
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def generate_truth_versions(out_path: str, models_root: str, python: str, only: list[str] | None = None) -> None:
+    """Record `only` (default VERSIONS_SUBSET) on the engine in `python` into OUT.json.
+
+    Each case gets "engine_version"; records of other versions (or other cases) already in
+    OUT.json are kept, a record with the same (engine_version, id) is replaced.
+    """
+    import platform
+
+    probe = ("import vllm, torch, transformers, json; print(json.dumps({'vllm': vllm.__version__, "
+             "'torch': torch.__version__, 'transformers': transformers.__version__, "
+             "'amx': torch.cpu._is_amx_tile_supported(), 'avx512_bf16': torch.cpu._is_avx512_bf16_supported()}))")
+    versions = json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True,
+                                         check=True).stdout.strip().splitlines()[-1])
+    version = versions["vllm"]
+    results: dict[str, Any] = {}
+    if os.path.exists(out_path):
+        with open(out_path) as f:
+            results = json.load(f)
+    meta = results.setdefault("meta", {})
+    meta.update({
+        "generator": "python tests/engine_harness.py truth-versions OUT.json MODELS_DIR --python PY [--only ID ...]",
+        "cpu": _cpu_model() or platform.machine(),
+        "nproc": os.cpu_count(),
+        "launch": "python -m vllm.entrypoints.openai.api_server --model DIR --host 127.0.0.1 --port P ARGS",
+    })
+    meta.setdefault("versions", {})[version] = versions
+    wanted = list(only or VERSIONS_SUBSET)
+    order = [c["id"] for c in truth_matrix()]
+    by_key = {(c["engine_version"], c["id"]): c for c in results.get("cases", [])}
+    for case in truth_matrix():
+        if case["id"] not in wanted:
+            continue
+        print(f"[truth {version}] {case['id']} ...", file=sys.stderr, flush=True)
+        r = run_case(case, models_root, python, engine_version=version)
+        print(f"[truth {version}] {case['id']}: {r['kv_line'] or r['error_tail'][-3:]} ({r['seconds_total']} s)",
+              file=sys.stderr, flush=True)
+        by_key[(version, case["id"])] = {**r, "engine_version": version}
+        results["cases"] = sorted(by_key.values(), key=lambda c: (
+            _version_tuple(c["engine_version"]), order.index(c["id"]) if c["id"] in order else 999))
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1)
+            f.write("\n")
+
+
 if __name__ == "__main__":
     # engine_harness.py truth OUT.json MODELS_DIR [--python PY] [--only ID ...]
     # engine_harness.py MODEL_DIR [vllm args...]            (manual single run, echoes the log)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    if len(sys.argv) > 1 and sys.argv[1] == "truth":
+    # engine_harness.py truth-versions OUT.json MODELS_DIR --python PY [--only ID ...]  (engine_version per case)
+    if len(sys.argv) > 1 and sys.argv[1] in ("truth", "truth-versions"):
         a = sys.argv[2:]
         py = sys.executable
         if "--python" in a:
@@ -561,7 +700,7 @@ if __name__ == "__main__":
             i = a.index("--only")
             only = a[i + 1:]
             del a[i:]
-        generate_truth(a[0], a[1], py, only)
+        (generate_truth if sys.argv[1] == "truth" else generate_truth_versions)(a[0], a[1], py, only)
         raise SystemExit(0)
     r = run_vllm_cpu(sys.argv[1], sys.argv[2:],
                      {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")},

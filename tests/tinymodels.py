@@ -198,6 +198,277 @@ KIND_CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
 KINDS = tuple(KIND_CONFIGS)
 
 
+# --------------------------------------------------------------------------- more families
+# Tiny configs of further architectures vLLM 0.32 serves (tests/test_architectures.py).
+# Keys are each family's own spelling (n_embd, n_head, attn_config.kv_n_heads, ...), as
+# in the real checkpoints, because that is what the geometry parser must read.
+_TOK = {"vocab_size": VOCAB_SIZE, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+_DENSE = {**_TOK, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
+          "num_attention_heads": 4, "max_position_embeddings": 4096, "tie_word_embeddings": False}
+
+
+def _cfg_qwen3_moe() -> dict[str, Any]:
+    return {**_COMMON, "model_type": "qwen3_moe", "use_sliding_window": False, "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 64, "decoder_sparse_step": 1,
+            "mlp_only_layers": []}
+
+
+def _cfg_qwen2_moe() -> dict[str, Any]:
+    c = {**_COMMON, "model_type": "qwen2_moe", "use_sliding_window": False, "num_experts": 4,
+         "num_experts_per_tok": 2, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_mixtral() -> dict[str, Any]:
+    # Real Mixtral-8x7B-v0.1 writes "sliding_window": null.
+    return {**_COMMON, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2,
+            "sliding_window": None}
+
+
+def _cfg_gemma() -> dict[str, Any]:
+    # Gemma-7B: head_dim 256 != hidden / heads; tiny keeps head_dim explicit (64) != 128/4.
+    return {**_COMMON, "model_type": "gemma", "head_dim": 64, "num_key_value_heads": 1,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}
+
+
+def _cfg_phi3() -> dict[str, Any]:
+    # Phi-3-mini-4k writes sliding_window 2047 and no layer_types: every layer slides.
+    c = {**_COMMON, "model_type": "phi3", "num_key_value_heads": 4, "sliding_window": 255,
+         "original_max_position_embeddings": 4096}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_phi() -> dict[str, Any]:
+    # Phi-2: partial rotary, MHA (no num_key_value_heads), served by the Transformers backend.
+    return {**_DENSE, "model_type": "phi", "partial_rotary_factor": 0.5, "num_key_value_heads": None}
+
+
+def _cfg_granite() -> dict[str, Any]:
+    return {**_COMMON, "model_type": "granite", "embedding_multiplier": 12.0, "logits_scaling": 8.0,
+            "residual_multiplier": 0.22, "attention_multiplier": 0.0078125}
+
+
+def _cfg_granitemoe() -> dict[str, Any]:
+    c = {**_COMMON, "model_type": "granitemoe", "num_local_experts": 4, "num_experts_per_tok": 2,
+         "embedding_multiplier": 12.0, "logits_scaling": 6.0, "residual_multiplier": 0.22,
+         "attention_multiplier": 0.015625}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_cohere() -> dict[str, Any]:
+    # Command-R v01: MHA-ish GQA, no window, use_qk_norm false.
+    c = {**_COMMON, "model_type": "cohere", "logit_scale": 0.0625, "tie_word_embeddings": True,
+         "layer_norm_eps": 1e-5}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_cohere2() -> dict[str, Any]:
+    # Command-R7B: sliding_window 4096, 3 sliding : 1 full (layer_types from the pattern).
+    c = {**_COMMON, "model_type": "cohere2", "logit_scale": 0.25, "tie_word_embeddings": True,
+         "sliding_window": 256, "layer_norm_eps": 1e-5,
+         "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_starcoder2() -> dict[str, Any]:
+    # StarCoder2-3b/7b/15b write sliding_window 4096 and no layer_types.
+    c = {**_COMMON, "model_type": "starcoder2", "sliding_window": 256, "use_bias": True,
+         "norm_epsilon": 1e-5, "hidden_act": "gelu_pytorch_tanh"}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_gpt_bigcode() -> dict[str, Any]:
+    # StarCoder / SantaCoder: multi_query true -> one KV head; no num_key_value_heads key.
+    return {**_TOK, "model_type": "gpt_bigcode", "n_embd": 128, "n_layer": 4, "n_head": 4, "n_inner": 256,
+            "n_positions": 4096, "multi_query": True, "tie_word_embeddings": True}
+
+
+def _cfg_falcon() -> dict[str, Any]:
+    # Falcon-7B: multi_query, old decoder: one KV head.
+    return {**_TOK, "model_type": "falcon", "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "multi_query": True, "new_decoder_architecture": False, "parallel_attn": True, "alibi": False,
+            "bias": False, "max_position_embeddings": 4096, "tie_word_embeddings": True}
+
+
+def _cfg_falcon_ndarch() -> dict[str, Any]:
+    # Falcon-40B/180B: new_decoder_architecture with num_kv_heads (multi_query is ignored).
+    return {**_TOK, "model_type": "falcon", "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_kv_heads": 2, "multi_query": True, "new_decoder_architecture": True, "parallel_attn": True,
+            "alibi": False, "bias": False, "max_position_embeddings": 4096, "tie_word_embeddings": True}
+
+
+def _cfg_gpt_neox() -> dict[str, Any]:
+    # Pythia / GPT-NeoX-20B: MHA, rotary_pct 0.25.
+    return {**_DENSE, "model_type": "gpt_neox", "rotary_pct": 0.25, "use_parallel_residual": True,
+            "layer_norm_eps": 1e-5}
+
+
+def _cfg_gptj() -> dict[str, Any]:
+    return {**_TOK, "model_type": "gptj", "n_embd": 128, "n_layer": 4, "n_head": 4, "rotary_dim": 16,
+            "n_positions": 4096, "n_inner": 256, "tie_word_embeddings": False}
+
+
+def _cfg_olmo() -> dict[str, Any]:
+    c = {**_COMMON, "model_type": "olmo", "num_key_value_heads": 4}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_olmo2() -> dict[str, Any]:
+    c = {**_COMMON, "model_type": "olmo2", "num_key_value_heads": 4}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_olmo3() -> dict[str, Any]:
+    # OLMo-3: 3 sliding (window 4096) : 1 full, written as layer_types.
+    c = {**_COMMON, "model_type": "olmo3", "num_key_value_heads": 4, "sliding_window": 256,
+         "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_glm4() -> dict[str, Any]:
+    # GLM-4-0414: partial rotary, GQA with head_dim.
+    return {**_COMMON, "model_type": "glm4", "partial_rotary_factor": 0.5, "attention_bias": True,
+            "rms_norm_eps": 1e-5}
+
+
+def _cfg_deepseek_v3() -> dict[str, Any]:
+    # DeepSeek-V3 / R1 / Kimi-K2 style MLA (512 + 64), q_lora, one dense layer then MoE.
+    c = {**_cfg_deepseek_v2(), "model_type": "deepseek_v3", "q_lora_rank": 64, "first_k_dense_replace": 1,
+         "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+         "routed_scaling_factor": 2.5, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+         "norm_topk_prob": True}
+    return c
+
+
+def _cfg_minicpm3() -> dict[str, Any]:
+    # MiniCPM3-4B: MLA-like fields, but vLLM caches plain K/V of qk_nope + qk_rope (96) per head.
+    return {**_DENSE, "model_type": "minicpm3", "num_key_value_heads": 4, "kv_lora_rank": 64, "q_lora_rank": 64,
+            "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "scale_emb": 12,
+            "scale_depth": 1.4, "dim_model_base": 256, "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+def _cfg_llama4() -> dict[str, Any]:
+    # Llama-4 text: chunked local attention (chunk 8192 in Scout) on RoPE layers, every 4th
+    # layer NoPE with full attention; MoE every layer.
+    return {**_COMMON, "model_type": "llama4_text", "attention_chunk_size": 256, "no_rope_layers": [1, 1, 1, 0],
+            "num_local_experts": 2, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+            "intermediate_size_mlp": 256, "use_qk_norm": True, "attn_temperature_tuning": True,
+            "max_position_embeddings": 32768, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
+
+
+def _cfg_exaone4() -> dict[str, Any]:
+    # EXAONE-4.0-32B: 3 sliding : 1 full (sliding_window_pattern "LLLG").
+    return {**_COMMON, "model_type": "exaone4", "sliding_window": 256,
+            "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]}
+
+
+def _cfg_stablelm() -> dict[str, Any]:
+    # StableLM-2: partial rotary 0.25, MHA.
+    c = {**_COMMON, "model_type": "stablelm", "num_key_value_heads": 4, "partial_rotary_factor": 0.25,
+         "layer_norm_eps": 1e-5}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_ernie4_5() -> dict[str, Any]:
+    return {**_COMMON, "model_type": "ernie4_5", "use_bias": False}
+
+
+def _cfg_hunyuan_dense() -> dict[str, Any]:
+    return {**_COMMON, "model_type": "hunyuan_v1_dense", "use_qk_norm": True}
+
+
+def _cfg_bloom() -> dict[str, Any]:
+    # BLOOM: ALiBi, MHA, n_head; no max_position_embeddings key at all.
+    return {**_TOK, "model_type": "bloom", "hidden_size": 128, "n_layer": 4, "n_head": 4,
+            "tie_word_embeddings": True}
+
+
+def _cfg_opt() -> dict[str, Any]:
+    return {**_TOK, "model_type": "opt", "hidden_size": 128, "ffn_dim": 256, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "max_position_embeddings": 2048, "word_embed_proj_dim": 128,
+            "do_layer_norm_before": True, "tie_word_embeddings": True}
+
+
+def _cfg_gpt2() -> dict[str, Any]:
+    return {**_TOK, "model_type": "gpt2", "n_embd": 128, "n_layer": 4, "n_head": 4, "n_positions": 1024,
+            "n_inner": 256, "tie_word_embeddings": True}
+
+
+def _cfg_smollm3() -> dict[str, Any]:
+    # SmolLM3: every 4th layer NoPE (no effect on the KV cache), GQA.
+    return {**_COMMON, "model_type": "smollm3", "no_rope_layer_interval": 4, "use_sliding_window": False,
+            "tie_word_embeddings": True}
+
+
+def _cfg_phimoe() -> dict[str, Any]:
+    # Phi-3.5-MoE writes sliding_window null... the 128k variant; mini-MoE writes 131072.
+    return {**_COMMON, "model_type": "phimoe", "num_local_experts": 4, "num_experts_per_tok": 2,
+            "sliding_window": None}
+
+
+def _cfg_dbrx() -> dict[str, Any]:
+    # DBRX: d_model / n_heads / n_layers, KV heads in attn_config.kv_n_heads.
+    return {**_TOK, "model_type": "dbrx", "d_model": 128, "n_heads": 4, "n_layers": 4, "max_seq_len": 4096,
+            "attn_config": {"kv_n_heads": 1, "clip_qkv": 8, "rope_theta": 500000.0},
+            "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
+            "tie_word_embeddings": False}
+
+
+def _cfg_seed_oss() -> dict[str, Any]:
+    return {**_COMMON, "model_type": "seed_oss", "head_dim": 32}
+
+
+MORE_KIND_CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
+    "qwen3_moe": _cfg_qwen3_moe,
+    "qwen2_moe": _cfg_qwen2_moe,
+    "mixtral": _cfg_mixtral,
+    "gemma": _cfg_gemma,
+    "phi3": _cfg_phi3,
+    "phi": _cfg_phi,
+    "granite": _cfg_granite,
+    "granitemoe": _cfg_granitemoe,
+    "cohere": _cfg_cohere,
+    "cohere2": _cfg_cohere2,
+    "starcoder2": _cfg_starcoder2,
+    "gpt_bigcode": _cfg_gpt_bigcode,
+    "falcon": _cfg_falcon,
+    "falcon_ndarch": _cfg_falcon_ndarch,
+    "gpt_neox": _cfg_gpt_neox,
+    "gptj": _cfg_gptj,
+    "olmo": _cfg_olmo,
+    "olmo2": _cfg_olmo2,
+    "olmo3": _cfg_olmo3,
+    "glm4": _cfg_glm4,
+    "deepseek_v3": _cfg_deepseek_v3,
+    "minicpm3": _cfg_minicpm3,
+    "llama4": _cfg_llama4,
+    "exaone4": _cfg_exaone4,
+    "stablelm": _cfg_stablelm,
+    "ernie4_5": _cfg_ernie4_5,
+    "hunyuan_dense": _cfg_hunyuan_dense,
+    "bloom": _cfg_bloom,
+    "opt": _cfg_opt,
+    "gpt2": _cfg_gpt2,
+    "smollm3": _cfg_smollm3,
+    "phimoe": _cfg_phimoe,
+    "dbrx": _cfg_dbrx,
+    "seed_oss": _cfg_seed_oss,
+}
+KIND_CONFIGS.update(MORE_KIND_CONFIGS)
+KINDS = tuple(KIND_CONFIGS)
+
+
 def _words(n: int = 400) -> list[str]:
     """Deterministic pseudo-words (no randomness from the environment)."""
     onsets = ["b", "c", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "st", "tr", "pl"]

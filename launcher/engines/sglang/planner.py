@@ -154,6 +154,8 @@ def plan(request: PlanRequest) -> Plan:
                    f"{tokens} tokens x {cell:g} B/token (page {page}); budget {format_gib(budget)}", bar="kv"),
     )
     notes = [n for n in (rules_note, dtype_reason, kv_reason, page_reason) if n]
+    verified, architecture_note = sg.architecture_status(geometry)
+    unverified_error = 0 if verified else int(kv * sg.UNVERIFIED_KV_ERROR_FRACTION)
     notes.append(f"default fraction {derivation.fraction:g}: chunked prefill {derivation.chunked_prefill_size}, "
                  f"decode graph bs {derivation.decode_max_bs}, {derivation.prefill_buckets} prefill buckets"
                  + (", 10 GiB floor" if derivation.floor_applied else ""))
@@ -165,8 +167,9 @@ def plan(request: PlanRequest) -> Plan:
         mem_fraction_static=fraction_value, block_size=page, gpu_name=gpu.name, gpu_count=len(devices),
         notes=tuple(notes),
         engine_version_assumed=request.engine_version_assumed,
-        kv_cache_bytes_low=max(kv - int(max(tokens_high - tokens, 0) * cell), 0),
-        kv_cache_bytes_high=int(max(tokens_high, tokens) * cell),
+        architecture_verified=verified, warnings=() if verified else (architecture_note,),
+        kv_cache_bytes_low=max(kv - int(max(tokens_high - tokens, 0) * cell) - unverified_error, 0),
+        kv_cache_bytes_high=int(max(tokens_high, tokens) * cell) + unverified_error,
         may_not_fit=doubt,
         engine_defaults={"mem_fraction_static": derivation.fraction,
                          "chunked_prefill_size": derivation.chunked_prefill_size},

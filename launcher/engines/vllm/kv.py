@@ -1,15 +1,24 @@
 """vLLM 0.32's KV cache accounting, reproduced to the token.
 
 Sources (vLLM 0.32.0, paths in the vLLM tree):
+- per-layer spec: what each architecture's model code builds
+  (`launcher.engines.vllm.architectures.vllm_layer_specs`);
 - page size per layer: `v1/kv_cache_interface.py` (`AttentionSpec.page_size_bytes`;
   MLA caches one latent, no factor 2);
-- grouping of full and sliding-window layers: `v1/core/kv_cache_utils.py`
-  `_get_kv_cache_groups_uniform_page_size` (group size = the smallest bucket, or the
-  largest when it is under 1.5x the smallest; buckets padded to whole groups);
-- bytes per block = group size x page; num_blocks = KV bytes // bytes per block;
+- one spec for every layer: one group (`_get_kv_cache_groups_uniform_spec`); one type with
+  different shapes: one group whose block spans every page (`UniformTypeKVCacheSpecs`);
+- mixed types: `unify_kv_cache_spec_page_size` (smaller pages get a larger block, or are
+  padded when they do not divide), then `_get_kv_cache_groups_uniform_page_size` (group size =
+  the smallest bucket, or the largest when it is under 1.5x the smallest; buckets padded to
+  whole groups), `v1/core/kv_cache_utils.py:1292-1502`;
+- `--disable-hybrid-kv-cache-manager` promotes sliding and chunked layers to full
+  (`_promote_local_kv_cache_specs`, :1690-1763);
+- bytes per block = the largest group's pages; num_blocks = KV bytes // bytes per block;
 - per-request blocks: full `cdiv(max_model_len, block)`, sliding
   `cdiv(min(window - 1 + in_flight, max_model_len), block) + 1`
-  (`SlidingWindowSpec.max_admission_blocks_per_request`);
+  (`SlidingWindowSpec.max_admission_blocks_per_request`), chunked local
+  `cdiv(min(chunk + in_flight, max_model_len), block)` (`ChunkedLocalAttentionSpec`,
+  `v1/kv_cache_interface.py:810-831`);
 - the printed figure: `int(num_blocks / blocks_per_request * max_model_len)` tokens and
   `%.2f` concurrency (`get_kv_cache_capacity`), so sliding-window models print more
   tokens than they have slots;
@@ -21,8 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.engines.vllm.architectures import CHUNKED, LayerSpec, vllm_layer_specs
 from launcher.search import largest_length
-from launcher.model import FULL, LINEAR, SLIDING, ModelGeometry, kv_heads_per_rank
+from launcher.model import FULL, MLA, SLIDING, ModelGeometry, kv_heads_per_rank
 from launcher.units import cdiv
 
 DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
@@ -33,9 +43,10 @@ CPU_BLOCK_SIZE = 128  # CpuPlatform.check_and_update_config when --block-size is
 class KvGroup:
     """One KV cache group: layers that share a block table."""
 
-    kind: str  # FULL, SLIDING or MLA
+    kind: str  # FULL, SLIDING, CHUNKED or MLA
     num_layers: int  # real layers in this group (padding excluded)
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # the window (SLIDING) or the chunk (CHUNKED)
+    block_size: int | None = None  # tokens per block when page unification changed it
 
 
 @dataclass(frozen=True)
@@ -43,15 +54,16 @@ class KvLayout:
     """How one rank's KV cache is cut into blocks."""
 
     block_size: int  # tokens per block
-    page_bytes: int  # one block of one layer
+    page_bytes: int  # one block of one layer (the unified page)
     group_size: int  # layers per group, padding included
     groups: tuple[KvGroup, ...]
     kv_dtype_bytes: int
+    group_bytes: int | None = None  # one block of the largest group, when pages differ within it
 
     @property
     def bytes_per_block(self) -> int:
         """One block across every layer of a group: what `num_blocks` divides by."""
-        return self.group_size * self.page_bytes
+        return self.group_bytes if self.group_bytes is not None else self.group_size * self.page_bytes
 
     @property
     def padding_layers(self) -> int:
@@ -61,11 +73,14 @@ class KvLayout:
         """Blocks one request of `max_model_len` tokens claims across all groups."""
         total = 0
         for group in self.groups:
+            block = group.block_size or self.block_size
             if group.kind == SLIDING and group.sliding_window is not None:
                 held = min(group.sliding_window - 1 + in_flight_tokens, max_model_len)
-                total += cdiv(held, self.block_size) + 1
+                total += cdiv(held, block) + 1
+            elif group.kind == CHUNKED and group.sliding_window is not None:
+                total += cdiv(min(group.sliding_window + in_flight_tokens, max_model_len), block)
             else:
-                total += cdiv(max_model_len, self.block_size)
+                total += cdiv(max_model_len, block)
         return total
 
 
@@ -87,11 +102,18 @@ class KvCapacity:
 
 
 def page_bytes_per_layer(geometry: ModelGeometry, *, block_size: int, kv_dtype_bytes: int, tp: int) -> int:
-    if geometry.mla is not None:
-        # MLA: one latent (kv_lora_rank + rope dims) per token, replicated on every rank.
-        return block_size * geometry.mla.latent_dim * kv_dtype_bytes
-    heads = kv_heads_per_rank(geometry.num_kv_heads, tp)
-    return block_size * heads * (geometry.head_dim + geometry.v_head_dim) * kv_dtype_bytes
+    """The page of the model's first KV layer (all layers, for uniform models)."""
+    spec = next((s for s in vllm_layer_specs(geometry) if s is not None), None)
+    if spec is None:
+        return 0
+    return _page(spec, block_size, kv_dtype_bytes, kv_dtype_bytes, tp)
+
+
+def _page(spec: LayerSpec, block_size: int, kv_dtype_bytes: int, auto_dtype_bytes: int, tp: int) -> int:
+    """`AttentionSpec.page_size_bytes`: block x heads on this rank x (K + V head) x dtype."""
+    heads = 1 if spec.kind == MLA else kv_heads_per_rank(spec.num_kv_heads, tp)
+    dtype = kv_dtype_bytes if spec.kv_dtype_honoured else auto_dtype_bytes
+    return block_size * heads * (spec.head_size + spec.head_size_v) * dtype
 
 
 def pp_partitions(num_layers: int, pp: int) -> list[range]:
@@ -103,7 +125,7 @@ def pp_partitions(num_layers: int, pp: int) -> list[range]:
     for i in range(2, num_layers % pp + 2):
         sizes[-i] += 1
     starts = [sum(sizes[:i]) for i in range(pp)]
-    return [range(start, start + size) for start, size in zip(starts, sizes)]
+    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
 
 def kv_layout(
@@ -114,54 +136,88 @@ def kv_layout(
     tp: int = 1,
     pp: int = 1,
     hybrid_manager: bool = True,
+    auto_dtype_bytes: int = 2,
 ) -> KvLayout:
     """Group the KV layers of one rank the way vLLM's KV cache manager does.
 
-    With pipeline parallelism each stage sizes its own cache and the engine uses the
-    smallest block count, so the stage with the largest block wins.
+    `auto_dtype_bytes` is the model dtype's size, which layers that ignore
+    `--kv-cache-dtype` keep. With pipeline parallelism each stage sizes its own cache and
+    the engine uses the smallest block count, so the stage with the largest block wins.
     """
+    specs = vllm_layer_specs(geometry)
     if pp > 1:
         stages = [
-            _layout_for_kinds(geometry, [geometry.layer_kinds[i] for i in layers], block_size=block_size,
-                              kv_dtype_bytes=kv_dtype_bytes, tp=tp, hybrid_manager=hybrid_manager)
+            _layout_for_specs([specs[i] for i in layers], block_size=block_size, kv_dtype_bytes=kv_dtype_bytes,
+                              auto_dtype_bytes=auto_dtype_bytes, tp=tp, hybrid_manager=hybrid_manager)
             for layers in pp_partitions(geometry.num_layers, pp)
         ]
         return max(stages, key=lambda layout: layout.bytes_per_block)
-    return _layout_for_kinds(geometry, list(geometry.layer_kinds), block_size=block_size,
-                             kv_dtype_bytes=kv_dtype_bytes, tp=tp, hybrid_manager=hybrid_manager)
+    return _layout_for_specs(list(specs), block_size=block_size, kv_dtype_bytes=kv_dtype_bytes,
+                             auto_dtype_bytes=auto_dtype_bytes, tp=tp, hybrid_manager=hybrid_manager)
 
 
-def _layout_for_kinds(geometry: ModelGeometry, kinds: list[str], *, block_size: int, kv_dtype_bytes: int,
-                      tp: int, hybrid_manager: bool) -> KvLayout:
-    kinds = [k for k in kinds if k != LINEAR]
-    if not hybrid_manager:
-        # --disable-hybrid-kv-cache-manager: sliding layers are promoted to full attention.
-        kinds = [FULL if k == SLIDING else k for k in kinds]
-    page = page_bytes_per_layer(geometry, block_size=block_size, kv_dtype_bytes=kv_dtype_bytes, tp=tp)
-    buckets: dict[str, int] = {}
-    for kind in kinds:
-        buckets[kind] = buckets.get(kind, 0) + 1
-    window = geometry.sliding_window
-    if len(buckets) == 1:
-        (kind, count), = buckets.items()
-        return KvLayout(block_size=block_size, page_bytes=page, group_size=count,
-                        groups=(KvGroup(kind, count, window if kind == SLIDING else None),),
-                        kv_dtype_bytes=kv_dtype_bytes)
-    smallest, largest = min(buckets.values()), max(buckets.values())
-    group_size = largest if largest < smallest * 1.5 else smallest
+@dataclass(frozen=True)
+class _Layer:
+    kind: str
+    window: int | None
+    shape: tuple[int, int, int, bool]  # heads, head size, V head size, dtype honoured
+    block: int
+    page: int
+
+
+def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtype_bytes: int,
+                      auto_dtype_bytes: int, tp: int, hybrid_manager: bool) -> KvLayout:
+    layers = [_Layer(s.kind, s.window, (s.num_kv_heads, s.head_size, s.head_size_v, s.kv_dtype_honoured),
+                     block_size, _page(s, block_size, kv_dtype_bytes, auto_dtype_bytes, tp))
+              for s in specs if s is not None]
+    if not layers:  # attention-free: no KV cache at all
+        return KvLayout(block_size=block_size, page_bytes=0, group_size=0, groups=(), kv_dtype_bytes=kv_dtype_bytes)
+    kinds = {layer.kind for layer in layers}
+    local = kinds & {SLIDING, CHUNKED}
+    if not hybrid_manager and FULL in kinds and local and not _one_type(layers):
+        # --disable-hybrid-kv-cache-manager: local layers allocate like full attention.
+        layers = [_Layer(FULL, None, layer.shape, layer.block, layer.page) if layer.kind in local else layer
+                  for layer in layers]
+    if len({(la.kind, la.window, la.shape, la.page) for la in layers}) == 1:
+        first = layers[0]
+        return KvLayout(block_size=block_size, page_bytes=first.page, group_size=len(layers),
+                        groups=(KvGroup(first.kind, len(layers), first.window),), kv_dtype_bytes=kv_dtype_bytes)
+    if _one_type(layers):
+        # UniformTypeKVCacheSpecs: one block table, one block spans every layer's own page.
+        first = layers[0]
+        return KvLayout(block_size=block_size, page_bytes=max(la.page for la in layers), group_size=len(layers),
+                        groups=(KvGroup(first.kind, len(layers), first.window),), kv_dtype_bytes=kv_dtype_bytes,
+                        group_bytes=sum(la.page for la in layers))
+    # unify_kv_cache_spec_page_size: scale the block of smaller pages, pad those that do not divide.
+    largest_page = max(la.page for la in layers)
+    layers = [la if la.page == largest_page else
+              _Layer(la.kind, la.window, la.shape,
+                     la.block * (largest_page // la.page) if largest_page % la.page == 0 else la.block, largest_page)
+              for la in layers]
+    buckets: dict[tuple[str, int | None, tuple[int, int, int, bool], int], int] = {}
+    for la in layers:
+        key = (la.kind, la.window, la.shape, la.block)
+        buckets[key] = buckets.get(key, 0) + 1
+    smallest, biggest = min(buckets.values()), max(buckets.values())
+    group_size = biggest if biggest < smallest * 1.5 else smallest
     groups: list[KvGroup] = []
-    for kind, count in buckets.items():
+    for (kind, window, _shape, block), count in buckets.items():
         num_groups = cdiv(count, group_size)
         for i in range(num_groups):
             members = len(range(i, count, num_groups))  # layers[i::num_groups]
-            groups.append(KvGroup(kind, members, window if kind == SLIDING else None))
-    return KvLayout(block_size=block_size, page_bytes=page, group_size=group_size,
+            groups.append(KvGroup(kind, members, window, block if block != block_size else None))
+    return KvLayout(block_size=block_size, page_bytes=largest_page, group_size=group_size,
                     groups=tuple(groups), kv_dtype_bytes=kv_dtype_bytes)
+
+
+def _one_type(layers: list[_Layer]) -> bool:
+    """`UniformTypeKVCacheSpecs.is_uniform_type`: one block size and one kind (one window)."""
+    return len({la.block for la in layers}) == 1 and len({(la.kind, la.window) for la in layers}) == 1
 
 
 def kv_capacity(layout: KvLayout, kv_bytes: int, *, max_model_len: int, in_flight_tokens: int) -> KvCapacity:
     """Blocks, printed tokens and concurrency for `kv_bytes` of KV cache on the tightest rank."""
-    num_blocks = max(0, kv_bytes // layout.bytes_per_block)
+    num_blocks = max(0, kv_bytes // layout.bytes_per_block) if layout.bytes_per_block else 0
     per_request = layout.blocks_per_request(max_model_len, in_flight_tokens)
     concurrency = num_blocks / per_request if per_request else 0.0
     check_memory = kv_bytes - layout.bytes_per_block  # the null block never serves a request

@@ -1,0 +1,286 @@
+"""How vLLM 0.32 builds each architecture's attention layers, and which of them are proven.
+
+`vllm_layer_specs` is the per-layer KV spec vLLM's own model code builds (kind, window as the
+engine passes it, KV heads and head sizes as the engine derives them, whether the layer's
+cache follows `--kv-cache-dtype`). `launcher.engines.vllm.kv` groups these specs the way the
+KV cache manager does.
+
+`VERIFIED` is the table of architectures whose layout was checked against the real vLLM
+0.32 CPU engine: each row names the cases in `tests/data/vllm_cpu_truth.json` (tiny random
+checkpoints from `tests/tinymodels.py`, started by `tests/engine_harness.py`) that prove it,
+and `tests/test_architectures.py` replays them. Any other architecture is planned with the
+generic rules and marked unverified by `architecture_status`.
+
+Paths cited are inside the vLLM 0.32.0 package (`vllm/...`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.model import FULL, LINEAR, MLA, SLIDING, ModelGeometry
+
+ENGINE_VERSION = "0.32.0"
+CHUNKED = "chunked"  # chunked local attention (Llama 4): ChunkedLocalAttentionSpec
+
+# vLLM treats a model as MLA only for these model types (and only with kv_lora_rank):
+# `ModelArchConfigConvertorBase.is_deepseek_mla`, transformers_utils/model_arch_config_convertor.py:330-375.
+# MiniCPM3 carries kv_lora_rank too but is not listed: it caches plain K/V (models/minicpm3.py:126-133).
+_MLA_MODEL_TYPES = frozenset({
+    "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "dots3_note", "k3_dspark",
+    "glm5_next", "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear",
+    "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid", "hy_v4",
+})
+# The CPU MLA decode kernel compiles one latent size only (v1/attention/backends/mla/cpu_mla.py:61-64).
+CPU_MLA_HEAD_SIZES = (576,)
+
+# Architectures vLLM 0.32 no longer serves (`_PREVIOUSLY_SUPPORTED_MODELS`,
+# model_executor/models/registry.py:797-849): the engine refuses them at start.
+REMOVED: Mapping[str, str] = {
+    "MPTForCausalLM": "0.28.0", "MptForCausalLM": "0.28.0", "RWForCausalLM": "0.28.0",
+    "StableLMEpochForCausalLM": "0.28.0", "ArcticForCausalLM": "0.28.0",
+    "BaiChuanForCausalLM": "0.23.0", "BaichuanForCausalLM": "0.23.0", "QWenLMHeadModel": "0.23.0",
+    "InternLMForCausalLM": "0.23.0", "XverseForCausalLM": "0.23.0", "Dots1ForCausalLM": "0.23.0",
+    "JAISLMHeadModel": "0.22.0", "AquilaForCausalLM": "0.24.0", "AquilaModel": "0.24.0",
+    "Grok1ForCausalLM": "0.24.0", "PersimmonForCausalLM": "0.25.0", "TeleChatForCausalLM": "0.25.0",
+    "Plamo2ForCausalLM": "0.26.0", "Phi3SmallForCausalLM": "0.9.2",
+}
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One decoder layer's KV cache as vLLM builds it (`Attention.get_kv_cache_spec`)."""
+
+    kind: str  # FULL, SLIDING, CHUNKED or MLA
+    num_kv_heads: int  # all ranks together; a rank holds max(1, n // tp) (MLA: 1, replicated)
+    head_size: int
+    head_size_v: int  # 0 for MLA (one latent, no separate V): v1/kv_cache_interface.py:698
+    window: int | None = None  # sliding window or attention chunk, as passed to the layer
+    kv_dtype_honoured: bool = True  # False: the layer gets no cache_config and keeps "auto"
+
+
+@dataclass(frozen=True)
+class ArchitectureRow:
+    """One verified architecture (for `safe-serve models --architectures`)."""
+
+    architecture: str  # the class name in config.json "architectures"
+    vllm_model: str  # where vLLM builds the attention layers
+    layers: str  # what each layer caches
+    heads: str  # where KV heads and head size come from
+    kv_dtype_honoured: bool
+    cases: tuple[str, ...]  # ids in tests/data/vllm_cpu_truth.json that prove the row
+    engine: str = "vllm"
+    engine_version: str = ENGINE_VERSION
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"architecture": self.architecture, "engine": self.engine, "engine_version": self.engine_version,
+                "vllm_model": self.vllm_model, "layers": self.layers, "heads": self.heads,
+                "kv_dtype_honoured": self.kv_dtype_honoured, "cases": list(self.cases)}
+
+
+_GQA = "num_key_value_heads (else num_attention_heads); head_dim (else hidden_size // heads)"
+_PLAIN = "every layer full attention"
+_BY_TYPES = "layer_types: sliding_attention layers slide with sliding_window, the rest full"
+_ALL_SW = "sliding_window without layer_types slides every layer (engine/arg_utils.py:2248-2254)"
+_TF = "Transformers backend (models/transformers/base.py:590-676): "
+
+VERIFIED: tuple[ArchitectureRow, ...] = (
+    ArchitectureRow("LlamaForCausalLM", "models/llama.py:185-220", _BY_TYPES + "; else " + _PLAIN, _GQA, True,
+                    ("llama-base", "llama-mml32768", "llama-mml5000", "llama-mml-default", "llama-bs32")),
+    ArchitectureRow("Qwen2ForCausalLM", "models/qwen2.py:196-205", "sliding only with use_sliding_window; " + _PLAIN,
+                    _GQA, True, ("qwen2-base", "qwen2-kv-fp8", "qwen2-kv-bfloat16", "qwen2-kv2GiB", "qwen2-bs16")),
+    ArchitectureRow("Qwen3ForCausalLM", "models/qwen3.py:141-150", _BY_TYPES, _GQA, True,
+                    ("qwen3-base", "qwen3-kv-fp8")),
+    ArchitectureRow("Qwen3MoeForCausalLM", "models/qwen3_moe.py:315-323", _PLAIN, _GQA, True,
+                    ("qwen3_moe-base", "qwen3_moe-kv-fp8")),
+    ArchitectureRow("Qwen2MoeForCausalLM", "models/qwen2_moe.py:262-270", _PLAIN, _GQA, True,
+                    ("qwen2_moe-base", "qwen2_moe-bs64")),
+    ArchitectureRow("MistralForCausalLM", "models/mistral.py (LlamaForCausalLM)", _ALL_SW, _GQA, True,
+                    ("mistral-base", "mistral-mnbt512", "mistral-mml1024", "mistral-bs64", "mistral-bs16")),
+    ArchitectureRow("MixtralForCausalLM", "models/mixtral.py:202-210", _ALL_SW + "; null window: full", _GQA, True,
+                    ("mixtral-base", "mixtral-kv-fp8")),
+    ArchitectureRow("GemmaForCausalLM", "models/gemma.py:183-191", _PLAIN, _GQA, True,
+                    ("gemma-base", "gemma-kv-fp8")),
+    ArchitectureRow("Gemma2ForCausalLM", "models/gemma2.py:150-166", _BY_TYPES + " (default: even layers slide)",
+                    _GQA, True, ("gemma2-base", "gemma2-bs16", "gemma2-mnbt1024", "gemma2-disable-hybrid")),
+    ArchitectureRow("Gemma3ForCausalLM", "models/gemma3.py:150-185", _BY_TYPES + " (default 5 sliding : 1 full)",
+                    _GQA, True, ("gemma3-base", "gemma3-mml1024")),
+    ArchitectureRow("Phi3ForCausalLM", "models/phi3.py (LlamaForCausalLM)", _ALL_SW, _GQA, True,
+                    ("phi3-base", "phi3-mml1024")),
+    ArchitectureRow("PhiForCausalLM", _TF + "phi", _PLAIN, _GQA, True, ("phi-base", "phi-kv-fp8")),
+    ArchitectureRow("GraniteForCausalLM", "models/granite.py:90-110, :225-235", _BY_TYPES, _GQA, True,
+                    ("granite-base", "granite-bs64")),
+    ArchitectureRow("GraniteMoeForCausalLM", "models/granitemoe.py:195-223", _BY_TYPES, _GQA, True,
+                    ("granitemoe-base", "granitemoe-mml1000")),
+    ArchitectureRow("CohereForCausalLM", "models/commandr.py:234-255", _PLAIN + " (v1 ignores layer_types)", _GQA,
+                    True, ("cohere-base", "cohere-kv-fp8")),
+    ArchitectureRow("Cohere2ForCausalLM", "models/commandr.py:234-255",
+                    "layer_types sliding layers with window sliding_window + 1 (default 3 sliding : 1 full)",
+                    _GQA, True, ("cohere2-base", "cohere2-mml1024", "cohere2-mnbt513")),
+    ArchitectureRow("Starcoder2ForCausalLM", _TF + "starcoder2", _ALL_SW, _GQA, True,
+                    ("starcoder2-base", "starcoder2-mml1024")),
+    ArchitectureRow("GPTBigCodeForCausalLM", _TF + "gpt_bigcode", _PLAIN,
+                    "multi_query: 1 KV head (the config class writes num_key_value_heads); n_head, n_embd", True,
+                    ("gpt_bigcode-base", "gpt_bigcode-kv-fp8")),
+    ArchitectureRow("FalconForCausalLM", "models/falcon.py:113-130, :164-181", _PLAIN + "; no window",
+                    "new_decoder_architecture: num_kv_heads; else multi_query: 1; else all heads; "
+                    "head = hidden_size // heads", False,
+                    ("falcon-base", "falcon-kv-fp8", "falcon_ndarch-base", "falcon_ndarch-bs64")),
+    ArchitectureRow("GPTNeoXForCausalLM", _TF + "gpt_neox", _PLAIN, _GQA, True,
+                    ("gpt_neox-base", "gpt_neox-kv-fp8")),
+    ArchitectureRow("GPTJForCausalLM", "models/gpt_j.py:104-111", _PLAIN, "n_head (MHA), n_embd // n_head", True,
+                    ("gptj-base", "gptj-mml2048")),
+    ArchitectureRow("OlmoForCausalLM", _TF + "olmo", _PLAIN, _GQA, True, ("olmo-base", "olmo-kv-fp8")),
+    ArchitectureRow("Olmo2ForCausalLM", _TF + "olmo2", _PLAIN, _GQA, True, ("olmo2-base", "olmo2-bs64")),
+    ArchitectureRow("Olmo3ForCausalLM", _TF + "olmo3", _BY_TYPES, _GQA, True, ("olmo3-base", "olmo3-mml1024")),
+    ArchitectureRow("Glm4ForCausalLM", "models/glm4.py:117-126", _PLAIN, _GQA, True, ("glm4-base", "glm4-kv-fp8")),
+    ArchitectureRow("DeepseekV2ForCausalLM", "models/deepseek_v2.py:580-590",
+                    "MLA: one latent of kv_lora_rank + qk_rope_head_dim per token (CPU kernel: 576 only)",
+                    "1 latent head (replicated on every rank)", True,
+                    ("deepseek_v2-base", "deepseek_v2-bs128", "deepseek_v2-mml1000", "deepseek_v2-kv-fp8")),
+    ArchitectureRow("DeepseekV3ForCausalLM", "models/deepseek_v2.py:580-590", "MLA, as DeepseekV2ForCausalLM",
+                    "1 latent head (replicated on every rank)", True, ("deepseek_v3-base", "deepseek_v3-mml1000")),
+    ArchitectureRow("MiniCPM3ForCausalLM", "models/minicpm3.py:126-133",
+                    "full attention with plain K/V although the config has kv_lora_rank (not MLA in vLLM)",
+                    "num_attention_heads KV heads; head = qk_nope_head_dim + qk_rope_head_dim", True,
+                    ("minicpm3-base", "minicpm3-kv-fp8")),
+    ArchitectureRow("Llama4ForCausalLM", "models/llama4.py:251-265",
+                    "RoPE layers chunked local attention (attention_chunk_size), NoPE layers (no_rope_layers 0) "
+                    "full; hybrid manager kept (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1)",
+                    _GQA, True, ("llama4-base", "llama4-mml8192", "llama4-mml200")),
+    ArchitectureRow("Exaone4ForCausalLM", "models/exaone4.py:172-193", _BY_TYPES, _GQA, True,
+                    ("exaone4-base", "exaone4-mml1024")),
+    ArchitectureRow("StableLmForCausalLM", "models/stablelm.py:154-161", _PLAIN, _GQA, True,
+                    ("stablelm-base", "stablelm-kv-fp8")),
+    ArchitectureRow("Ernie4_5ForCausalLM", "models/ernie45.py (LlamaForCausalLM)", _PLAIN, _GQA, True,
+                    ("ernie4_5-base", "ernie4_5-bs64")),
+    ArchitectureRow("HunYuanDenseV1ForCausalLM", _TF + "hunyuan_v1_dense", _PLAIN, _GQA, True,
+                    ("hunyuan_dense-base", "hunyuan_dense-kv-fp8")),
+    ArchitectureRow("BloomForCausalLM", "models/bloom.py:127-134", _PLAIN + " (ALiBi)", "n_head (MHA)", True,
+                    ("bloom-base", "bloom-kv-fp8")),
+    ArchitectureRow("OPTForCausalLM", "models/opt.py:106-112", _PLAIN, "num_attention_heads (MHA)", True,
+                    ("opt-base", "opt-kv-fp8")),
+    ArchitectureRow("GPT2LMHeadModel", "models/gpt2.py:95-101", _PLAIN, "n_head (MHA), n_embd // n_head", True,
+                    ("gpt2-base", "gpt2-kv-fp8")),
+    ArchitectureRow("SmolLM3ForCausalLM", _TF + "smollm3", _BY_TYPES, _GQA, True, ("smollm3-base", "smollm3-kv-fp8")),
+    ArchitectureRow("PhiMoEForCausalLM", "models/phimoe.py:356-364", _ALL_SW + "; null window: full", _GQA, True,
+                    ("phimoe-base", "phimoe-bs64")),
+    ArchitectureRow("DbrxForCausalLM", "models/dbrx.py:200, :248-256", _PLAIN,
+                    "attn_config.kv_n_heads (DbrxModelArchConfigConvertor); n_heads, d_model", True,
+                    ("dbrx-base", "dbrx-kv-fp8")),
+    ArchitectureRow("SeedOssForCausalLM", _TF + "seed_oss", _BY_TYPES, _GQA, True,
+                    ("seed_oss-base", "seed_oss-kv-fp8")),
+    ArchitectureRow("GptOssForCausalLM", "models/gpt_oss.py:170-188",
+                    "even layers slide with sliding_window (layer_types ignored), odd layers full", _GQA, True,
+                    ("gpt_oss-base", "gpt_oss-mml8192")),
+)
+_BY_NAME: Mapping[str, ArchitectureRow] = {row.architecture: row for row in VERIFIED}
+
+
+def verified_architectures() -> list[ArchitectureRow]:
+    """The verified table, sorted by architecture name (for `safe-serve models --architectures`)."""
+    return sorted(VERIFIED, key=lambda row: row.architecture)
+
+
+def verified_row(architecture: str) -> ArchitectureRow | None:
+    return _BY_NAME.get(architecture)
+
+
+def architecture_status(geometry: ModelGeometry) -> tuple[bool, str]:
+    """(verified, note): whether vLLM 0.32's KV layout for this architecture is proven.
+
+    The note is one line for the plan notes and JSON. Unverified architectures are planned
+    with the generic rules; their KV figure may be wrong and deserves a wide uncertainty band.
+    """
+    arch = geometry.architecture
+    if arch in REMOVED:
+        return False, (f"vLLM {ENGINE_VERSION} does not serve {arch} any more (removed in {REMOVED[arch]}): "
+                       "the engine will refuse it at start")
+    row = _BY_NAME.get(arch)
+    if row is None:
+        return False, (f"unverified architecture {arch}: its KV layout in vLLM {ENGINE_VERSION} was not checked "
+                       "against the engine; the KV figure may be wrong")
+    return True, (f"verified architecture {arch}: KV layout equals vLLM {ENGINE_VERSION} on "
+                  f"{len(row.cases)} recorded engine runs ({row.vllm_model})")
+
+
+# --------------------------------------------------------------------------- per-layer specs
+
+
+def uses_mla(geometry: ModelGeometry) -> bool:
+    """vLLM's `ModelConfig.use_mla` (config/model.py:2050-2063), VLLM_MLA_DISABLE unset."""
+    return geometry.mla is not None and geometry.model_type in _MLA_MODEL_TYPES
+
+
+def vllm_layer_specs(geometry: ModelGeometry) -> tuple[LayerSpec | None, ...]:
+    """The spec of every decoder layer as vLLM 0.32 builds it; None for layers with no KV cache."""
+    text = geometry.text_config
+    arch = geometry.architecture
+    kinds = geometry.layer_kinds
+    if geometry.mla is not None and uses_mla(geometry):
+        latent = LayerSpec(MLA, 1, geometry.mla.latent_dim, 0)
+        return tuple(None if kind == LINEAR else latent for kind in kinds)
+
+    heads, head = geometry.num_kv_heads, geometry.head_dim
+    if arch == "MiniCPM3ForCausalLM" and geometry.mla is not None:
+        # models/minicpm3.py:126-133: Attention(num_local_heads, qk_nope + qk_rope, num_kv_heads=num_local_heads).
+        heads = geometry.num_attention_heads
+        head = geometry.mla.qk_nope_head_dim + geometry.mla.qk_rope_head_dim
+    honoured = arch not in ("FalconForCausalLM",)  # models/falcon.py:164-181 pass no cache_config
+    window = geometry.sliding_window
+    if arch == "Cohere2ForCausalLM" and window is not None:
+        window += 1  # models/commandr.py:237-244: the layer sees sliding_window + 1 tokens
+
+    specs: list[LayerSpec | None] = []
+    for i, kind in enumerate(kinds):
+        if kind == LINEAR:
+            specs.append(None)
+            continue
+        if arch == "GptOssForCausalLM":
+            # models/gpt_oss.py:176: even layers slide, whatever layer_types says.
+            kind = SLIDING if i % 2 == 0 and window else FULL
+        if arch == "Llama4ForCausalLM":
+            kind = _llama4_kind(text, i)
+        if kind == CHUNKED:
+            specs.append(LayerSpec(CHUNKED, heads, head, head, _chunk(text), honoured))
+        elif kind == SLIDING and window is not None:
+            specs.append(LayerSpec(SLIDING, heads, head, head, window, honoured))
+        else:
+            specs.append(LayerSpec(FULL, heads, head, head, None, honoured))
+    return tuple(specs)
+
+
+def _chunk(text: Mapping[str, Any]) -> int | None:
+    value = text.get("attention_chunk_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _llama4_kind(text: Mapping[str, Any], layer: int) -> str:
+    """models/llama4.py:184-185, :251: chunked local attention on RoPE layers when a chunk is set."""
+    no_rope = text.get("no_rope_layers")
+    nope = isinstance(no_rope, list) and layer < len(no_rope) and no_rope[layer] == 0
+    if not no_rope and isinstance(text.get("no_rope_layer_interval"), int):
+        # Llama4TextConfig's default: every interval-th layer is NoPE.
+        interval = text["no_rope_layer_interval"]
+        nope = interval > 0 and (layer + 1) % interval == 0
+    return FULL if nope or _chunk(text) is None else CHUNKED
+
+
+def cpu_unservable(geometry: ModelGeometry, *, kv_dtype_bytes: int, cpu_amx: bool | None) -> tuple[str, str] | None:
+    """(why, hint) when vLLM's CPU backend would size this model's cache and then fail, else None.
+
+    MLA runs on the reference CPU kernel without AMX, which compiles one latent size and
+    bf16 only (v1/attention/backends/mla/cpu_mla.py:58-64).
+    """
+    if not uses_mla(geometry) or cpu_amx or geometry.mla is None:
+        return None
+    if geometry.mla.latent_dim not in CPU_MLA_HEAD_SIZES:
+        return (f"vLLM's CPU MLA kernel (no AMX) supports a latent of {CPU_MLA_HEAD_SIZES[0]} only; "
+                f"{geometry.architecture} has kv_lora_rank + qk_rope_head_dim = {geometry.mla.latent_dim}",
+                "serve it on a GPU or a CPU with AMX")
+    if kv_dtype_bytes == 1:
+        return ("vLLM's CPU MLA kernel (no AMX) starts with an fp8 KV cache but fails the first request "
+                "('expected scalar type BFloat16 but found Float8_e4m3fn')", "use --kv-cache-dtype auto")
+    return None
