@@ -120,7 +120,8 @@ def model_for(case: Mapping[str, Any]) -> tuple[Any, str]:
     except SafeServeError:
         model = None
     tp = int((case.get("flags") or {}).get("tensor_parallel_size") or 1)
-    if model is not None and (logged is None or abs(model.weight_bytes / tp / GiB - float(logged)) < 0.05 * float(logged)):
+    if model is not None and (logged is None or
+                              abs(model.weight_bytes / tp / GiB - float(logged)) < 0.05 * float(logged)):
         return model, ""
     if logged is None:
         raise LookupError(f"{directory.name}: no weights for this checkpoint and none logged")
@@ -157,7 +158,6 @@ def plan_case(case: Mapping[str, Any]) -> Row | str:
     request = PlanRequest(model=model, engine=case["engine"], gpus=hypothetical_gpus([f"{count}x{gpu.name}"]),
                           engine_version=version, engine_args=engine_args(case))
     failed = bool((case.get("observed") or {}).get("startup_failed"))
-    scale = GiB if case["engine"] == "vllm" else 1
     try:
         plan = make_plan(request)
     except WontFit as refusal:
