@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 import structlog
 
-from launcher.supervisor import (
+from launcher.supervise import (
     EngineCommand,
     HealthCheck,
     Supervisor,

@@ -1,4 +1,5 @@
-"""Per-GPU start locks, so two launches never measure free memory against each other.
+"""Per-GPU start locks (and one for the host's memory), so two launches never measure free
+memory against each other.
 
 A launch takes the lock of every GPU it will use before it reads free memory and keeps it
 until the engine has allocated its KV cache; only then can the next launch's measurement be
@@ -28,13 +29,15 @@ from launcher.errors import TemporarilyUnavailable
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["DeviceLock", "default_lock_dir", "lock_path"]
+__all__ = ["HOST", "DeviceLock", "default_lock_dir", "host_lock", "lock_path"]
 
 LOCK_DIR_ENV = "SAFE_SERVE_LOCK_DIR"
 _CANDIDATE_DIRS = (Path("/run/lock/safe-serve"), Path("/tmp/safe-serve-locks"))
 _SHARED_DIR_MODE = 0o1777  # rwx for all, sticky: anyone may create, only owners may delete
 _SHARED_FILE_MODE = 0o666  # any user must be able to open a lock file to flock it
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+# The lock name of this host's memory: CPU launches size their KV cache from the same free RAM.
+HOST = "host-memory"
 
 
 def default_lock_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -51,6 +54,11 @@ def default_lock_dir(env: Mapping[str, str] | None = None) -> Path:
         "no writable lock directory for the per-GPU start lock",
         hint=f"set {LOCK_DIR_ENV} to a writable directory",
     )
+
+
+def host_lock(*, timeout_s: float = 0.0, lock_dir: Path | None = None) -> DeviceLock:
+    """The start lock of the host (``--device cpu``): taken like a GPU's, not yet acquired."""
+    return DeviceLock([HOST], timeout_s=timeout_s, lock_dir=lock_dir)
 
 
 def lock_path(lock_dir: Path, uuid: str) -> Path:
@@ -135,8 +143,9 @@ def _lock_one(path: Path, uuid: str, deadline: float, poll_s: float, timeout_s: 
             except BlockingIOError:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    what = "this host's memory" if uuid == HOST else f"GPU {uuid}"
                     raise TemporarilyUnavailable(
-                        f"GPU {uuid} is being started by {_describe_holder(fd)}; "
+                        f"{what} is being started by {_describe_holder(fd)}; "
                         f"waited {timeout_s:g} s for its start lock {path}",
                         hint="try again when that launch has allocated its KV cache",
                     ) from None

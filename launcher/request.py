@@ -160,8 +160,14 @@ def lock_live_devices(options: PlanOptions, timeout_s: float) -> DeviceLock | No
     from launcher.devlock import DeviceLock
     from launcher.engines import adapter
 
-    if options.gpu_specs or options.device == "cpu":
-        return None  # a hypothetical GPU or the host: nothing shared to lock
+    if options.device == "cpu":  # CPU launches size their KV cache from the same free RAM
+        from launcher.devlock import host_lock
+
+        host = host_lock(timeout_s=timeout_s)
+        host.acquire()
+        return host
+    if options.gpu_specs:
+        return None  # a hypothetical GPU: nothing shared to lock
     from launcher.probe import probe_inventory
 
     engine = adapter(options.engine)

@@ -50,6 +50,13 @@ _HUB_RETRY_WAIT_S = 0.5
 
 @dataclass(frozen=True)
 class ResolvedModel:
+    """A model as the planner needs it: its KV geometry and the checkpoint's real weight bytes.
+
+    `weight_bytes_source` says where the bytes come from (an index's total_size, the tensor
+    headers, or a profile's figure computed from config shapes); nothing is guessed from a
+    parameter count.
+    """
+
     name: str  # what the engine is given (repo id or path)
     source: str  # "alias", "local" or "hub"
     geometry: ModelGeometry

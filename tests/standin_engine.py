@@ -116,8 +116,10 @@ _STREAM_FDS = {"stdout": 1, "stderr": 2}
 _DEFAULT_STREAM = {"vllm": "stdout", "sglang": "stderr"}
 _GRANDCHILD = """\
 import signal, time
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # a worker dies of Ctrl-C quietly, like vLLM's
 if {ignore}:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("up", flush=True)  # the parent goes on once our handlers are in place
 while True:
     time.sleep(3600)
 """
@@ -385,7 +387,10 @@ class StandinEngine:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGSEGV/SIGQUIT tests leave no core files
         if self.scenario.get("grandchild"):
             ignore = bool(self.scenario.get("grandchild_ignores_sigterm"))
-            self.grandchild = subprocess.Popen([sys.executable, "-c", _GRANDCHILD.format(ignore=ignore)])
+            self.grandchild = subprocess.Popen([sys.executable, "-I", "-S", "-c", _GRANDCHILD.format(ignore=ignore)],
+                                               stdout=subprocess.PIPE)
+            assert self.grandchild.stdout is not None
+            self.grandchild.stdout.readline()  # a signal to the group now finds it ready
         self._write_pids()
         for step in self.scenario.get("steps", []):
             if self._wait(float(step.get("delay", 0.0)) * self.scale):

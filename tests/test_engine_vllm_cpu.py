@@ -39,6 +39,12 @@ CASES = [
     pytest.param("llama", ["--max-model-len", "32768"], {"VLLM_CPU_KVCACHE_SPACE": "2"}, id="llama-long"),
     pytest.param("gpt_oss", ["--max-model-len", "4096"], {"VLLM_CPU_KVCACHE_SPACE": "1"}, id="gpt-oss-hybrid-swa"),
     pytest.param("qwen2", [], {}, id="qwen2-planned-space"),  # safe-serve chooses length and KV space
+    # Per-architecture layouts (launcher/engines/vllm/architectures.py), one quirk each:
+    pytest.param("llama4", ["--max-model-len", "4096"], {"VLLM_CPU_KVCACHE_SPACE": "1"}, id="llama4-chunked-local"),
+    pytest.param("cohere2", ["--max-model-len", "4096", "--max-num-batched-tokens", "513"],
+                 {"VLLM_CPU_KVCACHE_SPACE": "1"}, id="cohere2-window-plus-one"),
+    pytest.param("falcon", ["--max-model-len", "4096", "--kv-cache-dtype", "fp8"], {"VLLM_CPU_KVCACHE_SPACE": "1"},
+                 id="falcon-fp8-ignored"),
 ]
 
 

@@ -85,3 +85,30 @@ def test_sglang_weights_beyond_any_fraction_say_so() -> None:
         make_plan(request(model="llama-3.1-70b", engine="sglang"))
     assert "no --mem-fraction-static can fit" in str(info.value)
     assert sg.LOAD_OVERHEAD_ERROR_BYTES > 0
+
+
+class TestRuntimeOomHeadroom:
+    """A CUDA OOM while serving is remembered; the next plan of that setup leaves that much more free."""
+
+    def test_vllm_requests_less_by_the_headroom(self) -> None:
+        from launcher.plan import Calibration
+
+        plain = make_plan(request())
+        after = make_plan(request(calibration=Calibration(extra_headroom_bytes=GiB, key="k")))
+        drop = plain.item("requested").bytes - after.item("requested").bytes
+        assert GiB <= drop < GiB + 3 * 2**20  # 4-decimal utilization steps of ~2.4 MB
+        assert after.item("requested").source == "calibrated" and "runtime CUDA OOM" in after.item("requested").detail
+
+    def test_a_pinned_utilization_is_kept_and_warned(self) -> None:
+        from launcher.plan import Calibration
+
+        plan = make_plan(request(engine_args=("--gpu-memory-utilization", "0.9"),
+                                 calibration=Calibration(extra_headroom_bytes=GiB, key="k")))
+        assert plan.gpu_memory_utilization == 0.9 and any("out-of-memory" in w for w in plan.warnings)
+
+    def test_sglang_keeps_more_slack(self) -> None:
+        from launcher.plan import Calibration
+
+        plain = make_plan(request(engine="sglang"))
+        after = make_plan(request(engine="sglang", calibration=Calibration(extra_headroom_bytes=GiB, key="k")))
+        assert after.item("slack").bytes - plain.item("slack").bytes >= GiB - 32 * 2**20

@@ -7,9 +7,19 @@ import dataclasses
 from launcher.catalog import hypothetical_gpus
 from launcher.engines.sglang.logs import parse as parse_sglang
 from launcher.engines.vllm.logs import parse as parse_vllm
-from launcher.plan import PlanRequest, make_plan
+from launcher.plan import PlanRequest
+from launcher.planner import make_plan
 from launcher.resolve import resolve_model
-from launcher.serve import diverges, engine_argv, retuned_args
+from launcher.engines import adapter
+from launcher.serve import diverges
+
+
+def retuned_args(plan, args, event, concurrency: int = 1):
+    return adapter(plan.engine).retuned_args(plan, args, event, concurrency=concurrency)
+
+
+def engine_argv(plan, model, passthrough, engine_cmd):
+    return adapter(plan.engine).engine_argv(plan, model, passthrough, engine_cmd)
 
 
 def _plan(engine: str = "vllm", args: tuple[str, ...] = ()):
@@ -95,7 +105,10 @@ def test_kv_cache_memory_bytes_reads_like_vllm() -> None:
 
 def test_sglang_pool_within_tolerance_is_no_reason_to_restart() -> None:
     """A pool 4 tokens short of the context (0.015 %) is within 2 %; 10 % short is not."""
-    from launcher.serve import pool_short
+    plan = dataclasses.replace(_plan("sglang"), max_model_len=27576)
+
+    def pool_short(event, concurrency: int, tolerance: float) -> bool:
+        return adapter("sglang").kv_shortfall(plan, event, concurrency=concurrency, tolerance=tolerance) is not None
 
     near = parse_sglang("max_total_num_tokens=27572, chunked_prefill_size=4096, max_prefill_tokens=16384, "
                         "max_running_requests=2048, context_len=27576, available_gpu_mem=2.10 GB")

@@ -4,7 +4,7 @@ What cannot run here (vLLM on a GPU, SGLang) is played by tests/standin_engine.p
 scenarios in tests/scenarios/: the engines' own line formats and streams, KV numbers computed
 from the flags safe-serve passes (as the engine computes them), the engines' fatal errors
 with their exit behaviour, and /health after the ready line. Each test runs safe-serve as a
-real process planning for a hypothetical GPU (`--gpu`), output to files, and reads its JSON
+real process on stand-in GPUs (the NVML stand-in, tests/nvml_stub, with the catalog's figures), output to files, and reads its JSON
 events from stderr. Memory figures of the stand-in come from `safe-serve plan --json` for the
 same command, so the engine agrees with the plan exactly unless a test makes it disagree.
 """
@@ -105,12 +105,45 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
     return value
 
 
+L40S_UUID = "GPU-8f2b9d4a-0c1e-4f2a-9b3c-4d5e6f708192"
+L40S_TOTAL, L40S_RESERVED = 48305799168, 452984832
+
+
+@pytest.fixture(scope="module")
+def nvml_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/nvml_stub/nvml_stub.c built as a libnvidia-ml.so.1 that reads its GPUs from a fixture file."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed: cannot build the stand-in libnvidia-ml.so.1")
+    lib_dir = tmp_path_factory.mktemp("nvml")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-Wl,-soname,libnvidia-ml.so.1",
+                    "-o", str(lib_dir / "libnvidia-ml.so.1"), str(REPO / "tests" / "nvml_stub" / "nvml_stub.c")],
+                   check=True)
+    return lib_dir
+
+
+def nvml_fixture_for(gpu: str, path: Path) -> Path:
+    """An NVML stand-in fixture of idle catalog GPUs (`rtx4090`, `2xh100`): serve plans from a real
+    probe (serve refuses a hypothetical --gpu), with the catalog's totals and compute capability."""
+    from launcher.catalog import hypothetical_gpus
+
+    lines = ["system driver=550.54.15 nvml=12.550.54.15 cuda=12040"]
+    for index, device in enumerate(hypothetical_gpus([gpu])):
+        reserved = device.total_bytes - device.usable_total_bytes
+        cc = device.compute_capability or (8, 0)
+        lines.append(f'gpu name="{device.name}" uuid=GPU-0000000{index}-aaaa-bbbb-cccc-{index:012d} '
+                     f"total={device.total_bytes} reserved={reserved} used=0 free={device.usable_total_bytes} "
+                     f"cc={cc[0]}.{cc[1]} mig=unsupported")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 class Served:
-    """One safe-serve process on a hypothetical GPU with a stand-in engine; output in files."""
+    """One safe-serve process on stand-in GPUs (NVML stand-in) with a stand-in engine; output in files."""
 
     def __init__(self, tmp: Path, scenario: str, *, model: str = "qwen2.5-7b", engine: str = "vllm",
                  gpu: str | None = "rtx4090", sets: dict[str, Any] | None = None, options: Sequence[str] = (),
-                 engine_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+                 engine_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 nvml_lib: Path | None = None) -> None:
         self.dir = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -123,11 +156,16 @@ class Served:
                    str(self.record), "--argv-log", str(self.argv_log)]
         for key, value in (sets or {}).items():
             standin += ["--standin-set", f"{key}={value}"]
-        argv = [sys.executable, "-m", "launcher", model, "--engine", engine, *(("--gpu", gpu) if gpu else ()),
+        probe_env: dict[str, str] = {}
+        if gpu is not None:
+            assert nvml_lib is not None, "a GPU needs the NVML stand-in"
+            probe_env = {"LD_LIBRARY_PATH": str(nvml_lib),
+                         "SAFE_SERVE_NVML_STUB_FIXTURE": str(nvml_fixture_for(gpu, tmp / "nvml.txt"))}
+        argv = [sys.executable, "-m", "launcher", model, "--engine", engine,
                 "--engine-cmd", shlex.join(standin), "--log-format", "json", "--ready-file", str(self.ready_file),
                 "--grace", "5", *options, "--", "--port", str(self.port), *engine_args]
         self.env = {**os.environ, "SAFE_SERVE_STATE_DIR": str(self.state),
-                    "SAFE_SERVE_LOCK_DIR": str(tmp / "locks"), "NO_COLOR": "1", **(env or {})}
+                    "SAFE_SERVE_LOCK_DIR": str(tmp / "locks"), "NO_COLOR": "1", **probe_env, **(env or {})}
         with self.out.open("wb") as out, self.err.open("wb") as err:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=REPO, env=self.env)
 
@@ -211,11 +249,11 @@ class Served:
 
 
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
+def serve(tmp_path: Path, nvml_stub: Path) -> Iterator[Callable[..., Served]]:
     made: list[Served] = []
 
     def start(scenario: str, **kwargs: Any) -> Served:
-        served = Served(tmp_path / f"run{len(made)}", scenario, **kwargs)
+        served = Served(tmp_path / f"run{len(made)}", scenario, nvml_lib=nvml_stub, **kwargs)
         made.append(served)
         return served
 
@@ -522,7 +560,7 @@ def _sglang(serve: Callable[..., Served], engine_args: tuple[str, ...], gpu: str
 def _weights_leave_nothing(serve: Callable[..., Served], engine_args: tuple[str, ...]) -> tuple[Served, str, int]:
     plan = plan_json("llama-3.1-8b", "sglang", "h100", engine_args)
     pre_load = budget(plan)["pre_load"] / GiB
-    weights = 65.0
+    weights = 66.0  # on the H100's 79.19 GiB CUDA total, more than 1 - f of the pre-load free
     fraction = plan["mem_fraction_static"]
     assert pre_load - weights < pre_load * (1 - fraction)  # nothing left for the pool at the planned fraction
     served, _ = _sglang(serve, engine_args, weights_gib=weights)
@@ -705,22 +743,6 @@ def test_missing_kv_line_times_out_with_75(serve: Callable[..., Served]) -> None
 
 
 # --------------------------------------------------------------------------- two launches, one GPU
-
-L40S_UUID = "GPU-8f2b9d4a-0c1e-4f2a-9b3c-4d5e6f708192"
-L40S_TOTAL, L40S_RESERVED = 48305799168, 452984832
-
-
-@pytest.fixture(scope="module")
-def nvml_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/nvml_stub/nvml_stub.c built as a libnvidia-ml.so.1 that reads its GPUs from a fixture file."""
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed: cannot build the stand-in libnvidia-ml.so.1")
-    lib_dir = tmp_path_factory.mktemp("nvml")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-Wl,-soname,libnvidia-ml.so.1",
-                    "-o", str(lib_dir / "libnvidia-ml.so.1"), str(REPO / "tests" / "nvml_stub" / "nvml_stub.c")],
-                   check=True)
-    return lib_dir
-
 
 class OneL40S:
     """An NVML fixture with one L40S whose used memory the test changes while launches run."""

@@ -8,15 +8,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+FATAL = "fatal:"  # an error that ends a start; the plan's retune rules may know what to change
+CRASH = "crash:"  # the engine is dying while it runs (engine dead, NCCL, scheduler crash): nothing to retune
+
+
 @dataclass(frozen=True)
 class EngineEvent:
-    kind: str  # "kv", "weights", "ready", or "fatal:<name>"
+    """One log line the engine's rules recognised, with the figures it carries.
+
+    `kind` is a figure ("kv", "weights", "available_kv", "pre_load", "kv_alloc"), "ready",
+    `fatal:<name>` or `crash:<name>`; `values` holds the numbers the rule read (GiB, tokens).
+    """
+
+    kind: str
     values: dict[str, Any] = field(default_factory=dict)
     line: str = ""
 
     @property
     def is_fatal(self) -> bool:
-        return self.kind.startswith("fatal:")
+        return self.kind.startswith(FATAL)
+
+    @property
+    def is_crash(self) -> bool:
+        return self.kind.startswith(CRASH)
+
+    @property
+    def name(self) -> str:
+        """The kind without its `fatal:`/`crash:` prefix."""
+        return self.kind.partition(":")[2] or self.kind
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,19 @@ RULES = (
     LineRule("fatal:graph_capture", re.compile(r"Capture cuda graph failed"), lambda m: {}),
     LineRule("fatal:cuda_oom", re.compile(r"CUDA out of memory"), lambda m: {}),
     LineRule("ready", re.compile(r"The server is fired up and ready to roll!"), lambda m: {}),
+    # While serving (SGLang 0.5.23): a manager process died (managers/scheduler.py:6372,
+    # tokenizer_manager.py:4043, detokenizer_manager.py:566), the parent noticed
+    # (entrypoints/engine.py:1978) and kills its process tree; NCCL
+    # (distributed/device_communicators/pynccl_wrapper.py:474).
+    LineRule("crash:scheduler", re.compile(r"(Scheduler|TokenizerManager|DetokenizerManager) hit an exception"),
+             lambda m: {"process": m.group(1)}),
+    LineRule("crash:child_failed", re.compile(r"Received sigquit from a child process\. It usually means the child failed\."),
+             lambda m: {}),
+    LineRule("crash:nccl", re.compile(r"NCCL error"), lambda m: {}),
 )
 PREFILTER = ("max_total_num_tokens", "KV Cache is allocated", "Load weight", "Loaded weights leave",
-             "Not enough memory", "unbalanced", "Capture cuda graph failed", "out of memory", "fired up")
+             "Not enough memory", "unbalanced", "Capture cuda graph failed", "out of memory", "fired up",
+             "hit an exception", "Received sigquit", "NCCL error")
 
 
 def parse(line: str) -> EngineEvent | None:

@@ -81,6 +81,8 @@ def plan(request: PlanRequest) -> Plan:
         idle_pre_load = gpu.usable_total_bytes - context
         tenants = gpu.usable_total_bytes - (gpu.free_bytes or 0) > 0
         slack_needed = idle_pre_load * (1 - derivation.fraction) + (request.margin_bytes if tenants else 0)
+        # A CUDA OOM while serving on this setup: keep that much more slack (launcher.calibration).
+        slack_needed += cal.extra_headroom_bytes if cal else 0
         room = pre_load
         if request.max_gpu_memory_bytes is not None:
             room = min(room, request.max_gpu_memory_bytes - context)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from launcher.engines.events import EngineEvent
 from launcher.engines.flags import set_flag
+from launcher.errors import UsageError
 from launcher.plan import Calibration, Plan
 from launcher.units import GiB
 
@@ -15,8 +16,16 @@ from launcher.units import GiB
 TEMPORARY_FATAL = frozenset({"unbalanced"})
 
 
+def split_engine_cmd(engine_cmd: str) -> list[str]:
+    """`--engine-cmd` split like a shell would; an unclosed quote is a usage error (exit 2)."""
+    try:
+        return shlex.split(engine_cmd)
+    except ValueError as exc:
+        raise UsageError(f"--engine-cmd {engine_cmd!r}: {exc}", hint="quote it as one shell word") from None
+
+
 def engine_argv(plan: Plan, model_ref: str, passthrough: Sequence[str], engine_cmd: str | None) -> list[str]:
-    base = shlex.split(engine_cmd) if engine_cmd else [sys.executable, "-m", "sglang.launch_server"]
+    base = split_engine_cmd(engine_cmd) if engine_cmd else [sys.executable, "-m", "sglang.launch_server"]
     return [*base, "--model-path", model_ref, *passthrough, *plan.engine_args]
 
 

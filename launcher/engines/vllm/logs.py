@@ -39,9 +39,20 @@ RULES = (
         r"Available memory on node \d+ \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired CPU memory"),
         lambda m: {"free_gib": float(m.group(1)), "total_gib": float(m.group(2))}),
     LineRule("ready", re.compile(r"Application startup complete\.|Starting vLLM (?:API )?server"), lambda m: {}),
+    # While serving (vLLM 0.32.0): the engine core's loop died (v1/engine/core.py:1512, :2663),
+    # the API server's EngineDeadError (v1/engine/exceptions.py:16) and its output handler
+    # (v1/engine/async_llm.py:906); NCCL (distributed/device_communicators/pynccl_wrapper.py:448,
+    # torch's ProcessGroupNCCL says "NCCL error in: ..."). vLLM then exits, often with code 0.
+    LineRule("crash:engine_core", re.compile(r"EngineCore encountered a fatal error\."), lambda m: {}),
+    LineRule("crash:engine_dead", re.compile(
+        r"EngineDeadError|EngineCore encountered an issue\. See stack trace \(above\) for the root cause\."),
+        lambda m: {}),
+    LineRule("crash:output_handler", re.compile(r"AsyncLLM output_handler failed\."), lambda m: {}),
+    LineRule("crash:nccl", re.compile(r"NCCL error"), lambda m: {}),
 )
 PREFILTER = ("KV cache", "took", "Free memory on device", "max seq len", "No available memory", "auto-fit",
-             "out of memory", "Available memory on node", "Application startup complete", "Starting vLLM")
+             "out of memory", "Available memory on node", "Application startup complete", "Starting vLLM",
+             "EngineCore encountered", "EngineDeadError", "output_handler failed", "NCCL error")
 
 
 def parse(line: str) -> EngineEvent | None:

@@ -234,6 +234,10 @@ def plan_gpu(request: PlanRequest) -> Plan:
                         "(raise --max-num-seqs to run more)")
         request = dataclasses.replace(request, concurrency=running)
 
+    headroom = cal.extra_headroom_bytes if cal is not None else 0
+    if headroom and "--gpu-memory-utilization" in pinned:
+        warnings.append(f"a CUDA out-of-memory while serving was seen on this setup: the pinned "
+                        f"--gpu-memory-utilization is kept; lower it by ~{format_gib(headroom)} to leave room")
     # Utilization: pinned, or the most we can request from *free* memory (other tenants
     # make vLLM refuse to start when free < total x utilization), capped by the engine default.
     if "--gpu-memory-utilization" in pinned:
@@ -249,6 +253,13 @@ def plan_gpu(request: PlanRequest) -> Plan:
                        else f"free {format_gib(free)} - context {format_gib(context)} - margin "
                             f"{format_gib(request.margin_bytes)}" + (" (capped by --max-gpu-memory)"
                                                                      if request.max_gpu_memory_bytes else ""))
+        if headroom:
+            # A CUDA OOM while serving on this setup: request that much less, so the engine
+            # leaves it free for runtime peaks (bounded in launcher.calibration), and the
+            # systemd restart loop converges instead of repeating.
+            utilization = vl.utilization_for(max(vb.requested_bytes(total, utilization) - headroom, 0), total)
+            util_source = CALIBRATED
+            util_detail += f"; - {format_gib(headroom)} headroom after a runtime CUDA OOM on this setup"
     if utilization <= 0:
         if request.max_gpu_memory_bytes is not None and request.max_gpu_memory_bytes - context < free_at_init - \
                 request.margin_bytes:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import shlex
+import math
 from collections.abc import Sequence
 
 from launcher.engines.events import EngineEvent
 from launcher.engines.flags import set_flag
+from launcher.errors import UsageError
 from launcher.plan import Calibration, Plan
 from launcher.units import GiB
 
@@ -16,9 +17,17 @@ TEMPORARY_FATAL = frozenset({"startup_free", "cpu_node_memory"})
 RETUNE_MARGIN_GIB = 0.25  # kept free below what vLLM reported free when it refused to start
 
 
+def split_engine_cmd(engine_cmd: str) -> list[str]:
+    """`--engine-cmd` split like a shell would; an unclosed quote is a usage error (exit 2)."""
+    try:
+        return shlex.split(engine_cmd)
+    except ValueError as exc:
+        raise UsageError(f"--engine-cmd {engine_cmd!r}: {exc}", hint="quote it as one shell word") from None
+
+
 def engine_argv(plan: Plan, model_ref: str, passthrough: Sequence[str], engine_cmd: str | None) -> list[str]:
     """`vllm serve MODEL ...`; the OpenAI api_server module takes `--model MODEL` instead."""
-    base = shlex.split(engine_cmd) if engine_cmd else ["vllm", "serve"]
+    base = split_engine_cmd(engine_cmd) if engine_cmd else ["vllm", "serve"]
     model_args = ["--model", model_ref] if any("api_server" in part for part in base) else [model_ref]
     return [*base, *model_args, *passthrough, *plan.engine_args]
 

@@ -11,7 +11,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-__all__ = ["notify", "socket_address"]
+__all__ = ["notify", "socket_address", "watchdog_interval_s"]
 
 
 def socket_address(env: Mapping[str, str] | None = None) -> str | None:
@@ -48,3 +48,17 @@ def notify(state: str, env: Mapping[str, str] | None = None) -> bool:
     except OSError:
         return False
     return True
+
+
+def watchdog_interval_s(env: Mapping[str, str] | None = None) -> float | None:
+    """How often to send ``WATCHDOG=1``: half of ``WATCHDOG_USEC`` (as sd_watchdog_enabled
+    advises), or None when systemd runs no watchdog for us (unset, or meant for another pid)."""
+    values = os.environ if env is None else env
+    try:
+        usec = int(values.get("WATCHDOG_USEC", ""))
+    except ValueError:
+        return None
+    pid = values.get("WATCHDOG_PID")
+    if usec <= 0 or (pid and pid != str(os.getpid())):
+        return None
+    return usec / 2e6

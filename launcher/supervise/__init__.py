@@ -1,0 +1,50 @@
+"""Supervising one engine process: spawn it, pass its output through, stop it cleanly.
+
+Modules, in the order a start meets them: ``process`` (the engine's process group and its
+guard), ``output`` (pass-through that a slow reader cannot block), ``readiness`` (health
+poller, ready file), ``events`` (the loop's inbox and signal handlers), ``outcome`` (the
+exit-code rules), ``loop`` (the ``Supervisor`` itself), ``sdnotify`` (systemd).
+"""
+
+from __future__ import annotations
+
+from launcher.supervise.loop import Supervisor, SupervisorOptions
+from launcher.supervise.outcome import (
+    Phase,
+    State,
+    StopBook,
+    SupervisorOutcome,
+    decide_outcome,
+    exit_code_for,
+    signal_name,
+)
+from launcher.supervise.output import QueuedWriter, StreamPump
+from launcher.supervise.process import (
+    EngineCommand,
+    EngineSpawnError,
+    GroupGuard,
+    build_child_env,
+    spawn_engine,
+)
+from launcher.supervise.readiness import HealthCheck, ReadyFile
+
+__all__ = [
+    "EngineCommand",
+    "EngineSpawnError",
+    "GroupGuard",
+    "HealthCheck",
+    "Phase",
+    "QueuedWriter",
+    "ReadyFile",
+    "State",
+    "StopBook",
+    "StreamPump",
+    "Supervisor",
+    "SupervisorOptions",
+    "SupervisorOutcome",
+    "build_child_env",
+    "decide_outcome",
+    "exit_code_for",
+    "signal_name",
+    "spawn_engine",
+]

@@ -1,0 +1,108 @@
+"""Readiness and liveness: the health poller and the ready file.
+
+The poller runs in a thread from each engine start. Until the first 200 it polls every
+``interval_s`` and reports ``on_result(True)`` once; after that, when liveness is on
+(``live_interval_s > 0``), it probes every ``live_interval_s`` and reports every result, so
+the loop can count failures in a row and feed systemd's watchdog while the engine answers.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import threading
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("safe_serve.supervisor")
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """Where and how often to poll the engine's health endpoint."""
+
+    host: str
+    port: int
+    path: str = "/health"
+    interval_s: float = 1.0  # while starting
+    timeout_s: float = 2.0
+    live_interval_s: float = 0.0  # after the first 200; 0: stop polling (no liveness check)
+    live_timeout_s: float = 5.0  # a busy engine may answer slowly while serving
+    failures: int = 3  # this many failed probes in a row after ready: the engine is gone
+
+    @property
+    def url(self) -> str:
+        """The URL polled; wildcard binds are polled on loopback."""
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}{self.path}"
+
+
+class HealthPoller:
+    """Polls the health URL from a thread (see the module docstring)."""
+
+    def __init__(self, check: HealthCheck, on_result: Callable[[bool], None]) -> None:
+        self._check = check
+        self._on_result = on_result
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="safe-serve-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _probe(self, opener: urllib.request.OpenerDirector, timeout: float) -> bool:
+        try:
+            with opener.open(self._check.url, timeout=timeout) as response:
+                return bool(response.status == 200)
+        except (OSError, http.client.HTTPException, ValueError):
+            return False  # refused while loading, 503 while starting, timeouts
+
+    def _run(self) -> None:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+        check = self._check
+        while not self._stopped.wait(check.interval_s):
+            if self._probe(opener, check.timeout_s) and not self._stopped.is_set():
+                self._on_result(True)
+                break
+        else:
+            return
+        if check.live_interval_s <= 0:
+            return
+        while not self._stopped.wait(check.live_interval_s):
+            healthy = self._probe(opener, check.live_timeout_s)
+            if self._stopped.is_set():
+                return
+            self._on_result(healthy)
+
+
+class ReadyFile:
+    """The ``--ready-file``: exists (holding the engine pid) exactly while the engine is ready."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def write(self, pid: int) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(f"{pid}\n")
+            os.replace(tmp, self.path)  # a probe never sees a half-written file
+        except OSError as exc:
+            log.warning("cannot write the ready file", path=str(self.path), error=str(exc))
+
+    def remove(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot remove the ready file", path=str(self.path), error=str(exc))
