@@ -112,3 +112,16 @@ class TestRuntimeOomHeadroom:
         plain = make_plan(request(engine="sglang"))
         after = make_plan(request(engine="sglang", calibration=Calibration(extra_headroom_bytes=GiB, key="k")))
         assert after.item("slack").bytes - plain.item("slack").bytes >= GiB - 32 * 2**20
+
+
+@pytest.mark.parametrize("gpu", ["t4", "l4", "rtx4090", "a100-40gb", "l40s", "a100-80gb", "h100", "h200", "b200"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_idle_card_gives_at_least_the_engines_defaults(gpu: str, engine: str) -> None:
+    """On an idle card with no memory flag pinned, the plan asks for exactly the engine's own default."""
+    try:
+        plan = make_plan(request(model="qwen2.5-7b-awq" if gpu in ("t4", "l4") else "qwen2.5-7b", gpu=gpu,
+                                 engine=engine))
+    except WontFit:
+        pytest.skip(f"qwen2.5-7b does not fit {gpu} with {engine} at all")
+    knob = "gpu_memory_utilization" if engine == "vllm" else "mem_fraction_static"
+    assert getattr(plan, knob) == plan.engine_defaults[knob]
