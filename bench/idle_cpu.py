@@ -24,9 +24,9 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import structlog
+import structlog  # noqa: E402
 
-from launcher.supervise import (
+from launcher.supervise import (  # noqa: E402
     EngineCommand,
     HealthCheck,
     Supervisor,
@@ -57,7 +57,8 @@ def main() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    argv = (sys.executable, str(REPO / "tests" / "standin_engine.py"), "--scenario", json.dumps(SCENARIO), "--port", str(port))
+    argv = (sys.executable, str(REPO / "tests" / "standin_engine.py"), "--scenario", json.dumps(SCENARIO),
+            "--port", str(port))
     lines = [0]
 
     def on_line(stream: str, line: bytes) -> None:
@@ -98,7 +99,8 @@ def main() -> None:
     os.close(devnull)
     if not report:
         raise SystemExit(f"no measurement: {outcome.reason}")
-    print(f"idle window {report['wall']:.1f} s after ready ({lines[0]} engine lines seen, {report['threads']:.0f} threads)")
+    print(f"idle window {report['wall']:.1f} s after ready ({lines[0]} engine lines seen, "
+          f"{report['threads']:.0f} threads)")
     print(f"supervisor process: {report['ours']:.3f} CPU s = {100 * report['ours'] / report['wall']:.3f} % of one core")
     print(f"group guard:        {report['guard']:.3f} CPU s")
     print(f"stand-in engine:    {report['engine']:.3f} CPU s (its own idle cost, not ours)")

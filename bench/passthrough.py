@@ -33,10 +33,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-import structlog
-from standin_engine import flood_template  # tests/ is put on sys.path above
+import structlog  # noqa: E402
+from standin_engine import flood_template  # noqa: E402  (tests/ is put on sys.path above)
 
-from launcher.supervise import EngineCommand, StreamPump, Supervisor, SupervisorOptions
+from launcher.supervise import EngineCommand, StreamPump, Supervisor, SupervisorOptions  # noqa: E402
 
 WIDTH = 120
 _PY_LOOP = """\
@@ -98,13 +98,17 @@ def timed_pipeline(argvs: list[list[str]]) -> tuple[float, str]:
 
 
 def timed_supervisor(
-    n_lines: int, on_line: Callable[[str, bytes], None] | None, *, hashed: bool = True, line_filter: tuple[bytes, ...] | None = None
+    n_lines: int,
+    on_line: Callable[[str, bytes], None] | None,
+    *,
+    hashed: bool = True,
+    line_filter: tuple[bytes, ...] | None = None,
 ) -> tuple[float, str | None]:
     """Run the generator under a Supervisor whose stdout goes to sha256sum (or /dev/null)."""
     hasher = sink() if hashed else None
     out_fd = hasher.stdin.fileno() if hasher and hasher.stdin else os.open(os.devnull, os.O_WRONLY)
     command = EngineCommand(tuple(generator_argv(n_lines)), os.environ)
-    options = SupervisorOptions(stdout_fd=out_fd, grace_seconds=5, line_filter=line_filter)
+    options = SupervisorOptions(stdout_fd=out_fd, grace_s=5, line_filter=line_filter)
     started = time.perf_counter()
     outcome = Supervisor(command, options, on_line=on_line).run()
     elapsed = time.perf_counter() - started
@@ -204,11 +208,23 @@ def variants(n_lines: int) -> dict[str, tuple[Variant, Callable[[], int] | None]
         "safe-serve serve (CLI) > file": (to_file(safe_serve), None),
         "generator > /dev/null": (to_devnull(gen), None),
         "generator | cat | sha256sum": (lambda: timed_pipeline([gen, ["cat"]]), None),
-        "generator | python loop+prefilter | sha256sum": (lambda: timed_pipeline([gen, [sys.executable, "-c", _PY_LOOP]]), None),
+        "generator | python loop+prefilter | sha256sum": (
+            lambda: timed_pipeline([gen, [sys.executable, "-c", _PY_LOOP]]),
+            None,
+        ),
         "Supervisor, no hook -> sha256sum": (lambda: timed_supervisor(n_lines, None), None),
-        "Supervisor, prefilter hook -> sha256sum": (with_reset(lambda: timed_supervisor(n_lines, prefilter)), seen_count),
-        "Supervisor, prefilter hook > /dev/null": (with_reset(lambda: timed_supervisor(n_lines, prefilter, hashed=False)), seen_count),
-        "Supervisor, decode-every-line > /dev/null": (with_reset(lambda: timed_supervisor(n_lines, decoding, hashed=False)), seen_count),
+        "Supervisor, prefilter hook -> sha256sum": (
+            with_reset(lambda: timed_supervisor(n_lines, prefilter)),
+            seen_count,
+        ),
+        "Supervisor, prefilter hook > /dev/null": (
+            with_reset(lambda: timed_supervisor(n_lines, prefilter, hashed=False)),
+            seen_count,
+        ),
+        "Supervisor, decode-every-line > /dev/null": (
+            with_reset(lambda: timed_supervisor(n_lines, decoding, hashed=False)),
+            seen_count,
+        ),
         "Supervisor, line_filter -> sha256sum": (
             with_reset(lambda: timed_supervisor(n_lines, prefilter, line_filter=(b"KV cache",))),
             seen_count,
@@ -239,7 +255,8 @@ def main() -> None:
             if hook_count is not None:
                 hooked.setdefault(name, set()).add(hook_count())
     for name, seconds in best.items():
-        note = {None: "", frozenset({True}): "  hash ok"}.get(frozenset(hashes[name]) if name in hashes else None, "  HASH MISMATCH")
+        verdict = frozenset(hashes[name]) if name in hashes else None
+        note = {None: "", frozenset({True}): "  hash ok"}.get(verdict, "  HASH MISMATCH")
         if name in hooked:
             note += "  hook saw " + "/".join(f"{count:,}" for count in sorted(hooked[name])) + " lines"
         rate = f"{n_lines / seconds / 1e6:6.2f} M lines/s {n_lines * WIDTH / seconds / 2**20:7.1f} MiB/s"

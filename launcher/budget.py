@@ -46,7 +46,8 @@ def tenants_detail(device: GpuDevice) -> str:
     held = list(device.processes)
     if not held:
         return "NVML used memory (no other processes listed)"
-    parts = [f"pid {p.pid} {p.name or '?'}" + (f" {format_gib(p.used_bytes)}" if p.used_bytes else "") for p in held[:3]]
+    parts = [f"pid {p.pid} {p.name or '?'}" + (f" {format_gib(p.used_bytes)}" if p.used_bytes else "")
+             for p in held[:3]]
     return "NVML: " + ", ".join(parts) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
 
 

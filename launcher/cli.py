@@ -20,7 +20,13 @@ import click
 
 from launcher import cli_hints, inputs, presets
 from launcher.errors import ExitCode, SafeServeError, UnsupportedModel, UsageError, WontFit
-from launcher.request import PlanOptions, build_request, calibration_key_for, engine_args_after_dashes, lock_live_devices
+from launcher.request import (
+    PlanOptions,
+    build_request,
+    calibration_key_for,
+    engine_args_after_dashes,
+    lock_live_devices,
+)
 
 
 class DefaultToServe(click.Group):
@@ -43,7 +49,8 @@ def plan_options(func: Any) -> Any:
         click.argument("model"),
         click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True),
         click.option("--gpu", "gpu_specs", multiple=True,
-                     help="Plan for a hypothetical GPU: catalog name (rtx4090, a100-80gb), size (24GiB) or count (2xH100)."),
+                     help="Plan for a hypothetical GPU: catalog name (rtx4090, a100-80gb), size (24GiB) "
+                          "or count (2xH100)."),
         click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True),
         click.option("--concurrency", type=int, default=None,
                      help="Requests of the chosen length that must fit at once (default 1, or the preset's)."),
@@ -53,7 +60,8 @@ def plan_options(func: Any) -> Any:
         click.option("--margin", default=None,
                      help="Headroom left for other tenants (default 256MiB, or the preset's)."),
         click.option("--engine-version", default=None, help="Plan for this engine version (default: installed)."),
-        click.option("--trust-engine", is_flag=True, help="Plan even where the geometry is unknown; the engine decides."),
+        click.option("--trust-engine", is_flag=True,
+                     help="Plan even where the geometry is unknown; the engine decides."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON (schema safe-serve.plan/1)."),
         click.option("--no-calibration", is_flag=True, help="Ignore what earlier starts measured."),
         click.argument("engine_args", nargs=-1, type=click.UNPROCESSED),
@@ -107,7 +115,8 @@ def plan_command(**opts: Any) -> None:
 
 @cli.command("serve")
 @plan_options
-@click.option("--engine-cmd", default=None, help='Replace the engine executable, e.g. "python -m vllm.entrypoints.openai.api_server".')
+@click.option("--engine-cmd", default=None,
+              help='Replace the engine executable, e.g. "python -m vllm.entrypoints.openai.api_server".')
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact command line, then exit 0.")
 @click.option("--on-divergence", type=click.Choice(["retune", "abort", "warn"]), default="retune", show_default=True)
 @click.option("--tolerance", type=float, default=0.02, show_default=True)
@@ -160,8 +169,8 @@ def serve_command(**opts: Any) -> None:
     click.echo(render_plan(plan, argv, given=request.gpus), err=True)
     serve_options = ServeOptions(engine_cmd=opts.get("engine_cmd"), on_divergence=opts["on_divergence"],
                                  tolerance=opts["tolerance"], max_retunes=opts["max_retunes"],
-                                 watch_timeout=opts["watch_timeout"], grace=opts["grace"],
-                                 lock_timeout=opts["lock_timeout"], ready_file=opts.get("ready_file"),
+                                 watch_timeout_s=opts["watch_timeout"], grace_s=opts["grace"],
+                                 lock_timeout_s=opts["lock_timeout"], ready_file=opts.get("ready_file"),
                                  health_failures=opts["health_failures"], health_interval_s=opts["health_interval"])
     from launcher.calibration import record, record_runtime_oom
     from launcher.paths import state_dir

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from launcher.gpu import GpuDevice, GpuInventory, GpuProcess, HostMemory
 from launcher.probe import probe_inventory
-from launcher.units import GiB, format_gib
+from launcher.units import format_gib
 
 SCHEMA: Final = "safe-serve.gpus/1"
 WIDTH: Final = 100
@@ -114,14 +114,14 @@ def _tenant_lines(device: GpuDevice) -> list[str]:
     """`GPU 0: free 9.1 GiB: 14.2 GiB held by pid 4121 python (user alice) `vllm serve …``."""
     if not device.processes:
         return []
-    free = "unknown" if device.free_bytes is None else _gib1(device.free_bytes)
+    free = "unknown" if device.free_bytes is None else format_gib(device.free_bytes, digits=1)
     first = f"{device.label}: free {free}: "
     indent = " " * len(first)
     return [_process_line(first if i == 0 else indent, process) for i, process in enumerate(device.processes)]
 
 
 def _process_line(prefix: str, process: GpuProcess) -> str:
-    held = "? GiB" if process.used_bytes is None else _gib1(process.used_bytes)
+    held = "? GiB" if process.used_bytes is None else format_gib(process.used_bytes, digits=1)
     who = f"pid {process.pid} {process.name or '(name unknown)'}"
     if process.user:
         who += f" (user {process.user})"
@@ -145,10 +145,6 @@ def _known_total(device: GpuDevice) -> int | None:
 
 def _gib_or_unknown(num_bytes: int | None) -> str:
     return "?" if num_bytes is None else format_gib(num_bytes)
-
-
-def _gib1(num_bytes: int) -> str:
-    return f"{num_bytes / GiB:.1f} GiB"
 
 
 def _cut(text: str, width: int) -> str:

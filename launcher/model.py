@@ -39,15 +39,13 @@ MAX_LEN_KEYS = (
     "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len",
 )
 
-DTYPE_BYTES = {
-    "float32": 4, "float": 4, "fp32": 4,
-    "float16": 2, "half": 2, "fp16": 2,
-    "bfloat16": 2, "bf16": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1,
-}
 # torch dtype names a config.json may carry (transformers writes str(torch.dtype) without
 # "torch."); anything else ("banana") is a broken config, not a dtype to plan with.
-KNOWN_DTYPES = frozenset(DTYPE_BYTES) | {"float64", "double", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8"}
+KNOWN_DTYPES = frozenset({
+    "float32", "float", "fp32", "float16", "half", "fp16", "bfloat16", "bf16",
+    "float8_e4m3fn", "float8_e5m2", "fp8", "float64", "double", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "int8", "uint8",
+})
 
 # Counts and sizes in config.json stay far below this (the largest vocabularies are ~10**6);
 # a bound keeps a fuzzed 10**400 out of the planner's arithmetic.

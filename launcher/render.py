@@ -14,7 +14,7 @@ from typing import Any
 
 from launcher.gpu import GpuDevice
 from launcher.plan import Plan
-from launcher.units import GiB, format_gib
+from launcher.units import format_gib
 
 PLAN_SCHEMA = "safe-serve.plan/1"
 
@@ -25,10 +25,6 @@ _BAR_GLYPH = {"weights": "W", "activations": "A", "graphs": "G", "other": "o", "
 # vLLM parses `--max-model-len auto` to -1 (vllm/engine/arg_utils.py, human_readable_int_or_auto).
 _AS_WRITTEN: Mapping[tuple[str, Any], str] = {("--max-model-len", -1): "auto"}
 _TP_FLAG = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size"}
-
-
-def _gib(num: float) -> str:
-    return f"{num / GiB:8.2f}"
 
 
 @dataclass(frozen=True)
@@ -121,9 +117,11 @@ def _total_rows(plan: Plan, facts: PlanFacts) -> list[str]:
         return []
     source = facts.total_source or total.source
     if "(NVML)" in total.label:
-        return [f"  {'CUDA total (what the engine gets)':34} {_gib(facts.cuda_total_bytes)}  {source:14} "
+        cuda = format_gib(facts.cuda_total_bytes, width=8, unit=False)
+        return [f"  {'CUDA total (what the engine gets)':34} {cuda}  {source:14} "
                 f"NVML total - {format_gib(gap)} the driver keeps back; the rows below count from it"]
-    return [f"  {'NVML total (nvidia-smi)':34} {_gib(facts.nvml_total_bytes)}  {source:14} "
+    nvml = format_gib(facts.nvml_total_bytes, width=8, unit=False)
+    return [f"  {'NVML total (nvidia-smi)':34} {nvml}  {source:14} "
             f"CUDA total + {format_gib(gap)} the driver keeps back, never usable"]
 
 
@@ -141,7 +139,7 @@ def budget_bar(plan: Plan, width: int = 60) -> str:
         count = round(segments[name] / total * width)
         cells.append(_BAR_GLYPH[name] * count)
     bar = "".join(cells)[:width].ljust(width, ".")
-    legend = "  ".join(f"{_BAR_GLYPH[n]} {n} {segments[n] / GiB:.2f}" for n in _BAR_ORDER if segments[n])
+    legend = "  ".join(f"{_BAR_GLYPH[n]} {n} {format_gib(segments[n], unit=False)}" for n in _BAR_ORDER if segments[n])
     return f"[{bar}]\n {legend} (GiB)"
 
 
@@ -155,7 +153,8 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None, *,
         f"  {'item':34} {'GiB':>8}  {'source':14} why",
     ]
     for item in plan.budget:
-        lines.append(f"  {item.label[:34]:34} {_gib(item.bytes)}  {item.source:14} {item.detail}")
+        column = format_gib(item.bytes, width=8, unit=False)
+        lines.append(f"  {item.label[:34]:34} {column}  {item.source:14} {item.detail}")
         if item.key == "total":
             lines += _total_rows(plan, facts)
     lines += ["", budget_bar(plan), ""]
@@ -165,11 +164,12 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None, *,
             else "")
     lines.append(f"  memory knob    {knob}")
     lines.append(f"  max length     {plan.max_model_len:,} ({plan.max_model_len_source})")
-    lines.append(f"  KV cache       {plan.kv_cache_bytes / GiB:.2f} GiB = {plan.kv_cache_tokens:,} tokens"
+    lines.append(f"  KV cache       {format_gib(plan.kv_cache_bytes)} = {plan.kv_cache_tokens:,} tokens"
                  + (f" ({plan.num_blocks:,} blocks of {plan.block_size})" if plan.num_blocks is not None else ""))
     low, high = plan.kv_cache_bytes_low, plan.kv_cache_bytes_high
     if low is not None and high is not None and high != low:
-        lines.append(f"  KV band        {low / GiB:.2f} .. {high / GiB:.2f} GiB (the estimates' expected errors)")
+        lines.append(f"  KV band        {format_gib(low, unit=False)} .. {format_gib(high)}"
+                     " (the estimates' expected errors)")
     if plan.may_not_fit:
         lines.append(f"  MAY NOT FIT    {plan.may_not_fit}")
     requests = "request" if plan.max_concurrency == 1 else "requests"

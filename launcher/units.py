@@ -40,13 +40,14 @@ def parse_size(text: str) -> int:
     return size
 
 
-def gib(num_bytes: float) -> float:
-    return num_bytes / GiB
+def format_gib(num_bytes: float, *, digits: int = 2, width: int = 0, unit: bool = True) -> str:
+    """`12.34 GiB`, the unit both engines really use (SGLang labels it GB).
 
-
-def format_gib(num_bytes: float) -> str:
-    """`12.34 GiB`, the unit both engines really use (SGLang labels it GB)."""
-    return f"{num_bytes / GiB:.2f} GiB"
+    ``digits`` decimals, right-aligned in ``width`` characters; ``unit=False`` leaves out the
+    ` GiB` where a column header or a trailing label names it once.
+    """
+    text = f"{num_bytes / GiB:>{width}.{digits}f}" if width else f"{num_bytes / GiB:.{digits}f}"
+    return text + (" GiB" if unit else "")
 
 
 def cdiv(a: int, b: int) -> int:

@@ -1,6 +1,11 @@
-"""Shared fixtures: a clean environment for every test (no GPU masks, no systemd socket)."""
+"""Shared fixtures: a clean environment for every test (no GPU masks, no systemd socket), and
+the pids a test started, killed after it."""
 
 from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
 
 import pytest
 
@@ -12,3 +17,15 @@ _SCRUBBED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NOTIFY_SOCKET", 
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in _SCRUBBED:
         monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(name="cleanup")
+def _cleanup() -> Iterator[list[int]]:
+    """Pids to SIGKILL after the test, whatever happened."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, TypeError):
+            pass

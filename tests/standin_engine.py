@@ -135,7 +135,8 @@ print(pid)
 
 
 GiB = 1 << 30
-_SUFFIXES = {"k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SUFFIXES = {"k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+             "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 # --------------------------------------------------------------------------- engine flags
@@ -429,7 +430,8 @@ class StandinEngine:
                 return self._engine_failure(failure.exc_type, failure.message)
         elif "fail" in step:
             spec = step["fail"]
-            return self._engine_failure(str(spec.get("type", "RuntimeError")), self._subst(str(spec.get("message", ""))))
+            return self._engine_failure(str(spec.get("type", "RuntimeError")),
+                                        self._subst(str(spec.get("message", ""))))
         elif "crash" in step:
             self._crash(step["crash"])
         elif "exit" in step:
@@ -510,7 +512,8 @@ class StandinEngine:
             self.out.write("stdout", ("\r\n".join(prefix + line for line in logged) + "\n").encode())
         self.out.write("stderr", f"Process EngineCore:\n{text}".encode())
         self.out.write("stderr", _traceback_text(
-            "RuntimeError", "Engine core initialization failed. See root cause above. Failed core proc(s): {}").encode())
+            "RuntimeError",
+            "Engine core initialization failed. See root cause above. Failed core proc(s): {}").encode())
         self.out.flush()
         return 1
 

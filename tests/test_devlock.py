@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,19 +14,6 @@ from launcher.devlock import DeviceLock, default_lock_dir, lock_path
 from launcher.errors import ExitCode, TemporarilyUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(name="cleanup")
-def _cleanup() -> Iterator[list[int]]:
-    """Pids to SIGKILL after the test, whatever happened."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, TypeError):
-            pass
-
 
 _HOLDER = """\
 import sys, time

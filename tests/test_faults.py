@@ -26,6 +26,8 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.jsonlog import json_events
+
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin_engine.py"
 TIMEOUT = 30.0
@@ -126,16 +128,7 @@ class Run:
                     self.proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=REPO, env=self.env)
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        found = []
-        for line in self.err.read_bytes().split(b"\n"):
-            if line.startswith(b'{"'):
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if name is None or event.get("event") == name:
-                    found.append(event)
-        return found
+        return json_events(self.err, name)
 
     def tail(self) -> str:
         return self.err.read_bytes()[-4000:].decode(errors="replace")

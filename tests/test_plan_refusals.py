@@ -68,9 +68,10 @@ def test_plan_json_refusal_is_a_document_on_stdout() -> None:
 
 def test_70b_on_four_4090s_offers_what_fit_finds() -> None:
     with pytest.raises(WontFit) as info:
-        make_plan(PlanRequest(model=resolve_model("llama-3.1-70b"), engine="vllm",
+        model = resolve_model("llama-3.1-70b")
+        make_plan(PlanRequest(model=model, engine="vllm",
                               gpus=hypothetical_gpus(["4xrtx4090"]),
-                              variants=tuple(resolve_model(a) for a in resolve_model("llama-3.1-70b").quantized_variants)))
+                              variants=tuple(resolve_model(a) for a in model.quantized_variants)))
     assert any("--tensor-parallel-size" in a and "quantized" in a for a in info.value.alternatives)
 
 

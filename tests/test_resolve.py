@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,11 +141,19 @@ class TestConfigFile:
         error = _error(str(tmp_path / "m"))
         assert error.exit_code == 65 and str(error).endswith("config.json: is a directory, not a regular file")
 
-    def test_unreadable_config_is_66(self, tmp_path: Path) -> None:
-        if os.geteuid() == 0:
-            pytest.skip("root reads files without permission")
+    def test_unreadable_config_is_66(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A config.json the reader may not open (EACCES) is 66 with the OS's reason. The refusal
+        comes from os.open itself, as for a mode-0 file, so the test also holds as root (which
+        opens a mode-0 file anyway)."""
         model = _model_dir(tmp_path / "m")
-        (model / "config.json").chmod(0)
+        real_open = os.open
+
+        def refusing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            if os.fspath(path).endswith(os.sep + "config.json"):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+            return real_open(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refusing_open)
         error = _error(str(model))
         assert error.exit_code == 66 and "Permission denied" in str(error)
 

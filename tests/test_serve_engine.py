@@ -138,7 +138,6 @@ def test_sigkill_of_safe_serve_leaves_no_engine(models: Path, tmp_path: Path) ->
     try:
         served.wait_for(lambda: bool(served.engine_processes()) and "KV cache size" in served.out.read_text(
             errors="replace"))
-        engines = served.engine_processes()
         served.proc.kill()
         served.proc.wait()
         deadline = time.monotonic() + 20

@@ -4,8 +4,8 @@ What cannot run here (vLLM on a GPU, SGLang) is played by tests/standin_engine.p
 scenarios in tests/scenarios/: the engines' own line formats and streams, KV numbers computed
 from the flags safe-serve passes (as the engine computes them), the engines' fatal errors
 with their exit behaviour, and /health after the ready line. Each test runs safe-serve as a
-real process on stand-in GPUs (the NVML stand-in, tests/nvml_stub, with the catalog's figures), output to files, and reads its JSON
-events from stderr. Memory figures of the stand-in come from `safe-serve plan --json` for the
+real process on stand-in GPUs (the NVML stand-in, tests/nvml_stub, with the catalog's figures), output to files,
+and reads its JSON events from stderr. Memory figures of the stand-in come from `safe-serve plan --json` for the
 same command, so the engine agrees with the plan exactly unless a test makes it disagree.
 """
 
@@ -31,6 +31,8 @@ from typing import Any
 
 import psutil
 import pytest
+
+from tests.jsonlog import json_events
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "standin_engine.py"
@@ -172,16 +174,7 @@ class Served:
     # ---- what came out
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        found = []
-        for line in self.err.read_bytes().split(b"\n"):
-            if line.startswith(b'{"'):
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if name is None or event.get("event") == name:
-                    found.append(event)
-        return found
+        return json_events(self.err, name)
 
     def event(self, name: str) -> dict[str, Any]:
         found = self.events(name)
@@ -315,7 +308,8 @@ def test_vllm_agreeing_with_the_plan_is_ready_and_stops_cleanly(serve: Callable[
 
 def test_sglang_agreeing_with_the_plan_is_ready_only_after_warmup(serve: Callable[..., Served],
                                                                    tmp_path: Path) -> None:
-    """SGLang's pool equals the plan; while /health answers 503 (warmup) nothing is ready; after 200 it is; SIGTERM exits 0."""
+    """SGLang's pool equals the plan; while /health answers 503 (warmup) nothing is ready; after 200 it is;
+    SIGTERM exits 0."""
     plan = plan_json("llama-3.1-8b", "sglang", "h100")
     go = tmp_path / "go"
     served = serve("sglang-slow-warmup.yaml", model="llama-3.1-8b", engine="sglang", gpu="h100",
@@ -376,7 +370,8 @@ def test_divergence_abort_exits_78(serve: Callable[..., Served]) -> None:
 
 
 def test_divergence_retune_without_restart_when_one_request_still_fits(serve: Callable[..., Served]) -> None:
-    """--on-divergence retune: when the engine's concurrency still carries the requests, it warns and keeps the engine."""
+    """--on-divergence retune: when the engine's concurrency still carries the requests, it warns and keeps the
+    engine."""
     plan = plan_json("qwen2.5-7b", "vllm", "rtx4090")
     served = serve(VLLM, sets=_twenty_percent_fewer(plan))
     ready = served.wait_ready()
@@ -452,13 +447,15 @@ def _assert_retuned_to_estimate(served: Served, estimate: int) -> None:
 
 
 def test_kv_too_small_retunes_to_the_engines_estimate(serve: Callable[..., Served]) -> None:
-    """vLLM's "estimated maximum model length is E" restarts it with --max-model-len E, then it serves (error reported once)."""
+    """vLLM's "estimated maximum model length is E" restarts it with --max-model-len E, then it serves (error
+    reported once)."""
     served, estimate = _kv_too_small(serve, log_failure=False)
     _assert_retuned_to_estimate(served, estimate)
 
 
 def test_kv_too_small_retunes_as_vllm_reports_it(serve: Callable[..., Served]) -> None:
-    """vLLM's own double report (stdout log + stderr traceback) of "estimated maximum model length" still retunes once."""
+    """vLLM's own double report (stdout log + stderr traceback) of "estimated maximum model length" still retunes
+    once."""
     served, estimate = _kv_too_small(serve, log_failure=True)
     _assert_retuned_to_estimate(served, estimate)
 
@@ -488,7 +485,8 @@ def _assert_retuned_utilization(served: Served, utilization: str) -> None:
 
 
 def test_startup_free_retunes_the_utilization(serve: Callable[..., Served]) -> None:
-    """vLLM's free-memory refusal restarts it with --gpu-memory-utilization (F - 0.25 GiB)/T, then it serves (pinned, reported once)."""
+    """vLLM's free-memory refusal restarts it with --gpu-memory-utilization (F - 0.25 GiB)/T, then it serves
+    (pinned, reported once)."""
     served, utilization = _startup_free(serve, pinned=True, log_failure=False)
     _assert_retuned_utilization(served, utilization)
 

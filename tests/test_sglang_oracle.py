@@ -89,19 +89,43 @@ def test_context_length_and_cell_size_equal_sglang(version: str) -> None:
     assert mismatches == []
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_pool_tokens_equal_sglang(version: str) -> None:
-    """max_total_num_tokens from pre-load memory P, weights W and the fraction equals SGLang's."""
-    checked, mismatches = 0, []
+def pool_cases(version: str) -> list[dict]:
+    """Cases whose oracle ran SGLang's pool code (legacy runs give budget bytes only: README)."""
+    found = []
     for case in cases(version):
         kv = case.get("kv", {})
         if "max_total_num_tokens" not in kv:
             continue
+        if _legacy_skip(version, case, _pinned(case)) or kv["max_total_num_tokens"] <= 0:
+            continue  # <= 0: legacy runners return the negative count and fail later
+        found.append(case)
+    return found
+
+
+def platform_cases(version: str) -> list[dict]:
+    """Cases run under a platform preset (runtime_context.override_platform; legacy runs have none)."""
+    return [r for r in ORACLE["runs"][version]["results"] if "platform" in r and "error" not in r]
+
+
+POOL_VERSIONS = [v for v in VERSIONS if pool_cases(v)]
+PLATFORM_VERSIONS = [v for v in VERSIONS if platform_cases(v)]
+
+
+def test_every_current_release_has_pool_and_platform_cases() -> None:
+    """Only legacy releases lack pool and platform cases, so no current release goes unchecked."""
+    current = [v for v in VERSIONS if v not in LEGACY]
+    assert current and set(current) <= set(POOL_VERSIONS) and PLATFORM_VERSIONS == current
+
+
+@pytest.mark.parametrize("version", POOL_VERSIONS)
+def test_pool_tokens_equal_sglang(version: str) -> None:
+    """max_total_num_tokens from pre-load memory P, weights W and the fraction equals SGLang's."""
+    checked, mismatches = 0, []
+    for case in pool_cases(version):
+        kv = case["kv"]
         pinned = _pinned(case)
         tp, pp = _ranks(pinned)
         geometry = GEOMETRIES[case["model"]]
-        if _legacy_skip(version, case, pinned) or kv["max_total_num_tokens"] <= 0:
-            continue  # <= 0: legacy runners return the negative count and fail later
         pre = case["kv_input"]["pre_model_load_gib"]
         after = kv.get("available_gib", pre - case["kv_input"].get("weights_gib", 0.0))
         if case.get("is_multimodal") and version not in LEGACY:
@@ -114,22 +138,16 @@ def test_pool_tokens_equal_sglang(version: str) -> None:
         checked += 1
         if tokens != kv["max_total_num_tokens"]:
             mismatches.append((case["id"], tokens, kv["max_total_num_tokens"]))
-    if checked == 0 and version in LEGACY:
-        pytest.skip(f"{version}: the oracle gives budget bytes only here (pool code needs a real runner)")
     assert mismatches == []
     assert checked > (1000 if version == "0.5.23" else 200)
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", PLATFORM_VERSIONS)
 def test_page_size_on_each_platform(version: str) -> None:
     """The default page size per GPU generation equals SGLang's backend choice."""
-    if version in LEGACY:
-        pytest.skip(f"{version}: no runtime_context.override_platform, so no platform cases")
     presets = ORACLE["header"]["grid"]["platform_presets"]
     checked = 0
-    for case in ORACLE["runs"][version]["results"]:
-        if "platform" not in case or "error" in case:
-            continue
+    for case in platform_cases(version):
         capability = tuple(presets[case["platform"]]["device_capability"])
         page, _ = sg.default_page_size(GEOMETRIES[case["model"]], capability)
         assert page == case["page_size"], case["id"]

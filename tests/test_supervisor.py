@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,17 @@ import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
+if str(REPO) not in sys.path:  # this file also runs as the driver script (see _driver)
     sys.path.insert(0, str(REPO))
 
-from launcher.errors import ExitCode
-from launcher.supervise import EngineCommand, EngineSpawnError, HealthCheck, Supervisor, SupervisorOptions
+from launcher.errors import ExitCode  # noqa: E402
+from launcher.supervise import (  # noqa: E402
+    EngineCommand,
+    EngineSpawnError,
+    HealthCheck,
+    Supervisor,
+    SupervisorOptions,
+)
 
 STANDIN = REPO / "tests" / "standin_engine.py"
 
@@ -124,7 +130,8 @@ class Engine:
 
     def pids(self) -> dict[str, Any]:
         """The pids the stand-in wrote: engine, grandchild, orphans."""
-        pids: dict[str, Any] = wait_for(lambda: self.pid_file.exists() and json.loads(self.pid_file.read_text()), what="pid file")
+        pids: dict[str, Any] = wait_for(lambda: self.pid_file.exists() and json.loads(self.pid_file.read_text()),
+                                        what="pid file")
         return pids
 
     def recorded(self, stream: str) -> bytes:
@@ -168,18 +175,6 @@ class Driver:
 
     def stderr(self) -> bytes:
         return self.stderr_path.read_bytes()
-
-
-@pytest.fixture(name="cleanup")
-def _cleanup() -> Iterator[list[int]]:
-    """Pids to SIGKILL after the test, whatever happened."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, TypeError):
-            pass
 
 
 @pytest.fixture(autouse=True)
@@ -228,7 +223,8 @@ class TestPassThrough:
         assert 70 == driver.wait(60)
         assert engine.recorded("stdout") == driver.stdout()
         stdout_seen = driver.result()["lines"]["stdout"]
-        assert (1, hashlib.sha256(VLLM_KV.encode() + b"\n").hexdigest()) == (stdout_seen["count"], stdout_seen["sha256"])
+        expected = (1, hashlib.sha256(VLLM_KV.encode() + b"\n").hexdigest())
+        assert expected == (stdout_seen["count"], stdout_seen["sha256"])
 
     def test_unterminated_output_is_flushed_while_the_engine_runs(self, tmp_path: Path, cleanup: list[int]) -> None:
         """Text without a newline (a progress bar) shows up within a fraction of a second, not at EOF."""
@@ -267,7 +263,7 @@ class TestPassThrough:
 class TestSignals:
     def _serving(self, tmp_path: Path, cleanup: list[int]) -> tuple[Engine, Driver, dict[str, Any]]:
         engine = Engine(tmp_path, "engine", graceful(grandchild=True, steps=serving_steps()), port=free_port())
-        driver = Driver(tmp_path, engine, grace_seconds=30.0)
+        driver = Driver(tmp_path, engine, grace_s=30.0)
         pids = engine.pids()
         cleanup += [pids["engine"], pids["grandchild"], driver.proc.pid]
         wait_for(lambda: b"Application startup complete" in driver.stderr(), what="uvicorn startup line")
@@ -295,7 +291,8 @@ class TestSignals:
             pytest.param(signal.SIGQUIT, 128 + signal.SIGQUIT, -signal.SIGQUIT, id="SIGQUIT-passes-through"),
         ],
     )
-    def test_other_stop_signals_are_forwarded(self, tmp_path: Path, cleanup: list[int], signum: int, exit_code: int, engine_returncode: int) -> None:
+    def test_other_stop_signals_are_forwarded(self, tmp_path: Path, cleanup: list[int], signum: int, exit_code: int,
+                                              engine_returncode: int) -> None:
         """SIGINT, SIGHUP and SIGQUIT reach the engine's group; death by a forwarded INT/HUP counts as clean."""
         _engine, driver, pids = self._serving(tmp_path, cleanup)
         driver.proc.send_signal(signum)
@@ -306,9 +303,11 @@ class TestSignals:
         assert gone(pids["engine"]) and gone(pids["grandchild"])
 
     def test_engine_ignoring_sigterm_is_killed_after_the_grace(self, tmp_path: Path, cleanup: list[int]) -> None:
-        """An engine that ignores SIGTERM is SIGKILLed (group) once grace_seconds have passed: exit 137."""
-        engine = Engine(tmp_path, "engine", graceful(on_sigterm="ignore", grandchild=True, grandchild_ignores_sigterm=True, steps=serving_steps()), port=free_port())
-        driver = Driver(tmp_path, engine, grace_seconds=1.0)
+        """An engine that ignores SIGTERM is SIGKILLed (group) once grace_s have passed: exit 137."""
+        behaviour = graceful(on_sigterm="ignore", grandchild=True, grandchild_ignores_sigterm=True,
+                             steps=serving_steps())
+        engine = Engine(tmp_path, "engine", behaviour, port=free_port())
+        driver = Driver(tmp_path, engine, grace_s=1.0)
         pids = engine.pids()
         cleanup += [pids["engine"], pids["grandchild"], driver.proc.pid]
         wait_for(lambda: b"Application startup complete" in driver.stderr(), what="startup")
@@ -325,7 +324,7 @@ class TestSignals:
     def test_second_sigint_kills_at_once(self, tmp_path: Path, cleanup: list[int]) -> None:
         """A second SIGINT escalates to SIGKILL without waiting for the 30 s grace."""
         engine = Engine(tmp_path, "engine", graceful(on_sigterm="ignore", steps=serving_steps()), port=free_port())
-        driver = Driver(tmp_path, engine, grace_seconds=30.0)
+        driver = Driver(tmp_path, engine, grace_s=30.0)
         pids = engine.pids()
         cleanup += [pids["engine"], driver.proc.pid]
         wait_for(lambda: b"Application startup complete" in driver.stderr(), what="startup")
@@ -347,7 +346,8 @@ class TestSignals:
         wait_for(lambda: gone(pids["engine"]), 5.0, "engine death (PDEATHSIG)")
         wait_for(lambda: gone(pids["grandchild"]), 5.0, "grandchild death (group guard)")
 
-    def test_without_the_guard_a_grandchild_outlives_a_sigkilled_supervisor(self, tmp_path: Path, cleanup: list[int]) -> None:
+    def test_without_the_guard_a_grandchild_outlives_a_sigkilled_supervisor(self, tmp_path: Path,
+                                                                            cleanup: list[int]) -> None:
         """PDEATHSIG alone reaches only the direct child: this is why the group guard exists."""
         engine = Engine(tmp_path, "engine", graceful(grandchild=True, steps=serving_steps()), port=free_port())
         driver = Driver(tmp_path, engine, group_guard=False)
@@ -398,7 +398,8 @@ class TestExitCodes:
     def test_request_stop_exit_code_wins(self, tmp_path: Path, cleanup: list[int]) -> None:
         """request_stop(reason, 78) from the line hook stops the engine group and we exit 78."""
         engine = Engine(tmp_path, "engine", graceful(grandchild=True, steps=serving_steps()), port=free_port())
-        trigger = {"match": "KV cache size", "action": "stop", "code": int(ExitCode.CONFIG), "reason": "KV smaller than planned"}
+        trigger = {"match": "KV cache size", "action": "stop", "code": int(ExitCode.CONFIG),
+                   "reason": "KV smaller than planned"}
         driver = Driver(tmp_path, engine, triggers=[trigger])
         pids = engine.pids()
         cleanup += [pids["engine"], pids["grandchild"], driver.proc.pid]
@@ -434,13 +435,15 @@ class TestExitCodes:
         assert (tmp_path / "out.bin").read_bytes().startswith(VLLM_KV.encode() + b"\n")
 
     def test_orphans_are_reaped_but_only_the_engine_counts(self, tmp_path: Path, cleanup: list[int]) -> None:
-        """As PID 1 (here: a child subreaper with reap_orphans) an orphan's exit is reaped, not taken for the engine's."""
+        """As PID 1 (here: a child subreaper with reap_orphans) an orphan's exit is reaped, not taken for the
+        engine's."""
         steps = [{"orphan": 0.3}, *serving_steps()]
         engine = Engine(tmp_path, "engine", graceful(steps=steps), port=free_port())
         driver = Driver(tmp_path, engine, subreaper=True, ready_file=str(tmp_path / "ready"))
         cleanup.append(driver.proc.pid)
         orphan = wait_for(lambda: engine.pids()["orphans"], what="orphan pid")[0]
-        wait_for(lambda: f"reaped an orphaned process     pid={orphan}" in driver.log_path.read_text(), what="orphan reaped")
+        wait_for(lambda: f"reaped an orphaned process     pid={orphan}" in driver.log_path.read_text(),
+                 what="orphan reaped")
         wait_for((tmp_path / "ready").exists, what="ready file")
         assert driver.proc.poll() is None
         driver.proc.send_signal(signal.SIGTERM)
@@ -461,10 +464,12 @@ class TestExitCodes:
 
 
 class TestRestart:
-    def test_restart_stops_the_first_engine_before_starting_the_second(self, tmp_path: Path, cleanup: list[int]) -> None:
+    def test_restart_stops_the_first_engine_before_starting_the_second(self, tmp_path: Path,
+                                                                       cleanup: list[int]) -> None:
         """request_restart stops engine 1 gracefully (group included), then runs engine 2."""
         first = Engine(tmp_path, "first", graceful(grandchild=True, steps=[{"text": VLLM_KV}, {"hang": True}]))
-        second = Engine(tmp_path, "second", graceful(steps=[{"text": UVICORN_START[0], "stream": "stderr"}, {"exit": 0}]))
+        second = Engine(tmp_path, "second",
+                        graceful(steps=[{"text": UVICORN_START[0], "stream": "stderr"}, {"exit": 0}]))
         trigger = {"match": "KV cache size", "action": "restart", "argv": second.argv}
         driver = Driver(tmp_path, first, triggers=[trigger])
         pids1 = first.pids()
@@ -474,10 +479,12 @@ class TestRestart:
         assert pids1["engine"] != pids2["engine"]
         assert gone(pids1["engine"]) and gone(pids1["grandchild"])
         outcome = driver.result()["outcome"]
-        assert (1, "engine exited with code 0 unasked (a server must not stop by itself)") == (outcome["restarts"], outcome["reason"])
+        assert (1, "engine exited with code 0 unasked (a server must not stop by itself)") == (
+            outcome["restarts"], outcome["reason"])
         stderr = driver.stderr()
         assert stderr == first.recorded("stderr") + second.recorded("stderr")
-        assert stderr.index(b"Application shutdown complete") < stderr.index(b"Started server process [%d]" % pids2["engine"])
+        started = b"Started server process [%d]" % pids2["engine"]
+        assert stderr.index(b"Application shutdown complete") < stderr.index(started)
 
 
     def test_fatal_line_restart_while_the_engine_dies(self, tmp_path: Path, cleanup: list[int]) -> None:
@@ -535,7 +542,7 @@ class TestWatch:
     def test_missing_kv_line_fires_the_watch_timeout(self, tmp_path: Path, cleanup: list[int]) -> None:
         """When the KV line never comes, on_watch_timeout runs and its stop code is our exit code."""
         engine = Engine(tmp_path, "engine", graceful(steps=[{"text": VLLM_SERVER}, {"hang": True}]))
-        driver = Driver(tmp_path, engine, watches={"kv": 0.5}, on_watch_timeout={"code": 75})
+        driver = Driver(tmp_path, engine, watch_timeouts_s={"kv": 0.5}, on_watch_timeout={"code": 75})
         cleanup.append(driver.proc.pid)
         started = time.monotonic()
         assert 75 == driver.wait()
@@ -546,7 +553,8 @@ class TestWatch:
         """mark_event('kv') from the line hook prevents the timeout."""
         engine = Engine(tmp_path, "engine", graceful(steps=[{"text": VLLM_KV}, {"delay": 1.0, "exit": 0}]))
         trigger = {"match": "KV cache size", "action": "mark", "event": "kv"}
-        driver = Driver(tmp_path, engine, watches={"kv": 0.5}, on_watch_timeout={"code": 75}, triggers=[trigger])
+        driver = Driver(tmp_path, engine, watch_timeouts_s={"kv": 0.5}, on_watch_timeout={"code": 75},
+                        triggers=[trigger])
         cleanup.append(driver.proc.pid)
         assert 70 == driver.wait()  # not 75: the watch was disarmed; the engine then exited 0 unasked
 
@@ -561,7 +569,8 @@ class TestNotify:
         steps = [{"text": VLLM_SERVER, "delay": 0.6}, *serving_steps()]
         engine = Engine(tmp_path, "engine", graceful(steps=steps), port=free_port())
         ready = tmp_path / "ready"
-        driver = Driver(tmp_path, engine, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1"}, ready_file=str(ready), extend_every_s=0.2)
+        driver = Driver(tmp_path, engine, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1"}, ready_file=str(ready),
+                        extend_every_s=0.2)
         pids = engine.pids()
         cleanup += [pids["engine"], driver.proc.pid]
         wait_for(ready.exists, what="ready file")
@@ -580,7 +589,8 @@ class TestNotify:
         assert all(not m.startswith("EXTEND") for m in messages[ready_at + 1 : -1])
         assert messages[-1].startswith("STOPPING=1\n")
         child_env = json.loads(engine.env_file.read_text())
-        assert ("NOTIFY_SOCKET" in child_env, "WATCHDOG_USEC" in child_env, child_env["PATH"]) == (False, False, os.environ["PATH"])
+        assert ("NOTIFY_SOCKET" in child_env, "WATCHDOG_USEC" in child_env, child_env["PATH"]) == (
+            False, False, os.environ["PATH"])
 
 
 # --------------------------------------------------------------------------- devlock
@@ -601,10 +611,10 @@ def _driver(config_path: str) -> int:
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     options = SupervisorOptions(
         reap_orphans=bool(cfg.get("subreaper")),
-        grace_seconds=cfg.get("grace_seconds", 5.0),
+        grace_s=cfg.get("grace_s", 5.0),
         health=health,
         ready_file=Path(cfg["ready_file"]) if cfg.get("ready_file") else None,
-        watches=cfg.get("watches", {}),
+        watch_timeouts_s=cfg.get("watch_timeouts_s", {}),
         group_guard=cfg.get("group_guard", True),
         extend_every_s=cfg.get("extend_every_s", 10.0),
         line_filter=tuple(n.encode() for n in cfg["line_filter"]) if cfg.get("line_filter") else None,

@@ -10,7 +10,8 @@ from launcher.supervise.outcome import Phase, StopBook, decide_outcome, exit_cod
 class TestExitCodeFor:
     @pytest.mark.parametrize(
         ("returncode", "expected"),
-        [pytest.param(0, 0, id="ok"), pytest.param(1, 1, id="error"), pytest.param(-9, 137, id="sigkill"), pytest.param(-11, 139, id="sigsegv")],
+        [pytest.param(0, 0, id="ok"), pytest.param(1, 1, id="error"), pytest.param(-9, 137, id="sigkill"),
+         pytest.param(-11, 139, id="sigsegv")],
     )
     def test_mapping(self, returncode: int, expected: int) -> None:
         """Exit statuses pass through and death by signal N becomes 128+N."""
@@ -27,13 +28,16 @@ class TestDecideOutcome:
             pytest.param(-15, StopBook(signal=15, forwarded={15}), 0, "stopped on SIGTERM", id="term-died-of-term"),
             pytest.param(0, StopBook(signal=2, forwarded={2}), 0, "stopped on SIGINT", id="int-exit-0"),
             pytest.param(1, StopBook(signal=15, forwarded={15}), 1, "stopped on SIGTERM", id="term-but-exit-1"),
-            pytest.param(-9, StopBook(signal=15, forwarded={15}, escalation="grace"), 137, "stopped on SIGTERM", id="term-escalated"),
+            pytest.param(-9, StopBook(signal=15, forwarded={15}, escalation="grace"), 137, "stopped on SIGTERM",
+                         id="term-escalated"),
             pytest.param(-3, StopBook(signal=3), 131, "stopped on SIGQUIT", id="quit-is-not-clean"),
-            pytest.param(0, StopBook(request=("KV too small", 78), signal=15, forwarded={15}), 78, "KV too small", id="request-wins"),
+            pytest.param(0, StopBook(request=("KV too small", 78), signal=15, forwarded={15}), 78, "KV too small",
+                         id="request-wins"),
         ],
     )
     def test_exit_code_rules(self, returncode: int, stop: StopBook, expected_code: int, reason_start: str) -> None:
-        """request_stop's code wins, a forwarded TERM/INT/HUP ending is clean, exit 0 unasked is 70, else the engine's status."""
+        """request_stop's code wins, a forwarded TERM/INT/HUP ending is clean, exit 0 unasked is 70, else the
+        engine's status."""
         outcome = decide_outcome(returncode, Phase.STARTING, 0, stop)
         assert expected_code == outcome.exit_code
         assert outcome.reason.startswith(reason_start)

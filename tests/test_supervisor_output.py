@@ -52,11 +52,13 @@ class TestStreamPump:
 
     @settings(max_examples=300, deadline=None)
     @given(
-        pieces=st.lists(st.sampled_from([b"KV cache", b"K", b"V cache", b"\n", b"\r\n", b"x" * 7, b"\xff\xfe", b""]), max_size=40),
+        pieces=st.lists(st.sampled_from([b"KV cache", b"K", b"V cache", b"\n", b"\r\n", b"x" * 7, b"\xff\xfe", b""]),
+                        max_size=40),
         cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
         needles=st.sampled_from([None, (b"KV cache",), (b"KV cache", b"\xff")]),
     )
-    def test_any_chunking_gives_the_same_lines(self, pieces: list[bytes], cuts: list[int], needles: tuple[bytes, ...] | None) -> None:
+    def test_any_chunking_gives_the_same_lines(self, pieces: list[bytes], cuts: list[int],
+                                               needles: tuple[bytes, ...] | None) -> None:
         """However the pipe cuts the data, the output is identical and the hook sees the same (filtered) lines."""
         data = b"".join(pieces)
         bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})

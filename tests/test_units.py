@@ -45,3 +45,10 @@ def test_bound_is_one_pib() -> None:
 
 def test_formatting_helpers() -> None:
     assert format_gib(44.42 * GiB) == "44.42 GiB" and cdiv(7, 2) == 4 and floor_to(0.92999, 2) == 0.92
+
+
+def test_format_gib_serves_every_view() -> None:
+    """One formatter: the plan's column (width 8, no unit), the gpus view (1 decimal), a sentence."""
+    assert format_gib(23.99 * GiB, width=8, unit=False) == "   23.99"
+    assert format_gib(14.2 * GiB, digits=1) == "14.2 GiB"
+    assert format_gib(0.5 * GiB, unit=False) == "0.50"

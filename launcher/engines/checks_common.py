@@ -70,6 +70,14 @@ def divisors_within(n: int, limit: int) -> list[int]:
     return [d for d in range(1, max(1, limit) + 1) if n % d == 0]
 
 
+def tp_sizes_for_heads(geometry: ModelGeometry, gpu_count: int) -> list[int]:
+    """TP sizes up to the GPUs present that split the attention heads, and that split the KV
+    heads or are a multiple of them (KV heads are replicated then); MLA has no KV heads."""
+    kv_heads = geometry.num_kv_heads
+    return [d for d in divisors_within(geometry.num_attention_heads, max(gpu_count, 1))
+            if geometry.mla is not None or (d % kv_heads == 0 if d >= kv_heads else kv_heads % d == 0)]
+
+
 def or_list(values: Sequence[int]) -> str:
     text = [str(v) for v in values]
     return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " or " + text[-1]

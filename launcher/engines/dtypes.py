@@ -1,4 +1,5 @@
-"""The model dtype both engines run with: `--dtype auto` resolved as each engine resolves it.
+"""Dtypes both engines share: `--dtype auto` resolved as each engine resolves it, and the bytes
+per element of the dtypes a KV cache is stored in.
 
 vLLM (`vllm/config/model.py:_resolve_auto_dtype`) and SGLang (`srt/configs/model_config.py`,
 `_get_and_verify_dtype`, taken from vLLM) agree: keep a config dtype the GPU supports,
@@ -9,7 +10,18 @@ from __future__ import annotations
 
 from launcher.model import ModelGeometry
 
-__all__ = ["resolve_dtype"]
+__all__ = ["ELEMENT_BYTES", "auto_kv_bytes", "kv_element_bytes", "resolve_dtype"]
+
+# torch element sizes of the dtypes a KV cache is stored in (each engine maps its own
+# `--kv-cache-dtype` spellings onto these names; vLLM stores most fp8 caches as uint8).
+ELEMENT_BYTES = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "uint8": 1,
+}
 
 
 # vllm/config/model.py:2380 _FLOAT16_NOT_SUPPORTED_MODELS (vLLM 0.32.0): fp16 is numerically unstable.
@@ -44,3 +56,15 @@ def resolve_dtype(geometry: ModelGeometry, *, compute_capability: tuple[int, int
     return preferred, (f"this GPU (compute capability {compute_capability[0]}.{compute_capability[1]}) has no "
                        f"{config}: the engine falls back to {preferred}" if compute_capability else
                        f"{config} not supported here: the engine falls back to {preferred}")
+
+
+def auto_kv_bytes(model_dtype: str) -> int:
+    """`--kv-cache-dtype auto`: the cache takes the model dtype (float32 keeps 4 bytes, else 16-bit)."""
+    return 4 if model_dtype == "float32" else 2
+
+
+def kv_element_bytes(value: str, spellings: dict[str, str]) -> int | None:
+    """Bytes per KV element for an engine's `--kv-cache-dtype` spelling, or None when the engine's
+    table (`spellings`: spelling -> torch dtype name) does not hold it."""
+    torch_dtype = spellings.get(value)
+    return None if torch_dtype is None else ELEMENT_BYTES[torch_dtype]

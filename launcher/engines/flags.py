@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -130,3 +131,11 @@ def drop_flag(args: Sequence[str], flag: str) -> list[str]:
 def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:
     """`args` with `flag` set to `value`, replacing any earlier spelling of it."""
     return [*drop_flag(args, flag), flag, value]
+
+
+def split_engine_cmd(engine_cmd: str) -> list[str]:
+    """`--engine-cmd` split like a shell would; an unclosed quote is a usage error (exit 2)."""
+    try:
+        return shlex.split(engine_cmd)
+    except ValueError as exc:
+        raise UsageError(f"--engine-cmd {engine_cmd!r}: {exc}", hint="quote it as one shell word") from None

@@ -44,9 +44,9 @@ class ServeOptions:
     on_divergence: str = RETUNE
     tolerance: float = 0.02
     max_retunes: int = 2
-    watch_timeout: float = 1800.0
-    grace: float = 30.0
-    lock_timeout: float = 300.0
+    watch_timeout_s: float = 1800.0
+    grace_s: float = 30.0
+    lock_timeout_s: float = 300.0
     ready_file: str | None = None
     health_failures: int = 3  # /health failures in a row after ready that end the engine; 0: no liveness check
     health_interval_s: float = 5.0  # between liveness probes after ready
@@ -102,14 +102,14 @@ class Watch:
         self.supervisor = Supervisor(
             self._command_for(self.args),
             SupervisorOptions(
-                grace_seconds=options.grace,
+                grace_s=options.grace_s,
                 health=HealthCheck(host=host, port=port, live_interval_s=options.health_interval_s,
                                    failures=options.health_failures) if options.health_failures > 0
                 else HealthCheck(host=host, port=port),
                 # lines no rule could match never reach Python decoding
                 line_filter=tuple(key.encode() for key in self.engine.log_prefilter),
                 ready_file=Path(options.ready_file) if options.ready_file else None,
-                watches={"kv": options.watch_timeout}),
+                watch_timeouts_s={"kv": options.watch_timeout_s}),
             on_line=self.on_line, on_ready=self.on_healthy, on_watch_timeout=self.on_watch_timeout,
         )
         if self.progress is not None:
@@ -184,8 +184,8 @@ class Watch:
         self._maybe_ready()
 
     def on_watch_timeout(self, name: str) -> None:
-        log.error("watch-timeout", missing=name, seconds=self.options.watch_timeout, engine_phase=self.engine_phase)
-        self.supervisor.request_stop(f"no KV line within {self.options.watch_timeout:.0f} s", int(ExitCode.TEMPFAIL))
+        log.error("watch-timeout", missing=name, seconds=self.options.watch_timeout_s, engine_phase=self.engine_phase)
+        self.supervisor.request_stop(f"no KV line within {self.options.watch_timeout_s:.0f} s", int(ExitCode.TEMPFAIL))
 
     # ------------------------------------------------------------------ decisions
 

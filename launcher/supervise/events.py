@@ -68,7 +68,8 @@ class EventQueue:
 
 
 @contextmanager
-def installed_signal_handlers(signums: Iterable[int], handler: Callable[[int, FrameType | None], None], wakeup_fd: int) -> Iterator[None]:
+def installed_signal_handlers(signums: Iterable[int], handler: Callable[[int, FrameType | None], None],
+                              wakeup_fd: int) -> Iterator[None]:
     """Install ``handler`` for ``signums`` and ``wakeup_fd`` as the wake-up fd; restore both after."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("Supervisor.run() handles signals and must run on the main thread")

@@ -69,11 +69,11 @@ MIN_WATCHDOG_EVERY_S = 0.5  # a tiny WATCHDOG_USEC must not make the loop spin
 class SupervisorOptions:
     """Tunables of one supervision; the defaults suit systemd and containers."""
 
-    grace_seconds: float = 30.0  # SIGTERM -> SIGKILL (Kubernetes' default grace is 30 s too)
+    grace_s: float = 30.0  # SIGTERM -> SIGKILL (Kubernetes' default grace is 30 s too)
     health: HealthCheck | None = None  # poll it from each start; 200 -> on_ready
     liveness_exit_code: int = int(ExitCode.SOFTWARE)  # health.failures probes failed in a row after ready
     ready_file: Path | None = None  # written at mark_ready(), removed when not ready or at exit
-    watches: Mapping[str, float] = field(default_factory=dict)  # event name -> seconds from start
+    watch_timeouts_s: Mapping[str, float] = field(default_factory=dict)  # event name -> seconds from start
     notify_env: Mapping[str, str] | None = None  # where NOTIFY_SOCKET/WATCHDOG_USEC are read; None: os.environ
     stdout_fd: int = 1
     stderr_fd: int = 2
@@ -119,7 +119,7 @@ class Supervisor:
       only lines holding one reach the hook (floods then cost no Python call per line).
     * ``on_ready()``: the health endpoint answered 200. Without this hook that alone marks
       the engine ready; with it, the hook decides and calls :meth:`mark_ready`.
-    * ``on_watch_timeout(name)``: a watch from ``SupervisorOptions.watches`` was not marked
+    * ``on_watch_timeout(name)``: a watch from ``SupervisorOptions.watch_timeouts_s`` was not marked
       in time (:meth:`mark_event`).
     * ``on_exit(returncode)``: the engine exited on its own (not stopped by us), after its
       last line was read; may call :meth:`request_restart`.
@@ -327,7 +327,7 @@ class Supervisor:
                 self._stop.term_at = None
                 self._begin_stop(signal.SIGTERM, State.STOPPING)
             if self._stop.deadline is not None and now >= self._stop.deadline:
-                self._escalate(f"the engine did not stop within the {self._opts.grace_seconds:g} s grace period")
+                self._escalate(f"the engine did not stop within the {self._opts.grace_s:g} s grace period")
             self._check_watches(now)
             if self._next_extend is not None and now >= self._next_extend and self._state is not State.STOPPING:
                 self._notify(f"EXTEND_TIMEOUT_USEC={int(self._opts.extend_by_s * 1e6)}")
@@ -516,13 +516,13 @@ class Supervisor:
             self._pending_restart = None  # stopping wins over a restart in progress
         self._state = state
         if self._stop.deadline is None:
-            self._stop.deadline = time.monotonic() + self._opts.grace_seconds
+            self._stop.deadline = time.monotonic() + self._opts.grace_s
         if signum in STOP_SIGNALS_CLEAN:
             self._stop.forwarded.add(signum)
         self._current().signal_group(signum)
         if state is State.STOPPING and not self._stopping_sent:
             self._stopping_sent = True
-            extend_us = int((self._opts.grace_seconds + DRAIN_AFTER_EXIT_S + 5.0) * 1e6)
+            extend_us = int((self._opts.grace_s + DRAIN_AFTER_EXIT_S + 5.0) * 1e6)
             self._notify(f"STOPPING=1\nSTATUS=stopping the engine\nEXTEND_TIMEOUT_USEC={extend_us}")
         elif state is State.RESTARTING:
             self.status("restarting the engine")
@@ -561,7 +561,7 @@ class Supervisor:
         if engine is None or engine.returncode is not None:
             return
         engine.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + min(self._opts.grace_seconds, 5.0)
+        deadline = time.monotonic() + min(self._opts.grace_s, 5.0)
         while engine.returncode is None:
             late = time.monotonic() >= deadline
             if late:
@@ -605,7 +605,7 @@ class Supervisor:
         self._drain_deadline = self._drain_limit = None
         self._health_failures = 0
         self._next_watchdog = None
-        self._watch_deadlines = {name: now + seconds for name, seconds in self._opts.watches.items()}
+        self._watch_deadlines = {name: now + seconds for name, seconds in self._opts.watch_timeouts_s.items()}
         self._next_extend = now
         if self._opts.health is not None:
             generation = self._generation

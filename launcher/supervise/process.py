@@ -197,7 +197,8 @@ class GroupGuard:
 class Engine:
     """One spawned engine: its process group, its output pipes, its guard and exit status."""
 
-    def __init__(self, command: EngineCommand, popen: subprocess.Popen[bytes], guard: GroupGuard | None, generation: int) -> None:
+    def __init__(self, command: EngineCommand, popen: subprocess.Popen[bytes], guard: GroupGuard | None,
+                 generation: int) -> None:
         self.command = command
         self.popen = popen
         self.pid = popen.pid

@@ -434,7 +434,7 @@ class Oracle:
                 out["error"] = _err(e)
                 if isinstance(e, SystemExit):
                     # argparse prints "usage: ..." then "prog: error: <message>"
-                    lines = [l for l in err_sink.getvalue().splitlines() if l.strip()]
+                    lines = [line for line in err_sink.getvalue().splitlines() if line.strip()]
                     msg = lines[-1] if lines else f"exit {e.code}"
                     if ": error: " in msg:
                         msg = msg.split(": error: ", 1)[1]
@@ -817,7 +817,8 @@ class Oracle:
         A = spec.get("available_gib")
         if P is not None and A is None:
             A = P - float(spec.get("weights_gib", 0.0))
-        fn_name = "profile_max_num_token" if hasattr(ModelRunner, "profile_max_num_token") else "_profile_available_bytes"
+        fn_name = ("profile_max_num_token" if hasattr(ModelRunner, "profile_max_num_token")
+                   else "_profile_available_bytes")
         fn = getattr(ModelRunner, fn_name, None)
         mods = {sys.modules[f.__module__] for f in (fn, getattr(ModelRunner, "get_cell_size_per_token", None)) if f}
         patches = {"get_available_gpu_memory": lambda *a, **k: A,

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.engines.dtypes import auto_kv_bytes, kv_element_bytes
 from launcher.engines.flags import FlagSpec, fraction, parse_pinned, positive_int
 from launcher.model import ModelGeometry, kv_heads_per_rank
 from launcher.units import GiB
@@ -77,25 +78,35 @@ def _set(first: str, last: int, **fields: Any) -> list[SglangRules]:
 
 
 RULES: tuple[SglangRules, ...] = tuple(
-    _set("0.5.1", 2, fraction="table", decode_reserve_when_off=True, tiers=(), top_tier=(16384, 512), prefill_graph="off",
+    _set("0.5.1", 2, fraction="table", decode_reserve_when_off=True, tiers=(),
+         top_tier=(16384, 512), prefill_graph="off",
          fallback_fraction=0.88, source="0.5.2 server_args.py:449-500 (table), :505-530 (chunk, graph bs)")
-    + _set("0.5.3", 4, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_053, top_tier=(16384, 512), prefill_graph="off",
+    + _set("0.5.3", 4, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_053,
+           top_tier=(16384, 512), prefill_graph="off",
            fallback_fraction=0.88, source="0.5.3 server_args.py:542-683")
-    + _set("0.5.5", 9, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_OLD, top_tier=(16384, 512), prefill_graph="off",
+    + _set("0.5.5", 9, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_OLD,
+           top_tier=(16384, 512), prefill_graph="off",
            fallback_fraction=0.88, source="0.5.9 server_args.py:911-1070")
-    + _set("0.5.10", 12, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_OLD, top_tier=(16384, 512), prefill_graph="piecewise",
+    + _set("0.5.10", 12, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_OLD,
+           top_tier=(16384, 512), prefill_graph="piecewise",
            fallback_fraction=0.88, source="0.5.10 server_args.py:1141-1330, :1076-1139 (piecewise auto-off)")
-    + _set("0.5.13", 14, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_OLD, top_tier=(16384, 512), prefill_graph="piecewise",
+    + _set("0.5.13", 14, fraction="reserve", decode_reserve_when_off=True, tiers=_TIERS_OLD,
+           top_tier=(16384, 512), prefill_graph="piecewise",
            fallback_fraction=0.88, prefill_cap_context=True, source="0.5.13 server_args.py:1444-1640")
-    + _set("0.5.15", 16, fraction="reserve", tiers=_TIERS_OLD, top_tier=(16384, 512), prefill_graph="piecewise",
+    + _set("0.5.15", 16, fraction="reserve", tiers=_TIERS_OLD,
+           top_tier=(16384, 512), prefill_graph="piecewise",
            fallback_fraction=0.88, prefill_cap_context=True, source="0.5.15 server_args.py:3469-3690")
-    + _set("0.5.17", 19, fraction="reserve", tiers=_TIERS_OLD, top_tier=(16384, 512), prefill_graph="piecewise",
+    + _set("0.5.17", 19, fraction="reserve", tiers=_TIERS_OLD,
+           top_tier=(16384, 512), prefill_graph="piecewise",
            fallback_fraction=0.88, source="0.5.18 server_args.py:4802-4990; 0.5.19 arg_groups/memory_hook.py:26-270")
-    + _set("0.5.20", 21, fraction="reserve", tiers=_TIERS_NEW, top_tier=(16384, 512), prefill_graph="breakable",
+    + _set("0.5.20", 21, fraction="reserve", tiers=_TIERS_NEW,
+           top_tier=(16384, 512), prefill_graph="breakable",
            fallback_fraction=FALLBACK_FRACTION, source="0.5.21 arg_groups/memory_hook.py:47-330, :350")
-    + _set("0.5.22", 23, fraction="reserve", tiers=_TIERS_NEW, top_tier=(16384, 512), prefill_graph="breakable",
+    + _set("0.5.22", 23, fraction="reserve", tiers=_TIERS_NEW,
+           top_tier=(16384, 512), prefill_graph="breakable",
            fallback_fraction=FALLBACK_FRACTION, mrr_shrinks_bs=True,
-           source="0.5.23 arg_groups/memory_hook.py:47-330, :357 reserve_for_graph_mb, :417 adjust_mem_fraction_for_vlm")
+           source="0.5.23 arg_groups/memory_hook.py:47-330, :357 reserve_for_graph_mb, "
+                  ":417 adjust_mem_fraction_for_vlm")
 )
 
 
@@ -309,17 +320,23 @@ def derived_context_length(geometry: ModelGeometry) -> tuple[int, str]:
     return int(length * factor), reason
 
 
+# The `--kv-cache-dtype` values safe-serve sizes, as SGLang's model runner stores them.
+KV_CACHE_DTYPES = {
+    "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2", "fp8": "float8_e4m3fn",
+    "bf16": "bfloat16", "bfloat16": "bfloat16", "float16": "float16",
+}
+
+
 def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str, geometry: ModelGeometry) -> tuple[int, str]:
     value = (kv_cache_dtype or "auto").lower()
     if value == "auto":
         if geometry.quantization is not None and geometry.quantization.kv_cache_scheme == "fp8":
             return 1, "checkpoint asks for an FP8 KV cache (kv_cache_quant_algo)"
-        return (4 if model_dtype == "float32" else 2), f"kv-cache-dtype auto = model dtype {model_dtype}"
-    if value in ("fp8_e4m3", "fp8_e5m2", "fp8"):
-        return 1, f"kv-cache-dtype {value}"
-    if value in ("bf16", "bfloat16", "float16"):
-        return 2, f"kv-cache-dtype {value}"
-    raise ValueError(f"kv-cache-dtype {value!r} is not one safe-serve can size yet")
+        return auto_kv_bytes(model_dtype), f"kv-cache-dtype auto = model dtype {model_dtype}"
+    size = kv_element_bytes(value, KV_CACHE_DTYPES)
+    if size is None:
+        raise ValueError(f"kv-cache-dtype {value!r} is not one safe-serve can size yet")
+    return size, f"kv-cache-dtype {value}"
 
 
 # `is_hybrid_swa_model` (configs/model_config.py): these get a separate, smaller sliding-window
@@ -343,7 +360,7 @@ def stage_layers(num_layers: int, pp: int) -> list[range]:
     base, extra = divmod(num_layers, pp)
     sizes = [base + (1 if rank >= pp - extra else 0) for rank in range(pp)]
     starts = [sum(sizes[:rank]) for rank in range(pp)]
-    return [range(start, start + size) for start, size in zip(starts, sizes)]
+    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
 
 def cell_size_bytes(geometry: ModelGeometry, *, kv_bytes: int, tp: int, pp: int,

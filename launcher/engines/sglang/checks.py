@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from launcher.engines.checks_common import CheckInput, EngineRule, divisors_within, or_list, quant_config
+from launcher.engines.checks_common import CheckInput, EngineRule, or_list, quant_config, tp_sizes_for_heads
 
 VERSION = "0.5.23"
 _SRC = {
@@ -62,8 +62,7 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
     geo = inp.geometry
     out: list[EngineRule] = []
     heads, kv_heads, tp = geo.num_attention_heads, geo.num_kv_heads, inp.tp
-    good = [d for d in divisors_within(heads, max(inp.gpu_count, 1))
-            if geo.mla is not None or (d % kv_heads == 0 if d >= kv_heads else kv_heads % d == 0)]
+    good = tp_sizes_for_heads(geo, inp.gpu_count)
     hint = f"--tp-size {or_list(good)}" if good else None
     if heads % tp:
         out.append(EngineRule("tp-divides-heads", "assert self.total_num_heads % tp_size == 0 (AssertionError: "

@@ -13,7 +13,8 @@ RULES = (
              lambda m: {"tokens": int(m.group(1))}),
     LineRule("weights", re.compile(r"Load weight end\..*?avail mem=([\d.]+) GB(?:, mem usage=([\d.]+) GB)?"),
              lambda m: {"avail_gib": float(m.group(1)), "gib": float(m.group(2)) if m.group(2) else None}),
-    LineRule("pre_load", re.compile(r"Load weight begin\. avail mem=([\d.]+) GB"), lambda m: {"gib": float(m.group(1))}),
+    LineRule("pre_load", re.compile(r"Load weight begin\. avail mem=([\d.]+) GB"),
+             lambda m: {"gib": float(m.group(1))}),
     LineRule("fatal:weights_leave_nothing", re.compile(
         r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=([\d.]+)\. "
         r"Raise --mem-fraction-static above ([\d.]+)"),
@@ -30,7 +31,8 @@ RULES = (
     # (distributed/device_communicators/pynccl_wrapper.py:474).
     LineRule("crash:scheduler", re.compile(r"(Scheduler|TokenizerManager|DetokenizerManager) hit an exception"),
              lambda m: {"process": m.group(1)}),
-    LineRule("crash:child_failed", re.compile(r"Received sigquit from a child process\. It usually means the child failed\."),
+    LineRule("crash:child_failed",
+             re.compile(r"Received sigquit from a child process\. It usually means the child failed\."),
              lambda m: {}),
     LineRule("crash:nccl", re.compile(r"NCCL error"), lambda m: {}),
 )

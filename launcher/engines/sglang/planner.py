@@ -89,10 +89,12 @@ def plan(request: PlanRequest) -> Plan:
         from_free = floor_to(1 - (slack_needed + (pre_load - room)) / pre_load, 3) if pre_load > 0 else 0.0
         fraction_value = min(derivation.fraction, from_free)
         f_source = ENGINE_DEFAULT if fraction_value == derivation.fraction else FORMULA
-        f_detail = (f"SGLang {rules.version} default: reserve {derivation.reserved_mib:.0f} MiB of {gpu_mem_mib:.0f} MiB"
+        f_detail = (f"SGLang {rules.version} default: reserve {derivation.reserved_mib:.0f} MiB "
+                    f"of {gpu_mem_mib:.0f} MiB"
                     if f_source == ENGINE_DEFAULT else
                     f"keeps the {format_gib(idle_pre_load * (1 - derivation.fraction))} slack SGLang's default "
-                    f"{derivation.fraction:g} leaves on an idle card" + (" + margin for other tenants" if tenants else "")
+                    f"{derivation.fraction:g} leaves on an idle card"
+                    + (" + margin for other tenants" if tenants else "")
                     + f", out of {format_gib(pre_load)} free")
     tokens, budget = sg.pool_tokens(pre_load_bytes=pre_load, after_load_bytes=after_load, fraction_value=fraction_value,
                                     cell_bytes=cell, page_size=page, max_total_tokens=pinned.get("--max-total-tokens"))
@@ -144,9 +146,11 @@ def plan(request: PlanRequest) -> Plan:
                    f"tier heuristic uses {gpu_mem_mib:.0f} MiB"),
         BudgetItem("other", "held by others", max(others, 0), MEASURED if gpu.source == "nvml" else CATALOG,
                    tenants_detail(gpu), bar="other"),
-        BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA, "before SGLang's pre-load baseline", bar="other"),
+        BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA, "before SGLang's pre-load baseline",
+                   bar="other"),
         BudgetItem("pre_load", "free at baseline (P)", pre_load, FORMULA, "min over ranks of free - context"),
-        BudgetItem("weights", "weights (per rank)", weights, weights_source(model), model.weight_bytes_source, bar="weights"),
+        BudgetItem("weights", "weights (per rank)", weights, weights_source(model), model.weight_bytes_source,
+                   bar="weights"),
         BudgetItem("load_overhead", "loader leftovers", load_overhead, CALIBRATED if cal else FORMULA,
                    "allocated between baseline and pool sizing besides weights", bar="other"),
         BudgetItem("slack", f"slack P x (1 - {fraction_value:g})", slack, f_source,

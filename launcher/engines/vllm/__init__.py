@@ -97,7 +97,8 @@ RULES: tuple[VllmRules, ...] = (
     # 0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak.
     _cpu_before_029(VllmRules("0.27.0", 0.92, True, True, v2_runner=_V2_027, v2_penalty_state_counted=True)),
     # 0.28.0 vllm/engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier.
-    _cpu_before_029(VllmRules("0.28.0", 0.92, True, True, v2_runner=_V2_028, v2_penalty_state_counted=True, b200_tier=True)),
+    _cpu_before_029(VllmRules("0.28.0", 0.92, True, True, v2_runner=_V2_028, v2_penalty_state_counted=True,
+                              b200_tier=True)),
     # 0.29.0: the V2 runner for every model; FA4 block 128 at head_dim 256.
     VllmRules("0.29.0", 0.92, True, True, v2_runner=ALL, v2_penalty_state_counted=True, b200_tier=True,
               fa4_head256_block128=True, cpu_sliding_block=32),  # cpu_attn.py: MultipleOf(32), smallest

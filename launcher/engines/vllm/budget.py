@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.model import ModelGeometry
-from launcher.units import GiB, MiB
+from launcher.units import GiB, MiB, format_gib
 
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py Field(default=0.92)
 
 # CUDA context + torch before the init snapshot. vLLM 0.10.2 on an idle 80 GB card printed
 # "Free memory on device (78.66/79.19 GiB) on startup": 0.53 GiB gone before weights.
@@ -138,7 +137,7 @@ class ProfilePeak:
     persistent_bytes: int = 0  # V2 penalty state: allocated at init and counted with the weights from 0.27
 
     def describe(self) -> str:
-        return " + ".join(f"{name} {bytes_ / GiB:.2f}" for name, bytes_ in self.terms if bytes_) + " GiB"
+        return " + ".join(f"{name} {format_gib(bytes_, unit=False)}" for name, bytes_ in self.terms if bytes_) + " GiB"
 
 
 def moe_workspace_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int) -> int:

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from launcher.engines.checks_common import (
     CheckInput,
     EngineRule,
-    divisors_within,
     lines_for,
     or_list,
     quant_config,
+    tp_sizes_for_heads,
 )
 
 # Line numbers of each message, per vLLM release (file, line).
@@ -357,8 +357,7 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
 
     # Parallelism: ModelConfig.verify_with_parallel_config, then QKVParallelLinear at load.
     heads, kv_heads, tp = geo.num_attention_heads, geo.num_kv_heads, inp.tp
-    good_tp = [d for d in divisors_within(heads, max(inp.gpu_count, 1))
-               if geo.mla is not None or (d % kv_heads == 0 if d >= kv_heads else kv_heads % d == 0)]
+    good_tp = tp_sizes_for_heads(geo, inp.gpu_count)
     tp_hint = f"--tensor-parallel-size {or_list(good_tp)}" if good_tp else None
     if heads % tp:
         out.append(EngineRule(

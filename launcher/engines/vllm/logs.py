@@ -26,7 +26,8 @@ RULES = (
         lambda m: {"free_gib": float(m.group(1)), "total_gib": float(m.group(2)), "utilization": float(m.group(3))}),
     LineRule("fatal:kv_too_small", re.compile(
         r"max seq len \((\d+)\), \((-?[\d.]+) GiB KV cache is needed, which is larger than the available KV cache "
-        r"memory \((-?[\d.]+) GiB\)\.(?: Based on the available memory, the estimated maximum model length is (\d+)\.)?"),
+        r"memory \((-?[\d.]+) GiB\)\."
+        r"(?: Based on the available memory, the estimated maximum model length is (\d+)\.)?"),
         lambda m: {"max_model_len": int(m.group(1)), "available_gib": float(m.group(3)),
                    "estimated_max_model_len": int(m.group(4)) if m.group(4) else None}),
     LineRule("fatal:kv_too_small_v0", re.compile(

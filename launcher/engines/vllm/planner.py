@@ -22,9 +22,9 @@ from launcher.engines.vllm.architectures import architecture_status
 from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.architectures import cpu_unservable, uses_mla
-from launcher.engines.vllm.kv import KvCapacity, KvLayout, kv_capacity
+from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
 from launcher.errors import SafeServeError, UsageError, WontFit
-from launcher.model import SLIDING
+from launcher.model import SLIDING, ModelGeometry
 from launcher.search import largest_length
 from launcher.plan import CALIBRATED, CATALOG, ENGINE_DEFAULT, FORMULA, MEASURED, PINNED, BudgetItem, Plan, PlanRequest
 from launcher.units import GiB, MiB, format_gib
@@ -117,7 +117,7 @@ def _refuse_cpu_combinations(request: PlanRequest, geometry: ModelGeometry, bloc
         raise WontFit(f"--block-size {block}: vLLM's CPU attention needs a multiple of {multiple} and stops after "
                       f"sizing the cache ('No common block size for {block} (CPU_ATTN: [MultipleOf({multiple})])')",
                       hint=f"use --block-size {multiple * 2} or leave it unset (128)", rule="cpu-block-size")
-    configured = pinned_block or vl.CPU_BLOCK_SIZE
+    configured = pinned_block or CPU_BLOCK_SIZE
     if rules.cpu_sliding_block == 16 and all(k == SLIDING for k in geometry.layer_kinds) and configured % 32 == 0:
         # The worker picks its kernel from the configured block, the cache is cut in blocks of 16:
         # "cpu_attn.cpp:244 Check failed: input.block_size % attn_impl::BlockSizeAlignment == 0".

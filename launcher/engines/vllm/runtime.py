@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import shlex
 import math
 from collections.abc import Sequence
 
 from launcher.engines.events import EngineEvent
-from launcher.engines.flags import set_flag
-from launcher.errors import UsageError
+from launcher.engines.flags import set_flag, split_engine_cmd
 from launcher.plan import Calibration, Plan
 from launcher.units import GiB
 
 # Other processes hold the memory: the same command may work later (exit 75, not 78).
 TEMPORARY_FATAL = frozenset({"startup_free", "cpu_node_memory"})
 RETUNE_MARGIN_GIB = 0.25  # kept free below what vLLM reported free when it refused to start
-
-
-def split_engine_cmd(engine_cmd: str) -> list[str]:
-    """`--engine-cmd` split like a shell would; an unclosed quote is a usage error (exit 2)."""
-    try:
-        return shlex.split(engine_cmd)
-    except ValueError as exc:
-        raise UsageError(f"--engine-cmd {engine_cmd!r}: {exc}", hint="quote it as one shell word") from None
 
 
 def engine_argv(plan: Plan, model_ref: str, passthrough: Sequence[str], engine_cmd: str | None) -> list[str]:
