@@ -259,11 +259,11 @@ def fit_command(**opts: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the probe object the planner consumes.")
 def gpus_command(as_json: bool) -> None:
     """What the probe sees: GPUs, free memory and the processes holding it."""
-    from launcher.gpus_view import main_gpus
+    from launcher.gpus_view import inventory_to_json, render_inventory
+    from launcher.probe import probe_inventory
 
-    code = main_gpus(as_json)
-    if code:
-        sys.exit(code)
+    inventory = probe_inventory()  # ProbeError -> one line and 69 in main()
+    click.echo(json.dumps(inventory_to_json(inventory), indent=2) if as_json else render_inventory(inventory))
 
 
 @cli.command("models")

@@ -7,25 +7,16 @@ Lines stay within 100 columns; long names and command lines are cut with an elli
 
 from __future__ import annotations
 
-import json
 import textwrap
 from typing import Any, Final
 
 from launcher.gpu import GpuDevice, GpuInventory, GpuProcess, HostMemory
-from launcher.probe import probe_inventory
 from launcher.units import format_gib
 
 SCHEMA: Final = "safe-serve.gpus/1"
 WIDTH: Final = 100
 _BAR_CELLS: Final = 10
 _ROW: Final = "{label:<9} {name:<28} {total:>10} {used:>10} {free:>10}  {bar:<12} {cc:>4} {mig:>4}"
-
-
-def main_gpus(json_output: bool) -> int:
-    """Probe and print, for the CLI's `gpus` command; ProbeError is left to the CLI."""
-    inventory = probe_inventory()
-    print(json.dumps(inventory_to_json(inventory), indent=2) if json_output else render_inventory(inventory))
-    return 0
 
 
 # ---- the table ----------------------------------------------------------------------
