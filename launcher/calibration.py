@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -24,16 +24,11 @@ FILE_NAME = "calibration.json"
 RUNTIME_OOM_STEP_BYTES = 512 << 20
 RUNTIME_OOM_CAP_BYTES = 2 << 30
 SCHEMA = "safe-serve.calibration/1"
-# Flags that change what the engine allocates besides the KV cache.
-_KEY_FLAGS = ("--max-num-batched-tokens", "--max-num-seqs", "--enforce-eager", "--dtype", "--kv-cache-dtype",
-              "--tensor-parallel-size", "--pipeline-parallel-size", "--chunked-prefill-size", "--tp-size",
-              "--pp-size", "--cuda-graph-max-bs-decode", "--disable-cuda-graph", "--max-running-requests",
-              "--no-enable-chunked-prefill", "--cpu-offload-gb", "--block-size")
-
-
 def calibration_key(*, gpu_name: str, model: str, engine: str, engine_version: str,
-                    pinned: Mapping[str, Any]) -> str:
-    flags = ",".join(f"{k}={pinned[k]}" for k in _KEY_FLAGS if k in pinned)
+                    pinned: Mapping[str, Any], key_flags: Sequence[str]) -> str:
+    """The setup a measurement belongs to; `key_flags` are the engine's flags that change what it
+    allocates besides the KV cache (its adapter's `calibration_key_flags`)."""
+    flags = ",".join(f"{k}={pinned[k]}" for k in key_flags if k in pinned)
     return f"{engine} {engine_version} | {gpu_name} | {model} | {flags}"
 
 

@@ -314,7 +314,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         if isinstance(exc, click.UsageError):
-            hint = cli_hints.usage_hint(exc, list(argv) if argv is not None else sys.argv[1:])
+            from launcher.engines import ENGINES, adapter
+
+            known = frozenset().union(*(adapter(name).flag_names for name in ENGINES))
+            hint = cli_hints.usage_hint(exc, list(argv) if argv is not None else sys.argv[1:], known)
             if hint:
                 click.echo(f"hint: {hint}", err=True)
         sys.exit(int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code)

@@ -13,17 +13,6 @@ import click
 PROG = "safe-serve"
 COMPLETE_VAR = "_SAFE_SERVE_COMPLETE"  # click: "_" + prog name upper-cased, "-" -> "_", + "_COMPLETE"
 
-# Engine flags people most often give without `--` (README "Commands"); the CLI may pass the
-# engines' full flag tables instead.
-COMMON_ENGINE_FLAGS = frozenset({
-    "--gpu-memory-utilization", "--max-model-len", "--max-num-batched-tokens", "--max-num-seqs",
-    "--kv-cache-dtype", "--kv-cache-memory-bytes", "--block-size", "--tensor-parallel-size",
-    "--pipeline-parallel-size", "--enforce-eager", "--dtype", "--port", "--host", "--served-model-name",
-    "--mem-fraction-static", "--context-length", "--chunked-prefill-size", "--max-total-tokens",
-    "--tp-size", "--pp-size", "--page-size", "--disable-cuda-graph", "--trust-remote-code",
-    "-tp", "-pp",
-})
-
 EPILOG = """\b
 `safe-serve MODEL ...` is `safe-serve serve MODEL ...`: plan, start, watch.
 Engine flags go after `--`, exactly as the engine takes them.
@@ -83,7 +72,7 @@ def engine_flags_moved(argv: Sequence[str], option: str) -> list[str]:
 
 
 def no_such_option_hint(option: str, possibilities: Iterable[str] | None, argv: Sequence[str],
-                        engine_flags: Collection[str] = COMMON_ENGINE_FLAGS) -> str | None:
+                        engine_flags: Collection[str]) -> str | None:
     """For click's "No such option '--max-model-len'": say that engine flags go after `--`.
 
     A near miss of one of our own options ("--concurency") keeps click's "Did you mean";
@@ -98,7 +87,7 @@ def no_such_option_hint(option: str, possibilities: Iterable[str] | None, argv: 
 
 
 def usage_hint(exc: click.UsageError, argv: Sequence[str],
-               engine_flags: Collection[str] = COMMON_ENGINE_FLAGS) -> str | None:
+               engine_flags: Collection[str]) -> str | None:
     """A one-line hint for a click usage error, or None when click's own message says enough."""
     if isinstance(exc, click.NoSuchOption):
         possibilities = exc.possibilities if exc.possibilities is not None else ()

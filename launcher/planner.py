@@ -71,7 +71,7 @@ def configuration_request(base: PlanRequest, gpu: GpuDevice, count: int, kv_dtyp
     if count > 1:
         args = set_flag(args, engine.tp_flag, str(count))
     if kv_dtype == "fp8":
-        args = set_flag(args, "--kv-cache-dtype", engine.fp8_kv_dtype)
+        args = set_flag(args, engine.kv_dtype_flag, engine.fp8_kv_dtype)
     devices = tuple(dataclasses.replace(gpu, index=i) for i in range(count))
     # What an earlier start measured holds for its own setup only.
     return dataclasses.replace(base, model=checkpoint, gpus=devices, engine_args=tuple(args), variants=(),
@@ -113,8 +113,8 @@ def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
         plan = attempt(dataclasses.replace(request, concurrency=most)) if most else None
         if plan is not None:
             offer(f"--concurrency {most} (at most {most} requests of this length at once)", plan, args)
-    if "--kv-cache-dtype" not in pinned:
-        fp8_args = set_flag(free_len, "--kv-cache-dtype", engine.fp8_kv_dtype)
+    if engine.kv_dtype_flag not in pinned:
+        fp8_args = set_flag(free_len, engine.kv_dtype_flag, engine.fp8_kv_dtype)
         plan = attempt(dataclasses.replace(request, engine_args=tuple(fp8_args)))
         if plan is not None:
             offer(f"--kv-cache-dtype {engine.fp8_kv_dtype}", plan, fp8_args)

@@ -8,10 +8,11 @@ version is assumed) once, and both `render_plan` and `plan_to_json` read it.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.engines import adapter
 from launcher.gpu import GpuDevice
 from launcher.plan import Plan
 from launcher.units import format_gib
@@ -21,10 +22,6 @@ PLAN_SCHEMA = "safe-serve.plan/1"
 _BAR_ORDER = ("weights", "activations", "graphs", "other", "kv", "free")
 _BAR_GLYPH = {"weights": "W", "activations": "A", "graphs": "G", "other": "o", "kv": "K", "free": "."}
 
-# Pinned values the engines store as a sentinel: shown as the operator wrote them.
-# vLLM parses `--max-model-len auto` to -1 (vllm/engine/arg_utils.py, human_readable_int_or_auto).
-_AS_WRITTEN: Mapping[tuple[str, Any], str] = {("--max-model-len", -1): "auto"}
-_TP_FLAG = {"vllm": "--tensor-parallel-size", "sglang": "--tp-size"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +57,7 @@ def plan_facts(plan: Plan, given: Sequence[GpuDevice] | None = None) -> PlanFact
     used = tuple(given[:plan.gpu_count])
     reason = None
     if len(given) > len(used):
-        tp_flag = _TP_FLAG.get(plan.engine, "--tensor-parallel-size")
+        tp_flag = adapter(plan.engine).tp_flag
         reason = (f"no {tp_flag}" if plan.tp * plan.pp == 1 else
                   f"TP {plan.tp} x PP {plan.pp} uses {len(used)}")
     tight = _tightest(used, plan.gpu_name)
@@ -94,17 +91,6 @@ def where_text(plan: Plan, facts: PlanFacts) -> str:
 def version_text(plan: Plan, facts: PlanFacts) -> str:
     return f"{plan.engine} {plan.engine_version}" + (" (assumed: not installed)" if facts.engine_version_assumed
                                                      else "")
-
-
-def pinned_text(flag: str, value: Any) -> str:
-    """A pinned flag as the operator wrote it: `--max-model-len auto`, `--enforce-eager`."""
-    if value is True:
-        return flag
-    try:
-        written = _AS_WRITTEN.get((flag, value))
-    except TypeError:  # an unhashable value (a list) has no sentinel
-        written = None
-    return f"{flag} {written if written is not None else value}"
 
 
 def _total_rows(plan: Plan, facts: PlanFacts) -> list[str]:
@@ -178,7 +164,8 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None, *,
     env = " ".join(f"{k}={v}" for k, v in plan.engine_env.items())
     lines.append(f"  flags added    {added}" + (f"   env {env}" if env else ""))
     if plan.pinned:
-        lines.append("  pinned (kept)  " + " ".join(pinned_text(k, v) for k, v in plan.pinned.items()))
+        written = adapter(plan.engine).pinned_as_written
+        lines.append("  pinned (kept)  " + " ".join(written(k, v) for k, v in plan.pinned.items()))
     if facts.engine_version_assumed:
         lines.append(f"  note: {plan.engine} is not installed here: planned for {plan.engine_version}, the newest "
                      "version safe-serve knows (--engine-version X.Y.Z plans for another)")

@@ -20,10 +20,6 @@ from launcher.plan import DEFAULT_MARGIN_BYTES, Calibration, PlanRequest
 if TYPE_CHECKING:
     from launcher.devlock import DeviceLock
 
-# Engine settings read from the environment because the engine reads them there.
-ENGINE_ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
-# The engines' own switches that allow a length above the model's maximum.
-ALLOW_LONG_ENV_KEYS = ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")
 
 
 @dataclass(frozen=True)
@@ -52,31 +48,31 @@ def engine_args_after_dashes(raw: Sequence[str]) -> tuple[str, ...]:
 
 def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
     """The `PlanRequest` for `options`: resolves the model, probes or builds the GPUs."""
+    from launcher.engines import adapter
     from launcher.engines.versions import installed_version
     from launcher.resolve import load_profile, model_from_profile, resolve_model
+
+    engine = adapter(options.engine)
     model = resolve_model(options.model, env=env)
     variants = tuple(model_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
     gpus, host = _devices(options, env)
-    installed = installed_version(options.engine)
-    version = options.engine_version or installed
+    version = options.engine_version or installed_version(options.engine)
     calibration = None
     if options.use_calibration:
         calibration = _load_calibration(env, calibration_key_for(options.engine, version, gpus, model.name,
                                                                  options.engine_args))
     settings = _preset_settings(options, gpus, model.geometry.text_config)
-    from launcher.engines import adapter
-
     engine_args = (*options.engine_args,
-                   *presets.length_args(settings, length_flag=adapter(options.engine).length_flag,
+                   *presets.length_args(settings, length_flag=engine.length_flag,
                                         model_max_len=_model_max_len(model.geometry.text_config)))
     return PlanRequest(
         model=model, engine=options.engine, device=options.device, gpus=gpus, host=host, engine_version=version,
         engine_version_assumed=version is None,
-        engine_args=engine_args, engine_env={k: env[k] for k in ENGINE_ENV_KEYS if k in env},
+        engine_args=engine_args, engine_env={k: env[k] for k in engine.env_keys if k in env},
         concurrency=settings.concurrency, max_gpu_memory_bytes=settings.max_gpu_memory_bytes,
         margin_bytes=settings.margin_bytes, trust_engine=options.trust_engine, variants=variants,
         calibration=calibration, notes=settings.notes,
-        allow_long_max_model_len=any(env.get(k, "").strip().lower() in ("1", "true") for k in ALLOW_LONG_ENV_KEYS),
+        allow_long_max_model_len=env.get(engine.allow_long_env, "").strip().lower() in ("1", "true"),
     )
 
 
@@ -93,8 +89,7 @@ def _preset_settings(options: PlanOptions, gpus: Sequence[GpuDevice], text_confi
         margin_bytes=parse_size(options.margin) if options.margin else None,
         max_gpu_memory_bytes=parse_size(options.max_gpu_memory) if options.max_gpu_memory else None,
         concurrency=options.concurrency, length_pinned=engine.length_flag in pinned,
-        memory_pinned=bool(set(pinned) & {"--gpu-memory-utilization", "--mem-fraction-static",
-                                          "--kv-cache-memory-bytes"}))
+        memory_pinned=bool(set(pinned) & engine.memory_flags))
     return presets.apply(options.preset, explicit, default_margin_bytes=DEFAULT_MARGIN_BYTES,
                          gpu_total_bytes=presets.smallest_total([g.usable_total_bytes for g in gpus]),
                          proc_version=_read_proc_version() if options.device == "cuda" else "")
@@ -145,9 +140,11 @@ def calibration_key_for(engine: str, version: str | None, gpus: Sequence[GpuDevi
     from launcher.calibration import calibration_key
     from launcher.engines import adapter
 
-    pinned = adapter(engine).pinned_flags(engine_args)
+    engine_adapter = adapter(engine)
+    pinned = engine_adapter.pinned_flags(engine_args)
     gpu_name = f"{len(gpus)} x {gpus[0].name}" if gpus else "cpu"
     return calibration_key(gpu_name=gpu_name, model=model, engine=engine, engine_version=version or "newest",
+                           key_flags=engine_adapter.calibration_key_flags,
                            pinned=pinned)
 
 

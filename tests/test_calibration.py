@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from launcher.engines import adapter
 from launcher.calibration import calibration_key, load, record
 from launcher.catalog import hypothetical_gpus
 from launcher.plan import CALIBRATED, Calibration, PlanRequest
@@ -16,7 +17,8 @@ from launcher.units import GiB
 def test_round_trip_and_merge(tmp_path: Path) -> None:
     """A record is read back under its key; a later record merges into it."""
     key = calibration_key(gpu_name="NVIDIA L4", model="m", engine="vllm", engine_version="0.32.0",
-                          pinned={"--enforce-eager": True, "--max-model-len": 4096})
+                          pinned={"--enforce-eager": True, "--max-model-len": 4096},
+                          key_flags=adapter("vllm").calibration_key_flags)
     assert "--enforce-eager=True" in key and "max-model-len" not in key  # length does not change non-KV memory
     record(tmp_path, key, Calibration(non_kv_bytes=5 * GiB))
     record(tmp_path, key, Calibration(load_overhead_bytes=4 * GiB))

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import pytest
 
+from launcher.engines import adapter
 from launcher.cli_hints import (
     EPILOG,
     completion_instructions,
@@ -19,12 +20,14 @@ from launcher.cli_hints import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
+# What the CLI passes: every flag the engine adapters know.
+ENGINE_FLAGS = adapter("vllm").flag_names | adapter("sglang").flag_names
 
 
 def test_engine_flag_without_dashdash_gets_the_corrected_command() -> None:
     argv = ["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--max-model-len", "8192"]
     assert ("engine flags go after `--`: safe-serve plan qwen2.5-7b --gpu rtx4090 -- --max-model-len 8192"
-            == no_such_option_hint("--max-model-len", ["--max-gpu-memory"], argv))
+            == no_such_option_hint("--max-model-len", ["--max-gpu-memory"], argv, ENGINE_FLAGS))
 
 
 def test_moved_flags_join_the_existing_engine_flags() -> None:
@@ -35,9 +38,10 @@ def test_moved_flags_join_the_existing_engine_flags() -> None:
 
 
 def test_near_miss_of_our_own_option_keeps_clicks_suggestion() -> None:
-    assert no_such_option_hint("--concurency", ["--concurrency"], ["plan", "m", "--concurency", "3"]) is None
+    argv = ["plan", "m", "--concurency", "3"]
+    assert no_such_option_hint("--concurency", ["--concurrency"], argv, ENGINE_FLAGS) is None
     # an unknown flag nobody resembles is most likely an engine flag
-    assert no_such_option_hint("--swap-space", [], ["plan", "m", "--swap-space", "4"]) == \
+    assert no_such_option_hint("--swap-space", [], ["plan", "m", "--swap-space", "4"], ENGINE_FLAGS) == \
         "engine flags go after `--`: safe-serve plan m -- --swap-space 4"
 
 
@@ -47,9 +51,9 @@ def test_usage_hint_from_the_real_click_error() -> None:
     argv = ["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--max-model-len", "8192"]
     with pytest.raises(click.NoSuchOption) as caught:
         cli.main(args=argv, prog_name="safe-serve", standalone_mode=False)
-    assert usage_hint(caught.value, argv) == \
+    assert usage_hint(caught.value, argv, ENGINE_FLAGS) == \
         "engine flags go after `--`: safe-serve plan qwen2.5-7b --gpu rtx4090 -- --max-model-len 8192"
-    assert usage_hint(click.UsageError("Missing argument 'MODEL'."), ["plan"]) is None
+    assert usage_hint(click.UsageError("Missing argument 'MODEL'."), ["plan"], ENGINE_FLAGS) is None
 
 
 def test_epilog_names_the_shortcut_and_completion() -> None:

@@ -17,7 +17,8 @@ import pytest
 from launcher.catalog import hypothetical_gpus
 from launcher.gpu import GpuDevice
 from launcher.plan import Plan, PlanRequest
-from launcher.render import fit_to_json, pinned_text, plan_to_json, render_fit, render_plan
+from launcher.engines import adapter
+from launcher.render import fit_to_json, plan_to_json, render_fit, render_plan
 from launcher.resolve import resolve_model
 from launcher.units import GiB
 
@@ -151,10 +152,12 @@ def test_pinned_auto_is_shown_as_written() -> None:
     assert "-1" not in parsed["fields"]["pinned (kept)"]
 
 
-def test_pinned_text() -> None:
-    assert "--enforce-eager" == pinned_text("--enforce-eager", True)
-    assert "--max-model-len 8192" == pinned_text("--max-model-len", 8192)
-    assert "--context-length -1" == pinned_text("--context-length", -1)  # only vLLM's length has "auto"
+def test_pinned_as_written() -> None:
+    vllm, sglang = adapter("vllm"), adapter("sglang")
+    assert "--enforce-eager" == vllm.pinned_as_written("--enforce-eager", True)
+    assert "--max-model-len 8192" == vllm.pinned_as_written("--max-model-len", 8192)
+    assert "--max-model-len auto" == vllm.pinned_as_written("--max-model-len", -1)
+    assert "--context-length -1" == sglang.pinned_as_written("--context-length", -1)  # only vLLM's has "auto"
 
 
 @dataclasses.dataclass(frozen=True)

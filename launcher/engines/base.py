@@ -41,11 +41,18 @@ class EngineAdapter(Protocol):
     default_port: int
     log_prefilter: tuple[str, ...]  # substrings that every line a rule can match contains
     temporary_fatal: frozenset[str]  # fatal event names the same command may survive later (exit 75)
+    kv_dtype_flag: str  # where an fp8 KV cache is asked for
+    memory_flags: frozenset[str]  # flags that size memory directly
+    calibration_key_flags: tuple[str, ...]  # flags whose values make another setup for calibration
+    flag_names: frozenset[str]  # every flag name (and alias) we know the engine takes
+    env_keys: tuple[str, ...]  # environment the engine reads that the plan depends on
+    allow_long_env: str  # the engine's switch for a length above the model's maximum
 
     # planning
     def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]: ...
     def ranks(self, pinned: Mapping[str, Any]) -> tuple[int, int]: ...
     def rules_version(self, version: str | None) -> tuple[str, str | None]: ...
+    def pinned_as_written(self, flag: str, value: Any) -> str: ...
     def plan(self, request: PlanRequest) -> Plan: ...
     def engine_decides(self, request: PlanRequest, refusal: SafeServeError) -> Plan: ...
 
@@ -80,13 +87,45 @@ class PackageAdapter:
     default_port: int
     log_prefilter: tuple[str, ...]
     temporary_fatal: frozenset[str]
-    _rules: Any  # the package: pinned_flags(), rules_for()
+    kv_dtype_flag = "--kv-cache-dtype"
+    _rules: Any  # the package: pinned_flags(), rules_for(), FLAGS, CALIBRATION_KEY_FLAGS, MEMORY_FLAGS
     _logs: Any  # parse(line)
     _runtime: Any  # engine_argv, retuned_args, kv_shortfall, measurements_for
     _planner_module: str  # imported on first plan (keeps `safe-serve gpus` light)
 
     def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]:
         return dict(self._rules.pinned_flags(engine_args))
+
+    @property
+    def memory_flags(self) -> frozenset[str]:
+        return frozenset(self._rules.MEMORY_FLAGS)
+
+    @property
+    def env_keys(self) -> tuple[str, ...]:
+        return tuple(self._rules.ENV_KEYS)
+
+    @property
+    def allow_long_env(self) -> str:
+        return str(self._rules.ALLOW_LONG_ENV)
+
+    @property
+    def calibration_key_flags(self) -> tuple[str, ...]:
+        return tuple(self._rules.CALIBRATION_KEY_FLAGS)
+
+    @property
+    def flag_names(self) -> frozenset[str]:
+        names = {name for spec in self._rules.FLAGS for name in (spec.name, *spec.aliases)}
+        return frozenset(names | set(self._rules.OTHER_FLAGS))
+
+    def pinned_as_written(self, flag: str, value: Any) -> str:
+        """A pinned flag as the operator wrote it: `--max-model-len auto`, not the engine's -1."""
+        if value is True:
+            return flag
+        try:
+            written = self._rules.AS_WRITTEN.get((flag, value))
+        except TypeError:  # an unhashable value has no sentinel
+            written = None
+        return f"{flag} {written if written is not None else value}"
 
     def ranks(self, pinned: Mapping[str, Any]) -> tuple[int, int]:
         tp, pp = self._rules.ranks(pinned)

@@ -145,6 +145,16 @@ FLAGS = (
 )
 
 
+# The flags whose values change what SGLang allocates besides the pool (see vLLM's twin).
+CALIBRATION_KEY_FLAGS = ("--dtype", "--kv-cache-dtype", "--chunked-prefill-size", "--tp-size", "--pp-size",
+                         "--cuda-graph-max-bs-decode", "--disable-cuda-graph", "--max-running-requests")
+MEMORY_FLAGS = frozenset({"--mem-fraction-static", "--max-total-tokens"})
+ENV_KEYS: tuple[str, ...] = ()
+ALLOW_LONG_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # srt/configs/model_config.py
+OTHER_FLAGS = frozenset({"--served-model-name", "--trust-remote-code", "--api-key", "--chat-template"})
+AS_WRITTEN: dict[tuple[str, Any], str] = {}
+
+
 def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
     return parse_pinned(engine_args, FLAGS)
 

@@ -155,6 +155,24 @@ FP8_KV = "fp8"
 DEFAULT_PORT = 8000
 
 
+# The flags whose values change what vLLM allocates besides the KV cache: a calibration
+# measured under other values of these belongs to another setup.
+CALIBRATION_KEY_FLAGS = ("--max-num-batched-tokens", "--max-num-seqs", "--enforce-eager", "--dtype",
+                         "--kv-cache-dtype", "--tensor-parallel-size", "--pipeline-parallel-size",
+                         "--no-enable-chunked-prefill", "--cpu-offload-gb", "--block-size")
+# The flags that size vLLM's memory directly (a preset's cap gives way to them).
+MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"})
+# Environment the planner reads because vLLM reads it: the CPU KV space (whole GiB), and the
+# switch that lets a length exceed the model's maximum (vllm/envs.py).
+ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
+ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+# Engine flags people give without `--` by mistake, beyond the ones we read.
+OTHER_FLAGS = frozenset({"--served-model-name", "--trust-remote-code", "--api-key", "--chat-template"})
+# Sentinels vLLM stores for what the operator typed: `--max-model-len auto` parses to -1
+# (vllm/engine/arg_utils.py human_readable_int_or_auto).
+AS_WRITTEN = {("--max-model-len", -1): "auto"}
+
+
 def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
     return parse_pinned(engine_args, FLAGS)
 

@@ -33,6 +33,12 @@ _MLA_MODEL_TYPES = frozenset({
     "glm5_next", "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear",
     "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid", "hy_v4",
 })
+# Served by vLLM's Transformers MoE backend (`TransformersMoEForCausalLM`, model_executor/models/registry.py:
+# 711-726; "PhimoeForCausalLM" is transformers 5's name for Phi-3.5-MoE, absent from vLLM's registry).
+# On CPU its routing hook fails the first request (models/transformers/moe.py:392-394, `assert dp_metadata`),
+# seen on the real engine in cases phimoe_tf-base and phimoe_tf-bs64.
+TRANSFORMERS_MOE = frozenset({"PhimoeForCausalLM", "HunYuanMoEV1ForCausalLM", "FlexOlmoForCausalLM",
+                              "MellumForCausalLM"})
 # The CPU MLA decode kernel compiles one latent size only (v1/attention/backends/mla/cpu_mla.py:61-64).
 CPU_MLA_HEAD_SIZES = (576,)
 
@@ -172,6 +178,23 @@ VERIFIED: tuple[ArchitectureRow, ...] = (
                     ("dbrx-base", "dbrx-kv-fp8")),
     ArchitectureRow("SeedOssForCausalLM", _TF + "seed_oss", _BY_TYPES, _GQA, True,
                     ("seed_oss-base", "seed_oss-kv-fp8")),
+    ArchitectureRow("Glm4MoeForCausalLM", "models/glm4_moe.py:286-295", _PLAIN, _GQA, True,
+                    ("glm4_moe-base", "glm4_moe-kv-fp8")),
+    ArchitectureRow("GlmForCausalLM", _TF + "glm", _PLAIN, _GQA, True, ("glm-base", "glm-kv-fp8")),
+    ArchitectureRow("Ernie4_5_MoeForCausalLM", "models/ernie45_moe.py:278-286", _PLAIN, _GQA, True,
+                    ("ernie4_5_moe-base", "ernie4_5_moe-bs64")),
+    ArchitectureRow("OlmoeForCausalLM", "models/olmoe.py:180-188", _PLAIN, _GQA, True,
+                    ("olmoe-base", "olmoe-kv-fp8")),
+    ArchitectureRow("NemotronForCausalLM", "models/nemotron.py:232-240", _PLAIN, _GQA, True,
+                    ("nemotron-base", "nemotron-mml2048")),
+    ArchitectureRow("ApertusForCausalLM", "models/apertus.py:180-200", _BY_TYPES, _GQA, True,
+                    ("apertus-base", "apertus-kv-fp8")),
+    ArchitectureRow("ArceeForCausalLM", _TF + "arcee", _PLAIN, _GQA, True, ("arcee-base", "arcee-bs64")),
+    ArchitectureRow("GraniteMoeSharedForCausalLM", "models/granitemoeshared.py:91 (GraniteMoeAttention)",
+                    _BY_TYPES, _GQA, True, ("granitemoeshared-base", "granitemoeshared-kv-fp8")),
+    ArchitectureRow("MiniMaxM2ForCausalLM", "models/minimax_m2.py:204-210",
+                    _PLAIN + " (attn_window_size is never passed); CPU: sigmoid routing refused", _GQA, True,
+                    ("minimax_m2-base", "minimax_m2-mml2048", "minimax_m2_softmax-base", "minimax_m2_softmax-kv-fp8")),
     ArchitectureRow("GptOssForCausalLM", "models/gpt_oss.py:170-188",
                     "even layers slide with sliding_window (layer_types ignored), odd layers full", _GQA, True,
                     ("gpt_oss-base", "gpt_oss-mml8192")),
@@ -271,9 +294,22 @@ def _llama4_kind(text: Mapping[str, Any], layer: int) -> str:
 def cpu_unservable(geometry: ModelGeometry, *, kv_dtype_bytes: int, cpu_amx: bool | None) -> tuple[str, str] | None:
     """(why, hint) when vLLM's CPU backend would size this model's cache and then fail, else None.
 
+    Transformers-backend MoE models fail their first request on CPU (see TRANSFORMERS_MOE).
     MLA runs on the reference CPU kernel without AMX, which compiles one latent size and
     bf16 only (v1/attention/backends/mla/cpu_mla.py:58-64).
     """
+    if geometry.architecture in TRANSFORMERS_MOE:
+        return (f"vLLM serves {geometry.architecture} with its Transformers MoE backend, which sizes the cache on "
+                "CPU and then fails the first request ('assert dp_metadata is not None')",
+                "serve it on a GPU" + (" or name it PhiMoEForCausalLM in config.json (vLLM's own model)"
+                                       if geometry.architecture == "PhimoeForCausalLM" else ""))
+    scoring = geometry.text_config.get("scoring_func")  # read without a default: absent, the model fails to load
+    if geometry.architecture == "MiniMaxM2ForCausalLM" and scoring != "softmax":
+        # models/minimax_m2.py:96-111 route with scoring_func and no grouped top-k; the CPU router
+        # takes only softmax there (model_executor/layers/fused_moe/router/cpu_router.py:238-239).
+        return (f"vLLM's CPU MoE router supports softmax routing only; {geometry.architecture} routes with "
+                f"{scoring!r} and fails the first request ('assert self.scoring_func == \"softmax\"')",
+                "serve it on a GPU")
     if not uses_mla(geometry) or cpu_amx or geometry.mla is None:
         return None
     if geometry.mla.latent_dim not in CPU_MLA_HEAD_SIZES:
