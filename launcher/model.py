@@ -422,3 +422,14 @@ def _first_int(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
 def _opt_str(cfg: Mapping[str, Any], key: str) -> str | None:
     value = cfg.get(key)
     return value if isinstance(value, str) else None
+
+
+def rope_scaling_entries(text: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """rope_scaling (transformers 4) or rope_parameters (transformers 5), possibly per layer type."""
+    entries: list[Mapping[str, Any]] = []
+    for key in ("rope_scaling", "rope_parameters"):
+        value = text.get(key)
+        if isinstance(value, Mapping):
+            nested = [v for v in value.values() if isinstance(v, Mapping)]
+            entries.extend(nested if nested and all(isinstance(v, Mapping) for v in value.values()) else [value])
+    return entries

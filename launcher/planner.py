@@ -10,7 +10,6 @@ import dataclasses
 from collections.abc import Sequence
 
 from launcher.engines import adapter
-from launcher.engines.flags import drop_flag, set_flag
 from launcher.errors import Alternative, SafeServeError, UsageError, WontFit
 from launcher.gpu import GpuDevice
 from launcher.model import refuse_unsupported
@@ -69,9 +68,9 @@ def configuration_request(base: PlanRequest, gpu: GpuDevice, count: int, kv_dtyp
     engine = adapter(base.engine)
     args = list(engine_args)
     if count > 1:
-        args = set_flag(args, engine.tp_flag, str(count))
+        args = engine.set_flag(args, engine.tp_flag, str(count))
     if kv_dtype == "fp8":
-        args = set_flag(args, engine.kv_dtype_flag, engine.fp8_kv_dtype)
+        args = engine.set_flag(args, engine.kv_dtype_flag, engine.fp8_kv_dtype)
     devices = tuple(dataclasses.replace(gpu, index=i) for i in range(count))
     # What an earlier start measured holds for its own setup only.
     return dataclasses.replace(base, model=checkpoint, gpus=devices, engine_args=tuple(args), variants=(),
@@ -100,12 +99,12 @@ def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
                                  max_model_len=plan.max_model_len, model=model, gpu_count=gpu_count))
 
     # Alternatives free the length (the usual reason nothing fits) and report what it becomes.
-    free_len = drop_flag(args, length_flag)
+    free_len = engine.drop_flag(args, length_flag)
     if free_len != args or request.concurrency > 1:
         plan = attempt(dataclasses.replace(request, engine_args=tuple(free_len)))
         if plan is not None:
             found.append(Alternative(f"{length_flag} {plan.max_model_len} (the longest that fits)",
-                                     engine_args=tuple(set_flag(free_len, length_flag, str(plan.max_model_len))),
+                                     engine_args=tuple(engine.set_flag(free_len, length_flag, str(plan.max_model_len))),
                                      kv_cache_tokens=plan.kv_cache_tokens, max_model_len=plan.max_model_len))
     if request.concurrency > 1 and free_len != args:
         most = largest_count(lambda n: n < request.concurrency and attempt(
@@ -114,7 +113,7 @@ def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
         if plan is not None:
             offer(f"--concurrency {most} (at most {most} requests of this length at once)", plan, args)
     if engine.kv_dtype_flag not in pinned:
-        fp8_args = set_flag(free_len, engine.kv_dtype_flag, engine.fp8_kv_dtype)
+        fp8_args = engine.set_flag(free_len, engine.kv_dtype_flag, engine.fp8_kv_dtype)
         plan = attempt(dataclasses.replace(request, engine_args=tuple(fp8_args)))
         if plan is not None:
             offer(f"--kv-cache-dtype {engine.fp8_kv_dtype}", plan, fp8_args)
@@ -125,7 +124,7 @@ def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
         sizes = (2, 4, 8) if not tp_pinned else tuple(t for t in (8, 4, 2, 1) if t != pinned[tp_flag])
         for tp in sizes:
             if len(request.gpus) >= tp:
-                tp_args = set_flag(args, tp_flag, str(tp))
+                tp_args = engine.set_flag(args, tp_flag, str(tp))
                 plan = attempt(dataclasses.replace(request, engine_args=tuple(tp_args)))
                 if plan is not None:
                     offer(f"{tp_flag} {tp} over {tp} GPU{'s' if tp > 1 else ''}", plan, tp_args)

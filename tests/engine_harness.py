@@ -15,6 +15,10 @@ never leak.  A printed KV line does not mean the server came up (e.g. a
 --block-size that is not a multiple of 32 fails right after it): check
 ``run.ready`` / ``run.ok``.
 
+``architecture_matrix()`` adds two or more settings for every further family of
+``tests/tinymodels.py`` (the proof of ``launcher/engines/vllm/architectures.py``); each
+record carries ``engine_version``.
+
 CLI:
     python tests/engine_harness.py MODEL_DIR [vllm args...]     # one run, log echoed
     python tests/engine_harness.py truth OUT.json MODELS_DIR [--python PY] [--only ID ...]
@@ -34,7 +38,8 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # "(EngineCore pid=1) INFO 01-02 03:04:05 [kv_cache_utils.py:2330] CPU KV cache size: 1,048,576 tokens,
 #  Maximum concurrency for 4,096 tokens per request: 256.00x"
@@ -500,6 +505,19 @@ ARCH_SECOND: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
     "gpt2": (("kv-fp8", ("--max-model-len", "1024", *_FP8), ""),),
     "smollm3": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "Transformers backend"),),
     "phimoe": (("bs64", ("--max-model-len", "4096", *_BS64), ""),),
+    "glm4_moe": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "partial rotary, MoE"),),
+    "ernie4_5_moe": (("bs64", ("--max-model-len", "4096", *_BS64), ""),),
+    "olmoe": (("kv-fp8", ("--max-model-len", "4096", *_FP8), ""),),
+    "nemotron": (("mml2048", ("--max-model-len", "2048"), ""),),
+    "apertus": (("kv-fp8", ("--max-model-len", "4096", *_FP8), ""),),
+    "arcee": (("bs64", ("--max-model-len", "4096", *_BS64), "Transformers backend"),),
+    "granitemoeshared": (("kv-fp8", ("--max-model-len", "4096", *_FP8), ""),),
+    "minimax_m2": (("mml2048", ("--max-model-len", "2048"),
+                    "sigmoid routing: sized, then the CPU MoE router asserts softmax on the first request"),),
+    "minimax_m2_softmax": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "softmax routing serves on CPU"),),
+    "glm": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "Transformers backend"),),
+    "phimoe_tf": (("bs64", ("--max-model-len", "4096", *_BS64),
+                   "PhimoeForCausalLM: Transformers-backend MoE, sized, then the first request fails"),),
     "dbrx": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "attn_config.kv_n_heads"),),
     "seed_oss": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "Transformers backend"),),
 }
@@ -507,7 +525,8 @@ ARCH_SECOND: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
 ARCH_BASE_LEN = {"phi": "2048", "bloom": "2048", "opt": "2048", "gpt2": "1024"}
 # transformers 5 saves DBRX experts under names vLLM 0.32's loader does not map
 # (KeyError 'blocks.0.ffn.experts.w13_weight'): random weights from the config instead.
-ARCH_EXTRA_ARGS = {"dbrx": ("--load-format", "dummy")}
+# minimax_m2_softmax: without routing bias vLLM has no e_score_correction_bias for the saved tensor.
+ARCH_EXTRA_ARGS = {"dbrx": ("--load-format", "dummy"), "minimax_m2_softmax": ("--load-format", "dummy")}
 
 
 def architecture_matrix() -> list[dict[str, Any]]:

@@ -149,3 +149,11 @@ def test_dbrx_reads_attn_config_kv_n_heads() -> None:
     config.pop("num_key_value_heads", None)  # real DBRX checkpoints carry only attn_config.kv_n_heads
     config["attn_config"] = {**config["attn_config"], "kv_n_heads": 2}
     assert geometry_from_config(config).num_kv_heads == 2
+
+
+def test_llama4_without_a_nope_list_uses_the_interval() -> None:
+    """Real Llama-4 configs write "no_rope_layers": []: every 4th layer is NoPE (Llama4TextConfig)."""
+    config = {**BY_ID["llama4-base"]["config"], "no_rope_layers": [], "num_hidden_layers": 8, "layer_types": None}
+    config.pop("no_rope_layer_interval", None)
+    kinds = [s.kind for s in vllm_layer_specs(geometry_from_config(config)) if s]
+    assert kinds == [CHUNKED, CHUNKED, CHUNKED, FULL] * 2

@@ -36,7 +36,15 @@ Notes
   vocabulary here is 512.
 * gemma3 is the text-only ``Gemma3ForCausalLM`` (model_type gemma3_text).
 
-Sizes: 1.4-3.2 MB per kind; ``all`` builds in ~6 s on 2 cores.
+* The further families (``MORE_KIND_CONFIGS``) prove the per-architecture layouts in
+  ``launcher/engines/vllm/architectures.py``.  ``phimoe`` is written with the real
+  checkpoints' class name ``PhiMoEForCausalLM`` (vLLM's own model); ``phimoe_tf`` keeps
+  transformers 5's ``PhimoeForCausalLM``, which vLLM serves with its Transformers MoE
+  backend and which fails its first request on CPU.  vLLM 0.32 cannot map the expert
+  weights transformers 5 writes for ``dbrx``: the harness starts it with
+  ``--load-format dummy`` (the KV cache depends on the config only).
+
+Sizes: 1.4-3.2 MB per kind; ``all`` builds in ~20 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 SEED = 1234
 VOCAB_SIZE = 512
@@ -429,6 +438,61 @@ def _cfg_seed_oss() -> dict[str, Any]:
     return {**_COMMON, "model_type": "seed_oss", "head_dim": 32}
 
 
+def _cfg_glm4_moe() -> dict[str, Any]:
+    # GLM-4.5 / 4.6: partial rotary, GQA, one dense layer then MoE.
+    return {**_COMMON, "model_type": "glm4_moe", "partial_rotary_factor": 0.5, "n_routed_experts": 4,
+            "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "first_k_dense_replace": 1,
+            "n_group": 1, "topk_group": 1, "num_nextn_predict_layers": 0, "use_qk_norm": False}
+
+
+def _cfg_ernie4_5_moe() -> dict[str, Any]:
+    return {**_COMMON, "model_type": "ernie4_5_moe", "moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 64,
+            "moe_num_shared_experts": 0, "moe_layer_start_index": 1, "use_bias": False}
+
+
+def _cfg_olmoe() -> dict[str, Any]:
+    c = {**_COMMON, "model_type": "olmoe", "num_key_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2}
+    c.pop("head_dim")
+    return c
+
+
+def _cfg_nemotron() -> dict[str, Any]:
+    # Nemotron-4 / Minitron: partial rotary 0.5, squared-ReLU MLP.
+    return {**_COMMON, "model_type": "nemotron", "partial_rotary_factor": 0.5, "hidden_act": "relu2",
+            "norm_eps": 1e-5}
+
+
+def _cfg_apertus() -> dict[str, Any]:
+    return {**_COMMON, "model_type": "apertus", "hidden_act": "xielu"}
+
+
+def _cfg_arcee() -> dict[str, Any]:
+    # Arcee AFM: ReLU^2 MLP, Llama-like attention; Transformers backend.
+    return {**_COMMON, "model_type": "arcee", "hidden_act": "relu2"}
+
+
+def _cfg_granitemoeshared() -> dict[str, Any]:
+    c = {**_cfg_granitemoe(), "model_type": "granitemoeshared", "shared_intermediate_size": 64}
+    return c
+
+
+def _cfg_minimax_m2() -> dict[str, Any]:
+    return {**_COMMON, "model_type": "minimax_m2", "head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+            "rotary_dim": 16, "use_qk_norm": True, "qk_norm_type": "per_layer", "scoring_func": "sigmoid",
+            "use_routing_bias": True, "intermediate_size": 64}
+
+
+def _cfg_minimax_m2_softmax() -> dict[str, Any]:
+    # Same layout with softmax routing: vLLM's CPU MoE router asserts softmax without grouped top-k
+    # (fused_moe/router/cpu_router.py:238-239), so only this variant answers a request on CPU.
+    return {**_cfg_minimax_m2(), "scoring_func": "softmax", "use_routing_bias": False}
+
+
+def _cfg_glm() -> dict[str, Any]:
+    # GLM-4-9B-0414's predecessor (GlmForCausalLM): partial rotary; Transformers backend.
+    return {**_COMMON, "model_type": "glm", "partial_rotary_factor": 0.5, "attention_bias": True}
+
+
 MORE_KIND_CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     "qwen3_moe": _cfg_qwen3_moe,
     "qwen2_moe": _cfg_qwen2_moe,
@@ -462,11 +526,25 @@ MORE_KIND_CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     "gpt2": _cfg_gpt2,
     "smollm3": _cfg_smollm3,
     "phimoe": _cfg_phimoe,
+    "phimoe_tf": _cfg_phimoe,  # transformers' own class name: vLLM serves it with its Transformers backend
     "dbrx": _cfg_dbrx,
     "seed_oss": _cfg_seed_oss,
+    "glm4_moe": _cfg_glm4_moe,
+    "ernie4_5_moe": _cfg_ernie4_5_moe,
+    "olmoe": _cfg_olmoe,
+    "nemotron": _cfg_nemotron,
+    "apertus": _cfg_apertus,
+    "arcee": _cfg_arcee,
+    "granitemoeshared": _cfg_granitemoeshared,
+    "minimax_m2": _cfg_minimax_m2,
+    "minimax_m2_softmax": _cfg_minimax_m2_softmax,
+    "glm": _cfg_glm,
 }
 KIND_CONFIGS.update(MORE_KIND_CONFIGS)
 KINDS = tuple(KIND_CONFIGS)
+# config.json "architectures" as the real checkpoints write it, where transformers 5 names the
+# class differently (Phi-3.5-MoE: "PhiMoEForCausalLM", which vLLM maps to models/phimoe.py).
+ARCHITECTURE_OVERRIDE: dict[str, list[str]] = {"phimoe": ["PhiMoEForCausalLM"]}
 
 
 def _words(n: int = 400) -> list[str]:
@@ -556,13 +634,17 @@ def build(out_root: str | os.PathLike[str], kind: str, force: bool = False) -> s
     # from_config's init is seeded above; re-init small to keep logits tame.
     with torch.no_grad():
         g = torch.Generator().manual_seed(SEED)
-        for name, p in sorted(model.named_parameters()):
+        for _name, p in sorted(model.named_parameters()):
             if p.dim() >= 2:
                 p.copy_((torch.randn(p.shape, generator=g) * 0.02).to(p.dtype))
     model.generation_config = GenerationConfig(
         bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id
     )
     model.save_pretrained(str(out), safe_serialization=True)
+    if kind in ARCHITECTURE_OVERRIDE:
+        saved = json.loads((out / "config.json").read_text())
+        saved["architectures"] = ARCHITECTURE_OVERRIDE[kind]
+        (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     build_tokenizer(out)
     return str(out)
 

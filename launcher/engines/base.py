@@ -50,6 +50,8 @@ class EngineAdapter(Protocol):
 
     # planning
     def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]: ...
+    def set_flag(self, args: Sequence[str], flag: str, value: str) -> list[str]: ...
+    def drop_flag(self, args: Sequence[str], flag: str) -> list[str]: ...
     def ranks(self, pinned: Mapping[str, Any]) -> tuple[int, int]: ...
     def rules_version(self, version: str | None) -> tuple[str, str | None]: ...
     def pinned_as_written(self, flag: str, value: Any) -> str: ...
@@ -95,6 +97,17 @@ class PackageAdapter:
 
     def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]:
         return dict(self._rules.pinned_flags(engine_args))
+
+    def set_flag(self, args: Sequence[str], flag: str, value: str) -> list[str]:
+        """`args` with `flag` set, every spelling and alias of it replaced (`-tp 3` included)."""
+        from launcher.engines.flags import set_flag
+
+        return set_flag(args, flag, value, self._rules.FLAGS)
+
+    def drop_flag(self, args: Sequence[str], flag: str) -> list[str]:
+        from launcher.engines.flags import drop_flag
+
+        return drop_flag(args, flag, self._rules.FLAGS)
 
     @property
     def memory_flags(self) -> frozenset[str]:

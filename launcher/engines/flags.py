@@ -111,9 +111,11 @@ def fraction(text: str) -> float:
     return value
 
 
-def drop_flag(args: Sequence[str], flag: str) -> list[str]:
-    """`args` without `flag` in any spelling (`--flag v`, `--flag=v`, `--flag_name v`)."""
-    spellings = {flag, flag.replace("-", "_").replace("__", "--", 1)}
+def drop_flag(args: Sequence[str], flag: str, specs: Sequence[FlagSpec] = ()) -> list[str]:
+    """`args` without `flag` in any spelling (`--flag v`, `--flag=v`, `--flag_name v`, and the
+    aliases its spec in `specs` lists, e.g. `-tp` for `--tensor-parallel-size`)."""
+    spec = next((s for s in specs if s.name == flag), None)
+    spellings = set(_spellings(spec)) if spec is not None else {flag, flag.replace("-", "_").replace("__", "--", 1)}
     out: list[str] = []
     skip = False
     for token in args:
@@ -128,9 +130,9 @@ def drop_flag(args: Sequence[str], flag: str) -> list[str]:
     return out
 
 
-def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:
+def set_flag(args: Sequence[str], flag: str, value: str, specs: Sequence[FlagSpec] = ()) -> list[str]:
     """`args` with `flag` set to `value`, replacing any earlier spelling of it."""
-    return [*drop_flag(args, flag), flag, value]
+    return [*drop_flag(args, flag, specs), flag, value]
 
 
 def split_engine_cmd(engine_cmd: str) -> list[str]:

@@ -315,7 +315,7 @@ def derived_context_length(geometry: ModelGeometry) -> tuple[int, str]:
             break
     else:
         return 2048, "no length key in config.json (SGLang assumes 2048)"
-    from launcher.engines.vllm import rope_scaling_entries
+    from launcher.model import rope_scaling_entries
 
     factor = 1.0
     for entry in rope_scaling_entries(text):

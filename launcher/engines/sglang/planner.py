@@ -60,10 +60,8 @@ def plan(request: PlanRequest) -> Plan:
         page, page_reason = pinned["--page-size"], "pinned --page-size"
     if geometry.is_multimodal and not pinned.get("--language-only", False):
         after_load -= sg.MULTIMODAL_RESERVE_BYTES
+    # Above the derived length is start_checks' to decide (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN).
     context_len_pinned = pinned.get("--context-length")
-    if context_len_pinned is not None and context_len_pinned > derived_len:
-        raise WontFit(f"--context-length {context_len_pinned} is above the derived context length {derived_len} "
-                      f"({derived_reason}); SGLang refuses it")
 
     def req_to_token_bytes(tokens: int, length: int) -> int:
         mrr = sg.max_running_requests(max(tokens, 2), length, pinned.get("--max-running-requests"))

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from launcher.engines.events import EngineEvent
+from launcher.engines.sglang import FLAGS
 from launcher.engines.flags import set_flag, split_engine_cmd
 from launcher.plan import Calibration, Plan
 from launcher.units import GiB
@@ -25,9 +26,9 @@ def retuned_args(plan: Plan, args: Sequence[str], event: EngineEvent, *, concurr
         # SGLang caps request length at the pool silently: make the cap explicit.
         length = int(values["tokens"]) // concurrency
         if length < (values.get("max_model_len") or plan.max_model_len):
-            return set_flag(args, "--context-length", str(length))
+            return set_flag(args, "--context-length", str(length), FLAGS)
     if event.kind == "fatal:weights_leave_nothing":
-        return set_flag(args, "--mem-fraction-static", f"{min(values['minimum'] + 0.02, 0.99):.3f}")
+        return set_flag(args, "--mem-fraction-static", f"{min(values['minimum'] + 0.02, 0.99):.3f}", FLAGS)
     return None
 
 

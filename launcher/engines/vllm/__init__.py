@@ -25,7 +25,7 @@ from launcher.engines.flags import (
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.architectures import uses_mla  # MiniCPM3 has MLA fields, vLLM caches K/V
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, KvLayout, kv_layout
-from launcher.model import MAX_LEN_KEYS, SLIDING, ModelGeometry
+from launcher.model import MAX_LEN_KEYS, SLIDING, ModelGeometry, rope_scaling_entries
 
 NAME = "vllm"
 NEWEST = "0.33.0"
@@ -185,17 +185,6 @@ def ranks(pinned: Mapping[str, Any]) -> tuple[int, int]:
 # --------------------------------------------------------------------------- model facts
 
 
-def rope_scaling_entries(text: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """rope_scaling (transformers 4) or rope_parameters (transformers 5), possibly per layer type."""
-    entries: list[Mapping[str, Any]] = []
-    for key in ("rope_scaling", "rope_parameters"):
-        value = text.get(key)
-        if isinstance(value, Mapping):
-            nested = [v for v in value.values() if isinstance(v, Mapping)]
-            entries.extend(nested if nested and all(isinstance(v, Mapping) for v in value.values()) else [value])
-    return entries
-
-
 def derived_max_model_len(geometry: ModelGeometry, *, rules: VllmRules) -> tuple[int, str]:
     """`_get_and_verify_max_len`: the smallest length key (a truthy model_max_length
     overrides it, as for Command-R), times a rope factor that is not YaRN/llama3/longrope."""
@@ -224,6 +213,15 @@ def derived_max_model_len(geometry: ModelGeometry, *, rules: VllmRules) -> tuple
                     length, key = original, "original_max_position_embeddings"
     reason = f"config.json {key}={int(length)}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
     return int(length * factor), reason
+
+
+def max_len_key(geometry: ModelGeometry) -> str:
+    """The config key vLLM's length comes from (its refusal names it)."""
+    text = geometry.text_config
+    if isinstance(text.get("model_max_length"), (int, float)) and text["model_max_length"]:
+        return "model_max_length"
+    found = [(text[k], k) for k in MAX_LEN_KEYS if isinstance(text.get(k), (int, float)) and text.get(k)]
+    return min(found)[1] if found else "max_position_embeddings"
 
 
 # The `--kv-cache-dtype` values safe-serve sizes, as vLLM stores them

@@ -239,21 +239,24 @@ def uses_mla(geometry: ModelGeometry) -> bool:
 
 def vllm_layer_specs(geometry: ModelGeometry) -> tuple[LayerSpec | None, ...]:
     """The spec of every decoder layer as vLLM 0.32 builds it; None for layers with no KV cache."""
+    # Keyed by model_type, not class name, so a multimodal wrapper's text stack gets the same layers
+    # (its status stays unverified until a row names the wrapper).
     text = geometry.text_config
-    arch = geometry.architecture
+    model_type = geometry.model_type
     kinds = geometry.layer_kinds
     if geometry.mla is not None and uses_mla(geometry):
         latent = LayerSpec(MLA, 1, geometry.mla.latent_dim, 0)
         return tuple(None if kind == LINEAR else latent for kind in kinds)
 
     heads, head = geometry.num_kv_heads, geometry.head_dim
-    if arch == "MiniCPM3ForCausalLM" and geometry.mla is not None:
+    if model_type == "minicpm3" and geometry.mla is not None:
         # models/minicpm3.py:126-133: Attention(num_local_heads, qk_nope + qk_rope, num_kv_heads=num_local_heads).
         heads = geometry.num_attention_heads
         head = geometry.mla.qk_nope_head_dim + geometry.mla.qk_rope_head_dim
-    honoured = arch not in ("FalconForCausalLM",)  # models/falcon.py:164-181 pass no cache_config
+    # models/falcon.py:164-181 build Attention without cache_config: the cache stays "auto".
+    honoured = model_type not in ("falcon", "RefinedWeb", "RefinedWebModel")
     window = geometry.sliding_window
-    if arch == "Cohere2ForCausalLM" and window is not None:
+    if model_type == "cohere2" and window is not None:
         window += 1  # models/commandr.py:237-244: the layer sees sliding_window + 1 tokens
 
     specs: list[LayerSpec | None] = []
@@ -261,10 +264,10 @@ def vllm_layer_specs(geometry: ModelGeometry) -> tuple[LayerSpec | None, ...]:
         if kind == LINEAR:
             specs.append(None)
             continue
-        if arch == "GptOssForCausalLM":
+        if model_type == "gpt_oss":
             # models/gpt_oss.py:176: even layers slide, whatever layer_types says.
             kind = SLIDING if i % 2 == 0 and window else FULL
-        if arch == "Llama4ForCausalLM":
+        if model_type in ("llama4", "llama4_text"):  # also the text stack of Llama4ForConditionalGeneration
             kind = _llama4_kind(text, i)
         if kind == CHUNKED:
             specs.append(LayerSpec(CHUNKED, heads, head, head, _chunk(text), honoured))
@@ -283,11 +286,12 @@ def _chunk(text: Mapping[str, Any]) -> int | None:
 def _llama4_kind(text: Mapping[str, Any], layer: int) -> str:
     """models/llama4.py:184-185, :251: chunked local attention on RoPE layers when a chunk is set."""
     no_rope = text.get("no_rope_layers")
-    nope = isinstance(no_rope, list) and layer < len(no_rope) and no_rope[layer] == 0
-    if not no_rope and isinstance(text.get("no_rope_layer_interval"), int):
-        # Llama4TextConfig's default: every interval-th layer is NoPE.
-        interval = text["no_rope_layer_interval"]
-        nope = interval > 0 and (layer + 1) % interval == 0
+    if isinstance(no_rope, list) and no_rope:
+        nope = layer < len(no_rope) and no_rope[layer] == 0
+    else:
+        # Llama4TextConfig: an empty or missing list means every interval-th layer (default 4) is NoPE.
+        interval = text.get("no_rope_layer_interval", 4)
+        nope = isinstance(interval, int) and interval > 0 and (layer + 1) % interval == 0
     return FULL if nope or _chunk(text) is None else CHUNKED
 
 

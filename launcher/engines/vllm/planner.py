@@ -18,10 +18,9 @@ from launcher.budget import weights_source, rank_devices, tenants_detail, tighte
 from launcher.engines import vllm as vl
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
-from launcher.engines.vllm.architectures import architecture_status
 from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm import budget as vb
-from launcher.engines.vllm.architectures import cpu_unservable, uses_mla
+from launcher.engines.vllm.architectures import architecture_status, cpu_unservable, uses_mla
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
 from launcher.errors import SafeServeError, UsageError, WontFit
 from launcher.model import SLIDING, ModelGeometry
@@ -83,8 +82,7 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
         gpu_count=len(request.gpus), tp=tp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"),
         block_size=pinned.get("--block-size"), max_model_len=pinned.get("--max-model-len") or None,
         model_max_len=max_len, engine_version=request.engine_version, gpu_name=gpu_name,
-        max_len_key=max_len_reason.split()[1].split("=")[0] if max_len_reason.startswith("config.json ") else
-        "max_position_embeddings",
+        max_len_key=vl.max_len_key(geometry),
         allow_long_max_model_len=request.allow_long_max_model_len, quantization=pinned.get("--quantization"),
         pinned_dtype=pinned.get("--dtype"))))
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
@@ -138,10 +136,7 @@ def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[
     """
     pinned_len = setup.pinned.get("--max-model-len")
     if pinned_len is not None and pinned_len > 0:
-        if pinned_len > setup.model_max_len:
-            raise WontFit(
-                f"--max-model-len {pinned_len} is above the model's maximum {setup.model_max_len} "
-                f"({setup.model_max_len_reason}); vLLM refuses it at start")
+        # Above the model's maximum is start_checks' to decide (VLLM_ALLOW_LONG_MAX_MODEL_LEN).
         capacity = capacity_at(pinned_len)
         doubt = _checked_in_band(request, capacity, pinned_len, favourable_at)
         return pinned_len, "pinned --max-model-len", capacity, doubt
@@ -193,7 +188,11 @@ def _checked_in_band(request: PlanRequest, capacity: KvCapacity, length: int,
     except WontFit as central:
         if favourable_at is None:
             raise
-        _check_vllm_capacity(request, favourable_at(length), length)
+        try:
+            _check_vllm_capacity(request, favourable_at(length), length)
+        except WontFit as favourable:
+            raise WontFit(f"{favourable.message} (at the favourable end of the estimate)", hint=favourable.hint,
+                          rule=favourable.rule, figures=favourable.figures) from None
         return f"{central.message} at the central estimate; it fits at the favourable end of the error band"
 
 

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 from launcher.engines.events import EngineEvent
+from launcher.engines.vllm import FLAGS
 from launcher.engines.flags import set_flag, split_engine_cmd
 from launcher.plan import Calibration, Plan
 from launcher.units import GiB
@@ -30,13 +31,13 @@ def retuned_args(plan: Plan, args: Sequence[str], event: EngineEvent, *, concurr
         # vLLM's estimate holds one request; share it out and keep whole blocks.
         length = int(values["estimated_max_model_len"]) // concurrency
         length = length // block * block if length >= block else length
-        return set_flag(args, "--max-model-len", str(length)) if length > 0 else None
+        return set_flag(args, "--max-model-len", str(length), FLAGS) if length > 0 else None
     if event.kind == "fatal:startup_free":
         utilization = math.floor((values["free_gib"] - RETUNE_MARGIN_GIB) / values["total_gib"] * 10_000) / 10_000
-        return set_flag(args, "--gpu-memory-utilization", f"{utilization:g}") if utilization > 0 else None
+        return set_flag(args, "--gpu-memory-utilization", f"{utilization:g}", FLAGS) if utilization > 0 else None
     if event.kind == "kv" and values.get("concurrency") is not None and values["concurrency"] < concurrency:
         length = int(values["tokens"] / concurrency) // block * block
-        return set_flag(args, "--max-model-len", str(length)) if length > 0 else None
+        return set_flag(args, "--max-model-len", str(length), FLAGS) if length > 0 else None
     return None
 
 
