@@ -13,7 +13,7 @@ from launcher.resolve import ResolvedModel
 from launcher.units import format_gib
 
 
-def rank_devices(request: PlanRequest, ranks: int, nnodes: int = 1) -> tuple[GpuDevice, ...]:
+def rank_devices(request: PlanRequest, ranks: int, nnodes: int = 1, *, tp_flag: str) -> tuple[GpuDevice, ...]:
     """The devices this node's ranks run on: all ranks, or a 1/nnodes share with `--nnodes`.
 
     Multi-node runs start safe-serve on every node; each node plans its own ranks, and
@@ -26,7 +26,7 @@ def rank_devices(request: PlanRequest, ranks: int, nnodes: int = 1) -> tuple[Gpu
         where = f" on this node (of {ranks} over {nnodes} nodes)" if nnodes > 1 else ""
         raise WontFit(
             f"{local} ranks (tensor x pipeline parallel){where} need {local} GPUs; {len(request.gpus)} visible",
-            hint="lower --tensor-parallel-size, or make more GPUs visible (CUDA_VISIBLE_DEVICES)")
+            hint=f"lower {tp_flag}, or make more GPUs visible (CUDA_VISIBLE_DEVICES)")
     devices = request.gpus[:local]
     for device in devices:
         if device.free_bytes is None:
@@ -63,6 +63,7 @@ def unplanned(request: PlanRequest, refusal: SafeServeError, *, newest: str, rul
         device=request.device, model=request.model.name, max_model_len=length,
         max_model_len_source="left to the engine (--trust-engine)", kv_cache_bytes=0, kv_cache_tokens=0,
         max_concurrency=0.0, budget=(), engine_args=(), engine_env={}, pinned=dict(pinned), tp=tp, block_size=block,
+        memory_knob="left to the engine (--trust-engine)",
         gpu_name=request.gpus[0].name if request.gpus else request.device, gpu_count=len(request.gpus),
         notes=(f"--trust-engine: safe-serve's plan refused ({refusal.message}); the engine decides",),
         engine_version_assumed=request.engine_version_assumed,

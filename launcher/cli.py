@@ -274,18 +274,13 @@ def models_command(architectures: bool) -> None:
     from launcher.resolve import list_aliases, load_profile
 
     if architectures:
-        from launcher.engines import sglang as sg
-        from launcher.engines.vllm.architectures import ENGINE_VERSION, verified_architectures
+        from launcher.engines import ENGINES, adapter
 
-        rows = verified_architectures()
-        click.echo(f"vLLM {ENGINE_VERSION}: {len(rows)} architectures verified on the real engine "
-                   "(tests/data/vllm_cpu_truth.json)")
-        for row in rows:
-            click.echo(f"  {row.architecture:40} {len(row.cases):3} engine runs  {row.vllm_model}")
-        click.echo(f"SGLang {sg.NEWEST}: {len(sg.VERIFIED_ARCHITECTURES)} architectures verified against its own "
-                   "code (tests/data/sglang_oracle.json)")
-        for name in sorted(sg.VERIFIED_ARCHITECTURES):
-            click.echo(f"  {name}")
+        for name in ENGINES:
+            proof, rows = adapter(name).verified_architectures()
+            click.echo(f"{proof}: {len(rows)} architectures")
+            for architecture, detail in rows:
+                click.echo(f"  {architecture:40} {detail}")
         click.echo("Any other architecture is planned with a warning and a wider error band.")
         return
     for alias in list_aliases():

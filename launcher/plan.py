@@ -126,6 +126,8 @@ class Plan:
     # Whether this engine's KV layout for the model's architecture is proven against the engine
     # (launcher/engines/vllm/architectures.py); None: not assessed (e.g. --trust-engine).
     architecture_verified: bool | None = None
+    # The setting that sizes the engine's memory, as the engine takes it (the table's "memory knob").
+    memory_knob: str = ""
 
     def item(self, key: str) -> BudgetItem | None:
         return next((i for i in self.budget if i.key == key), None)

@@ -144,11 +144,7 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None, *,
         if item.key == "total":
             lines += _total_rows(plan, facts)
     lines += ["", budget_bar(plan), ""]
-    knob = (f"--gpu-memory-utilization {plan.gpu_memory_utilization:g}" if plan.gpu_memory_utilization is not None
-            else f"--mem-fraction-static {plan.mem_fraction_static:g}" if plan.mem_fraction_static is not None
-            else f"VLLM_CPU_KVCACHE_SPACE={plan.cpu_kvcache_space_gib}" if plan.cpu_kvcache_space_gib is not None
-            else "")
-    lines.append(f"  memory knob    {knob}")
+    lines.append(f"  memory knob    {plan.memory_knob}")
     lines.append(f"  max length     {plan.max_model_len:,} ({plan.max_model_len_source})")
     lines.append(f"  KV cache       {format_gib(plan.kv_cache_bytes)} = {plan.kv_cache_tokens:,} tokens"
                  + (f" ({plan.num_blocks:,} blocks of {plan.block_size})" if plan.num_blocks is not None else ""))
@@ -210,6 +206,7 @@ def plan_to_json(plan: Plan, command: Sequence[str] | None = None, *,
         "may_not_fit": plan.may_not_fit,
         "engine_defaults": dict(plan.engine_defaults),
         "warnings": list(plan.warnings),
+        "memory_knob": plan.memory_knob,
         "architecture_verified": plan.architecture_verified,
         "max_concurrency": plan.max_concurrency,
         "block_size": plan.block_size,

@@ -157,3 +157,15 @@ def test_llama4_without_a_nope_list_uses_the_interval() -> None:
     config.pop("no_rope_layer_interval", None)
     kinds = [s.kind for s in vllm_layer_specs(geometry_from_config(config)) if s]
     assert kinds == [CHUNKED, CHUNKED, CHUNKED, FULL] * 2
+
+
+def test_models_architectures_lists_what_is_verified_per_engine() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "launcher", "models", "--architectures"], capture_output=True,
+                            text=True, timeout=60, check=True)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("vLLM 0.32.0: verified on the real engine") and lines[0].endswith("50 architectures")
+    assert any(line.split()[0] == "Cohere2ForCausalLM" for line in lines if line.startswith("  "))
+    assert any(line.startswith("SGLang ") and line.endswith("6 architectures") for line in lines)

@@ -14,6 +14,7 @@ from launcher.errors import WontFit
 from launcher.plan import PlanRequest
 from launcher.planner import make_plan
 from launcher.resolve import resolve_model
+from launcher.units import GiB
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -100,3 +101,23 @@ def test_concurrency_above_max_num_seqs_is_said_and_planned_for_what_runs() -> N
 def test_bad_cli_values_exit_2_before_any_probe(argv: tuple[str, ...]) -> None:
     result = run(*argv)
     assert result.returncode == 2 and "Traceback" not in result.stderr and result.stderr.count("\n") <= 2
+
+
+class TestPinnedKvSize:
+    """A pinned KV size must fit what the weights and activations leave (vLLM allocates it as given)."""
+
+    def test_kv_bytes_beyond_the_card_are_refused(self) -> None:
+        with pytest.raises(WontFit, match="--kv-cache-memory-bytes: 30.00 GiB") as info:
+            make_plan(request("qwen2.5-7b", "rtx4090", "--kv-cache-memory-bytes", "30G"))
+        assert info.value.rule == "pinned-kv"
+
+    def test_kv_bytes_that_fit_are_the_plan_and_utilization_is_ignored(self) -> None:
+        plan = make_plan(request("qwen2.5-7b", "rtx4090", "--kv-cache-memory-bytes", "4G"))
+        assert plan.kv_cache_bytes == 4 * GiB and plan.gpu_memory_utilization is None
+        assert plan.memory_knob.startswith("--kv-cache-memory-bytes 4.00 GiB")
+
+    def test_num_gpu_blocks_override_is_the_block_count(self) -> None:
+        plan = make_plan(request("qwen2.5-7b", "rtx4090", "--num-gpu-blocks-override", "100"))
+        assert plan.num_blocks == 100 and plan.item("kv").source == "pinned"
+        with pytest.raises(WontFit, match="--num-gpu-blocks-override"):
+            make_plan(request("qwen2.5-7b", "rtx4090", "--num-gpu-blocks-override", "100000"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.sglang.checks import start_checks
 from launcher.model import ModelGeometry, geometry_from_config
@@ -59,3 +61,34 @@ def test_context_length_above_derived_refused() -> None:
     assert rule.message.startswith("Warning: User-specified context_length (40000) is greater than the derived "
                                    "context_length (32768).")
     assert start_checks(_inp(geometry_from_config(QWEN), max_len=32768)) == ()
+
+
+@pytest.mark.parametrize(("version", "kv", "refused"), [("0.5.23", "fp8", True), ("0.5.23", "float16", True),
+                                                        ("0.5.23", "fp8_e4m3", False), ("0.5.2", "bf16", True),
+                                                        ("0.5.4", "bf16", False), ("0.5.21", "fp4_e2m1", True)])
+def test_kv_cache_dtype_choices_by_version(version: str, kv: str, refused: bool) -> None:
+    from launcher.catalog import hypothetical_gpus
+    from launcher.errors import WontFit
+    from launcher.plan import PlanRequest
+    from launcher.planner import make_plan
+    from launcher.resolve import resolve_model
+
+    request = PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang", gpus=hypothetical_gpus(["h100"]),
+                          engine_version=version, engine_args=("--kv-cache-dtype", kv))
+    if refused:
+        with pytest.raises(WontFit, match="invalid choice"):
+            make_plan(request)
+    else:
+        assert make_plan(request).kv_cache_tokens > 0
+
+
+def test_fp8_compressed_tensors_needs_sm80_in_sglang() -> None:
+    from launcher.catalog import hypothetical_gpus
+    from launcher.errors import WontFit
+    from launcher.plan import PlanRequest
+    from launcher.planner import make_plan
+    from launcher.resolve import resolve_model
+
+    with pytest.raises(WontFit, match="Min capability: 80") as info:
+        make_plan(PlanRequest(model=resolve_model("qwen2.5-7b-fp8"), engine="sglang", gpus=hypothetical_gpus(["t4"])))
+    assert info.value.rule == "quant-scheme-capability"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import time
 from pathlib import Path
@@ -210,3 +212,13 @@ def test_start_checks_costs_under_a_millisecond() -> None:
     for _ in range(200):
         start_checks(inp)
     assert (time.perf_counter() - t0) / 200 < 1e-3
+
+
+@pytest.mark.parametrize(("version", "refused"), [("0.24.0", False), ("0.27.1", False), ("0.28.0", True),
+                                                  ("0.32.0", True)])
+def test_bitsandbytes_is_a_method_until_0_28(version: str, refused: bool) -> None:
+    """bitsandbytes is in QuantizationMethods up to 0.27 (each wheel's quantization/__init__.py)."""
+    config = {**CONFIGS[next(iter(CONFIGS))], "quantization_config": {"quant_method": "bitsandbytes"}}
+    geometry = geometry_from_config(config)
+    rules = start_checks(dataclasses.replace(_inp(geometry), engine_version=version))
+    assert ("quant-unknown-method" in {r.rule for r in rules}) is refused

@@ -57,6 +57,7 @@ class EngineAdapter(Protocol):
     def pinned_as_written(self, flag: str, value: Any) -> str: ...
     def plan(self, request: PlanRequest) -> Plan: ...
     def engine_decides(self, request: PlanRequest, refusal: SafeServeError) -> Plan: ...
+    def verified_architectures(self) -> tuple[str, list[tuple[str, str]]]: ...
 
     # launching
     def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
@@ -158,6 +159,11 @@ class PackageAdapter:
 
     def engine_decides(self, request: PlanRequest, refusal: SafeServeError) -> Plan:
         return self._planner().engine_decides(request, refusal)  # type: ignore[no-any-return]
+
+    def verified_architectures(self) -> tuple[str, list[tuple[str, str]]]:
+        """(how they were proven, [(architecture, its proof)]) for `safe-serve models --architectures`."""
+        proof, rows = self._rules.verified_architectures()
+        return str(proof), [(str(name), str(detail)) for name, detail in rows]
 
     def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
                     engine_cmd: str | None) -> list[str]:

@@ -46,6 +46,7 @@ class CheckInput:
     allow_long_max_model_len: bool = False
     quantization: str | None = None  # pinned --quantization, if any
     pinned_dtype: str | None = None  # the --dtype as typed, if pinned (unknown names are refused)
+    nnodes: int = 1  # --nnodes: the ranks spread over that many nodes, this node holds its share
 
 
 L = TypeVar("L")
@@ -81,3 +82,46 @@ def tp_sizes_for_heads(geometry: ModelGeometry, gpu_count: int) -> list[int]:
 def or_list(values: Sequence[int]) -> str:
     text = [str(v) for v in values]
     return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " or " + text[-1]
+
+
+@dataclass(frozen=True)
+class CtSchemeMinimums:
+    """get_min_capability() of the compressed-tensors schemes, per engine."""
+
+    w4a4_fp4: int
+    w8a8_fp8: int
+    w8a16_fp8: int  # where both engines fall back for an FP8 W8A8 checkpoint below w8a8_fp8
+    wna16: int
+    w8a8_int8: int
+
+
+def ct_scheme_min_capability(qc: Mapping[str, object], cc: int,
+                             minimums: CtSchemeMinimums) -> tuple[str, int] | None:
+    """compressed-tensors: the scheme the engine's `_get_scheme_from_parts` picks for the first
+    config group, and its minimum capability; None where we do not model the scheme."""
+    groups = qc.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        return None
+    group = next(iter(groups.values()))
+    if not isinstance(group, Mapping):
+        return None
+    weights = group.get("weights") if isinstance(group.get("weights"), Mapping) else None
+    acts = group.get("input_activations") if isinstance(group.get("input_activations"), Mapping) else None
+    if weights is None:
+        return None
+    w_type, w_bits = str(weights.get("type", "int")), weights.get("num_bits")
+    w_strategy = str(weights.get("strategy", ""))
+    if w_type == "float" and w_bits == 4 and w_strategy == "tensor_group":
+        return "CompressedTensorsW4A4Fp4", minimums.w4a4_fp4  # NVFP4 (and NVFP4A16)
+    if w_type == "float" and w_bits == 8:
+        if acts is not None and acts.get("type") == "float" and acts.get("num_bits") == 8:
+            # W8A8 FP8 where the GPU has it; below, both engines fall back to W8A16 FP8 (Marlin).
+            if cc >= minimums.w8a8_fp8:
+                return "CompressedTensorsW8A8Fp8", minimums.w8a8_fp8
+            return "CompressedTensorsW8A16Fp8", minimums.w8a16_fp8
+        return "CompressedTensorsW8A16Fp8", minimums.w8a16_fp8
+    if w_type == "int" and acts is None and w_bits in (4, 8):
+        return "CompressedTensorsWNA16", minimums.wna16
+    if w_type == "int" and w_bits == 8 and acts is not None and acts.get("num_bits") == 8:
+        return "CompressedTensorsW8A8Int8", minimums.w8a8_int8
+    return None

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from launcher.engines.checks_common import CheckInput, EngineRule, or_list, quant_config, tp_sizes_for_heads
+from launcher.engines.checks_common import (
+    CheckInput,
+    CtSchemeMinimums,
+    EngineRule,
+    ct_scheme_min_capability,
+    lines_for,
+    or_list,
+    quant_config,
+    tp_sizes_for_heads,
+)
 
 VERSION = "0.5.23"
 _SRC = {
@@ -20,6 +29,8 @@ _SRC = {
     "quant_cap": "sglang/srt/model_loader/loader.py:261",
     "quant_act": "sglang/srt/model_loader/loader.py:269",
     "context": "sglang/srt/configs/model_config.py:1314",
+    "ct_scheme": "sglang/srt/layers/quantization/compressed_tensors/compressed_tensors.py:407",
+    "kv_dtype": "sglang/srt/server_args.py (--kv-cache-dtype choices)",
 }
 # get_min_capability() per method name after SGLang's override (Marlin variants need sm80;
 # below that the override keeps the plain kernel).
@@ -31,6 +42,26 @@ MIN_CAPABILITY: Mapping[str, int] = {
     "modelopt": 89, "modelopt_fp8": 89, "modelopt_fp4": 80,  # modelopt_quant.py:463, :1550
     "compressed-tensors": 70, "bitsandbytes": 70,
 }
+# compressed-tensors schemes' get_min_capability() in SGLang
+# (srt/layers/quantization/compressed_tensors/schemes/*.py; the FP8 W8A8 fallback at
+# compressed_tensors.py:804-829 raises below 80 in _check_scheme_supported, :407).
+CT_SCHEME_MINIMUMS = CtSchemeMinimums(w4a4_fp4=100, w8a8_fp8=89, w8a16_fp8=80, wna16=80, w8a8_int8=80)
+# `--kv-cache-dtype` choices of each release's argument parser (server_args.py; from 0.5.20
+# arg_groups/fields/model.py), first release of each change. argparse refuses anything else.
+KV_CACHE_DTYPE_CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("0.5.1", ("auto", "fp8_e5m2", "fp8_e4m3")),
+    ("0.5.4", ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16")),
+    ("0.5.5", ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1")),
+    ("0.5.16", ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16", "fp4_e2m1")),
+    ("0.5.21", ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")),
+)
+
+
+def kv_cache_dtype_choices(version: str | None) -> tuple[str, tuple[str, ...]]:
+    """(the release those choices were read from, the choices) for `version`."""
+    return lines_for(KV_CACHE_DTYPE_CHOICES, version)
+
+
 ACT_DTYPES: Mapping[str, tuple[str, ...]] = {
     "awq": ("float16",), "awq_marlin": ("float16", "bfloat16"),
     "gptq": ("float16",), "gptq_marlin": ("float16", "bfloat16"),
@@ -75,6 +106,15 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             out.append(EngineRule("kv-heads-vs-tp", f"{kv_heads} is not divisible by {tp}", _src("kv_split"),
                                   hint=hint))
 
+    read_from, choices = kv_cache_dtype_choices(inp.engine_version)
+    if inp.kv_cache_dtype is not None and inp.kv_cache_dtype not in choices:
+        out.append(EngineRule(
+            "kv-cache-dtype-choice",
+            f"argument --kv-cache-dtype: invalid choice: {inp.kv_cache_dtype!r} "
+            f"(choose from {', '.join(repr(c) for c in choices)})",
+            f"{_SRC['kv_dtype']} (SGLang {read_from} and later)",
+            hint="--kv-cache-dtype fp8_e4m3" if "fp8" in inp.kv_cache_dtype else "--kv-cache-dtype auto"))
+
     method = resolved_quant_method(inp)
     cc = inp.compute_capability
     if method is not None and inp.device == "cuda" and cc is not None:
@@ -86,6 +126,14 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
                 f"The quantization method {method} is not supported for the current GPU. Minimum capability: "
                 f"{need}. Current capability: {cap}.", _src("quant_cap"),
                 hint=f"a GPU with compute capability {need // 10}.{need % 10} or newer"))
+        if method == "compressed-tensors" and (not out or out[-1].rule != "quant-min-capability"):
+            scheme = ct_scheme_min_capability(quant_config(inp.geometry), cap, CT_SCHEME_MINIMUMS)
+            if scheme is not None and cap < scheme[1]:
+                out.append(EngineRule(
+                    "quant-scheme-capability",
+                    f"Quantization scheme is not supported for the current GPU. Min capability: {scheme[1]}. "
+                    f"Current capability: {cap}. ({scheme[0]})", _src("ct_scheme"),
+                    hint=f"a GPU with compute capability {scheme[1] // 10}.{scheme[1] % 10} or newer"))
         acts = ACT_DTYPES.get(method)
         if not out or out[-1].rule != "quant-min-capability":
             if acts is not None and inp.dtype not in acts:

@@ -25,7 +25,7 @@ def plan(request: PlanRequest) -> Plan:
     rules, rules_note = sg.rules_for(request.engine_version)
     pinned = sg.pinned_flags(request.engine_args)
     tp, pp = sg.ranks(pinned)
-    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1))
+    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=sg.TP_FLAG)
     gpu = tightest(devices)
     # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
     gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB
@@ -39,10 +39,6 @@ def plan(request: PlanRequest) -> Plan:
 
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=gpu.compute_capability, device="cuda",
                                            pinned=pinned.get("--dtype"))
-    try:
-        kv_elem, kv_reason = sg.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     derived_len, derived_reason = sg.derived_context_length(geometry)
     refusals = start_checks(CheckInput(
         geometry=geometry, device="cuda", compute_capability=gpu.compute_capability, gpu_count=len(request.gpus),
@@ -52,8 +48,12 @@ def plan(request: PlanRequest) -> Plan:
         quantization=pinned.get("--quantization"), pinned_dtype=pinned.get("--dtype")))
     if refusals:
         first = refusals[0]
-        raise WontFit(f"SGLang refuses this at start: {first.message} [{first.source}]", hint=first.hint,
-                      rule=first.rule, source=first.source)
+        raise WontFit(f"SGLang refuses this at start: {' '.join(first.message.split())} [{first.source}]",
+                      hint=first.hint, rule=first.rule, source=first.source)
+    try:  # after the engine's own checks: what it refuses is its refusal, not our sizing gap
+        kv_elem, kv_reason = sg.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     cell = sg.cell_size_bytes(geometry, kv_bytes=kv_elem, tp=tp, pp=pp, pinned=pinned)
     page, page_reason = sg.default_page_size(geometry, gpu.compute_capability)
     if "--page-size" in pinned:
@@ -104,6 +104,7 @@ def plan(request: PlanRequest) -> Plan:
                                     fraction_value=fraction_value, cell_bytes=cell, page_size=page,
                                     max_total_tokens=pinned.get("--max-total-tokens"))
     doubt = None
+    tokens_central = tokens
     if tokens <= 0:
         minimum = 1 - after_load / pre_load if pre_load > 0 else 1.0
         if tokens_high <= 0:
@@ -114,7 +115,7 @@ def plan(request: PlanRequest) -> Plan:
                           f"{fraction_value:g} (minimum viable {minimum:.4f})", hint=hint)
         doubt = (f"the weights leave a KV pool under --mem-fraction-static {fraction_value:g} only at the favourable "
                  f"end of the estimate (minimum viable {minimum:.4f} at the central estimate)")
-        tokens = tokens_high
+        tokens = tokens_high  # plan the length on what may be there; the band keeps the central 0
     if context_len_pinned is not None:
         length, length_reason = context_len_pinned, "pinned --context-length"
         if tokens < request.concurrency * length and tokens_high >= request.concurrency * length:
@@ -168,11 +169,15 @@ def plan(request: PlanRequest) -> Plan:
         device="cuda", model=model.name, max_model_len=length, max_model_len_source=length_reason,
         kv_cache_bytes=kv, kv_cache_tokens=tokens, max_concurrency=round(tokens / length, 2) if length else 0.0,
         budget=items, engine_args=tuple(args), engine_env={}, pinned=dict(pinned), tp=tp, pp=pp,
-        mem_fraction_static=fraction_value, block_size=page, gpu_name=gpu.name, gpu_count=len(devices),
+        mem_fraction_static=fraction_value, memory_knob=f"--mem-fraction-static {fraction_value:g}",
+        block_size=page, gpu_name=gpu.name, gpu_count=len(devices),
         notes=tuple(notes),
         engine_version_assumed=request.engine_version_assumed,
-        architecture_verified=verified, warnings=() if verified else (architecture_note,),
-        kv_cache_bytes_low=max(kv - int(max(tokens_high - tokens, 0) * cell) - unverified_error, 0),
+        architecture_verified=verified,
+        warnings=(*(f"{flag}: {why}; the plan does not count it" for flag, why in sg.NOT_MODELLED.items()
+                    if flag in pinned), *(() if verified else (architecture_note,))),
+        kv_cache_bytes_low=max(int(max(tokens_central, 0) * cell) - int(max(tokens_high - tokens, 0) * cell)
+                               - unverified_error, 0),
         kv_cache_bytes_high=int(max(tokens_high, tokens) * cell) + unverified_error,
         may_not_fit=doubt,
         engine_defaults={"mem_fraction_static": derivation.fraction,

@@ -146,6 +146,10 @@ FLAGS = (
     FlagSpec("--host", str),
     FlagSpec("--cpu-offload-gb", float),
     FlagSpec("--no-enable-chunked-prefill", None),
+    FlagSpec("--performance-mode", str),
+    # Read only to say that the plan does not count what they add (NOT_MODELLED).
+    FlagSpec("--speculative-config", str),
+    FlagSpec("--enable-lora", None),
 )
 # The flags safe-serve itself sets or suggests, in this engine's spelling.
 LENGTH_FLAG = "--max-model-len"
@@ -166,11 +170,23 @@ MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"}
 # switch that lets a length exceed the model's maximum (vllm/envs.py).
 ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
 ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+# Flags that add memory the plan does not model yet: said in the plan's warnings.
+NOT_MODELLED = {
+    "--speculative-config": "the draft model's weights, KV cache and activations",
+    "--enable-lora": "the LoRA adapters' weights and their activations",
+}
 # Engine flags people give without `--` by mistake, beyond the ones we read.
 OTHER_FLAGS = frozenset({"--served-model-name", "--trust-remote-code", "--api-key", "--chat-template"})
 # Sentinels vLLM stores for what the operator typed: `--max-model-len auto` parses to -1
 # (vllm/engine/arg_utils.py human_readable_int_or_auto).
 AS_WRITTEN = {("--max-model-len", -1): "auto"}
+
+
+def verified_architectures() -> tuple[str, list[tuple[str, str]]]:
+    from launcher.engines.vllm.architectures import ENGINE_VERSION, verified_architectures as rows
+
+    return (f"vLLM {ENGINE_VERSION}: verified on the real engine (tests/data/vllm_cpu_truth.json)",
+            [(row.architecture, f"{len(row.cases)} engine runs, {row.vllm_model}") for row in rows()])
 
 
 def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
@@ -243,7 +259,8 @@ def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str) -> tuple[int, s
 
 
 def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tuple[int, int] | None,
-               pinned: int | None, cpu_amx: bool | None = None, rules: VllmRules | None = None) -> tuple[int, str]:
+               pinned: int | None, cpu_amx: bool | None = None, rules: VllmRules | None = None,
+               kv_cache_dtype: str | None = None) -> tuple[int, str]:
     """Tokens per KV block: the attention backend's preference unless pinned.
 
     On CPU the reference MLA kernel (no AMX) only compiles for block 16 and vLLM forces
@@ -272,6 +289,11 @@ def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tupl
         return CPU_BLOCK_SIZE, "CPU backend default (vllm/platforms/cpu.py)"
     if uses_mla(geometry) and compute_capability is not None and compute_capability[0] >= 10:
         return 32, "FlashInfer-MLA on Blackwell (block 32)"
+    if uses_mla(geometry) and compute_capability is not None and compute_capability[0] == 9 \
+            and kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8"):
+        # FLASH_ATTN_MLA, Hopper's first MLA choice, takes no fp8 cache: FlashMLA does, in blocks of
+        # 64 (vllm/platforms/cuda.py:147; v1/attention/backends/mla/flashmla.py:49-59 in 0.32).
+        return 64, "FlashMLA for an fp8 MLA cache on Hopper (block 64)"
     return DEFAULT_BLOCK_SIZE, "CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention / FlashInfer)"
 
 

@@ -73,13 +73,17 @@ def batch_defaults(*, nvml_total_bytes: int | None, gpu_name: str, device: str, 
 
 
 def resolve_batch(*, defaults: BatchDefaults, max_model_len: int, pinned_batched_tokens: int | None,
-                  pinned_num_seqs: int | None, chunked_prefill: bool = True) -> tuple[int, int]:
-    """`_set_default_max_num_seqs_and_batched_tokens_args` (arg_utils.py:3097)."""
-    seqs = pinned_num_seqs if pinned_num_seqs is not None else defaults.max_num_seqs
+                  pinned_num_seqs: int | None, chunked_prefill: bool = True,
+                  throughput_mode: bool = False) -> tuple[int, int]:
+    """`_set_default_max_num_seqs_and_batched_tokens_args` (arg_utils.py:3097); `--performance-mode
+    throughput` doubles both defaults that were not given (arg_utils.py:3130 in 0.32, in every
+    release from 0.19)."""
+    doubling = 2 if throughput_mode else 1
+    seqs = pinned_num_seqs if pinned_num_seqs is not None else defaults.max_num_seqs * doubling
     if pinned_batched_tokens is not None:
         batched = pinned_batched_tokens
     else:
-        batched = defaults.max_num_batched_tokens
+        batched = defaults.max_num_batched_tokens * doubling
         if not chunked_prefill:
             batched = max(max_model_len, batched)
         batched = min(seqs * max_model_len, batched)
@@ -221,9 +225,18 @@ def context_bytes(tp: int, pp: int) -> int:
     return CUDA_CONTEXT_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
 
 
-def non_torch_bytes(tp: int, pp: int, *, since_019: bool = True) -> tuple[int, int]:
-    """Non-torch memory after the snapshot and its expected error, per rank."""
+def non_torch_bytes(tp: int, pp: int, *, since_019: bool = True,
+                    compute_capability: tuple[int, int] | None = None) -> tuple[int, int]:
+    """Non-torch memory after the snapshot and its expected error, per rank.
+
+    With parallel ranks, the 2.08 GiB of the 0.19 H100 logs is the symmetric-memory all-reduce
+    (vllm/distributed/device_communicators/all_reduce_utils.py:52: sm90 and sm100 only); other
+    GPUs keep NCCL's and the custom all-reduce's few hundred MiB (0.34-0.43 GiB per rank at TP 4
+    on A100s).
+    """
     if tp * pp > 1:
-        return (NON_TORCH_BYTES_TP_V019, NON_TORCH_TP_ERROR_BYTES) if since_019 else (NON_TORCH_BYTES_TP,
-                                                                                      NON_TORCH_ERROR_BYTES)
+        symmetric = compute_capability is None or compute_capability[0] in (9, 10)
+        if since_019 and symmetric:
+            return NON_TORCH_BYTES_TP_V019, NON_TORCH_TP_ERROR_BYTES
+        return NON_TORCH_BYTES_TP, NON_TORCH_ERROR_BYTES
     return (NON_TORCH_BYTES_TP1_V019 if since_019 else NON_TORCH_BYTES_TP1), NON_TORCH_ERROR_BYTES

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from launcher.engines.versions import version_key
+from launcher.engines.checks_common import CtSchemeMinimums, ct_scheme_min_capability
 from launcher.engines.checks_common import (
     CheckInput,
     EngineRule,
@@ -80,6 +82,64 @@ QUANTIZATION_METHODS = (
     "nvfp4_per_token", "mxfp8",
 )
 DEPRECATED_QUANTIZATION_METHODS = ("fbgemm_fp8", "fp_quant")
+
+# The same lists in the releases before 0.28 (each release's own quantization/__init__.py, first
+# release of each change): bitsandbytes and gguf are methods there, and some others deprecated.
+OLDER_QUANTIZATION_METHODS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    # 0.19.1 quantization/__init__.py:12
+    ("0.19.0", (
+        "awq", "awq_marlin", "bitsandbytes", "compressed-tensors", "cpu_awq", "experts_int8", "fbgemm_fp8", "fp8",
+        "fp_quant", "gguf", "gptq", "gptq_marlin", "inc", "modelopt", "modelopt_fp4", "modelopt_mixed",
+        "modelopt_mxfp8", "moe_wna16", "mxfp4", "mxfp8", "petit_nvfp4", "quark", "torchao",
+    ), ("experts_int8", "fbgemm_fp8", "fp_quant", "petit_nvfp4", "tpu_int8",)),
+    # 0.20.2 quantization/__init__.py:12
+    ("0.20.0", (
+        "awq", "awq_marlin", "bitsandbytes", "compressed-tensors", "cpu_awq", "deepseek_v4_fp8", "experts_int8",
+        "fbgemm_fp8", "fp8", "fp8_per_block", "fp8_per_tensor", "fp_quant", "gguf", "gpt_oss_mxfp4", "gptq",
+        "gptq_marlin", "humming", "inc", "int8_per_channel_weight_only", "modelopt", "modelopt_fp4",
+        "modelopt_mixed", "modelopt_mxfp8", "moe_wna16", "mxfp4", "mxfp8", "online", "quark", "torchao",
+    ), ("fbgemm_fp8", "fp_quant", "tpu_int8",)),
+    # 0.22.1 quantization/__init__.py:12
+    ("0.22.0", (
+        "auto_gptq", "awq", "awq_marlin", "bitsandbytes", "compressed-tensors", "cpu_awq", "deepseek_v4_fp8",
+        "experts_int8", "fbgemm_fp8", "fp8", "fp8_per_block", "fp8_per_tensor", "fp_quant", "gguf", "gpt_oss_mxfp4",
+        "gptq", "gptq_marlin", "humming", "inc", "int8_per_channel_weight_only", "modelopt", "modelopt_fp4",
+        "modelopt_mixed", "modelopt_mxfp8", "moe_wna16", "mxfp4", "mxfp8", "online", "quark", "torchao",
+    ), ("fbgemm_fp8", "fp_quant", "tpu_int8",)),
+    # 0.23.0 quantization/__init__.py:12
+    ("0.23.0", (
+        "auto_gptq", "awq", "awq_marlin", "bitsandbytes", "compressed-tensors", "deepseek_v4_fp8", "experts_int8",
+        "fbgemm_fp8", "fp8", "fp8_per_block", "fp8_per_tensor", "fp_quant", "gguf", "gpt_oss_mxfp4", "gptq",
+        "gptq_marlin", "humming", "inc", "int8_per_channel_weight_only", "modelopt", "modelopt_fp4",
+        "modelopt_mixed", "modelopt_mxfp8", "moe_wna16", "mxfp4", "mxfp8", "online", "quark", "torchao",
+    ), ("fbgemm_fp8", "fp_quant",)),
+    # 0.24.0 quantization/__init__.py:12
+    ("0.24.0", (
+        "auto_awq", "auto_gptq", "awq", "awq_marlin", "bitsandbytes", "compressed-tensors", "deepseek_v4_fp8",
+        "experts_int8", "fbgemm_fp8", "fp8", "fp8_per_block", "fp8_per_channel", "fp8_per_tensor", "fp_quant",
+        "gpt_oss_mxfp4", "gptq", "gptq_marlin", "humming", "inc", "int8_per_channel_weight_only", "modelopt",
+        "modelopt_fp4", "modelopt_mixed", "modelopt_mxfp8", "moe_wna16", "mxfp4", "mxfp8", "online", "quark",
+        "torchao",
+    ), ("fbgemm_fp8", "fp_quant",)),
+    # 0.26.0 quantization/__init__.py:12
+    ("0.26.0", (
+        "auto_awq", "auto_gptq", "awq", "awq_marlin", "bitsandbytes", "compressed-tensors", "deepseek_v4_fp8",
+        "experts_int8", "fbgemm_fp8", "fp8", "fp8_per_block", "fp8_per_channel", "fp8_per_tensor", "fp_quant",
+        "gpt_oss_mxfp4", "gptq", "gptq_marlin", "humming", "inc", "int8_per_channel_weight_only", "modelopt",
+        "modelopt_fp4", "modelopt_mixed", "modelopt_mxfp8", "moe_wna16", "mxfp4", "mxfp8", "nvfp4_per_token",
+        "online", "quark", "torchao",
+    ), ("fbgemm_fp8", "fp_quant",)),
+)
+
+
+def quantization_methods(version: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(methods, deprecated methods) of `version`; the newest lists from 0.28 on and for an unknown version."""
+    if version is None or version_key(version) >= (0, 28):
+        return QUANTIZATION_METHODS, DEPRECATED_QUANTIZATION_METHODS
+    eligible = [row for row in OLDER_QUANTIZATION_METHODS if version_key(row[0]) <= version_key(version)]
+    _, methods, deprecated = eligible[-1] if eligible else OLDER_QUANTIZATION_METHODS[0]
+    return methods, deprecated
+
 
 # get_min_capability() of each config class the method name maps to (quantization/*.py).
 MIN_CAPABILITY: Mapping[str, int] = {
@@ -162,33 +222,12 @@ def resolved_quant_method(inp: CheckInput) -> str | None:
     return method
 
 
+# compressed-tensors schemes and get_min_capability() in vLLM (quantization/compressed_tensors/schemes/).
+CT_SCHEME_MINIMUMS = CtSchemeMinimums(w4a4_fp4=75, w8a8_fp8=89, w8a16_fp8=75, wna16=75, w8a8_int8=75)
+
+
 def _ct_scheme_min_capability(qc: Mapping[str, object], cc: int) -> tuple[str, int] | None:
-    """compressed-tensors: the scheme `_get_scheme_from_parts` picks for the first config group,
-    and its get_min_capability(); None where we do not model the scheme."""
-    groups = qc.get("config_groups")
-    if not isinstance(groups, Mapping) or not groups:
-        return None
-    group = next(iter(groups.values()))
-    if not isinstance(group, Mapping):
-        return None
-    weights = group.get("weights") if isinstance(group.get("weights"), Mapping) else None
-    acts = group.get("input_activations") if isinstance(group.get("input_activations"), Mapping) else None
-    if weights is None:
-        return None
-    w_type, w_bits = str(weights.get("type", "int")), weights.get("num_bits")
-    w_strategy = str(weights.get("strategy", ""))
-    if w_type == "float" and w_bits == 4 and w_strategy == "tensor_group":
-        return "CompressedTensorsW4A4Fp4", 75  # NVFP4 (and NVFP4A16)
-    if w_type == "float" and w_bits == 8:
-        if acts is not None and acts.get("type") == "float" and acts.get("num_bits") == 8:
-            # W8A8 FP8 needs 89; below that vLLM falls back to W8A16 FP8 (Marlin, 75).
-            return ("CompressedTensorsW8A8Fp8", 89) if cc >= 89 else ("CompressedTensorsW8A16Fp8", 75)
-        return "CompressedTensorsW8A16Fp8", 75
-    if w_type == "int" and acts is None and w_bits in (4, 8):
-        return "CompressedTensorsWNA16", 75
-    if w_type == "int" and w_bits == 8 and acts is not None and acts.get("num_bits") == 8:
-        return "CompressedTensorsW8A8Int8", 75
-    return None
+    return ct_scheme_min_capability(qc, cc, CT_SCHEME_MINIMUMS)
 
 
 def _backend_reasons(inp: CheckInput, cc: tuple[int, int], block: int) -> dict[str, list[str]]:
@@ -303,13 +342,14 @@ def _quant_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version:
     method = resolved_quant_method(inp)
     if method is None:
         return []
-    if method not in QUANTIZATION_METHODS:
+    known, deprecated = quantization_methods(inp.engine_version)
+    if method not in known:
         return [EngineRule(
             "quant-unknown-method",
-            f"Unknown quantization method: {method}. Must be one of {list(QUANTIZATION_METHODS)}.",
+            f"Unknown quantization method: {method}. Must be one of {list(known)}.",
             _src(lines, version, "quant_unknown"),
             hint="a checkpoint quantized with AWQ, GPTQ, FP8 or compressed-tensors")]
-    if method in DEPRECATED_QUANTIZATION_METHODS:
+    if method in deprecated:
         # vLLM passes the name as a second argument, so the message keeps its "%s".
         return [EngineRule(
             "quant-deprecated",
@@ -372,7 +412,7 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             out.append(EngineRule("kv-heads-vs-tp", f"{kv_heads} is not divisible by {tp}",
                                   _src(lines, version, "kv_split"), hint=tp_hint))
     world = tp * inp.pp
-    if inp.device == "cuda" and world > 1 and world > inp.gpu_count:
+    if inp.device == "cuda" and world > 1 and world // max(inp.nnodes, 1) > inp.gpu_count:
         out.append(EngineRule(
             "world-size-vs-gpus",
             f"World size ({world}) is larger than the number of available GPUs ({inp.gpu_count}) in this node. "

@@ -66,16 +66,7 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     geometry = request.model.geometry
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=compute_capability,
                                            device=request.device, pinned=pinned.get("--dtype"))
-    try:
-        kv_bytes, kv_reason = vl.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    block, block_reason = vl.block_size(geometry, device=request.device, compute_capability=compute_capability,
-                                        pinned=pinned.get("--block-size"),
-                                        cpu_amx=request.host.cpu_amx if request.host else None, rules=rules)
-    if request.device == "cpu":
-        _refuse_cpu_combinations(request, geometry, block, kv_bytes, rules, pinned.get("--block-size"))
-    layout = vl.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
+    # The engine's own start-time rules first: what it refuses is its refusal (exit 78).
     max_len, max_len_reason = vl.derived_max_model_len(geometry, rules=rules)
     refuse_what_vllm_refuses(start_checks(CheckInput(
         geometry=geometry, device=request.device, compute_capability=compute_capability,
@@ -84,7 +75,18 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
         model_max_len=max_len, engine_version=request.engine_version, gpu_name=gpu_name,
         max_len_key=vl.max_len_key(geometry),
         allow_long_max_model_len=request.allow_long_max_model_len, quantization=pinned.get("--quantization"),
-        pinned_dtype=pinned.get("--dtype"))))
+        pinned_dtype=pinned.get("--dtype"), nnodes=int(pinned.get("--nnodes", 1)))))
+    try:
+        kv_bytes, kv_reason = vl.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    block, block_reason = vl.block_size(geometry, device=request.device, compute_capability=compute_capability,
+                                        pinned=pinned.get("--block-size"),
+                                        cpu_amx=request.host.cpu_amx if request.host else None, rules=rules,
+                                        kv_cache_dtype=pinned.get("--kv-cache-dtype"))
+    if request.device == "cpu":
+        _refuse_cpu_combinations(request, geometry, block, kv_bytes, rules, pinned.get("--block-size"))
+    layout = vl.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
                       layout, max_len, max_len_reason)
 
@@ -94,7 +96,8 @@ def refuse_what_vllm_refuses(rules: tuple[EngineRule, ...]) -> None:
     if rules:
         first = rules[0]
         others = f" (and {len(rules) - 1} more: {', '.join(r.rule for r in rules[1:])})" if len(rules) > 1 else ""
-        raise WontFit(f"vLLM refuses this at start: {first.message}{others} [{first.source}]", hint=first.hint,
+        message = " ".join(first.message.split())  # one line, whatever the engine's own layout
+        raise WontFit(f"vLLM refuses this at start: {message}{others} [{first.source}]", hint=first.hint,
                       rule=first.rule, source=first.source)
 
 
@@ -170,12 +173,32 @@ def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[
         capacity = (favourable_at or capacity_at)(setup.block)
         raise WontFit(
             f"no KV room for {request.concurrency} request(s) of even {setup.block} tokens: "
-            f"{format_gib(max(capacity.kv_bytes, 0))} left for the KV cache"
+            + (f"{format_gib(capacity.kv_bytes)} left for the KV cache" if capacity.kv_bytes >= 0 else
+               f"{format_gib(-capacity.kv_bytes)} short of any KV cache")
             + (" at the favourable end of the estimate" if favourable_at is not None else "") + cause,
             rule="kv-capacity", figures={"kv_cache_bytes": capacity.kv_bytes, "concurrency": request.concurrency})
     reason = (f"model maximum ({setup.model_max_len_reason})" if length == setup.model_max_len
               else f"longest that fits {request.concurrency} request(s) (model maximum {setup.model_max_len})")
     return length, reason, capacity_at(length), doubt
+
+
+def _available_error(total_error: int, utilization: float, non_torch_error: int, peak_error: int,
+                     cudagraph: int) -> int:
+    """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
+    return int(math.ceil(total_error * utilization) + non_torch_error + peak_error
+               + int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
+
+
+def _pinned_kv_fits(kv: int, available: int, error: int, doubt: str | None, flag: str) -> str | None:
+    """A pinned KV size must fit what the weights, activations and graphs leave, or vLLM runs out
+    of memory allocating it: refused beyond the band, doubted inside it."""
+    if kv <= available:
+        return doubt
+    message = (f"{flag}: {format_gib(kv)} of KV cache, but only ~{format_gib(max(available, 0))} is left after "
+               "the weights, activations and CUDA graphs: vLLM runs out of memory allocating it")
+    if kv > available + error:
+        raise WontFit(message, hint=f"lower {flag}", rule="pinned-kv")
+    return "; ".join(d for d in (doubt, message + " (inside the estimate's error band)") if d)
 
 
 def _checked_in_band(request: PlanRequest, capacity: KvCapacity, length: int,
@@ -218,7 +241,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
     # Parallelism picks the devices, whose compute capability then sets dtype and block size.
     pinned = vl.pinned_flags(request.engine_args)
     tp, pp = vl.ranks(pinned)
-    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1))
+    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=vl.TP_FLAG)
     gpu = tightest(devices)
     setup = _vllm_setup(request, gpu.compute_capability, gpu.name)
     rules = setup.rules
@@ -230,14 +253,17 @@ def plan_gpu(request: PlanRequest) -> Plan:
 
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
     weights = max(model.weight_bytes // (tp * pp) - offloaded, 0)
-    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=rules.version != "0.10.0")
+    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=rules.version != "0.10.0",
+                                                    compute_capability=gpu.compute_capability)
     eager = pinned.get("--enforce-eager", False)
     cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
         setup.layout.group_size * len(setup.layout.groups))
     defaults = vb.batch_defaults(nvml_total_bytes=gpu.total_bytes, gpu_name=gpu.name, device="cuda",
                                  world_size=tp * pp, b200_tier=rules.b200_tier)
-    warnings: list[str] = []
-    running = int(pinned.get("--max-num-seqs", defaults.max_num_seqs))
+    warnings: list[str] = [f"{flag}: {why}; the plan does not count it" for flag, why in vl.NOT_MODELLED.items()
+                           if flag in pinned]
+    running = int(pinned.get("--max-num-seqs", defaults.max_num_seqs
+                             * (2 if pinned.get("--performance-mode") == "throughput" else 1)))
     if request.concurrency > running:
         # vLLM never runs more than max_num_seqs requests at once: the rest queue. Sizing the
         # KV cache for more would only shorten every request for nothing.
@@ -264,8 +290,9 @@ def plan_gpu(request: PlanRequest) -> Plan:
         util_source = ENGINE_DEFAULT if utilization == rules.default_utilization else FORMULA
         util_detail = (f"vLLM {rules.version} default" if util_source == ENGINE_DEFAULT
                        else f"free {format_gib(free)} - context {format_gib(context)} - margin "
-                            f"{format_gib(request.margin_bytes)}" + (" (capped by --max-gpu-memory)"
-                                                                     if request.max_gpu_memory_bytes else ""))
+                            f"{format_gib(request.margin_bytes)}"
+                            + (f" (capped at {format_gib(request.max_gpu_memory_bytes)}: --max-gpu-memory or preset)"
+                               if request.max_gpu_memory_bytes else ""))
         if headroom:
             # A CUDA OOM while serving on this setup: request that much less, so the engine
             # leaves it free for runtime peaks (bounded in launcher.calibration), and the
@@ -300,7 +327,8 @@ def plan_gpu(request: PlanRequest) -> Plan:
         batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
                                          pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
                                          pinned_num_seqs=pinned.get("--max-num-seqs"),
-                                         chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
+                                         chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False),
+                                         throughput_mode=pinned.get("--performance-mode") == "throughput")
         peak = vb.profile_peak(geometry, rules=rules, batched_tokens=batched, num_seqs=seqs, tp=tp,
                                gpu_name=gpu.name, language_only=bool(pinned.get("--language-model-only")))
         return batched, seqs, peak
@@ -309,12 +337,25 @@ def plan_gpu(request: PlanRequest) -> Plan:
         batched, seqs, peak = peak_at(length)
         return batched, seqs, peak.total_bytes + peak.persistent_bytes
 
-    def kv_at(length: int) -> int:
-        if "--kv-cache-memory-bytes" in pinned:
-            return int(pinned["--kv-cache-memory-bytes"])
+    pinned_kv_bytes = pinned.get("--kv-cache-memory-bytes")
+    blocks_override = pinned.get("--num-gpu-blocks-override")
+
+    def available_at(length: int) -> int:
+        """What vLLM's own accounting leaves for the KV cache at this length."""
+        if pinned_kv_bytes is not None:
+            # vLLM skips the profile's budget: the cache is the pinned bytes, on top of what
+            # the weights, activations and graphs take from the free memory (gpu_worker.py:649).
+            return free_at_init - weights - non_torch - budget_at(length)[2] - cudagraph
         if cal is not None and cal.non_kv_bytes is not None:
             return requested - cal.non_kv_bytes
         return requested - weights - non_torch - budget_at(length)[2] - cudagraph
+
+    def kv_at(length: int) -> int:
+        if pinned_kv_bytes is not None:
+            return int(pinned_kv_bytes)
+        if blocks_override is not None:  # vLLM allocates exactly that many blocks
+            return int(blocks_override) * setup.layout.bytes_per_block
+        return available_at(length)
 
     total_error = 0 if gpu.cuda_total_bytes is not None or gpu.reserved_bytes else int(
         gpu.total_bytes * vb.CUDA_TOTAL_ERROR_FRACTION)
@@ -325,12 +366,13 @@ def plan_gpu(request: PlanRequest) -> Plan:
 
     def kv_error_at(length: int) -> int:
         """+/- on the KV figure: the sum of the estimated terms' errors (0 when none is estimated)."""
-        if "--kv-cache-memory-bytes" in pinned or (cal is not None and cal.non_kv_bytes is not None):
+        if pinned_kv_bytes is not None or blocks_override is not None or (
+                cal is not None and cal.non_kv_bytes is not None):
             return 0
         # An architecture whose layout is not proven: its bytes per token may be off as a whole.
         unverified = 0 if verified else int(max(kv_at(length), 0) * UNVERIFIED_KV_ERROR_FRACTION)
-        return unverified + int(math.ceil(total_error * utilization) + non_torch_error + peak_at(length)[2].error_bytes
-                   + int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
+        return unverified + _available_error(total_error, utilization, non_torch_error,
+                                             peak_at(length)[2].error_bytes, cudagraph)
 
     def capacity_for(length: int, kv_bytes: int) -> KvCapacity:
         batched = budget_at(length)[0]
@@ -350,6 +392,10 @@ def plan_gpu(request: PlanRequest) -> Plan:
     length, length_reason, capacity, doubt = _vllm_length(request, setup, capacity_at, favourable_at, weights_cause)
     batched, seqs, activation = budget_at(length)
     peak = peak_at(length)[2]
+    if pinned_kv_bytes is not None or blocks_override is not None:
+        doubt = _pinned_kv_fits(kv_at(length), available_at(length), _available_error(
+            total_error, utilization, non_torch_error, peak.error_bytes, cudagraph), doubt,
+            "--kv-cache-memory-bytes" if pinned_kv_bytes is not None else "--num-gpu-blocks-override")
     kv = kv_at(length)
     kv_error = kv_error_at(length)
 
@@ -378,9 +424,11 @@ def plan_gpu(request: PlanRequest) -> Plan:
                    + (f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else ""), bar="weights"),
         BudgetItem("non_torch", "non-torch after snapshot", non_torch, FORMULA,
                    "cuBLAS, allocator" + (", NCCL and all-reduce buffers" if tp * pp > 1 else "")
-                   + f"; vLLM 0.19 logs {'2.07-2.10' if tp * pp > 1 else '0.25-0.27'} GiB", bar="other",
-                   error_bytes=non_torch_error),
-        BudgetItem("activation", f"activation peak (profile run, {peak.runner} runner)", activation, FORMULA,
+                   + ("; vLLM 0.19 H100 logs 2.07-2.10 GiB (symmetric-memory all-reduce)"
+                      if non_torch == vb.NON_TORCH_BYTES_TP_V019 else
+                      "; published logs 0.34-0.43 GiB per rank" if tp * pp > 1 else "; vLLM 0.19 logs 0.25-0.27 GiB"),
+                   bar="other", error_bytes=non_torch_error),
+        BudgetItem("activation", f"activation ({peak.runner} profile run)", activation, FORMULA,
                    f"{peak.describe()} at {batched} batched tokens, {min(seqs, batched)} sampler rows "
                    f"({defaults.reason})"
                    + (f"; + penalty state {format_gib(peak.persistent_bytes)}" if peak.persistent_bytes else ""),
@@ -391,7 +439,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
                     if not cudagraph else
                     f"{vb.CUDAGRAPH_BASE_BYTES // MiB} MiB + {vb.CUDAGRAPH_PER_LAYER_BYTES / MiB:.1f} MiB x layers"),
                    bar="graphs", error_bytes=int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION)),
-        BudgetItem("kv", "KV cache", kv, PINNED if "--kv-cache-memory-bytes" in pinned else
+        BudgetItem("kv", "KV cache", kv, PINNED if pinned_kv_bytes is not None or blocks_override is not None else
                    (CALIBRATED if measured_non_kv is not None else FORMULA),
                    f"{capacity.num_blocks} blocks x {setup.layout.bytes_per_block} B "
                    f"({setup.layout.group_size} layers x {setup.layout.page_bytes} B page, block {setup.block})",
@@ -416,7 +464,10 @@ def plan_gpu(request: PlanRequest) -> Plan:
         device="cuda", model=model.name, max_model_len=length, max_model_len_source=length_reason,
         kv_cache_bytes=kv, kv_cache_tokens=capacity.tokens, max_concurrency=round(capacity.max_concurrency, 2),
         budget=tuple(items), engine_args=tuple(args), engine_env={}, pinned=dict(pinned), tp=tp, pp=pp,
-        gpu_memory_utilization=utilization, block_size=setup.block, num_blocks=capacity.num_blocks,
+        gpu_memory_utilization=None if pinned_kv_bytes is not None else utilization,
+        memory_knob=(f"--kv-cache-memory-bytes {format_gib(int(pinned_kv_bytes))} (pinned; utilization ignored)"
+                     if pinned_kv_bytes is not None else f"--gpu-memory-utilization {utilization:g}"),
+        block_size=setup.block, num_blocks=capacity.num_blocks,
         gpu_name=gpu.name, gpu_count=len(devices), notes=tuple(notes),
         engine_version_assumed=request.engine_version_assumed,
         kv_cache_bytes_low=kv - kv_error, kv_cache_bytes_high=kv + kv_error,
@@ -516,6 +567,8 @@ def plan_cpu(request: PlanRequest) -> Plan:
         kv_cache_bytes=kv, kv_cache_tokens=capacity.tokens, max_concurrency=round(capacity.max_concurrency, 2),
         budget=items, engine_args=tuple(args), engine_env=env, pinned=dict(pinned), tp=setup.tp, pp=setup.pp,
         cpu_kvcache_space_gib=space_gib, block_size=setup.block, num_blocks=capacity.num_blocks,
+        memory_knob=f"VLLM_CPU_KVCACHE_SPACE={space_gib}" if space_gib is not None else
+        f"--kv-cache-memory-bytes {format_gib(kv)} (pinned)",
         gpu_name="cpu", gpu_count=0, notes=tuple(notes), architecture_verified=verified,
         warnings=() if verified else (architecture_note,),
         engine_version_assumed=request.engine_version_assumed,
