@@ -244,7 +244,9 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
 
 def refuse_unsupported(geometry: ModelGeometry) -> None:
     """Raise `UnsupportedModel` for layouts whose KV size we would only guess."""
-    if geometry.has_linear_layers or geometry.model_type in _HYBRID_MODEL_TYPES:
+    # A hybrid class whose config lists every layer as attention (Granite 4.0 micro) is not hybrid.
+    all_attention = isinstance(geometry.text_config.get("layer_types"), list) and not geometry.has_linear_layers
+    if geometry.has_linear_layers or (geometry.model_type in _HYBRID_MODEL_TYPES and not all_attention):
         linear = sum(1 for kind in geometry.layer_kinds if kind == LINEAR)
         raise UnsupportedModel(
             f"{geometry.architecture} is a hybrid model ({linear} of {geometry.num_layers} layers keep a "

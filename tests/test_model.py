@@ -263,3 +263,17 @@ class TestResolution:
         for alias in aliases:
             model = resolve_model(alias)
             assert model.weight_bytes > 0 and model.geometry.num_layers > 0, alias
+
+
+def test_a_hybrid_class_whose_layers_are_all_attention_is_not_hybrid() -> None:
+    """Granite 4.0 micro is a GraniteMoeHybrid config with 40 attention layers: planned, not refused."""
+    from launcher.model import refuse_unsupported
+
+    base = {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 256,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+            "max_position_embeddings": 4096}
+    refuse_unsupported(geometry_from_config({**base, "layer_types": ["attention"] * 4}))
+    with pytest.raises(UnsupportedModel):
+        refuse_unsupported(geometry_from_config({**base, "layer_types": ["attention", "mamba"] * 2}))
+    with pytest.raises(UnsupportedModel):  # no per-layer list: the class may hold Mamba layers
+        refuse_unsupported(geometry_from_config(base))
