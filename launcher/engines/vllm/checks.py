@@ -193,7 +193,18 @@ def _torch(dtype: str) -> str:
 
 
 def resolved_quant_method(inp: CheckInput) -> str | None:
-    """`ModelConfig._verify_quantization`: the method name after the override classes."""
+    """`ModelConfig._verify_quantization`: the method name after the override classes, where the
+    version has them (auto_gptq from 0.22, auto_awq from 0.24, gpt_oss_mxfp4 from 0.20)."""
+    method = _override_method(inp)
+    known, _ = quantization_methods(inp.engine_version)
+    if method is not None and method not in known:
+        original = str(quant_config(inp.geometry).get("quant_method") or "").lower()
+        if original in known:
+            return original
+    return method
+
+
+def _override_method(inp: CheckInput) -> str | None:
     qc = quant_config(inp.geometry)
     method = str(qc.get("quant_method") or "").lower() if qc else ""
     if not method:
