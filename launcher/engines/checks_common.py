@@ -125,3 +125,16 @@ def ct_scheme_min_capability(qc: Mapping[str, object], cc: int,
     if w_type == "int" and w_bits == 8 and acts is not None and acts.get("num_bits") == 8:
         return "CompressedTensorsW8A8Int8", minimums.w8a8_int8
     return None
+
+
+def kv_head_split(geometry: ModelGeometry, tp: int) -> tuple[str, str] | None:
+    """Both engines' QKVParallelLinear `divide()`: KV heads split over the ranks, or each replicated
+    on a whole number of ranks. (which line of the engine refuses, its message), or None."""
+    kv_heads = geometry.num_kv_heads
+    if geometry.mla is not None or kv_heads <= 0:
+        return None
+    if tp >= kv_heads and tp % kv_heads:
+        return "kv_replicas", f"{tp} is not divisible by {kv_heads}"
+    if tp < kv_heads and kv_heads % tp:
+        return "kv_split", f"{kv_heads} is not divisible by {tp}"
+    return None

@@ -15,6 +15,7 @@ from launcher.engines.checks_common import (
     CtSchemeMinimums,
     EngineRule,
     ct_scheme_min_capability,
+    kv_head_split,
     lines_for,
     or_list,
     quant_config,
@@ -92,19 +93,14 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
     """Every SGLang start-time rule this configuration breaks; empty means SGLang accepts it."""
     geo = inp.geometry
     out: list[EngineRule] = []
-    heads, kv_heads, tp = geo.num_attention_heads, geo.num_kv_heads, inp.tp
+    heads, tp = geo.num_attention_heads, inp.tp
     good = tp_sizes_for_heads(geo, inp.gpu_count)
     hint = f"--tp-size {or_list(good)}" if good else None
     if heads % tp:
         out.append(EngineRule("tp-divides-heads", "assert self.total_num_heads % tp_size == 0 (AssertionError: "
                               f"{heads} heads, tp_size {tp})", _src("heads"), hint=hint))
-    elif geo.mla is None and kv_heads > 0:
-        if tp >= kv_heads and tp % kv_heads:
-            out.append(EngineRule("kv-heads-vs-tp", f"{tp} is not divisible by {kv_heads}", _src("kv_replicas"),
-                                  hint=hint))
-        elif tp < kv_heads and kv_heads % tp:
-            out.append(EngineRule("kv-heads-vs-tp", f"{kv_heads} is not divisible by {tp}", _src("kv_split"),
-                                  hint=hint))
+    elif (split := kv_head_split(geo, tp)) is not None:
+        out.append(EngineRule("kv-heads-vs-tp", split[1], _src(split[0]), hint=hint))
 
     read_from, choices = kv_cache_dtype_choices(inp.engine_version)
     if inp.kv_cache_dtype is not None and inp.kv_cache_dtype not in choices:

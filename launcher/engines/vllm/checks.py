@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from launcher.engines.versions import version_key
-from launcher.engines.checks_common import CtSchemeMinimums, ct_scheme_min_capability
+from launcher.engines.checks_common import CtSchemeMinimums, ct_scheme_min_capability, kv_head_split
 from launcher.engines.checks_common import (
     CheckInput,
     EngineRule,
@@ -407,7 +407,7 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
     out: list[EngineRule] = []
 
     # Parallelism: ModelConfig.verify_with_parallel_config, then QKVParallelLinear at load.
-    heads, kv_heads, tp = geo.num_attention_heads, geo.num_kv_heads, inp.tp
+    heads, tp = geo.num_attention_heads, inp.tp
     good_tp = tp_sizes_for_heads(geo, inp.gpu_count)
     tp_hint = f"--tensor-parallel-size {or_list(good_tp)}" if good_tp else None
     if heads % tp:
@@ -415,13 +415,8 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             "tp-divides-heads",
             f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp}).",
             _src(lines, version, "heads"), hint=tp_hint))
-    elif geo.mla is None and kv_heads > 0:
-        if tp >= kv_heads and tp % kv_heads:
-            out.append(EngineRule("kv-heads-vs-tp", f"{tp} is not divisible by {kv_heads}",
-                                  _src(lines, version, "kv_replicas"), hint=tp_hint))
-        elif tp < kv_heads and kv_heads % tp:
-            out.append(EngineRule("kv-heads-vs-tp", f"{kv_heads} is not divisible by {tp}",
-                                  _src(lines, version, "kv_split"), hint=tp_hint))
+    elif (split := kv_head_split(geo, tp)) is not None:
+        out.append(EngineRule("kv-heads-vs-tp", split[1], _src(lines, version, split[0]), hint=tp_hint))
     world = tp * inp.pp
     if inp.device == "cuda" and world > 1 and world // max(inp.nnodes, 1) > inp.gpu_count:
         out.append(EngineRule(
