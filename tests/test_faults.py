@@ -537,3 +537,15 @@ def test_cpu_launches_take_the_host_lock(run: Callable[..., Run], tmp_path: Path
     for served in (first, third):
         served.signal(signal.SIGTERM)
         finished(served, 0)
+
+
+def test_errors_the_engine_logs_while_it_stops_keep_the_stop_clean(run: Callable[..., Run]) -> None:
+    """vLLM logs "AsyncLLM output_handler failed" while SIGTERM shuts it down (seen on the real CPU
+    engine): the stop asked for stays exit 0; the line still passes through."""
+    handler = "(APIServer pid=${pid}) ERROR ${vts} [async_llm.py:906] AsyncLLM output_handler failed."
+    served = run(scenario(serving(), shutdown_lines=[{"stream": "stdout", "text": handler}]))
+    served.wait_ready()
+    served.signal(signal.SIGTERM)
+    finished(served, 0)
+    assert b"AsyncLLM output_handler failed." in served.out.read_bytes()
+    assert served.events("engine-error-while-stopping")

@@ -27,6 +27,7 @@ from launcher.errors import ExitCode
 from launcher.plan import Calibration, Plan
 from launcher.serve import progress as live
 from launcher.supervise import EngineCommand, HealthCheck, Supervisor, SupervisorOptions, build_child_env
+from launcher.supervise.outcome import State
 
 log = structlog.get_logger("safe_serve.watch")
 
@@ -251,6 +252,11 @@ class Watch:
             log.error("runtime-oom", line=event.line[:200],
                       next_extra_headroom_bytes=remembered.extra_headroom_bytes if remembered else None)
         if self.failed:
+            return
+        if self.supervisor.state in (State.STOPPING, State.RESTARTING):
+            # Engines log errors while they shut down (vLLM: "AsyncLLM output_handler failed"
+            # after SIGTERM): a stop already asked for keeps its own exit code.
+            log.info("engine-error-while-stopping", kind=event.kind, line=event.line[:200])
             return
         self.failed = True
         why = f"engine failed while serving ({event.name}): {event.line[:200]}"
