@@ -70,6 +70,11 @@ def unplanned(request: PlanRequest, refusal: SafeServeError, *, newest: str, rul
     )
 
 
+def not_modelled_warnings(pinned: Mapping[str, Any], not_modelled: Mapping[str, str]) -> list[str]:
+    """One warning per pinned flag whose memory the engine's planner does not count."""
+    return [f"{flag}: {why}; the plan does not count it" for flag, why in not_modelled.items() if flag in pinned]
+
+
 def weights_source(model: ResolvedModel) -> str:
     """`measured` for a checkpoint's own byte count (index total_size, tensor headers), `computed`
     for a size derived from config shapes (profiles of checkpoints whose index we have not read)."""

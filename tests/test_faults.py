@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests import processes
 from tests.jsonlog import json_events
 
 REPO = Path(__file__).resolve().parent.parent
@@ -163,20 +164,10 @@ class Run:
             raise AssertionError(f"safe-serve still running after {timeout} s:\n{self.tail()}") from None
 
     def survivors(self) -> list[psutil.Process]:
-        found = []
-        for process in psutil.process_iter(["cmdline", "status"]):
-            if process.pid == self.proc.pid or process.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if any(str(self.marker) in part for part in process.info["cmdline"] or ()):
-                found.append(process)
-        return found
+        return processes.survivors(str(self.marker), self.proc.pid)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for process in self.survivors():
-            process.kill()
+        processes.close(self.proc, str(self.marker))
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests import processes
 from tests.jsonlog import json_events
 
 REPO = Path(__file__).resolve().parent.parent
@@ -224,21 +225,10 @@ class Served:
 
     def survivors(self) -> list[psutil.Process]:
         """Stand-in processes still running: started from this test's scenario arguments."""
-        needle = str(self.argv_log)
-        found = []
-        for process in psutil.process_iter(["cmdline", "status"]):
-            if process.pid == self.proc.pid or process.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if any(needle in part for part in process.info["cmdline"] or ()):
-                found.append(process)
-        return found
+        return processes.survivors(str(self.argv_log), self.proc.pid)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for process in self.survivors():
-            process.kill()
+        processes.close(self.proc, str(self.argv_log))
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ SGLang sizes its pool from the free memory it saw before loading (P) and after (
 
 from __future__ import annotations
 
-from launcher.budget import weights_source, rank_devices, tenants_detail, tightest, unplanned
+from launcher.budget import not_modelled_warnings, weights_source, rank_devices, tenants_detail, tightest, unplanned
 from launcher.engines import sglang as sg
 from launcher.engines.checks_common import CheckInput
 from launcher.engines.dtypes import resolve_dtype
@@ -174,8 +174,7 @@ def plan(request: PlanRequest) -> Plan:
         notes=tuple(notes),
         engine_version_assumed=request.engine_version_assumed,
         architecture_verified=verified,
-        warnings=(*(f"{flag}: {why}; the plan does not count it" for flag, why in sg.NOT_MODELLED.items()
-                    if flag in pinned), *(() if verified else (architecture_note,))),
+        warnings=(*not_modelled_warnings(pinned, sg.NOT_MODELLED), *(() if verified else (architecture_note,))),
         kv_cache_bytes_low=max(int(max(tokens_central, 0) * cell) - int(max(tokens_high - tokens, 0) * cell)
                                - unverified_error, 0),
         kv_cache_bytes_high=int(max(tokens_high, tokens) * cell) + unverified_error,

@@ -57,6 +57,12 @@ class BatchDefaults:
     max_num_seqs: int
     reason: str
 
+    def doubled(self) -> BatchDefaults:
+        """`--performance-mode throughput` doubles both defaults that were not given
+        (vllm/engine/arg_utils.py:3130 in 0.32, in every release from 0.19)."""
+        return BatchDefaults(2 * self.max_num_batched_tokens, 2 * self.max_num_seqs,
+                             self.reason + ", doubled by --performance-mode throughput")
+
 
 def batch_defaults(*, nvml_total_bytes: int | None, gpu_name: str, device: str, world_size: int,
                    b200_tier: bool = True) -> BatchDefaults:
@@ -73,17 +79,13 @@ def batch_defaults(*, nvml_total_bytes: int | None, gpu_name: str, device: str, 
 
 
 def resolve_batch(*, defaults: BatchDefaults, max_model_len: int, pinned_batched_tokens: int | None,
-                  pinned_num_seqs: int | None, chunked_prefill: bool = True,
-                  throughput_mode: bool = False) -> tuple[int, int]:
-    """`_set_default_max_num_seqs_and_batched_tokens_args` (arg_utils.py:3097); `--performance-mode
-    throughput` doubles both defaults that were not given (arg_utils.py:3130 in 0.32, in every
-    release from 0.19)."""
-    doubling = 2 if throughput_mode else 1
-    seqs = pinned_num_seqs if pinned_num_seqs is not None else defaults.max_num_seqs * doubling
+                  pinned_num_seqs: int | None, chunked_prefill: bool = True) -> tuple[int, int]:
+    """`_set_default_max_num_seqs_and_batched_tokens_args` (arg_utils.py:3097)."""
+    seqs = pinned_num_seqs if pinned_num_seqs is not None else defaults.max_num_seqs
     if pinned_batched_tokens is not None:
         batched = pinned_batched_tokens
     else:
-        batched = defaults.max_num_batched_tokens * doubling
+        batched = defaults.max_num_batched_tokens
         if not chunked_prefill:
             batched = max(max_model_len, batched)
         batched = min(seqs * max_model_len, batched)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.budget import weights_source, rank_devices, tenants_detail, tightest, unplanned
+from launcher.budget import not_modelled_warnings, weights_source, rank_devices, tenants_detail, tightest, unplanned
 from launcher.engines import vllm as vl
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
@@ -260,10 +260,10 @@ def plan_gpu(request: PlanRequest) -> Plan:
         setup.layout.group_size * len(setup.layout.groups))
     defaults = vb.batch_defaults(nvml_total_bytes=gpu.total_bytes, gpu_name=gpu.name, device="cuda",
                                  world_size=tp * pp, b200_tier=rules.b200_tier)
-    warnings: list[str] = [f"{flag}: {why}; the plan does not count it" for flag, why in vl.NOT_MODELLED.items()
-                           if flag in pinned]
-    running = int(pinned.get("--max-num-seqs", defaults.max_num_seqs
-                             * (2 if pinned.get("--performance-mode") == "throughput" else 1)))
+    if pinned.get("--performance-mode") == "throughput":
+        defaults = defaults.doubled()
+    warnings = not_modelled_warnings(pinned, vl.NOT_MODELLED)
+    running = int(pinned.get("--max-num-seqs", defaults.max_num_seqs))
     if request.concurrency > running:
         # vLLM never runs more than max_num_seqs requests at once: the rest queue. Sizing the
         # KV cache for more would only shorten every request for nothing.
@@ -327,8 +327,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
         batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
                                          pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
                                          pinned_num_seqs=pinned.get("--max-num-seqs"),
-                                         chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False),
-                                         throughput_mode=pinned.get("--performance-mode") == "throughput")
+                                         chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
         peak = vb.profile_peak(geometry, rules=rules, batched_tokens=batched, num_seqs=seqs, tp=tp,
                                gpu_name=gpu.name, language_only=bool(pinned.get("--language-model-only")))
         return batched, seqs, peak
