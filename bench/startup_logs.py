@@ -33,13 +33,13 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher.catalog import find, hypothetical_gpus  # noqa: E402
-from launcher.errors import SafeServeError, WontFit  # noqa: E402
-from launcher.plan import PlanRequest  # noqa: E402
-from launcher.planner import make_plan  # noqa: E402
-from launcher.model import geometry_from_config  # noqa: E402
-from launcher.resolve import ResolvedModel, model_from_profile, profile_for_repo, resolve_model  # noqa: E402
-from launcher.units import GiB  # noqa: E402
+from launcher.common.errors import SafeServeError, WontFit  # noqa: E402
+from launcher.common.units import GiB  # noqa: E402
+from launcher.model.catalog import find, hypothetical_gpus  # noqa: E402
+from launcher.model.config import geometry_from_config  # noqa: E402
+from launcher.model.resolve import ResolvedModel, model_from_profile, profile_for_repo, resolve_model  # noqa: E402
+from launcher.plan.planner import make_plan  # noqa: E402
+from launcher.plan.types import PlanRequest  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "startup-logs"
 FILES = ("startup-logs.yaml", "startup-logs-2.yaml")

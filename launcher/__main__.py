@@ -11,10 +11,10 @@ import sys
 
 def main() -> None:
     try:
-        from launcher.cli import main as cli_main
+        from launcher.edge.cli import main as cli_main
     except KeyboardInterrupt:
         sys.stderr.write("safe-serve: interrupted\n")
-        sys.exit(130)  # launcher.errors.ExitCode.INTERRUPTED (not imported: it may be what was interrupted)
+        sys.exit(130)  # launcher.common.errors.ExitCode.INTERRUPTED (not imported: it may be what was interrupted)
     cli_main()
 
 

@@ -37,8 +37,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 # "(EngineCore pid=1) INFO 01-02 03:04:05 [kv_cache_utils.py:2330] CPU KV cache size: 1,048,576 tokens,

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from launcher.common.errors import WontFit
+from launcher.common.units import GiB
 from launcher.engines.vllm.architectures import (
     CHUNKED,
     ENGINE_VERSION,
@@ -23,13 +25,11 @@ from launcher.engines.vllm.architectures import (
     vllm_layer_specs,
 )
 from launcher.engines.vllm.kv import kv_layout
-from launcher.errors import WontFit
-from launcher.gpu import HostMemory
-from launcher.model import FULL, MLA, SLIDING, geometry_from_config
-from launcher.plan import PlanRequest
-from launcher.planner import make_plan
-from launcher.resolve import ResolvedModel
-from launcher.units import GiB
+from launcher.model.config import FULL, MLA, SLIDING, geometry_from_config
+from launcher.model.gpu import HostMemory
+from launcher.model.resolve import ResolvedModel
+from launcher.plan.planner import make_plan
+from launcher.plan.types import PlanRequest
 
 TRUTH = json.loads((Path(__file__).parent / "data" / "vllm_cpu_truth.json").read_text())
 BY_ID = {c["id"]: c for c in TRUTH["cases"]}

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from launcher.common.units import GiB
 from launcher.engines import adapter
-from launcher.calibration import calibration_key, load, record
-from launcher.catalog import hypothetical_gpus
-from launcher.plan import CALIBRATED, Calibration, PlanRequest
-from launcher.planner import make_plan
-from launcher.resolve import resolve_model
-from launcher.units import GiB
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.resolve import resolve_model
+from launcher.plan.calibration import calibration_key, load, record
+from launcher.plan.planner import make_plan
+from launcher.plan.types import CALIBRATED, Calibration, PlanRequest
 
 
 def test_round_trip_and_merge(tmp_path: Path) -> None:

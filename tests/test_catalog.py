@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from launcher.catalog import MAX_GPUS, hypothetical_gpus, normalise
-from launcher.errors import UsageError
-from launcher.units import GiB, MiB
+from launcher.common.errors import UsageError
+from launcher.common.units import GiB, MiB
+from launcher.model.catalog import MAX_GPUS, hypothetical_gpus, normalise
 
 
 class TestGpuSpellings:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from launcher.cli import cli
+from launcher.edge.cli import cli
 
 
 class TestPlanCommand:
@@ -91,7 +91,7 @@ def test_trust_engine_launches_a_hybrid_model_unplanned() -> None:
         Path(model, "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 10**6}}))
         refused = CliRunner().invoke(cli, ["plan", model, "--gpu", "rtx4090"])
         trusted = CliRunner().invoke(cli, [model, "--gpu", "rtx4090", "--trust-engine", "--dry-run", "--json"])
-    from launcher.errors import ExitCode, UnsupportedModel
+    from launcher.common.errors import ExitCode, UnsupportedModel
 
     assert isinstance(refused.exception, UnsupportedModel) and refused.exception.exit_code == ExitCode.CONFIG
     assert "3 of 4 layers" in str(refused.exception)

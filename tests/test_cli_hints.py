@@ -10,14 +10,14 @@ from pathlib import Path
 import click
 import pytest
 
-from launcher.engines import adapter
-from launcher.cli_hints import (
+from launcher.edge.cli_hints import (
     EPILOG,
     completion_instructions,
     engine_flags_moved,
     no_such_option_hint,
     usage_hint,
 )
+from launcher.engines import adapter
 
 REPO = Path(__file__).resolve().parent.parent
 # What the CLI passes: every flag the engine adapters know.
@@ -46,7 +46,7 @@ def test_near_miss_of_our_own_option_keeps_clicks_suggestion() -> None:
 
 
 def test_usage_hint_from_the_real_click_error() -> None:
-    from launcher.cli import cli
+    from launcher.edge.cli import cli
 
     argv = ["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--max-model-len", "8192"]
     with pytest.raises(click.NoSuchOption) as caught:

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from launcher.cli import cli
-from launcher.errors import ExitCode
-from launcher.paths import state_dir
+from launcher.common.errors import ExitCode
+from launcher.common.paths import state_dir
+from launcher.edge.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "systemd" / "safe-serve@.service"

@@ -1,17 +1,17 @@
-"""Start locks per GPU and for the host (launcher/devlock.py), against real holder processes."""
+"""Start locks per GPU and for the host (launcher/common/devlock.py), against real holder processes."""
 
 from __future__ import annotations
 
 import os
-import time
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from launcher.devlock import DeviceLock, default_lock_dir, lock_path
-from launcher.errors import ExitCode, TemporarilyUnavailable
+from launcher.common.devlock import DeviceLock, default_lock_dir, lock_path
+from launcher.common.errors import ExitCode, TemporarilyUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ _HOLDER = """\
 import sys, time
 sys.path.insert(0, {repo!r})
 from pathlib import Path
-from launcher.devlock import DeviceLock
+from launcher.common.devlock import DeviceLock
 lock = DeviceLock({uuids!r}, lock_dir=Path({lock_dir!r}))
 lock.acquire()
 print("held", flush=True)
@@ -84,7 +84,7 @@ class TestDeviceLock:
 class TestHostLock:
     def test_cpu_launches_wait_for_each_other(self, tmp_path: Path, cleanup: list[int]) -> None:
         """The host lock is one flock file like a GPU's: a second CPU launch times out with 75, naming the host."""
-        from launcher.devlock import HOST, host_lock
+        from launcher.common.devlock import HOST, host_lock
 
         code = _HOLDER.format(repo=str(REPO), uuids=[HOST], lock_dir=str(tmp_path))
         holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

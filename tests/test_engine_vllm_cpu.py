@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan import PlanRequest
-from launcher.planner import make_plan
-from launcher.resolve import resolve_model
-from launcher.gpu import HostMemory
-from launcher.units import GiB
-
+from launcher.common.units import GiB
+from launcher.model.gpu import HostMemory
+from launcher.model.resolve import resolve_model
+from launcher.plan.planner import make_plan
+from launcher.plan.types import PlanRequest
 from tests import engine_harness, tinymodels
 
 ENGINE_PYTHON = os.environ.get("SAFE_SERVE_VLLM_PYTHON")

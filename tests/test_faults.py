@@ -428,7 +428,7 @@ def test_fatal_error_while_serving_is_70(run: Callable[..., Run], lines: list[st
 
 def test_runtime_oom_is_remembered_with_bounded_headroom(run: Callable[..., Run], tmp_path: Path) -> None:
     """Each CUDA OOM while serving adds 512 MiB of headroom to the setup's calibration, up to 2 GiB."""
-    from launcher.calibration import RUNTIME_OOM_CAP_BYTES, RUNTIME_OOM_STEP_BYTES, record_runtime_oom
+    from launcher.plan.calibration import RUNTIME_OOM_CAP_BYTES, RUNTIME_OOM_STEP_BYTES, record_runtime_oom
 
     served = run(scenario([*serving(), go(), *text(CORE_FATAL, OOM), {"exit": 1}]))
     served.wait_ready()

@@ -8,13 +8,13 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from launcher.catalog import hypothetical_gpus
-from launcher.cli import cli
-from launcher.fit import Workload, fit, largest_concurrency, longest_length
-from launcher.plan import PlanRequest
-from launcher.planner import make_plan
-from launcher.resolve import resolve_model
-from launcher.units import GiB
+from launcher.common.units import GiB
+from launcher.edge.cli import cli
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.resolve import resolve_model
+from launcher.plan.fit import Workload, fit, largest_concurrency, longest_length
+from launcher.plan.planner import make_plan
+from launcher.plan.types import PlanRequest
 
 
 def base(model: str = "qwen2.5-7b", gpu: str = "rtx4090") -> PlanRequest:

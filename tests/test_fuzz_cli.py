@@ -2,7 +2,7 @@
 
 Whatever is typed and whatever a model directory holds, `safe-serve plan` ends with a
 documented exit code, one line on stderr for a refusal, no traceback, and within seconds.
-Runs in-process through `launcher.cli.main` (milliseconds per plan), with the Hub offline
+Runs in-process through `launcher.edge.cli.main` (milliseconds per plan), with the Hub offline
 and an empty Hugging Face cache, hypothetical GPUs (`--gpu`) so no NVML is needed, and a
 SIGALRM watchdog so a hang (a FIFO opened for reading) fails the example instead of CI.
 Derandomized and database-less: CI runs the same examples every time.
@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import main
+from launcher.edge.cli import main
 from tests.test_model import QWEN25_7B, _write_safetensors
 
 DOCUMENTED = {0, 2, 65, 66, 69, 75, 78}

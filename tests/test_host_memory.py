@@ -9,7 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.gpu import HostMemory
+from launcher.common.units import GiB, MiB
+from launcher.model.gpu import HostMemory
 from launcher.probe import (
     CgroupMemory,
     cgroup_levels,
@@ -21,7 +22,6 @@ from launcher.probe import (
     parse_proc_cgroup,
     probe_host,
 )
-from launcher.units import GiB, MiB
 
 
 class TestCgroupParsing:

@@ -6,12 +6,18 @@ import math
 
 import pytest
 
-from launcher.engines.versions import version_key
-from launcher.errors import UsageError
-from launcher.inputs import (
-    MAX_CONCURRENCY, check_concurrency, check_device_and_gpus, check_engine_version, check_max_retunes,
-    check_seconds, check_tokens, check_tolerance,
+from launcher.common.errors import UsageError
+from launcher.common.inputs import (
+    MAX_CONCURRENCY,
+    check_concurrency,
+    check_device_and_gpus,
+    check_engine_version,
+    check_max_retunes,
+    check_seconds,
+    check_tokens,
+    check_tolerance,
 )
+from launcher.engines.versions import version_key
 
 
 def _refused(call: object, *args: object, **kwargs: object) -> str:

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import ModelConfigError, SafeServeError, UnsupportedModel
-from launcher.model import FULL, MLA, SLIDING, geometry_from_config, refuse_unsupported
-from launcher.resolve import resolve_model, safetensors_tensor_bytes
+from launcher.common.errors import ModelConfigError, SafeServeError, UnsupportedModel
+from launcher.model.config import FULL, MLA, SLIDING, geometry_from_config, refuse_unsupported
+from launcher.model.resolve import resolve_model, safetensors_tensor_bytes
 
 LLAMA_8B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -256,7 +256,7 @@ class TestResolution:
 
     def test_every_profile_parses(self) -> None:
         """Every alias in profiles/ resolves to a geometry with positive weights."""
-        from launcher.resolve import list_aliases
+        from launcher.model.resolve import list_aliases
 
         aliases = list_aliases()
         assert {"qwen2.5-7b", "llama-3.1-8b", "deepseek-v2-lite", "gpt-oss-20b", "gemma-2-9b"} <= set(aliases)
@@ -267,7 +267,7 @@ class TestResolution:
 
 def test_a_hybrid_class_whose_layers_are_all_attention_is_not_hybrid() -> None:
     """Granite 4.0 micro is a GraniteMoeHybrid config with 40 attention layers: planned, not refused."""
-    from launcher.model import refuse_unsupported
+    from launcher.model.config import refuse_unsupported
 
     base = {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 256,
             "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,

@@ -6,16 +6,15 @@ import dataclasses
 
 import pytest
 
-from launcher.catalog import hypothetical_gpus
+from launcher.common.errors import ExitCode, UsageError, WontFit
+from launcher.common.units import GiB, MiB
 from launcher.engines import sglang as sg
-from launcher.errors import ExitCode, UsageError, WontFit
-from launcher.gpu import GpuDevice, GpuProcess, HostMemory
-from launcher.model import geometry_from_config
-from launcher.plan import PlanRequest
-from launcher.planner import make_plan
-from launcher.resolve import resolve_model
-from launcher.units import GiB, MiB
-
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.config import geometry_from_config
+from launcher.model.gpu import GpuDevice, GpuProcess, HostMemory
+from launcher.model.resolve import resolve_model
+from launcher.plan.planner import make_plan
+from launcher.plan.types import PlanRequest
 from tests.test_model import LLAMA_8B
 
 
@@ -212,7 +211,7 @@ class TestCpuRefusals:
     """Combinations the real CPU engine accepted at start and then failed (tests/data/vllm_cpu_truth.json)."""
 
     def _request(self, model_config: dict, args: tuple[str, ...]) -> PlanRequest:
-        from launcher.resolve import ResolvedModel
+        from launcher.model.resolve import ResolvedModel
 
         model = ResolvedModel(name="tiny", source="local", geometry=geometry_from_config(model_config),
                               weight_bytes=2**20, weight_bytes_source="test", config=model_config)
@@ -250,7 +249,7 @@ class TestMultiNode:
 
 def test_trust_engine_plan_leaves_sizing_to_the_engine() -> None:
     """--trust-engine turns a refusal into a plan that adds no flags and predicts no tokens."""
-    from launcher.planner import engine_decides
+    from launcher.plan.planner import engine_decides
 
     refused = request(engine_args=("--max-model-len", "131072"), trust_engine=True)
     with pytest.raises(WontFit) as info:
@@ -298,7 +297,7 @@ class TestFlagsThatChangeTheBudget:
 class TestCalibrationScope:
     def test_calibrated_rows_add_up(self) -> None:
         """With a calibration the table shows one measured non-KV row; requested = weights + it + KV."""
-        from launcher.plan import Calibration
+        from launcher.plan.types import Calibration
 
         plan = make_plan(request("qwen2.5-7b", "l40s", calibration=Calibration(non_kv_bytes=16 * GiB, key="k")))
         keys = [i.key for i in plan.budget]
@@ -308,7 +307,7 @@ class TestCalibrationScope:
 
     def test_alternatives_do_not_reuse_another_setups_measurement(self) -> None:
         """A calibration of 1 x 4090 does not shrink the TP 2 or AWQ alternatives."""
-        from launcher.plan import Calibration
+        from launcher.plan.types import Calibration
 
         variants = tuple(resolve_model(a) for a in resolve_model("qwen2.5-7b").quantized_variants)
         args = ("--max-model-len", "32768")

@@ -7,14 +7,14 @@ import dataclasses
 
 import pytest
 
-from launcher.catalog import hypothetical_gpus
+from launcher.common.errors import WontFit
+from launcher.common.units import GiB
 from launcher.engines import sglang as sg
-from launcher.errors import WontFit
-from launcher.gpu import GpuDevice
-from launcher.plan import DEFAULT_MARGIN_BYTES, PlanRequest
-from launcher.planner import make_plan
-from launcher.resolve import resolve_model
-from launcher.units import GiB
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.gpu import GpuDevice
+from launcher.model.resolve import resolve_model
+from launcher.plan.planner import make_plan
+from launcher.plan.types import DEFAULT_MARGIN_BYTES, PlanRequest
 
 
 def request(model: str = "qwen2.5-7b", gpu: str = "rtx4090", engine: str = "vllm", **changes: object) -> PlanRequest:
@@ -42,7 +42,7 @@ class TestSglangIdleDefault:
         assert plan.item("slack").bytes >= idle.item("slack").bytes + DEFAULT_MARGIN_BYTES - 2**20
 
     def test_engine_defaults_in_json(self) -> None:
-        from launcher.render import plan_to_json
+        from launcher.edge.render import plan_to_json
 
         doc = plan_to_json(make_plan(request(engine="sglang")))
         assert doc["engine_defaults"] == {"mem_fraction_static": 0.704, "chunked_prefill_size": 4096}
@@ -91,7 +91,7 @@ class TestRuntimeOomHeadroom:
     """A CUDA OOM while serving is remembered; the next plan of that setup leaves that much more free."""
 
     def test_vllm_requests_less_by_the_headroom(self) -> None:
-        from launcher.plan import Calibration
+        from launcher.plan.types import Calibration
 
         plain = make_plan(request())
         after = make_plan(request(calibration=Calibration(extra_headroom_bytes=GiB, key="k")))
@@ -100,14 +100,14 @@ class TestRuntimeOomHeadroom:
         assert after.item("requested").source == "calibrated" and "runtime CUDA OOM" in after.item("requested").detail
 
     def test_a_pinned_utilization_is_kept_and_warned(self) -> None:
-        from launcher.plan import Calibration
+        from launcher.plan.types import Calibration
 
         plan = make_plan(request(engine_args=("--gpu-memory-utilization", "0.9"),
                                  calibration=Calibration(extra_headroom_bytes=GiB, key="k")))
         assert plan.gpu_memory_utilization == 0.9 and any("out-of-memory" in w for w in plan.warnings)
 
     def test_sglang_keeps_more_slack(self) -> None:
-        from launcher.plan import Calibration
+        from launcher.plan.types import Calibration
 
         plain = make_plan(request(engine="sglang"))
         after = make_plan(request(engine="sglang", calibration=Calibration(extra_headroom_bytes=GiB, key="k")))

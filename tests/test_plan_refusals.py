@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from launcher.catalog import hypothetical_gpus
-from launcher.errors import WontFit
-from launcher.plan import PlanRequest
-from launcher.planner import make_plan
-from launcher.resolve import resolve_model
-from launcher.units import GiB
+from launcher.common.errors import WontFit
+from launcher.common.units import GiB
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.resolve import resolve_model
+from launcher.plan.planner import make_plan
+from launcher.plan.types import PlanRequest
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import presets
-from launcher.errors import UsageError
-from launcher.presets import Explicit, apply, is_wsl2, length_args
-from launcher.units import GiB, MiB
+from launcher.common.errors import UsageError
+from launcher.common.units import GiB, MiB
+from launcher.plan import presets
+from launcher.plan.presets import Explicit, apply, is_wsl2, length_args
 
 DEFAULT = 256 * MiB
 A100 = 84_987_740_160  # cudaMemGetInfo total of an A100-SXM4-80GB (79.15 GiB)

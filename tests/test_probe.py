@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.gpu import GpuDevice, GpuInventory, GpuProcess, HostMemory
-from launcher.gpus_view import inventory_to_json, render_inventory
-from launcher.units import GiB
+from launcher.common.units import GiB
+from launcher.edge.gpus_view import inventory_to_json, render_inventory
+from launcher.model.gpu import GpuDevice, GpuInventory, GpuProcess, HostMemory
 
 REPO = Path(__file__).resolve().parent.parent
 STUB_DIR = REPO / "tests" / "nvml_stub"
@@ -483,7 +483,7 @@ class TestCliOnTheProbe:
     def test_start_lock_is_taken_before_planning(self, stub_libs: StubLibs, sleeper: psutil.Process,
                                                  dead_pid: int, tmp_path: Path) -> None:
         """A second start on a GPU whose lock is held waits, then exits 75 naming the holder."""
-        from launcher.devlock import DeviceLock
+        from launcher.common.devlock import DeviceLock
 
         lock_dir = tmp_path / "locks"
         lock_dir.mkdir()

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from launcher.common.units import GiB
 from launcher.engines import vllm as vl
 from launcher.engines.vllm import budget as vb
-from launcher.model import geometry_from_config
-from launcher.units import GiB
+from launcher.model.config import geometry_from_config
 
 DATA = Path(__file__).resolve().parent / "data" / "startup-logs"
 

@@ -14,18 +14,18 @@ from typing import Any
 
 import pytest
 
-from launcher.catalog import hypothetical_gpus
-from launcher.gpu import GpuDevice
-from launcher.plan import Plan, PlanRequest
+from launcher.common.units import GiB
+from launcher.edge.render import fit_to_json, plan_to_json, render_fit, render_plan
 from launcher.engines import adapter
-from launcher.render import fit_to_json, plan_to_json, render_fit, render_plan
-from launcher.resolve import resolve_model
-from launcher.units import GiB
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.gpu import GpuDevice
+from launcher.model.resolve import resolve_model
+from launcher.plan.types import Plan, PlanRequest
 
 try:  # the planner is moving out of plan.py (issue 10)
-    from launcher.planner import make_plan
+    from launcher.plan.planner import make_plan
 except ImportError:  # pragma: no cover - before the move
-    from launcher.plan import make_plan  # type: ignore[attr-defined,no-redef]
+    from launcher.plan.types import make_plan  # type: ignore[attr-defined,no-redef]
 
 
 def plan_for(model: str, gpus: Sequence[str], *flags: str, engine: str = "vllm",
@@ -192,7 +192,7 @@ FIT_ROW = re.compile(r"^  (?P<gpu>.{34}) (?P<needs>.{26}) +(?P<tokens>[\d,]+) +(
 
 
 def _fit(model: str, gpus: Sequence[str], concurrency: int, tokens: int) -> tuple[Any, ...]:
-    from launcher.fit import Workload, fit, largest_concurrency, longest_length
+    from launcher.plan.fit import Workload, fit, largest_concurrency, longest_length
 
     base = PlanRequest(model=resolve_model(model), engine="vllm", gpus=hypothetical_gpus([gpus[0]]),
                        variants=tuple(resolve_model(v) for v in resolve_model(model).quantized_variants))
@@ -238,7 +238,7 @@ def test_fit_inverse_never_says_zero_tokens() -> None:
     ((3, 9000), "at most 3 requests of 8,192 tokens at once; 1 request of at most 9,000 tokens each"),
 ])
 def test_fit_inverse_counts_agree_in_number(inverse: tuple[int, int], tail: str) -> None:
-    from launcher.fit import Workload
-    from launcher.render import inverse_text
+    from launcher.edge.render import inverse_text
+    from launcher.plan.fit import Workload
 
     assert inverse_text("NVIDIA L4", Workload(1, 8192), inverse).endswith(tail)

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from launcher.errors import ExitCode, ModelConfigError, ModelNotFound, SafeServeError
-from launcher.resolve import is_repo_id, resolve_model, safetensors_tensor_bytes
+from launcher.common.errors import ExitCode, ModelConfigError, ModelNotFound, SafeServeError
+from launcher.model.resolve import is_repo_id, resolve_model, safetensors_tensor_bytes
 from tests.test_model import QWEN25_7B, _write_safetensors
 
 REPO = Path(__file__).resolve().parent.parent

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from launcher.catalog import hypothetical_gpus
+from launcher.engines import adapter
 from launcher.engines.sglang.logs import parse as parse_sglang
 from launcher.engines.vllm.logs import parse as parse_vllm
-from launcher.plan import PlanRequest
-from launcher.planner import make_plan
-from launcher.resolve import resolve_model
-from launcher.engines import adapter
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.resolve import resolve_model
+from launcher.plan.planner import make_plan
+from launcher.plan.types import PlanRequest
 from launcher.serve import diverges
 
 

@@ -127,7 +127,7 @@ def nvml_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def nvml_fixture_for(gpu: str, path: Path) -> Path:
     """An NVML stand-in fixture of idle catalog GPUs (`rtx4090`, `2xh100`): serve plans from a real
     probe (serve refuses a hypothetical --gpu), with the catalog's totals and compute capability."""
-    from launcher.catalog import hypothetical_gpus
+    from launcher.model.catalog import hypothetical_gpus
 
     lines = ["system driver=550.54.15 nvml=12.550.54.15 cuda=12040"]
     for index, device in enumerate(hypothetical_gpus([gpu])):

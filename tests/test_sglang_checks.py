@@ -8,7 +8,7 @@ import pytest
 
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.sglang.checks import start_checks
-from launcher.model import ModelGeometry, geometry_from_config
+from launcher.model.config import ModelGeometry, geometry_from_config
 
 QWEN = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
         "num_attention_heads": 28, "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064,
@@ -67,11 +67,11 @@ def test_context_length_above_derived_refused() -> None:
                                                         ("0.5.23", "fp8_e4m3", False), ("0.5.2", "bf16", True),
                                                         ("0.5.4", "bf16", False), ("0.5.21", "fp4_e2m1", True)])
 def test_kv_cache_dtype_choices_by_version(version: str, kv: str, refused: bool) -> None:
-    from launcher.catalog import hypothetical_gpus
-    from launcher.errors import WontFit
-    from launcher.plan import PlanRequest
-    from launcher.planner import make_plan
-    from launcher.resolve import resolve_model
+    from launcher.common.errors import WontFit
+    from launcher.model.catalog import hypothetical_gpus
+    from launcher.model.resolve import resolve_model
+    from launcher.plan.planner import make_plan
+    from launcher.plan.types import PlanRequest
 
     request = PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang", gpus=hypothetical_gpus(["h100"]),
                           engine_version=version, engine_args=("--kv-cache-dtype", kv))
@@ -83,11 +83,11 @@ def test_kv_cache_dtype_choices_by_version(version: str, kv: str, refused: bool)
 
 
 def test_fp8_compressed_tensors_needs_sm80_in_sglang() -> None:
-    from launcher.catalog import hypothetical_gpus
-    from launcher.errors import WontFit
-    from launcher.plan import PlanRequest
-    from launcher.planner import make_plan
-    from launcher.resolve import resolve_model
+    from launcher.common.errors import WontFit
+    from launcher.model.catalog import hypothetical_gpus
+    from launcher.model.resolve import resolve_model
+    from launcher.plan.planner import make_plan
+    from launcher.plan.types import PlanRequest
 
     with pytest.raises(WontFit, match="Min capability: 80") as info:
         make_plan(PlanRequest(model=resolve_model("qwen2.5-7b-fp8"), engine="sglang", gpus=hypothetical_gpus(["t4"])))

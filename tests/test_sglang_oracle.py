@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.common.units import GiB
 from launcher.engines import sglang as sg
 from launcher.engines.versions import version_key
-from launcher.model import geometry_from_config
-from launcher.units import GiB
+from launcher.model.config import geometry_from_config
 
 DATA = Path(__file__).parent / "data"
 ORACLE = json.loads((DATA / "sglang_oracle.json").read_text())

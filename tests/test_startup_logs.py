@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher.common.units import GiB
 from launcher.engines import sglang as sg
 from launcher.engines.vllm.kv import kv_capacity, kv_layout
-from launcher.model import geometry_from_config
-from launcher.resolve import resolve_model
-from launcher.units import GiB
+from launcher.model.config import geometry_from_config
+from launcher.model.resolve import resolve_model
 
 LOGS = Path(__file__).resolve().parent / "data" / "startup-logs" / "startup-logs.yaml"  # copied from ../shared/data
 

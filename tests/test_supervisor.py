@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # this file also runs as the driver script (see _driver)
     sys.path.insert(0, str(REPO))
 
-from launcher.errors import ExitCode  # noqa: E402
+from launcher.common.errors import ExitCode  # noqa: E402
 from launcher.supervise import (  # noqa: E402
     EngineCommand,
     EngineSpawnError,

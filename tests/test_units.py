@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.errors import UsageError
-from launcher.units import GiB, MAX_SIZE_BYTES, MiB, cdiv, floor_to, format_gib, parse_size
+from launcher.common.errors import UsageError
+from launcher.common.units import MAX_SIZE_BYTES, GiB, MiB, cdiv, floor_to, format_gib, parse_size
 
 
 @pytest.mark.parametrize(("text", "expected"), [

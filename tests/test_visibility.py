@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.gpu import GpuDevice
+from launcher.common.units import GiB
+from launcher.model.gpu import GpuDevice
 from launcher.probe import resolve_visible
-from launcher.units import GiB
 
 
 def _gpu(index: int, uuid: str, *, mig_mode: bool = False, name: str = "NVIDIA H100 80GB HBM3") -> GpuDevice:

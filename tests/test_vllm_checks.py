@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.vllm import RULES, derived_max_model_len
 from launcher.engines.vllm.checks import start_checks
-from launcher.model import ModelGeometry, geometry_from_config
+from launcher.model.config import ModelGeometry, geometry_from_config
 
 GOLDEN = Path(__file__).parent / "data" / "vllm_checks_oracle.json"
 DOC = json.loads(GOLDEN.read_text())

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.gpu import HostMemory
-from launcher.model import geometry_from_config
-from launcher.plan import PlanRequest
-from launcher.planner import make_plan
-from launcher.resolve import ResolvedModel
-from launcher.units import GiB
+from launcher.common.units import GiB
+from launcher.model.config import geometry_from_config
+from launcher.model.gpu import HostMemory
+from launcher.model.resolve import ResolvedModel
+from launcher.plan.planner import make_plan
+from launcher.plan.types import PlanRequest
 
 TRUTH = json.loads((Path(__file__).parent / "data" / "vllm_cpu_truth.json").read_text())
 CASES = [c for c in TRUTH["cases"] if c.get("tokens") is not None]
@@ -37,7 +37,7 @@ def plan_for(case: dict, *, amx: bool) -> object:
 @pytest.mark.parametrize("case", BROKEN, ids=[c["id"] for c in BROKEN])
 def test_cases_the_engine_cannot_serve_are_refused(case: dict) -> None:
     """Where the engine sized its cache and then failed to start or to serve, we refuse first (exit 78)."""
-    from launcher.errors import WontFit
+    from launcher.common.errors import WontFit
 
     with pytest.raises(WontFit):
         plan_for(case, amx=TRUTH["meta"]["versions"]["amx"])

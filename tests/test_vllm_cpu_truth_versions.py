@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from launcher.errors import WontFit
-from launcher.gpu import HostMemory
-from launcher.model import geometry_from_config
-from launcher.plan import Plan, PlanRequest
-from launcher.planner import make_plan
-from launcher.resolve import ResolvedModel
-from launcher.units import GiB
+from launcher.common.errors import WontFit
+from launcher.common.units import GiB
+from launcher.model.config import geometry_from_config
+from launcher.model.gpu import HostMemory
+from launcher.model.resolve import ResolvedModel
+from launcher.plan.planner import make_plan
+from launcher.plan.types import Plan, PlanRequest
 
 TRUTH = json.loads((Path(__file__).parent / "data" / "vllm_cpu_truth_versions.json").read_text())
 ALL = TRUTH["cases"]

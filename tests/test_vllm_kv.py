@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.common.units import GiB, MiB
 from launcher.engines.vllm.kv import kv_capacity, kv_layout, pp_partitions
-from launcher.model import geometry_from_config
-from launcher.units import GiB, MiB
-
+from launcher.model.config import geometry_from_config
 from tests.test_model import LLAMA_8B
 
 

@@ -52,8 +52,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 SEED = 1234

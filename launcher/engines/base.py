@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from launcher.common.errors import SafeServeError
     from launcher.engines.events import EngineEvent
-    from launcher.errors import SafeServeError
-    from launcher.plan import Calibration, Plan, PlanRequest
+    from launcher.plan.types import Calibration, Plan, PlanRequest
 
 
 class Measurements(Protocol):
@@ -32,7 +32,7 @@ class Measurements(Protocol):
 
 
 class EngineAdapter(Protocol):
-    name: str  # "vllm" or "sglang" (launcher.vocab.Engine)
+    name: str  # "vllm" or "sglang" (launcher.common.vocab.Engine)
     newest: str  # the newest engine version whose rules we carry
     length_flag: str  # the flag safe-serve sets for the length
     tp_flag: str

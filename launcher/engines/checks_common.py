@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from launcher.engines.versions import version_key
-from launcher.model import ModelGeometry
+from launcher.model.config import ModelGeometry
 
 
 @dataclass(frozen=True)

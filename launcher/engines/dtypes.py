@@ -8,7 +8,7 @@ downcast float32 to bf16 (fp16 before Ampere), bf16 to fp16 where the GPU has no
 
 from __future__ import annotations
 
-from launcher.model import ModelGeometry
+from launcher.model.config import ModelGeometry
 
 __all__ = ["ELEMENT_BYTES", "auto_kv_bytes", "kv_element_bytes", "resolve_dtype"]
 

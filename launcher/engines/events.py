@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
 FATAL = "fatal:"  # an error that ends a start; the plan's retune rules may know what to change
 CRASH = "crash:"  # the engine is dying while it runs (engine dead, NCCL, scheduler crash): nothing to retune
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.errors import UsageError
+from launcher.common.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import itertools
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Protocol, TypeVar
 

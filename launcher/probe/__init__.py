@@ -1,6 +1,6 @@
 """Probe: what GPUs and host memory this process can use, and who else is on them.
 
-`probe_inventory()` asks NVML (through `launcher.nvml`, the only module that touches the
+`probe_inventory()` asks NVML (through `launcher.probe.nvml`, the only module that touches the
 bindings), names the other tenants (`probe.tenants`, psutil), works out which devices the
 engine will see from `CUDA_VISIBLE_DEVICES` (`probe.visibility`, pure CUDA rules) and
 measures host memory under cgroup limits (`probe.host`). `probe_host()` alone works
@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from launcher.gpu import GpuInventory
-from launcher.nvml import read_nvml
+from launcher.model.gpu import GpuInventory
 from launcher.probe.host import (
     CgroupMemory,
     cgroup_levels,
@@ -26,6 +25,7 @@ from launcher.probe.host import (
     parse_proc_cgroup,
     probe_host,
 )
+from launcher.probe.nvml import read_nvml
 from launcher.probe.tenants import describe_process, name_processes
 from launcher.probe.visibility import resolve, resolve_visible, visibility_notes
 

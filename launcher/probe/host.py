@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from launcher.gpu import HostMemory
+from launcher.model.gpu import HostMemory
 
 # cgroup v1 writes "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 on x86-64).
 _V1_UNLIMITED = 1 << 62

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import psutil
 
-from launcher.gpu import GpuDevice, GpuProcess
+from launcher.model.gpu import GpuDevice, GpuProcess
 
 _T = TypeVar("_T")
 

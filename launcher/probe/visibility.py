@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from launcher.gpu import GpuDevice
+from launcher.model.gpu import GpuDevice
 
 # CUDA reads an ordinal like strtol: leading digits count, the rest of the entry is ignored.
 _ORDINAL = re.compile(r"[+-]?\d+")

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import structlog
 
-from launcher.devlock import DeviceLock
+from launcher.common.devlock import DeviceLock
+from launcher.common.errors import ExitCode
 from launcher.engines import adapter
 from launcher.engines.events import EngineEvent
-from launcher.errors import ExitCode
-from launcher.plan import Calibration, Plan
+from launcher.plan.types import Calibration, Plan
 from launcher.serve import progress as live
 from launcher.supervise import EngineCommand, HealthCheck, Supervisor, SupervisorOptions, build_child_env
 from launcher.supervise.outcome import State

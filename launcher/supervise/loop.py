@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from launcher.errors import ExitCode
+from launcher.common.errors import ExitCode
 from launcher.supervise import sdnotify
 from launcher.supervise.events import (
     EventQueue,

@@ -15,7 +15,7 @@ import enum
 import signal
 from dataclasses import dataclass, field
 
-from launcher.errors import ExitCode
+from launcher.common.errors import ExitCode
 
 STOP_SIGNALS_CLEAN = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 

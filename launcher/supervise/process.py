@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from launcher.errors import ExitCode, SafeServeError
+from launcher.common.errors import ExitCode, SafeServeError
 from launcher.supervise.outcome import Phase
 
 SYSTEMD_CHILD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")

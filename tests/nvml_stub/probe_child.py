@@ -15,7 +15,7 @@ import json
 import pickle
 import sys
 
-from launcher.errors import ProbeError
+from launcher.common.errors import ProbeError
 from launcher.probe import probe_inventory
 
 

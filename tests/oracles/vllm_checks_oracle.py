@@ -189,11 +189,12 @@ def _msg(exc: BaseException) -> str:
 
 class Oracle:
     def __init__(self, tmp: str) -> None:
+        import types
+
         from vllm.config import LoadConfig, ModelConfig, ParallelConfig, VllmConfig
         from vllm.distributed.utils import divide
         from vllm.model_executor.layers import quantization as me_quant
         from vllm.platforms import current_platform
-        import types
         sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
         from vllm.platforms.cuda import CudaPlatform  # the CUDA kernels module is absent on the CPU build
         from vllm.platforms.interface import DeviceCapability

@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.common.units import GiB
 from launcher.engines.dtypes import auto_kv_bytes, kv_element_bytes
 from launcher.engines.flags import FlagSpec, fraction, parse_pinned, positive_int
-from launcher.model import ModelGeometry, kv_heads_per_rank
-from launcher.units import GiB
+from launcher.model.config import ModelGeometry, kv_heads_per_rank
 
 NAME = "sglang"
 NEWEST = "0.5.23"
@@ -328,7 +328,7 @@ def derived_context_length(geometry: ModelGeometry) -> tuple[int, str]:
             break
     else:
         return 2048, "no length key in config.json (SGLang assumes 2048)"
-    from launcher.model import rope_scaling_entries
+    from launcher.model.config import rope_scaling_entries
 
     factor = 1.0
     for entry in rope_scaling_entries(text):

@@ -8,14 +8,31 @@ SGLang sizes its pool from the free memory it saw before loading (P) and after (
 
 from __future__ import annotations
 
-from launcher.budget import not_modelled_warnings, weights_source, rank_devices, tenants_detail, tightest, unplanned
+from launcher.common.errors import SafeServeError, UsageError, WontFit
+from launcher.common.units import MiB, floor_to, format_gib
 from launcher.engines import sglang as sg
 from launcher.engines.checks_common import CheckInput
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.sglang.checks import start_checks
-from launcher.errors import SafeServeError, UsageError, WontFit
-from launcher.plan import CALIBRATED, CATALOG, ENGINE_DEFAULT, FORMULA, MEASURED, PINNED, BudgetItem, Plan, PlanRequest
-from launcher.units import MiB, floor_to, format_gib
+from launcher.plan.budget import (
+    not_modelled_warnings,
+    rank_devices,
+    tenants_detail,
+    tightest,
+    unplanned,
+    weights_source,
+)
+from launcher.plan.types import (
+    CALIBRATED,
+    CATALOG,
+    ENGINE_DEFAULT,
+    FORMULA,
+    MEASURED,
+    PINNED,
+    BudgetItem,
+    Plan,
+    PlanRequest,
+)
 
 
 def plan(request: PlanRequest) -> Plan:
@@ -79,7 +96,7 @@ def plan(request: PlanRequest) -> Plan:
         idle_pre_load = gpu.usable_total_bytes - context
         tenants = gpu.usable_total_bytes - (gpu.free_bytes or 0) > 0
         slack_needed = idle_pre_load * (1 - derivation.fraction) + (request.margin_bytes if tenants else 0)
-        # A CUDA OOM while serving on this setup: keep that much more slack (launcher.calibration).
+        # A CUDA OOM while serving on this setup: keep that much more slack (launcher.plan.calibration).
         slack_needed += cal.extra_headroom_bytes if cal else 0
         room = pre_load
         if request.max_gpu_memory_bytes is not None:

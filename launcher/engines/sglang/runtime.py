@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from launcher.common.units import GiB
 from launcher.engines.events import EngineEvent
-from launcher.engines.sglang import FLAGS
 from launcher.engines.flags import set_flag, split_engine_cmd
-from launcher.plan import Calibration, Plan
-from launcher.units import GiB
+from launcher.engines.sglang import FLAGS
+from launcher.plan.types import Calibration, Plan
 
 # "The memory capacity is unbalanced": another tenant on one rank; may pass later (exit 75).
 TEMPORARY_FATAL = frozenset({"unbalanced"})

@@ -25,7 +25,7 @@ from launcher.engines.flags import (
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.architectures import uses_mla  # MiniCPM3 has MLA fields, vLLM caches K/V
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, KvLayout, kv_layout
-from launcher.model import MAX_LEN_KEYS, SLIDING, ModelGeometry, rope_scaling_entries
+from launcher.model.config import MAX_LEN_KEYS, SLIDING, ModelGeometry, rope_scaling_entries
 
 NAME = "vllm"
 NEWEST = "0.33.0"
@@ -183,7 +183,8 @@ AS_WRITTEN = {("--max-model-len", -1): "auto"}
 
 
 def verified_architectures() -> tuple[str, list[tuple[str, str]]]:
-    from launcher.engines.vllm.architectures import ENGINE_VERSION, verified_architectures as rows
+    from launcher.engines.vllm.architectures import ENGINE_VERSION
+    from launcher.engines.vllm.architectures import verified_architectures as rows
 
     return (f"vLLM {ENGINE_VERSION}: verified on the real engine (tests/data/vllm_cpu_truth.json)",
             [(row.architecture, f"{len(row.cases)} engine runs, {row.vllm_model}") for row in rows()])

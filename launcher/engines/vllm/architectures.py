@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.model import FULL, LINEAR, MLA, SLIDING, ModelGeometry
+from launcher.model.config import FULL, LINEAR, MLA, SLIDING, ModelGeometry
 
 ENGINE_VERSION = "0.32.0"
 CHUNKED = "chunked"  # chunked local attention (Llama 4): ChunkedLocalAttentionSpec

@@ -9,7 +9,7 @@ Per worker (`v1/worker/gpu_worker.py`, `v1/worker/utils.py:request_memory`):
 the weights on this rank plus non-torch allocations made after the snapshot. The CUDA
 context (and NCCL buffers with TP) is taken before the snapshot: it only tightens the
 startup check. The constants below are estimates; each names where it comes from, and
-`launcher.calibration` replaces them with what the engine measured on the same key.
+`launcher.plan.calibration` replaces them with what the engine measured on the same key.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.model import ModelGeometry
-from launcher.units import GiB, MiB, format_gib
-
+from launcher.common.units import GiB, MiB, format_gib
+from launcher.model.config import ModelGeometry
 
 # CUDA context + torch before the init snapshot. vLLM 0.10.2 on an idle 80 GB card printed
 # "Free memory on device (78.66/79.19 GiB) on startup": 0.53 GiB gone before weights.

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from launcher.engines.versions import version_key
-from launcher.engines.checks_common import CtSchemeMinimums, ct_scheme_min_capability, kv_head_split
 from launcher.engines.checks_common import (
     CheckInput,
+    CtSchemeMinimums,
     EngineRule,
+    ct_scheme_min_capability,
+    kv_head_split,
     lines_for,
     or_list,
     quant_config,
     tp_sizes_for_heads,
 )
+from launcher.engines.versions import version_key
 
 # Line numbers of each message, per vLLM release (file, line).
 _LINES: tuple[tuple[str, Mapping[str, tuple[str, int]]], ...] = (

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.common.units import cdiv
 from launcher.engines.vllm.architectures import CHUNKED, LayerSpec, vllm_layer_specs
-from launcher.search import largest_length
-from launcher.model import FULL, MLA, SLIDING, ModelGeometry, kv_heads_per_rank
-from launcher.units import cdiv
+from launcher.model.config import FULL, MLA, SLIDING, ModelGeometry, kv_heads_per_rank
+from launcher.plan.search import largest_length
 
 DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
 CPU_BLOCK_SIZE = 128  # CpuPlatform.check_and_update_config when --block-size is unset

@@ -14,20 +14,36 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.budget import not_modelled_warnings, weights_source, rank_devices, tenants_detail, tightest, unplanned
+from launcher.common.errors import SafeServeError, UsageError, WontFit
+from launcher.common.units import GiB, MiB, format_gib
 from launcher.engines import vllm as vl
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
-from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm.architectures import architecture_status, cpu_unservable, uses_mla
+from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
-from launcher.errors import SafeServeError, UsageError, WontFit
-from launcher.model import SLIDING, ModelGeometry
-from launcher.search import largest_length
-from launcher.plan import CALIBRATED, CATALOG, ENGINE_DEFAULT, FORMULA, MEASURED, PINNED, BudgetItem, Plan, PlanRequest
-from launcher.units import GiB, MiB, format_gib
-
+from launcher.model.config import SLIDING, ModelGeometry
+from launcher.plan.budget import (
+    not_modelled_warnings,
+    rank_devices,
+    tenants_detail,
+    tightest,
+    unplanned,
+    weights_source,
+)
+from launcher.plan.search import largest_length
+from launcher.plan.types import (
+    CALIBRATED,
+    CATALOG,
+    ENGINE_DEFAULT,
+    FORMULA,
+    MEASURED,
+    PINNED,
+    BudgetItem,
+    Plan,
+    PlanRequest,
+)
 
 # The band added for an architecture whose KV layout is not proven against the engine: the 13
 # wrong cases on 7 unverified architectures were off by -67 % to +300 % before their layouts were
@@ -295,7 +311,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
                                if request.max_gpu_memory_bytes else ""))
         if headroom:
             # A CUDA OOM while serving on this setup: request that much less, so the engine
-            # leaves it free for runtime peaks (bounded in launcher.calibration), and the
+            # leaves it free for runtime peaks (bounded in launcher.plan.calibration), and the
             # systemd restart loop converges instead of repeating.
             utilization = vl.utilization_for(max(vb.requested_bytes(total, utilization) - headroom, 0), total)
             util_source = CALIBRATED

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from launcher.common.units import GiB
 from launcher.engines.events import EngineEvent
-from launcher.engines.vllm import FLAGS
 from launcher.engines.flags import set_flag, split_engine_cmd
-from launcher.plan import Calibration, Plan
-from launcher.units import GiB
+from launcher.engines.vllm import FLAGS
+from launcher.plan.types import Calibration, Plan
 
 # Other processes hold the memory: the same command may work later (exit 75, not 78).
 TEMPORARY_FATAL = frozenset({"startup_free", "cpu_node_memory"})

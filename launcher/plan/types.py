@@ -1,7 +1,7 @@
 """The plan's data: what a plan is asked (`PlanRequest`) and what it answers (`Plan`).
 
 Data only: the planners live in each engine's package (`launcher/engines/<engine>/planner.py`)
-and `launcher/planner.py` dispatches to them. Every number in a `Plan` carries the budget item
+and `launcher/plan/planner.py` dispatches to them. Every number in a `Plan` carries the budget item
 it came from (`BudgetItem.source` and `.detail`), so the table and the JSON can explain it.
 """
 
@@ -11,14 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.gpu import GpuDevice, HostMemory
-from launcher.resolve import ResolvedModel
-from launcher.units import MiB
-from launcher.vocab import Source
+from launcher.common.units import MiB
+from launcher.common.vocab import Source
+from launcher.model.gpu import GpuDevice, HostMemory
+from launcher.model.resolve import ResolvedModel
 
 DEFAULT_MARGIN_BYTES = 256 * MiB  # headroom for other tenants' drift between plan and start
 
-# Sources a budget item can come from (launcher.vocab.Source; names kept for readers of old code).
+# Sources a budget item can come from (launcher.common.vocab.Source; names kept for readers of old code).
 MEASURED = Source.MEASURED
 COMPUTED = Source.COMPUTED
 FORMULA = Source.FORMULA
@@ -30,7 +30,7 @@ CALIBRATED = Source.CALIBRATED
 
 @dataclass(frozen=True)
 class Calibration:
-    """What an earlier start of the same setup measured (bytes), from `launcher.calibration`.
+    """What an earlier start of the same setup measured (bytes), from `launcher.plan.calibration`.
 
     A setup is engine, version, GPUs, model and the memory-relevant pinned flags
     (`calibration.calibration_key`); a figure measured for one setup is never used for another.
@@ -44,7 +44,7 @@ class Calibration:
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """Everything a plan depends on, gathered at the edge (`launcher.request`): no planner reads
+    """Everything a plan depends on, gathered at the edge (`launcher.plan.request`): no planner reads
     the machine, the environment or a file."""
 
     model: ResolvedModel

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.errors import SafeServeError, UsageError, WontFit
-from launcher.gpu import GpuDevice
-from launcher.plan import COMPUTED, MEASURED, Plan, PlanRequest
-from launcher.resolve import ResolvedModel
-from launcher.units import format_gib
+from launcher.common.errors import SafeServeError, UsageError, WontFit
+from launcher.common.units import format_gib
+from launcher.model.gpu import GpuDevice
+from launcher.model.resolve import ResolvedModel
+from launcher.plan.types import COMPUTED, MEASURED, Plan, PlanRequest
 
 
 def rank_devices(request: PlanRequest, ranks: int, nnodes: int = 1, *, tp_flag: str) -> tuple[GpuDevice, ...]:

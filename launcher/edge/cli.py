@@ -18,9 +18,11 @@ from typing import Any
 
 import click
 
-from launcher import cli_hints, inputs, presets
-from launcher.errors import ExitCode, SafeServeError, UnsupportedModel, UsageError, WontFit
-from launcher.request import (
+from launcher.common import inputs
+from launcher.common.errors import ExitCode, SafeServeError, UnsupportedModel, UsageError, WontFit
+from launcher.edge import cli_hints
+from launcher.plan import presets
+from launcher.plan.request import (
     PlanOptions,
     build_request,
     calibration_key_for,
@@ -72,7 +74,7 @@ def plan_options(func: Any) -> Any:
 
 
 def plan_options_from(opts: Mapping[str, Any]) -> PlanOptions:
-    """click's keyword arguments -> the typed options `launcher.request` works from.
+    """click's keyword arguments -> the typed options `launcher.plan.request` works from.
 
     Every value is checked here, before anything is probed, resolved or planned.
     """
@@ -95,8 +97,8 @@ def plan_options_from(opts: Mapping[str, Any]) -> PlanOptions:
 @plan_options
 def plan_command(**opts: Any) -> None:
     """Print the plan (budget table and flags) without starting anything."""
-    from launcher.planner import make_plan
-    from launcher.render import plan_to_json, render_plan
+    from launcher.edge.render import plan_to_json, render_plan
+    from launcher.plan.planner import make_plan
 
     request = build_request(plan_options_from(opts), os.environ)
     try:
@@ -134,9 +136,9 @@ def serve_command(**opts: Any) -> None:
     """Plan, then start the engine with the planned flags and watch it."""
     import shlex
 
+    from launcher.edge.render import plan_to_json, render_plan
     from launcher.engines import adapter
-    from launcher.planner import engine_decides, make_plan
-    from launcher.render import plan_to_json, render_plan
+    from launcher.plan.planner import engine_decides, make_plan
     from launcher.serve import ServeOptions, run_serve
 
     options = plan_options_from(opts)
@@ -172,8 +174,8 @@ def serve_command(**opts: Any) -> None:
                                  watch_timeout_s=opts["watch_timeout"], grace_s=opts["grace"],
                                  lock_timeout_s=opts["lock_timeout"], ready_file=opts.get("ready_file"),
                                  health_failures=opts["health_failures"], health_interval_s=opts["health_interval"])
-    from launcher.calibration import record, record_runtime_oom
-    from launcher.paths import state_dir
+    from launcher.common.paths import state_dir
+    from launcher.plan.calibration import record, record_runtime_oom
 
     key = calibration_key_for(plan.engine, request.engine_version, request.gpus, request.model.name,
                               request.engine_args)
@@ -220,9 +222,9 @@ def _configure_logging(log_format: str | None) -> None:
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 def fit_command(**opts: Any) -> None:
     """The smallest configuration per GPU type that carries N requests of L tokens."""
-    from launcher.catalog import hypothetical_gpus, load_catalog
-    from launcher.fit import Workload, fit, largest_concurrency, longest_length
-    from launcher.render import fit_to_json, render_fit
+    from launcher.edge.render import fit_to_json, render_fit
+    from launcher.model.catalog import hypothetical_gpus, load_catalog
+    from launcher.plan.fit import Workload, fit, largest_concurrency, longest_length
 
     inputs.check_concurrency(opts["concurrency"])
     inputs.check_tokens(opts["tokens"])
@@ -259,7 +261,7 @@ def fit_command(**opts: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the probe object the planner consumes.")
 def gpus_command(as_json: bool) -> None:
     """What the probe sees: GPUs, free memory and the processes holding it."""
-    from launcher.gpus_view import inventory_to_json, render_inventory
+    from launcher.edge.gpus_view import inventory_to_json, render_inventory
     from launcher.probe import probe_inventory
 
     inventory = probe_inventory()  # ProbeError -> one line and 69 in main()
@@ -271,7 +273,7 @@ def gpus_command(as_json: bool) -> None:
               help="List the architectures whose KV layout is verified against each engine instead.")
 def models_command(architectures: bool) -> None:
     """List the model aliases in profiles/ (or, with --architectures, what each engine's layout is proven for)."""
-    from launcher.resolve import list_aliases, load_profile
+    from launcher.model.resolve import list_aliases, load_profile
 
     if architectures:
         from launcher.engines import ENGINES, adapter

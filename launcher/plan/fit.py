@@ -1,6 +1,6 @@
 """Reverse planning: from a workload (N requests of L tokens) to the hardware and flags that carry it.
 
-Every answer is a plan from `launcher.planner.make_plan`, so `safe-serve fit` and
+Every answer is a plan from `launcher.plan.planner.make_plan`, so `safe-serve fit` and
 `safe-serve plan` always agree: a fitted configuration, planned, carries the workload.
 """
 
@@ -10,13 +10,13 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from launcher.common.errors import UsageError, WontFit
 from launcher.engines import adapter
-from launcher.errors import UsageError, WontFit
-from launcher.gpu import GpuDevice
-from launcher.plan import Plan, PlanRequest
-from launcher.planner import GPU_COUNTS, configuration_request, configurations, make_plan
-from launcher.resolve import ResolvedModel
-from launcher.search import largest_count
+from launcher.model.gpu import GpuDevice
+from launcher.model.resolve import ResolvedModel
+from launcher.plan.planner import GPU_COUNTS, configuration_request, configurations, make_plan
+from launcher.plan.search import largest_count
+from launcher.plan.types import Plan, PlanRequest
 
 __all__ = ["GPU_COUNTS", "GpuFit", "Option", "Workload", "fit", "largest_concurrency", "longest_length"]
 

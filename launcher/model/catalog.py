@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from launcher.errors import UsageError
-from launcher.gpu import CUDA_RESERVE_FRACTION, GpuDevice
-from launcher.paths import load_yaml, profiles_dir
-from launcher.units import MiB, parse_size
+from launcher.common.errors import UsageError
+from launcher.common.paths import load_yaml, profiles_dir
+from launcher.common.units import MiB, parse_size
+from launcher.model.gpu import CUDA_RESERVE_FRACTION, GpuDevice
 
 _COUNT = re.compile(r"^\s*([0-9]+)\s*[x×*]\s*(.+)$", re.IGNORECASE)
 # More devices than any one engine launch spans: `100000000xrtx4090` would otherwise build a

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from launcher.errors import TemporarilyUnavailable
+from launcher.common.errors import TemporarilyUnavailable
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher import presets
-from launcher.errors import ProbeError
-from launcher.gpu import GpuDevice, HostMemory
-from launcher.plan import DEFAULT_MARGIN_BYTES, Calibration, PlanRequest
+from launcher.common.errors import ProbeError
+from launcher.model.gpu import GpuDevice, HostMemory
+from launcher.plan import presets
+from launcher.plan.types import DEFAULT_MARGIN_BYTES, Calibration, PlanRequest
 
 if TYPE_CHECKING:
-    from launcher.devlock import DeviceLock
+    from launcher.common.devlock import DeviceLock
 
 
 
@@ -33,7 +33,7 @@ class PlanOptions:
     concurrency: int | None = None  # None: not given (1, or the preset's)
     max_gpu_memory: str | None = None  # a size as typed (parsed here)
     margin: str | None = None  # a size as typed; None: DEFAULT_MARGIN_BYTES (or the preset's)
-    preset: str | None = None  # launcher.presets: a deployment shape; explicit options win
+    preset: str | None = None  # launcher.plan.presets: a deployment shape; explicit options win
     engine_version: str | None = None
     trust_engine: bool = False
     use_calibration: bool = True
@@ -50,7 +50,7 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
     """The `PlanRequest` for `options`: resolves the model, probes or builds the GPUs."""
     from launcher.engines import adapter
     from launcher.engines.versions import installed_version
-    from launcher.resolve import load_profile, model_from_profile, resolve_model
+    from launcher.model.resolve import load_profile, model_from_profile, resolve_model
 
     engine = adapter(options.engine)
     model = resolve_model(options.model, env=env)
@@ -80,8 +80,8 @@ def _preset_settings(options: PlanOptions, gpus: Sequence[GpuDevice], text_confi
                      ) -> presets.Settings:
     """Margin, cap, concurrency and length from the options, the preset where none was given,
     and the WSL2 margin where the kernel says so."""
+    from launcher.common.units import parse_size
     from launcher.engines import adapter
-    from launcher.units import parse_size
 
     engine = adapter(options.engine)
     pinned = engine.pinned_flags(options.engine_args)
@@ -115,7 +115,7 @@ def _devices(options: PlanOptions, env: Mapping[str, str]) -> tuple[tuple[GpuDev
 
         return (), probe_host()
     if options.gpu_specs:
-        from launcher.catalog import hypothetical_gpus
+        from launcher.model.catalog import hypothetical_gpus
 
         return hypothetical_gpus(options.gpu_specs), None
     from launcher.probe import probe_inventory
@@ -128,8 +128,8 @@ def _devices(options: PlanOptions, env: Mapping[str, str]) -> tuple[tuple[GpuDev
 
 
 def _load_calibration(env: Mapping[str, str], key: str) -> Calibration | None:
-    from launcher.calibration import load
-    from launcher.paths import state_dir
+    from launcher.common.paths import state_dir
+    from launcher.plan.calibration import load
 
     return load(state_dir(env), key)
 
@@ -137,8 +137,8 @@ def _load_calibration(env: Mapping[str, str], key: str) -> Calibration | None:
 def calibration_key_for(engine: str, version: str | None, gpus: Sequence[GpuDevice], model: str,
                         engine_args: Sequence[str]) -> str:
     """The setup a measurement belongs to: engine, version, GPUs, model, memory-relevant flags."""
-    from launcher.calibration import calibration_key
     from launcher.engines import adapter
+    from launcher.plan.calibration import calibration_key
 
     engine_adapter = adapter(engine)
     pinned = engine_adapter.pinned_flags(engine_args)
@@ -154,11 +154,11 @@ def lock_live_devices(options: PlanOptions, timeout_s: float) -> DeviceLock | No
     Concurrent starts on one GPU must not mis-size each other (vLLM #55827): the lock is held
     from reading free memory until the engine has sized its KV cache.
     """
-    from launcher.devlock import DeviceLock
+    from launcher.common.devlock import DeviceLock
     from launcher.engines import adapter
 
     if options.device == "cpu":  # CPU launches size their KV cache from the same free RAM
-        from launcher.devlock import host_lock
+        from launcher.common.devlock import host_lock
 
         host = host_lock(timeout_s=timeout_s)
         host.acquire()

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-_CHECKOUT_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+_CHECKOUT_PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 
 
 def profiles_dir() -> Path:

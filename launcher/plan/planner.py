@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from launcher.common.errors import Alternative, SafeServeError, UsageError, WontFit
 from launcher.engines import adapter
-from launcher.errors import Alternative, SafeServeError, UsageError, WontFit
-from launcher.gpu import GpuDevice
-from launcher.model import refuse_unsupported
-from launcher.plan import Plan, PlanRequest
-from launcher.resolve import ResolvedModel
-from launcher.search import largest_count
+from launcher.model.config import refuse_unsupported
+from launcher.model.gpu import GpuDevice
+from launcher.model.resolve import ResolvedModel
+from launcher.plan.search import largest_count
+from launcher.plan.types import Plan, PlanRequest
 
 
 def make_plan(request: PlanRequest) -> Plan:
@@ -44,7 +44,7 @@ def _plan_once(request: PlanRequest) -> Plan:
 
 
 def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
-    """`--trust-engine`: the engine sizes itself; see `launcher.budget.unplanned`."""
+    """`--trust-engine`: the engine sizes itself; see `launcher.plan.budget.unplanned`."""
     return adapter(request.engine).engine_decides(request, refusal)
 
 

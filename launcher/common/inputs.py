@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from launcher.errors import UsageError
+from launcher.common.errors import UsageError
 
 # What `version_key` (launcher.engines.versions) can read: a numeric release, an optional
 # leading v, and the pre/dev/local tails pip versions carry (0.8.5.dev169+g1234abc, 0.11.0rc1).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from launcher.errors import UsageError
+from launcher.common.errors import UsageError
 
 KiB = 1 << 10
 MiB = 1 << 20

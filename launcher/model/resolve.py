@@ -26,9 +26,9 @@ from typing import IO, Any
 
 import yaml
 
-from launcher.errors import ModelConfigError, ModelNotFound, TemporarilyUnavailable
-from launcher.model import ModelGeometry, geometry_from_config
-from launcher.paths import load_yaml, profiles_dir
+from launcher.common.errors import ModelConfigError, ModelNotFound, TemporarilyUnavailable
+from launcher.common.paths import load_yaml, profiles_dir
+from launcher.model.config import ModelGeometry, geometry_from_config
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

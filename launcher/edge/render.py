@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.common.units import format_gib
 from launcher.engines import adapter
-from launcher.gpu import GpuDevice
-from launcher.plan import Plan
-from launcher.units import format_gib
+from launcher.model.gpu import GpuDevice
+from launcher.plan.types import Plan
 
 PLAN_SCHEMA = "safe-serve.plan/1"
 
@@ -267,8 +267,8 @@ def compute_dtype(option: Any, geometry: Any = None) -> str | None:
     """
     dtype = getattr(option, "dtype", None)
     if dtype is None and geometry is not None:
-        from launcher.catalog import find
         from launcher.engines.dtypes import resolve_dtype  # vLLM's _resolve_auto_dtype, shared by both planners
+        from launcher.model.catalog import find
 
         gpu = find(option.gpu_name)
         dtype, _ = resolve_dtype(geometry, compute_capability=gpu.compute_capability if gpu else None,

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from launcher.errors import UsageError
-from launcher.units import GiB, MiB, format_gib
+from launcher.common.errors import UsageError
+from launcher.common.units import GiB, MiB, format_gib
 
 # Windows (WDDM) keeps the desktop's and other apps' GPU memory outside WSL2's view of
 # "free", and that share grows when a window opens: keep 1 GiB aside for it. A judgement

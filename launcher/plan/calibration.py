@@ -15,7 +15,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from launcher.plan import Calibration
+from launcher.plan.types import Calibration
 
 FILE_NAME = "calibration.json"
 # A CUDA out-of-memory while serving adds this much headroom to the next plan of the same

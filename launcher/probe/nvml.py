@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from types import ModuleType, TracebackType
 from typing import Any, Final
 
-from launcher.errors import ProbeError
-from launcher.gpu import GpuDevice, GpuProcess
+from launcher.common.errors import ProbeError
+from launcher.model.gpu import GpuDevice, GpuProcess
 
 # Where to go when NVML cannot be used: every ProbeError from here ends with this.
 NO_GPU_HINT: Final = "or plan without one: --gpu NAME for a hypothetical plan, or --device cpu"

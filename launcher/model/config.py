@@ -7,7 +7,7 @@ Gemma 2's alternating layers), we apply the same defaults, because the engines s
 config through transformers.
 
 Resolution of what the operator typed (an alias, a local directory, a Hugging Face id)
-lives in `launcher.resolve`; this module does no I/O.
+lives in `launcher.model.resolve`; this module does no I/O.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.errors import ModelConfigError, UnsupportedModel
+from launcher.common.errors import ModelConfigError, UnsupportedModel
 
 # Layer kinds that hold a KV cache, and the ones that hold a per-request state instead.
 FULL = "full"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Final
 
-from launcher.gpu import GpuDevice, GpuInventory, GpuProcess, HostMemory
-from launcher.units import format_gib
+from launcher.common.units import format_gib
+from launcher.model.gpu import GpuDevice, GpuInventory, GpuProcess, HostMemory
 
 SCHEMA: Final = "safe-serve.gpus/1"
 WIDTH: Final = 100
