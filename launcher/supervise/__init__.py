@@ -1,9 +1,11 @@
 """Supervising one engine process: spawn it, pass its output through, stop it cleanly.
 
 Modules, in the order a start meets them: ``process`` (the engine's process group and its
-guard), ``output`` (pass-through that a slow reader cannot block), ``readiness`` (health
-poller, ready file), ``events`` (the loop's inbox and signal handlers), ``outcome`` (the
-exit-code rules), ``loop`` (the ``Supervisor`` itself), ``sdnotify`` (systemd).
+guard), ``output`` (pass-through that a slow reader cannot block), ``streams`` (the two
+writers, back-pressure, the status line), ``readiness`` (health poller, liveness count, ready
+file), ``keepalive`` (READY/STATUS/EXTEND/WATCHDOG/STOPPING), ``events`` (the loop's inbox and
+signal handlers), ``outcome`` (the exit-code rules), ``loop`` (the ``Supervisor``: its state
+machine and dispatch tables), ``sdnotify`` (the datagram protocol).
 """
 
 from __future__ import annotations

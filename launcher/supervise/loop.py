@@ -3,7 +3,9 @@
 The shape is gunicorn's arbiter, cut down to one child: signal handlers only enqueue, one loop
 waits on the engine's pipes and a wake-up fd, dispatches queued events through explicit
 tables, then runs reconcile steps every tick (reap, deadlines, systemd keep-alives).
-Exit-code rules: ``outcome``; the process and its group guard: ``process``; output: ``output``.
+Exit-code rules: ``outcome``; the process and its group guard: ``process``; output: ``output``
+and ``streams`` (writers, back-pressure, status line); systemd: ``keepalive``; health and
+liveness: ``readiness``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from typing import Any
 import structlog
 
 from launcher.common.errors import ExitCode
-from launcher.supervise import sdnotify
 from launcher.supervise.events import (
     EventQueue,
     HealthResult,
@@ -35,6 +36,7 @@ from launcher.supervise.events import (
     StopRequest,
     installed_signal_handlers,
 )
+from launcher.supervise.keepalive import EXTEND_BY_S, EXTEND_EVERY_S, KeepAlive
 from launcher.supervise.outcome import (
     STOP_SIGNALS_CLEAN,
     Phase,
@@ -44,25 +46,16 @@ from launcher.supervise.outcome import (
     decide_outcome,
     signal_name,
 )
-from launcher.supervise.output import (
-    MAX_LINE_BYTES,
-    PARTIAL_FLUSH_AFTER_S,
-    LineHook,
-    QueuedWriter,
-    StatusLine,
-    StreamPump,
-)
-from launcher.supervise.process import Engine, EngineCommand, GroupGuard, grow_pipe, spawn_engine
-from launcher.supervise.readiness import HealthCheck, HealthPoller, ReadyFile
+from launcher.supervise.output import MAX_LINE_BYTES, PARTIAL_FLUSH_AFTER_S, LineHook
+from launcher.supervise.process import Engine, EngineCommand, GroupGuard, spawn_engine
+from launcher.supervise.readiness import HealthCheck, HealthPoller, Liveness, ReadyFile
+from launcher.supervise.streams import OwnStream, Streams
 
 log = structlog.get_logger("safe_serve.supervisor")
 
 READ_CHUNK = 1 << 20  # bytes per os.read
 DRAIN_AFTER_EXIT_S = 2.0  # how long to read pipes that outlive the engine's group
 TICK_S = 1.0  # reconcile steps run at least this often
-EXTEND_EVERY_S = 10.0  # while loading, tell systemd every 10 s ...
-EXTEND_BY_S = 30.0  # ... to wait 30 s more (a lost datagram still leaves 20 s of slack)
-MIN_WATCHDOG_EVERY_S = 0.5  # a tiny WATCHDOG_USEC must not make the loop spin
 
 
 @dataclass(frozen=True)
@@ -85,26 +78,6 @@ class SupervisorOptions:
     max_line_bytes: int = MAX_LINE_BYTES
     line_filter: tuple[bytes, ...] | None = None  # on_line gets only lines holding one of these
     output_flush_s: float = 30.0  # at exit, how long a stalled reader may keep us waiting
-
-
-class OwnStream:
-    """A text stream for our own log lines that queues behind the engine's stderr lines while
-    the loop runs (never blocking on a stalled reader), and writes to ``fallback`` otherwise."""
-
-    def __init__(self, fallback: Any) -> None:
-        self.fallback = fallback
-        self.writer: QueuedWriter | None = None
-
-    def write(self, text: str) -> int:
-        writer = self.writer
-        if writer is None:
-            return int(self.fallback.write(text))
-        writer.write(text.encode("utf-8", errors="replace"))
-        return len(text)
-
-    def flush(self) -> None:
-        if self.writer is None:
-            self.fallback.flush()
 
 
 class Supervisor:
@@ -158,24 +131,16 @@ class Supervisor:
         self._selector = selectors.DefaultSelector()
         self._ready_file = ReadyFile(self._opts.ready_file)
         self._health: HealthPoller | None = None
-        self._health_failures = 0
+        self._liveness = Liveness(self._opts.health)
         self._stop = StopBook()
         self._pending_restart: EngineCommand | None = None
         self._drain_deadline: float | None = None
         self._drain_limit: float | None = None
         self._watch_deadlines: dict[str, float] = {}
-        self._next_extend: float | None = None
-        watchdog = sdnotify.watchdog_interval_s(self._opts.notify_env)
-        self._watchdog_every = max(watchdog, MIN_WATCHDOG_EVERY_S) if watchdog is not None else None
-        self._next_watchdog: float | None = None
-        self._stopping_sent = False
+        self._keepalive = KeepAlive(self._opts.notify_env, extend_every_s=self._opts.extend_every_s,
+                                    extend_by_s=self._opts.extend_by_s)
         self._outcome: SupervisorOutcome | None = None
-        self._writers: dict[str, QueuedWriter] = {}
-        self._paused: dict[int, StreamPump] = {}  # engine pipes not read while their writer is full
-        self._paused_said = False
-        self.own_stream = OwnStream(sys.stderr)
-        self._status_text: Callable[[], str] | None = None
-        self._status_line: StatusLine | None = None
+        self._streams = Streams(self._opts.stdout_fd, self._opts.stderr_fd, sys.stderr)
         self._signal_table: dict[int, Callable[[int], None]] = {
             signal.SIGTERM: self._on_stop_signal,
             signal.SIGHUP: self._on_stop_signal,
@@ -230,28 +195,19 @@ class Supervisor:
         """Record that a watched event happened, disarming its watch timeout."""
         self._events.post(MarkEvent(name))
 
+    @property
+    def own_stream(self) -> OwnStream:
+        """Where our own log lines go: behind the engine's stderr lines while the loop runs."""
+        return self._streams.own_stream
+
     def status(self, text: str) -> None:
         """Show ``text`` in ``systemctl status`` (STATUS=); thread-safe, never raises."""
-        self._notify(f"STATUS={_one_line(text)}")
+        self._keepalive.status(text)
 
     def set_status_line(self, text: Callable[[], str] | None) -> None:
         """Show ``text()`` as a live line on stderr below the engine's output (a terminal only:
         the caller decides), or take it away with None. Call from the loop's thread or before run."""
-        self._status_text = text
-        if self._writers:
-            self._attach_status()
-
-    def _attach_status(self) -> None:
-        if self._status_line is not None:
-            for writer in self._writers.values():
-                writer.status = None
-            self._status_line.close()
-            self._status_line = None
-        if self._status_text is not None:
-            self._status_line = StatusLine(self._opts.stderr_fd, self._status_text)
-            for writer in self._writers.values():
-                writer.status = self._status_line
-            self._status_line.show()
+        self._streams.set_status_line(text)
 
     def run(self) -> SupervisorOutcome:
         """Start the engine and supervise it (and its restarts) until it is gone.
@@ -267,12 +223,7 @@ class Supervisor:
                 stream.flush()  # our own buffered text goes out before the engine's bytes
         self._events.open()
         self._selector.register(self._events.read_fd, selectors.EVENT_READ, None)
-        drained = lambda: self._events.post(OutputDrained())  # noqa: E731  # from the writer threads
-        self._writers = {"stdout": QueuedWriter(self._opts.stdout_fd, "stdout", drained),
-                         "stderr": QueuedWriter(self._opts.stderr_fd, "stderr", drained)}
-        self.own_stream.writer = self._writers["stderr"]
-        if self._status_text is not None:
-            self._attach_status()
+        self._streams.open(lambda: self._events.post(OutputDrained()))  # called from the writer threads
         try:
             with self._signals():
                 self._state = State.RUNNING
@@ -304,7 +255,7 @@ class Supervisor:
             if chunk:
                 key.data.feed(chunk)
                 if self._state is State.RUNNING and getattr(key.data.out, "full", False):
-                    self._pause(key.fd, key.data)
+                    self._streams.pause(key.fd, key.data, self._selector)
             else:
                 self._close_pipe(key.fd)
 
@@ -323,26 +274,28 @@ class Supervisor:
             if pump.pending_since is not None and now - pump.pending_since >= PARTIAL_FLUSH_AFTER_S:
                 pump.flush_partial()
         if engine.returncode is None:
-            if self._stop.term_at is not None and now >= self._stop.term_at:
-                self._stop.term_at = None
-                self._begin_stop(signal.SIGTERM, State.STOPPING)
-            if self._stop.deadline is not None and now >= self._stop.deadline:
-                self._escalate(f"the engine did not stop within the {self._opts.grace_s:g} s grace period")
-            self._check_watches(now)
-            if self._next_extend is not None and now >= self._next_extend and self._state is not State.STOPPING:
-                self._notify(f"EXTEND_TIMEOUT_USEC={int(self._opts.extend_by_s * 1e6)}")
-                self._next_extend = now + self._opts.extend_every_s
-            if self._next_watchdog is not None and now >= self._next_watchdog and self._watchdog_every is not None:
-                if self._health_failures == 0 and engine.phase is Phase.READY and self._state is State.RUNNING:
-                    self._notify("WATCHDOG=1")
-                self._next_watchdog = now + self._watchdog_every
-            return
-        if self._drain_deadline is None:  # just reaped: clear the group, then read what is left
+            self._reconcile_running(engine, now)
+        else:
+            self._reconcile_exited(engine, now)
+
+    def _reconcile_running(self, engine: Engine, now: float) -> None:
+        if self._stop.term_at is not None and now >= self._stop.term_at:
+            self._stop.term_at = None
+            self._begin_stop(signal.SIGTERM, State.STOPPING)
+        if self._stop.deadline is not None and now >= self._stop.deadline:
+            self._escalate(f"the engine did not stop within the {self._opts.grace_s:g} s grace period")
+        self._check_watches(now)
+        alive = self._liveness.passing and engine.phase is Phase.READY and self._state is State.RUNNING
+        self._keepalive.tick(now, loading=self._state is not State.STOPPING, alive=alive)
+
+    def _reconcile_exited(self, engine: Engine, now: float) -> None:
+        """The engine is reaped: clear its group, read what is left in its pipes, then finish."""
+        if self._drain_deadline is None:
             if engine.kill_stragglers():
                 log.warning("killed processes left in the engine's process group", pgid=engine.pgid)
             self._drain_deadline = now + DRAIN_AFTER_EXIT_S
             self._drain_limit = now + DRAIN_AFTER_EXIT_S + self._opts.output_flush_s
-        if self._paused and self._drain_limit is not None:
+        if self._streams.paused and self._drain_limit is not None:
             # a slow reader, not a process outliving the group, keeps the pipes open
             self._drain_deadline = min(max(self._drain_deadline, now + DRAIN_AFTER_EXIT_S), self._drain_limit)
         if engine.pipes and now < self._drain_deadline:
@@ -353,10 +306,10 @@ class Supervisor:
 
     def _next_timeout(self, now: float) -> float:
         deadlines = [now + TICK_S, *self._watch_deadlines.values()]
-        for candidate in (self._stop.deadline, self._stop.term_at, self._drain_deadline, self._next_extend,
-                          self._next_watchdog):
+        for candidate in (self._stop.deadline, self._stop.term_at, self._drain_deadline):
             if candidate is not None:
                 deadlines.append(candidate)
+        deadlines.extend(self._keepalive.deadlines())
         for pump, _file in self._current().pipes.values():
             if pump.pending_since is not None:
                 deadlines.append(pump.pending_since + PARTIAL_FLUSH_AFTER_S)
@@ -388,34 +341,11 @@ class Supervisor:
                 if self._on_watch_timeout is not None:
                     self._on_watch_timeout(name)
 
-    # ------------------------------------------------------------------ back-pressure
-
-    def _pause(self, fd: int, pump: StreamPump) -> None:
-        if fd in self._paused:
-            return
-        self._selector.unregister(fd)
-        self._paused[fd] = pump
-        if not self._paused_said:
-            self._paused_said = True
-            log.warning("our output is not being read: pausing the engine's output until it is "
-                        "(back-pressure; nothing is dropped)", stream=pump.name,
-                        buffered_bytes=getattr(pump.out, "queued", None))
-
-    def _resume_all(self) -> None:
-        for fd, pump in list(self._paused.items()):
-            del self._paused[fd]
-            self._selector.register(fd, selectors.EVENT_READ, pump)
-
     def _on_output_drained(self, _event: OutputDrained) -> None:
-        for fd, pump in list(self._paused.items()):
-            if not getattr(pump.out, "full", False) or pump.out.broken:
-                del self._paused[fd]
-                self._selector.register(fd, selectors.EVENT_READ, pump)
+        self._streams.resume_drained(self._selector)
 
     def _flush_output(self) -> None:
-        deadline = time.monotonic() + self._opts.output_flush_s
-        for writer in self._writers.values():
-            writer.flush(max(deadline - time.monotonic(), 0.0))
+        self._streams.flush(self._opts.output_flush_s)
 
     # ------------------------------------------------------------------ dispatch targets
 
@@ -471,11 +401,8 @@ class Supervisor:
         if self._state is not State.RUNNING or engine.returncode is not None or engine.phase is Phase.READY:
             return
         engine.phase = Phase.READY
-        self._next_extend = None
         self._ready_file.write(engine.pid)
-        self._notify(f"READY=1\nSTATUS={_one_line(request.status or f'engine ready (pid {engine.pid})')}")
-        if self._watchdog_every is not None:
-            self._next_watchdog = time.monotonic()
+        self._keepalive.ready(request.status or f"engine ready (pid {engine.pid})", time.monotonic())
         log.info("engine ready", pid=engine.pid)
 
     def _on_mark_event(self, request: MarkEvent) -> None:
@@ -492,26 +419,19 @@ class Supervisor:
             self.mark_ready()
 
     def _on_health_result(self, event: HealthResult) -> None:
-        engine, check = self._current(), self._opts.health
-        if event.generation != engine.generation or self._state is not State.RUNNING or check is None:
+        engine = self._current()
+        if event.generation != engine.generation or self._state is not State.RUNNING:
             return
-        if event.healthy:
-            if self._health_failures:
-                log.info("engine health answers again", failures=self._health_failures)
-            self._health_failures = 0
-            return
-        self._health_failures += 1
-        log.warning("engine health check failed", url=check.url, failures=self._health_failures, limit=check.failures)
-        if check.failures > 0 and self._health_failures >= check.failures:
-            self.request_stop(f"the engine's {check.path} failed {self._health_failures} times in a row",
-                              self._opts.liveness_exit_code)
+        why = self._liveness.result(event.healthy)
+        if why is not None:
+            self.request_stop(why, self._opts.liveness_exit_code)
 
     # ------------------------------------------------------------------ stopping
 
     def _begin_stop(self, signum: int, state: State) -> None:
         # A paused engine blocks in its own write and could not shut down: while it stops, its
         # output is read beyond the bound (what it writes in the grace period), still not dropped.
-        self._resume_all()
+        self._streams.resume_all(self._selector)
         if state is State.STOPPING:
             self._pending_restart = None  # stopping wins over a restart in progress
         self._state = state
@@ -520,12 +440,10 @@ class Supervisor:
         if signum in STOP_SIGNALS_CLEAN:
             self._stop.forwarded.add(signum)
         self._current().signal_group(signum)
-        if state is State.STOPPING and not self._stopping_sent:
-            self._stopping_sent = True
-            extend_us = int((self._opts.grace_s + DRAIN_AFTER_EXIT_S + 5.0) * 1e6)
-            self._notify(f"STOPPING=1\nSTATUS=stopping the engine\nEXTEND_TIMEOUT_USEC={extend_us}")
+        if state is State.STOPPING:
+            self._keepalive.stopping(self._opts.grace_s + DRAIN_AFTER_EXIT_S + 5.0)
         elif state is State.RESTARTING:
-            self.status("restarting the engine")
+            self._keepalive.restarting()
 
     def _escalate(self, reason: str) -> None:
         engine = self._current()
@@ -557,24 +475,8 @@ class Supervisor:
 
     def _abandon(self) -> None:
         """After an unexpected exception: stop the group without the loop, briefly."""
-        engine = self._engine
-        if engine is None or engine.returncode is not None:
-            return
-        engine.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + min(self._opts.grace_s, 5.0)
-        while engine.returncode is None:
-            late = time.monotonic() >= deadline
-            if late:
-                engine.signal_group(signal.SIGKILL)
-            try:
-                pid, status = os.waitpid(engine.pid, 0 if late else os.WNOHANG)
-            except ChildProcessError:
-                return  # reaped elsewhere; nothing left to wait for
-            if pid:
-                engine.record_exit(status)
-            else:
-                time.sleep(0.05)
-        engine.kill_stragglers()
+        if self._engine is not None:
+            self._engine.stop_now(min(self._opts.grace_s, 5.0))
 
     # ------------------------------------------------------------------ plumbing
 
@@ -592,53 +494,28 @@ class Supervisor:
             except OSError as exc:
                 log.warning("no group guard: engine children may outlive a SIGKILLed safe-serve", error=str(exc))
         engine = Engine(command, popen, guard, self._generation)
-        for name, fileobj in (("stdout", popen.stdout), ("stderr", popen.stderr)):
-            assert fileobj is not None
-            pump = StreamPump(name, self._writers[name], self._on_line, self._opts.max_line_bytes,
-                              self._opts.line_filter)
-            grow_pipe(fileobj.fileno())
-            engine.pipes[fileobj.fileno()] = (pump, fileobj)
-            self._selector.register(fileobj.fileno(), selectors.EVENT_READ, pump)
+        self._streams.attach(engine, self._selector, self._on_line, self._opts.max_line_bytes, self._opts.line_filter)
         self._engine = engine
         now = time.monotonic()
         self._stop = StopBook()
         self._drain_deadline = self._drain_limit = None
-        self._health_failures = 0
-        self._next_watchdog = None
+        self._liveness.reset()
         self._watch_deadlines = {name: now + seconds for name, seconds in self._opts.watch_timeouts_s.items()}
-        self._next_extend = now
-        if self._opts.health is not None:
+        if self._opts.health is not None:  # the poller's thread only enqueues
             generation = self._generation
-            first = [True]
-
-            def on_result(healthy: bool) -> None:  # the poller's thread: enqueue only
-                if first[0]:
-                    first[0] = False
-                    self._events.post(Healthy(generation))
-                else:
-                    self._events.post(HealthResult(generation, healthy))
-
-            self._health = HealthPoller(self._opts.health, on_result)
+            self._health = HealthPoller(self._opts.health, lambda: self._events.post(Healthy(generation)),
+                                        lambda healthy: self._events.post(HealthResult(generation, healthy)))
             self._health.start()
         log.info("engine started", pid=popen.pid, argv=list(command.argv), restarts=self._restarts)
-        self.status(f"engine starting (pid {popen.pid})")
+        self._keepalive.starting(popen.pid, now)
 
     def _close_pipe(self, fd: int, *, hook: bool = True) -> None:
-        pump, fileobj = self._current().pipes.pop(fd)
-        if self._paused.pop(fd, None) is None:
-            self._selector.unregister(fd)
-        fileobj.close()
-        if not hook:
-            pump.on_line = None
-        pump.close()
+        self._streams.detach(self._current(), fd, self._selector, hook=hook)
 
     def _stop_health(self) -> None:
         if self._health is not None:
             self._health.stop()
             self._health = None
-
-    def _notify(self, state: str) -> None:
-        sdnotify.notify(state, self._opts.notify_env)
 
     def _signals(self) -> AbstractContextManager[None]:
         if not self._opts.handle_signals:
@@ -657,21 +534,8 @@ class Supervisor:
             if self._engine.guard is not None:
                 self._engine.guard.disarm()
         self._ready_file.remove()
-        if not self._stopping_sent:
-            self._stopping_sent = True
-            self._notify("STOPPING=1")
-        self.own_stream.writer = None
-        self._status_text = None
-        self._attach_status()
-        for writer in self._writers.values():  # after an exception: what was read still goes out
-            writer.flush(min(1.0, self._opts.output_flush_s))
-        dropped = {name: writer.close() for name, writer in self._writers.items()}
-        if any(dropped.values()):
-            log.warning("engine output dropped: our output was not read in time",
-                        **{f"{name}_bytes": count for name, count in dropped.items() if count})
+        self._keepalive.close()
+        self._streams.close(min(1.0, self._opts.output_flush_s))  # after an exception: what was read still goes out
         self._selector.close()
         self._events.close()
 
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())

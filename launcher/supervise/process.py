@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -226,6 +227,27 @@ class Engine:
         except (ProcessLookupError, PermissionError):
             return False
         return True
+
+    def stop_now(self, grace_s: float) -> None:
+        """Without the loop (after an unexpected exception): SIGTERM the group, SIGKILL after
+        ``grace_s``, reap the leader, kill what is left of the group."""
+        if self.returncode is not None:
+            return
+        self.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.returncode is None:
+            late = time.monotonic() >= deadline
+            if late:
+                self.signal_group(signal.SIGKILL)
+            try:
+                pid, status = os.waitpid(self.pid, 0 if late else os.WNOHANG)
+            except ChildProcessError:
+                return  # reaped elsewhere; nothing left to wait for
+            if pid:
+                self.record_exit(status)
+            else:
+                time.sleep(0.05)
+        self.kill_stragglers()
 
     def record_exit(self, status: int) -> None:
         self.returncode = os.waitstatus_to_exitcode(status)

@@ -1,9 +1,10 @@
-"""Readiness and liveness: the health poller and the ready file.
+"""Readiness and liveness: the health poller, the failure count after ready, the ready file.
 
 The poller runs in a thread from each engine start. Until the first 200 it polls every
-``interval_s`` and reports ``on_result(True)`` once; after that, when liveness is on
-(``live_interval_s > 0``), it probes every ``live_interval_s`` and reports every result, so
-the loop can count failures in a row and feed systemd's watchdog while the engine answers.
+``interval_s`` and calls ``on_healthy()`` once; after that, when liveness is on
+(``live_interval_s > 0``), it probes every ``live_interval_s`` and reports every result to
+``on_live(healthy)``, so the loop can count failures in a row (``Liveness``) and feed
+systemd's watchdog while the engine answers.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ class HealthCheck:
 class HealthPoller:
     """Polls the health URL from a thread (see the module docstring)."""
 
-    def __init__(self, check: HealthCheck, on_result: Callable[[bool], None]) -> None:
+    def __init__(self, check: HealthCheck, on_healthy: Callable[[], None], on_live: Callable[[bool], None]) -> None:
         self._check = check
-        self._on_result = on_result
+        self._on_healthy = on_healthy
+        self._on_live = on_live
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="safe-serve-health", daemon=True)
 
@@ -70,7 +72,7 @@ class HealthPoller:
         check = self._check
         while not self._stopped.wait(check.interval_s):
             if self._probe(opener, check.timeout_s) and not self._stopped.is_set():
-                self._on_result(True)
+                self._on_healthy()
                 break
         else:
             return
@@ -80,7 +82,39 @@ class HealthPoller:
             healthy = self._probe(opener, check.live_timeout_s)
             if self._stopped.is_set():
                 return
-            self._on_result(healthy)
+            self._on_live(healthy)
+
+
+class Liveness:
+    """Liveness after ready: failed probes in a row; ``check.failures`` of them end the engine."""
+
+    def __init__(self, check: HealthCheck | None) -> None:
+        self.check = check
+        self.failures = 0
+
+    @property
+    def passing(self) -> bool:
+        """No probe failed since the last one that passed (the watchdog may be fed)."""
+        return self.failures == 0
+
+    def reset(self) -> None:
+        self.failures = 0
+
+    def result(self, healthy: bool) -> str | None:
+        """Count one probe; returns why the engine must stop, or None."""
+        check = self.check
+        if check is None:
+            return None
+        if healthy:
+            if self.failures:
+                log.info("engine health answers again", failures=self.failures)
+            self.failures = 0
+            return None
+        self.failures += 1
+        log.warning("engine health check failed", url=check.url, failures=self.failures, limit=check.failures)
+        if check.failures > 0 and self.failures >= check.failures:
+            return f"the engine's {check.path} failed {self.failures} times in a row"
+        return None
 
 
 class ReadyFile:
