@@ -32,6 +32,10 @@ _HYBRID_MODEL_TYPES = {
     "qwen3_5", "qwen3_5_moe", "kimi_linear",
 }
 
+# Models with no attention layer at all (vLLM MambaModelConfig: every layer keeps a state).
+ATTENTION_FREE_MODEL_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba"})
+_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")  # n_heads: DBRX
+
 # Keys an engine may read the maximum length from (vLLM takes the smallest present;
 # SGLang the first in its own order). Kept here so both engines see one parsed config.
 MAX_LEN_KEYS = (
@@ -172,7 +176,10 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         raise ModelConfigError(
             f"config.json: 'num_hidden_layers' of {num_layers} is beyond any model (at most {_MAX_LAYERS})")
     hidden = _req_int(text, "hidden_size", aliases=("n_embd", "d_model"))
-    heads = _req_int(text, "num_attention_heads", aliases=("n_head", "num_heads", "n_heads"))  # n_heads: DBRX
+    if model_type in ATTENTION_FREE_MODEL_TYPES and _first_int(text, _HEAD_KEYS) is None:
+        heads = 1  # Mamba-1 configs name no attention heads: the model has no attention layer
+    else:
+        heads = _req_int(text, "num_attention_heads", aliases=_HEAD_KEYS[1:])
     kv_heads = _first_int(text, ("n_head_kv", "num_kv_heads", "num_key_value_heads",
                                  "multi_query_group_num", "num_attention_groups"))
     attn_config = text.get("attn_config")
@@ -229,7 +236,7 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         layer_kinds=layer_kinds,
         sliding_window=window,
         config_dtype=_config_dtype(config, text),
-        intermediate_size=_opt_int(text, "intermediate_size"),
+        intermediate_size=_intermediate_size(text),
         mla=mla,
         quantization=_quantization(config, text),
         num_experts=_first_int(text, ("num_local_experts", "n_routed_experts", "num_experts")),
@@ -268,6 +275,8 @@ def _mla_dims(text: Mapping[str, Any], model_type: str) -> MlaDims | None:
 def _layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
                  is_mla: bool) -> tuple[tuple[str, ...], int | None]:
     """Per-layer attention kind and the sliding window, as transformers' configs define them."""
+    if model_type in ATTENTION_FREE_MODEL_TYPES:
+        return (LINEAR,) * num_layers, None
     window = _opt_int(text, "sliding_window")
     if window == 0:
         window = None  # some checkpoints write 0 for "no window"; vLLM treats it so
@@ -346,6 +355,14 @@ def _quantization(config: Mapping[str, Any], text: Mapping[str, Any]) -> Quantiz
         raise ModelConfigError(f"config.json: 'quantization_config' bits must be a whole number from 1 to 64, "
                                f"not {_short(bits)}")
     return Quantization(method=method, bits=int(bits) if bits is not None else None, kv_cache_scheme=kv_scheme)
+
+
+def _intermediate_size(text: Mapping[str, Any]) -> int | None:
+    """The MLP width; Gemma 3n lists one per layer (Gemma3nTextConfig), the widest is kept."""
+    value = text.get("intermediate_size")
+    if isinstance(value, list) and value:
+        return max(_opt_int({"intermediate_size": entry}, "intermediate_size") or 0 for entry in value)
+    return _opt_int(text, "intermediate_size")
 
 
 def _check_engine_numbers(text: Mapping[str, Any]) -> None:
