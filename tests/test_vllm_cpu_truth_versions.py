@@ -8,7 +8,7 @@ path as tests/test_vllm_cpu_truth.py, with the case's `engine_version`.
 
 Where a version's CPU accounting differs from 0.32's, the difference is a field of that
 version's rules (`cpu_block_multiple`, `cpu_sliding_block`, `cpu_mla` in
-launcher/engines/vllm/__init__.py, each citing the version's cpu_attn.py / platforms/cpu.py):
+launcher/engines/vllm/rules.py, each citing the version's cpu_attn.py / platforms/cpu.py):
 sliding-window layers at block 16 before 0.29 and 32 on 0.29, full-attention blocks in
 multiples of 16 before 0.29, no MLA on CPU before 0.29, and an all-sliding model at a
 configured block that is a multiple of 32 unservable before 0.29.

@@ -94,6 +94,7 @@ class PackageAdapter:
     _rules: Any  # the package: pinned_flags(), rules_for(), FLAGS, CALIBRATION_KEY_FLAGS, MEMORY_FLAGS
     _logs: Any  # parse(line)
     _runtime: Any  # engine_argv, retuned_args, kv_shortfall, measurements_for
+    _architectures: Any  # proof_summary()
     _planner_module: str  # imported on first plan (keeps `safe-serve gpus` light)
 
     def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]:
@@ -162,7 +163,7 @@ class PackageAdapter:
 
     def verified_architectures(self) -> tuple[str, list[tuple[str, str]]]:
         """(how they were proven, [(architecture, its proof)]) for `safe-serve models --architectures`."""
-        proof, rows = self._rules.verified_architectures()
+        proof, rows = self._architectures.proof_summary()
         return str(proof), [(str(name), str(detail)) for name, detail in rows]
 
     def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],

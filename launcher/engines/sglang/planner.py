@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from launcher.common.errors import SafeServeError, UsageError, WontFit
 from launcher.common.units import MiB, floor_to, format_gib
-from launcher.engines import sglang as sg
 from launcher.engines.checks_common import CheckInput
 from launcher.engines.dtypes import resolve_dtype
+from launcher.engines.sglang import architectures as sa
+from launcher.engines.sglang import budget as sb
+from launcher.engines.sglang import kv as sk
+from launcher.engines.sglang import rules as sr
 from launcher.engines.sglang.checks import start_checks
 from launcher.plan.budget import (
     not_modelled_warnings,
@@ -39,24 +42,24 @@ def plan(request: PlanRequest) -> Plan:
     if request.device == "cpu":
         raise UsageError("SGLang on CPU is not planned yet: use --engine vllm --device cpu")
     model, geometry = request.model, request.model.geometry
-    rules, rules_note = sg.rules_for(request.engine_version)
-    pinned = sg.pinned_flags(request.engine_args)
-    tp, pp = sg.ranks(pinned)
-    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=sg.TP_FLAG)
+    rules, rules_note = sr.rules_for(request.engine_version)
+    pinned = sr.pinned_flags(request.engine_args)
+    tp, pp = sr.ranks(pinned)
+    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=sr.TP_FLAG)
     gpu = tightest(devices)
     # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
     gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB
-    derivation = sg.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules)
-    context = sg.CUDA_CONTEXT_BYTES + (sg.NCCL_BYTES if tp * pp > 1 else 0)
+    derivation = sb.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules)
+    context = sb.CUDA_CONTEXT_BYTES + (sb.NCCL_BYTES if tp * pp > 1 else 0)
     pre_load = min(d.free_bytes or 0 for d in devices) - context  # P: min over ranks
     cal = request.calibration
-    load_overhead = cal.load_overhead_bytes if cal and cal.load_overhead_bytes is not None else sg.LOAD_OVERHEAD_BYTES
+    load_overhead = cal.load_overhead_bytes if cal and cal.load_overhead_bytes is not None else sb.LOAD_OVERHEAD_BYTES
     weights = model.weight_bytes // (tp * pp)
     after_load = pre_load - weights - load_overhead  # A
 
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=gpu.compute_capability, device="cuda",
                                            pinned=pinned.get("--dtype"))
-    derived_len, derived_reason = sg.derived_context_length(geometry)
+    derived_len, derived_reason = sr.derived_context_length(geometry)
     refusals = start_checks(CheckInput(
         geometry=geometry, device="cuda", compute_capability=gpu.compute_capability, gpu_count=len(request.gpus),
         tp=tp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"), block_size=pinned.get("--page-size"),
@@ -68,20 +71,20 @@ def plan(request: PlanRequest) -> Plan:
         raise WontFit(f"SGLang refuses this at start: {' '.join(first.message.split())} [{first.source}]",
                       hint=first.hint, rule=first.rule, source=first.source)
     try:  # after the engine's own checks: what it refuses is its refusal, not our sizing gap
-        kv_elem, kv_reason = sg.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
+        kv_elem, kv_reason = sk.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    cell = sg.cell_size_bytes(geometry, kv_bytes=kv_elem, tp=tp, pp=pp, pinned=pinned)
-    page, page_reason = sg.default_page_size(geometry, gpu.compute_capability)
+    cell = sk.cell_size_bytes(geometry, kv_bytes=kv_elem, tp=tp, pp=pp, pinned=pinned)
+    page, page_reason = sk.default_page_size(geometry, gpu.compute_capability)
     if "--page-size" in pinned:
         page, page_reason = pinned["--page-size"], "pinned --page-size"
     if geometry.is_multimodal and not pinned.get("--language-only", False):
-        after_load -= sg.MULTIMODAL_RESERVE_BYTES
+        after_load -= sb.MULTIMODAL_RESERVE_BYTES
     # Above the derived length is start_checks' to decide (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN).
     context_len_pinned = pinned.get("--context-length")
 
     def req_to_token_bytes(tokens: int, length: int) -> int:
-        mrr = sg.max_running_requests(max(tokens, 2), length, pinned.get("--max-running-requests"))
+        mrr = sb.max_running_requests(max(tokens, 2), length, pinned.get("--max-running-requests"))
         return (mrr + 1) * (length + 4) * 4
 
     # Fraction: pinned, or keep SGLang's absolute slack (its own reserve) against *free*
@@ -111,12 +114,12 @@ def plan(request: PlanRequest) -> Plan:
                     f"{derivation.fraction:g} leaves on an idle card"
                     + (" + margin for other tenants" if tenants else "")
                     + f", out of {format_gib(pre_load)} free")
-    tokens, budget = sg.pool_tokens(pre_load_bytes=pre_load, after_load_bytes=after_load, fraction_value=fraction_value,
+    tokens, budget = sb.pool_tokens(pre_load_bytes=pre_load, after_load_bytes=after_load, fraction_value=fraction_value,
                                     cell_bytes=cell, page_size=page, max_total_tokens=pinned.get("--max-total-tokens"))
     # The favourable end of the error band: our CUDA-context and loader estimates too high.
-    context_error = sg.CONTEXT_ERROR_BYTES
-    overhead_error = 0 if cal and cal.load_overhead_bytes is not None else sg.LOAD_OVERHEAD_ERROR_BYTES
-    tokens_high, _ = sg.pool_tokens(pre_load_bytes=pre_load + context_error,
+    context_error = sb.CONTEXT_ERROR_BYTES
+    overhead_error = 0 if cal and cal.load_overhead_bytes is not None else sb.LOAD_OVERHEAD_ERROR_BYTES
+    tokens_high, _ = sb.pool_tokens(pre_load_bytes=pre_load + context_error,
                                     after_load_bytes=after_load + context_error + overhead_error,
                                     fraction_value=fraction_value, cell_bytes=cell, page_size=page,
                                     max_total_tokens=pinned.get("--max-total-tokens"))
@@ -176,13 +179,13 @@ def plan(request: PlanRequest) -> Plan:
                    f"{tokens} tokens x {cell:g} B/token (page {page}); budget {format_gib(budget)}", bar="kv"),
     )
     notes = [n for n in (rules_note, dtype_reason, kv_reason, page_reason) if n]
-    verified, architecture_note = sg.architecture_status(geometry)
-    unverified_error = 0 if verified else int(kv * sg.UNVERIFIED_KV_ERROR_FRACTION)
+    verified, architecture_note = sa.architecture_status(geometry)
+    unverified_error = 0 if verified else int(kv * sa.UNVERIFIED_KV_ERROR_FRACTION)
     notes.append(f"default fraction {derivation.fraction:g}: chunked prefill {derivation.chunked_prefill_size}, "
                  f"decode graph bs {derivation.decode_max_bs}, {derivation.prefill_buckets} prefill buckets"
                  + (", 10 GiB floor" if derivation.floor_applied else ""))
     return Plan(
-        engine="sglang", engine_version=request.engine_version or sg.NEWEST, rules_version=rules.version,
+        engine="sglang", engine_version=request.engine_version or sr.NEWEST, rules_version=rules.version,
         device="cuda", model=model.name, max_model_len=length, max_model_len_source=length_reason,
         kv_cache_bytes=kv, kv_cache_tokens=tokens, max_concurrency=round(tokens / length, 2) if length else 0.0,
         budget=items, engine_args=tuple(args), engine_env={}, pinned=dict(pinned), tp=tp, pp=pp,
@@ -191,7 +194,7 @@ def plan(request: PlanRequest) -> Plan:
         notes=tuple(notes),
         engine_version_assumed=request.engine_version_assumed,
         architecture_verified=verified,
-        warnings=(*not_modelled_warnings(pinned, sg.NOT_MODELLED), *(() if verified else (architecture_note,))),
+        warnings=(*not_modelled_warnings(pinned, sr.NOT_MODELLED), *(() if verified else (architecture_note,))),
         kv_cache_bytes_low=max(int(max(tokens_central, 0) * cell) - int(max(tokens_high - tokens, 0) * cell)
                                - unverified_error, 0),
         kv_cache_bytes_high=int(max(tokens_high, tokens) * cell) + unverified_error,
@@ -203,7 +206,7 @@ def plan(request: PlanRequest) -> Plan:
 
 def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     """`--trust-engine`: launch with the operator's flags only; SGLang sizes itself."""
-    pinned = sg.pinned_flags(request.engine_args)
-    rules, _ = sg.rules_for(request.engine_version)
-    return unplanned(request, refusal, newest=sg.NEWEST, rules_version=rules.version, pinned=pinned,
-                     length=pinned.get("--context-length") or 0, tp=sg.ranks(pinned)[0], block=None)
+    pinned = sr.pinned_flags(request.engine_args)
+    rules, _ = sr.rules_for(request.engine_version)
+    return unplanned(request, refusal, newest=sr.NEWEST, rules_version=rules.version, pinned=pinned,
+                     length=pinned.get("--context-length") or 0, tp=sr.ranks(pinned)[0], block=None)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from launcher.common.units import GiB
 from launcher.engines.events import EngineEvent
 from launcher.engines.flags import set_flag, split_engine_cmd
-from launcher.engines.sglang import FLAGS
+from launcher.engines.sglang.rules import FLAGS
 from launcher.plan.types import Calibration, Plan
 
 # "The memory capacity is unbalanced": another tenant on one rank; may pass later (exit 75).

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from launcher.engines import vllm as rules
 from launcher.engines.base import PackageAdapter
-from launcher.engines.vllm import logs, runtime
+from launcher.engines.vllm import architectures, logs, rules, runtime
 
 
 class VllmAdapter(PackageAdapter):
     name = "vllm"
     newest = rules.NEWEST
-    length_flag = "--max-model-len"
-    tp_flag = "--tensor-parallel-size"
-    pp_flag = "--pipeline-parallel-size"
-    fp8_kv_dtype = "fp8"
-    default_port = 8000
+    length_flag = rules.LENGTH_FLAG
+    tp_flag = rules.TP_FLAG
+    pp_flag = rules.PP_FLAG
+    fp8_kv_dtype = rules.FP8_KV
+    default_port = rules.DEFAULT_PORT
     log_prefilter = logs.PREFILTER
     temporary_fatal = runtime.TEMPORARY_FATAL
-    _rules, _logs, _runtime = rules, logs, runtime
+    _rules, _logs, _runtime, _architectures = rules, logs, runtime, architectures
     _planner_module = "launcher.engines.vllm.planner"
 
 

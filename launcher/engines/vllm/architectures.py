@@ -324,3 +324,9 @@ def cpu_unservable(geometry: ModelGeometry, *, kv_dtype_bytes: int, cpu_amx: boo
         return ("vLLM's CPU MLA kernel (no AMX) starts with an fp8 KV cache but fails the first request "
                 "('expected scalar type BFloat16 but found Float8_e4m3fn')", "use --kv-cache-dtype auto")
     return None
+
+
+def proof_summary() -> tuple[str, list[tuple[str, str]]]:
+    """(how they were proven, [(architecture, its proof)]) for `safe-serve models --architectures`."""
+    return (f"vLLM {ENGINE_VERSION}: verified on the real engine (tests/data/vllm_cpu_truth.json)",
+            [(row.architecture, f"{len(row.cases)} engine runs, {row.vllm_model}") for row in verified_architectures()])

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from launcher.common.units import GiB, MiB, format_gib
+from launcher.engines.vllm.rules import VllmRules, uses_v2_runner
 from launcher.model.config import ModelGeometry
 
 # CUDA context + torch before the init snapshot. vLLM 0.10.2 on an idle 80 GB card printed
@@ -160,7 +160,7 @@ def moe_workspace_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int
     return 2 * batched_tokens * topk * (max(n // 2, h) + max(n, h))
 
 
-def profile_peak(geometry: ModelGeometry, *, rules: Any, batched_tokens: int, num_seqs: int, tp: int,
+def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: int, num_seqs: int, tp: int,
                  gpu_name: str = "", act_dtype_bytes: int = 2, language_only: bool = False) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
 
@@ -172,8 +172,6 @@ def profile_peak(geometry: ModelGeometry, *, rules: Any, batched_tokens: int, nu
     intermediates, attention skipped) dominates; 0.33 adds a warmup pass (fp32 copy + top-k/top-p
     buffer). A penalty state int32 [max_num_seqs, V] is allocated at V2 runner init.
     """
-    from launcher.engines.vllm import uses_v2_runner
-
     v, h, t, r = geometry.vocab_size, geometry.hidden_size, batched_tokens, min(batched_tokens, num_seqs)
     sms = min(sm_count(gpu_name), r)
     hidden = act_dtype_bytes * t * h
@@ -241,3 +239,11 @@ def non_torch_bytes(tp: int, pp: int, *, since_019: bool = True,
             return NON_TORCH_BYTES_TP_V019, NON_TORCH_TP_ERROR_BYTES
         return NON_TORCH_BYTES_TP, NON_TORCH_ERROR_BYTES
     return (NON_TORCH_BYTES_TP1_V019 if since_019 else NON_TORCH_BYTES_TP1), NON_TORCH_ERROR_BYTES
+
+
+def utilization_for(room_bytes: int, cuda_total_bytes: int) -> float:
+    """The largest 4-decimal utilization whose ceil(total x u) stays within `room_bytes`."""
+    u = math.floor(room_bytes / cuda_total_bytes * 10_000) / 10_000
+    while u > 0 and requested_bytes(cuda_total_bytes, u) > room_bytes:
+        u = round(u - 0.0001, 4)
+    return u

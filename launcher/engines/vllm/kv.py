@@ -28,10 +28,14 @@ Sources (vLLM 0.32.0, paths in the vLLM tree):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from launcher.common.units import cdiv
-from launcher.engines.vllm.architectures import CHUNKED, LayerSpec, vllm_layer_specs
+from launcher.engines.dtypes import auto_kv_bytes, kv_element_bytes
+from launcher.engines.vllm.architectures import CHUNKED, LayerSpec, uses_mla, vllm_layer_specs
+from launcher.engines.vllm.rules import VllmRules
 from launcher.model.config import FULL, MLA, SLIDING, ModelGeometry, kv_heads_per_rank
 from launcher.plan.search import largest_length
 
@@ -241,3 +245,79 @@ def estimate_max_model_len(layout: KvLayout, check_memory: int, max_model_len: i
     if check_memory <= 0:
         return 0
     return largest_length(fits, max_model_len, 1)
+
+
+# --------------------------------------------------------------------------- dtype, block and layout
+
+
+# The `--kv-cache-dtype` values safe-serve sizes, as vLLM stores them
+# (STR_DTYPE_TO_TORCH_DTYPE, vllm/utils/torch_utils.py:33 in 0.32.0).
+KV_CACHE_DTYPES = {
+    "fp8": "uint8", "fp8_e4m3": "uint8", "fp8_e5m2": "uint8", "fp8_inc": "float8_e4m3fn",
+    "bfloat16": "bfloat16", "float16": "float16", "half": "float16",
+}
+
+
+def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str) -> tuple[int, str]:
+    value = (kv_cache_dtype or "auto").lower()
+    if value == "auto":
+        return auto_kv_bytes(model_dtype), f"kv-cache-dtype auto = model dtype {model_dtype}"
+    size = kv_element_bytes(value, KV_CACHE_DTYPES)
+    if size is None:
+        raise ValueError(f"kv-cache-dtype {value!r} is not one safe-serve can size yet")
+    return size, f"kv-cache-dtype {value}" + (" (1 byte)" if size == 1 else "")
+
+
+def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tuple[int, int] | None,
+               pinned: int | None, cpu_amx: bool | None = None, rules: VllmRules | None = None,
+               kv_cache_dtype: str | None = None) -> tuple[int, str]:
+    """Tokens per KV block: the attention backend's preference unless pinned.
+
+    On CPU the reference MLA kernel (no AMX) only compiles for block 16 and vLLM forces
+    it even over a pinned --block-size (`CpuPlatform.check_and_update_config`).
+    """
+    if device == "cpu" and uses_mla(geometry) and not cpu_amx:
+        return 16, "CPU MLA reference kernel (no AMX) requires block 16 (vllm/platforms/cpu.py)"
+    if device == "cpu" and rules is not None and rules.cpu_sliding_block is not None \
+            and SLIDING in geometry.layer_kinds:
+        # Before 0.30 sliding-window layers take the CPU kernel's smallest block (16, on 0.29 32);
+        # other layers keep the configured one and pages are unified to the larger.
+        configured = pinned or CPU_BLOCK_SIZE
+        if all(kind == SLIDING for kind in geometry.layer_kinds):
+            return rules.cpu_sliding_block, (f"vLLM {rules.version} CPU: sliding-window layers take the kernel's "
+                                             f"smallest block {rules.cpu_sliding_block} (cpu_attn.py)")
+        return max(configured, rules.cpu_sliding_block), ("pinned --block-size" if pinned else
+                                                           "CPU backend default (vllm/platforms/cpu.py)")
+    if pinned and device == "cpu" and SLIDING in geometry.layer_kinds and pinned % 32:
+        # Sliding-window layers pick a kernel block of their own (CPU kernels take multiples
+        # of 32) and the other layers are scaled to the same page: `kv lcm block sizes 32`.
+        return -(-pinned // 32) * 32, f"pinned --block-size {pinned}, raised to a multiple of 32 by the CPU " \
+            "sliding-window kernel (Attention.get_kv_cache_spec)"
+    if pinned:
+        return pinned, "pinned --block-size"
+    if device == "cpu":
+        return CPU_BLOCK_SIZE, "CPU backend default (vllm/platforms/cpu.py)"
+    if uses_mla(geometry) and compute_capability is not None and compute_capability[0] >= 10:
+        return 32, "FlashInfer-MLA on Blackwell (block 32)"
+    if uses_mla(geometry) and compute_capability is not None and compute_capability[0] == 9 \
+            and kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8"):
+        # FLASH_ATTN_MLA, Hopper's first MLA choice, takes no fp8 cache: FlashMLA does, in blocks of
+        # 64 (vllm/platforms/cuda.py:147; v1/attention/backends/mla/flashmla.py:49-59 in 0.32).
+        return 64, "FlashMLA for an fp8 MLA cache on Hopper (block 64)"
+    return DEFAULT_BLOCK_SIZE, "CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention / FlashInfer)"
+
+
+def layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, tp: int, pp: int,
+               pinned: Mapping[str, Any]) -> KvLayout:
+    return kv_layout(geometry, block_size=block, kv_dtype_bytes=kv_bytes, tp=tp, pp=pp,
+                     hybrid_manager=not pinned.get("--disable-hybrid-kv-cache-manager", False))
+
+
+def in_flight_tokens(*, batched_tokens: int, device: str, pp: int) -> int:
+    """`VllmConfig.max_in_flight_tokens`: concurrent batches x max_num_batched_tokens.
+
+    Async scheduling (2 batches at PP=1) is the GPU default; it only matters for
+    sliding-window layers, which must hold the in-flight tokens beyond their window.
+    """
+    batches = 2 if device != "cpu" and pp <= 1 else max(pp, 1)
+    return batches * batched_tokens

@@ -16,10 +16,11 @@ from typing import Any
 
 from launcher.common.errors import SafeServeError, UsageError, WontFit
 from launcher.common.units import GiB, MiB, format_gib
-from launcher.engines import vllm as vl
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.vllm import budget as vb
+from launcher.engines.vllm import kv as vk
+from launcher.engines.vllm import rules as vr
 from launcher.engines.vllm.architectures import architecture_status, cpu_unservable, uses_mla
 from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
@@ -58,7 +59,7 @@ def plan(request: PlanRequest) -> Plan:
 
 @dataclass(frozen=True)
 class _VllmSetup:
-    rules: vl.VllmRules
+    rules: vr.VllmRules
     rules_note: str | None
     pinned: Mapping[str, Any]
     tp: int
@@ -76,33 +77,33 @@ class _VllmSetup:
 
 def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None,
                 gpu_name: str | None = None) -> _VllmSetup:
-    rules, note = vl.rules_for(request.engine_version)
-    pinned = vl.pinned_flags(request.engine_args)
-    tp, pp = vl.ranks(pinned)
+    rules, note = vr.rules_for(request.engine_version)
+    pinned = vr.pinned_flags(request.engine_args)
+    tp, pp = vr.ranks(pinned)
     geometry = request.model.geometry
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=compute_capability,
                                            device=request.device, pinned=pinned.get("--dtype"))
     # The engine's own start-time rules first: what it refuses is its refusal (exit 78).
-    max_len, max_len_reason = vl.derived_max_model_len(geometry, rules=rules)
+    max_len, max_len_reason = vr.derived_max_model_len(geometry, rules=rules)
     refuse_what_vllm_refuses(start_checks(CheckInput(
         geometry=geometry, device=request.device, compute_capability=compute_capability,
         gpu_count=len(request.gpus), tp=tp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"),
         block_size=pinned.get("--block-size"), max_model_len=pinned.get("--max-model-len") or None,
         model_max_len=max_len, engine_version=request.engine_version, gpu_name=gpu_name,
-        max_len_key=vl.max_len_key(geometry),
+        max_len_key=vr.max_len_key(geometry),
         allow_long_max_model_len=request.allow_long_max_model_len, quantization=pinned.get("--quantization"),
         pinned_dtype=pinned.get("--dtype"), nnodes=int(pinned.get("--nnodes", 1)))))
     try:
-        kv_bytes, kv_reason = vl.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype)
+        kv_bytes, kv_reason = vk.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    block, block_reason = vl.block_size(geometry, device=request.device, compute_capability=compute_capability,
+    block, block_reason = vk.block_size(geometry, device=request.device, compute_capability=compute_capability,
                                         pinned=pinned.get("--block-size"),
                                         cpu_amx=request.host.cpu_amx if request.host else None, rules=rules,
                                         kv_cache_dtype=pinned.get("--kv-cache-dtype"))
     if request.device == "cpu":
         _refuse_cpu_combinations(request, geometry, block, kv_bytes, rules, pinned.get("--block-size"))
-    layout = vl.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
+    layout = vk.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
                       layout, max_len, max_len_reason)
 
@@ -118,7 +119,7 @@ def refuse_what_vllm_refuses(rules: tuple[EngineRule, ...]) -> None:
 
 
 def _refuse_cpu_combinations(request: PlanRequest, geometry: ModelGeometry, block: int, kv_bytes: int,
-                             rules: vl.VllmRules, pinned_block: int | None) -> None:
+                             rules: vr.VllmRules, pinned_block: int | None) -> None:
     """Combinations the vLLM CPU backend accepts at start but cannot run (seen on the real engine,
     tests/data/vllm_cpu_truth.json and vllm_cpu_truth_versions.json)."""
     if uses_mla(geometry) and not rules.cpu_mla:
@@ -255,9 +256,9 @@ def _check_vllm_capacity(request: PlanRequest, capacity: KvCapacity, length: int
 def plan_gpu(request: PlanRequest) -> Plan:
     model, geometry = request.model, request.model.geometry
     # Parallelism picks the devices, whose compute capability then sets dtype and block size.
-    pinned = vl.pinned_flags(request.engine_args)
-    tp, pp = vl.ranks(pinned)
-    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=vl.TP_FLAG)
+    pinned = vr.pinned_flags(request.engine_args)
+    tp, pp = vr.ranks(pinned)
+    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=vr.TP_FLAG)
     gpu = tightest(devices)
     setup = _vllm_setup(request, gpu.compute_capability, gpu.name)
     rules = setup.rules
@@ -278,7 +279,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
                                  world_size=tp * pp, b200_tier=rules.b200_tier)
     if pinned.get("--performance-mode") == "throughput":
         defaults = defaults.doubled()
-    warnings = not_modelled_warnings(pinned, vl.NOT_MODELLED)
+    warnings = not_modelled_warnings(pinned, vr.NOT_MODELLED)
     running = int(pinned.get("--max-num-seqs", defaults.max_num_seqs))
     if request.concurrency > running:
         # vLLM never runs more than max_num_seqs requests at once: the rest queue. Sizing the
@@ -302,7 +303,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
         room = free_at_init - request.margin_bytes
         if request.max_gpu_memory_bytes is not None:
             room = min(room, request.max_gpu_memory_bytes - context)
-        utilization = min(rules.default_utilization, vl.utilization_for(max(room, 0), total))
+        utilization = min(rules.default_utilization, vb.utilization_for(max(room, 0), total))
         util_source = ENGINE_DEFAULT if utilization == rules.default_utilization else FORMULA
         util_detail = (f"vLLM {rules.version} default" if util_source == ENGINE_DEFAULT
                        else f"free {format_gib(free)} - context {format_gib(context)} - margin "
@@ -313,7 +314,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
             # A CUDA OOM while serving on this setup: request that much less, so the engine
             # leaves it free for runtime peaks (bounded in launcher.plan.calibration), and the
             # systemd restart loop converges instead of repeating.
-            utilization = vl.utilization_for(max(vb.requested_bytes(total, utilization) - headroom, 0), total)
+            utilization = vb.utilization_for(max(vb.requested_bytes(total, utilization) - headroom, 0), total)
             util_source = CALIBRATED
             util_detail += f"; - {format_gib(headroom)} headroom after a runtime CUDA OOM on this setup"
     if utilization <= 0:
@@ -392,7 +393,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
     def capacity_for(length: int, kv_bytes: int) -> KvCapacity:
         batched = budget_at(length)[0]
         return kv_capacity(setup.layout, kv_bytes, max_model_len=length,
-                           in_flight_tokens=vl.in_flight_tokens(batched_tokens=batched, device="cuda", pp=pp))
+                           in_flight_tokens=vk.in_flight_tokens(batched_tokens=batched, device="cuda", pp=pp))
 
     def capacity_at(length: int) -> KvCapacity:
         return capacity_for(length, kv_at(length))
@@ -475,7 +476,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
     if setup.layout.padding_layers:
         notes.append(f"vLLM pads {setup.layout.padding_layers} layer(s) to even KV groups")
     return Plan(
-        engine="vllm", engine_version=request.engine_version or vl.NEWEST, rules_version=rules.version,
+        engine="vllm", engine_version=request.engine_version or vr.NEWEST, rules_version=rules.version,
         device="cuda", model=model.name, max_model_len=length, max_model_len_source=length_reason,
         kv_cache_bytes=kv, kv_cache_tokens=capacity.tokens, max_concurrency=round(capacity.max_concurrency, 2),
         budget=tuple(items), engine_args=tuple(args), engine_env={}, pinned=dict(pinned), tp=tp, pp=pp,
@@ -523,7 +524,7 @@ def plan_cpu(request: PlanRequest) -> Plan:
     def capacity_for(space_bytes: int, length: int) -> KvCapacity:
         batched = activation_at(length)[0]
         return kv_capacity(setup.layout, space_bytes, max_model_len=length,
-                           in_flight_tokens=vl.in_flight_tokens(batched_tokens=batched, device="cpu", pp=setup.pp))
+                           in_flight_tokens=vk.in_flight_tokens(batched_tokens=batched, device="cpu", pp=setup.pp))
 
     if env_space not in (None, ""):
         try:
@@ -540,7 +541,7 @@ def plan_cpu(request: PlanRequest) -> Plan:
         target_len = pinned_len if pinned_len and pinned_len > 0 else setup.model_max_len
         needed = setup.layout.bytes_per_block * (
             math.ceil(request.concurrency * setup.layout.blocks_per_request(
-                target_len, vl.in_flight_tokens(batched_tokens=activation_at(target_len)[0], device="cpu",
+                target_len, vk.in_flight_tokens(batched_tokens=activation_at(target_len)[0], device="cpu",
                                                 pp=setup.pp))) + 1)
         most = max((room - activation_at(target_len)[1]) // GiB, 0)
         space_gib = max(1, min(math.ceil(needed / GiB), most))
@@ -577,7 +578,7 @@ def plan_cpu(request: PlanRequest) -> Plan:
     notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
     verified, architecture_note = architecture_status(geometry)
     return Plan(
-        engine="vllm", engine_version=request.engine_version or vl.NEWEST, rules_version=setup.rules.version,
+        engine="vllm", engine_version=request.engine_version or vr.NEWEST, rules_version=setup.rules.version,
         device="cpu", model=model.name, max_model_len=length, max_model_len_source=length_reason,
         kv_cache_bytes=kv, kv_cache_tokens=capacity.tokens, max_concurrency=round(capacity.max_concurrency, 2),
         budget=items, engine_args=tuple(args), engine_env=env, pinned=dict(pinned), tp=setup.tp, pp=setup.pp,
@@ -592,9 +593,9 @@ def plan_cpu(request: PlanRequest) -> Plan:
 
 def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     """`--trust-engine`: launch with the operator's flags only; vLLM sizes itself."""
-    pinned = vl.pinned_flags(request.engine_args)
-    block, _ = vl.block_size(request.model.geometry, device=request.device, compute_capability=None,
+    pinned = vr.pinned_flags(request.engine_args)
+    block, _ = vk.block_size(request.model.geometry, device=request.device, compute_capability=None,
                              pinned=pinned.get("--block-size"), cpu_amx=request.host.cpu_amx if request.host else None)
-    rules, _ = vl.rules_for(request.engine_version)
-    return unplanned(request, refusal, newest=vl.NEWEST, rules_version=rules.version, pinned=pinned,
-                     length=pinned.get("--max-model-len") or 0, tp=vl.ranks(pinned)[0], block=block)
+    rules, _ = vr.rules_for(request.engine_version)
+    return unplanned(request, refusal, newest=vr.NEWEST, rules_version=rules.version, pinned=pinned,
+                     length=pinned.get("--max-model-len") or 0, tp=vr.ranks(pinned)[0], block=block)

