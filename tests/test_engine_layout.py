@@ -57,3 +57,20 @@ def test_rules_rows_are_keyword_deltas_citing_their_source(engine: str) -> None:
             assert not node.args, f"{engine}/rules.py:{node.lineno}: a positional row"
     assert all(row.source for row in rules.RULES)
     assert rules.RULES[-1].version == rules.NEWEST
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_layer_patterns_cite_their_source_and_bind_idempotently(engine: str) -> None:
+    """Which layers an engine caches is its table; binding twice changes nothing."""
+    import importlib
+
+    from launcher.model.config import FULL, SLIDING, geometry_from_config
+
+    architectures = importlib.import_module(f"launcher.engines.{engine}.architectures")
+    assert architectures.LAYER_PATTERNS and all(row.source for row in architectures.LAYER_PATTERNS)
+    config = {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 10, "sliding_window": 256}
+    raw = geometry_from_config(config)
+    assert raw.layer_kinds == (SLIDING,) * 4  # the config alone: one window on every layer
+    bound = architectures.cached_layers(raw)
+    assert bound.layer_kinds == (SLIDING, FULL, SLIDING, FULL) and architectures.cached_layers(bound) == bound

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.common.errors import ModelConfigError, SafeServeError, UnsupportedModel
+from launcher.engines.vllm.architectures import cached_layers  # which layers vLLM's model code makes slide
 from launcher.model.config import FULL, MLA, SLIDING, geometry_from_config, refuse_unsupported
 from launcher.model.resolve import resolve_model, safetensors_tensor_bytes
 
@@ -44,8 +45,8 @@ class TestWorkedExamples:
         assert mha.kv_bytes_per_token(2) == 401408  # 392 KiB
 
     def test_qwen_sliding_window_off_without_use_sliding_window(self) -> None:
-        """Qwen2's config keeps its window only with use_sliding_window, as transformers does."""
-        assert geometry_from_config(QWEN25_7B).layer_kinds == (FULL,) * 28
+        """Qwen2's config keeps its window only with use_sliding_window, as transformers does (vLLM's table)."""
+        assert cached_layers(geometry_from_config(QWEN25_7B)).layer_kinds == (FULL,) * 28
 
 
 class TestLayerKinds:
@@ -54,14 +55,14 @@ class TestLayerKinds:
         cfg = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 64,
                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
                "vocab_size": 100, "sliding_window": 256}
-        assert geometry_from_config(cfg).layer_kinds == (SLIDING, FULL, SLIDING, FULL)
+        assert cached_layers(geometry_from_config(cfg)).layer_kinds == (SLIDING, FULL, SLIDING, FULL)
 
     def test_gemma3_pattern_six(self) -> None:
         """Gemma 3 makes every sixth layer global."""
         cfg = {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 12, "num_attention_heads": 4,
                "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 10, "sliding_window": 512,
                "sliding_window_pattern": 6}
-        kinds = geometry_from_config(cfg).layer_kinds
+        kinds = cached_layers(geometry_from_config(cfg)).layer_kinds
         assert [i for i, k in enumerate(kinds) if k == FULL] == [5, 11]
 
     def test_mistral_window_on_every_layer(self) -> None:

@@ -97,7 +97,9 @@ class ModelGeometry:
     head_dim: int
     v_head_dim: int
     vocab_size: int
-    layer_kinds: tuple[str, ...]  # one of FULL, SLIDING, MLA, LINEAR per decoder layer
+    # One of FULL, SLIDING, MLA, LINEAR per decoder layer, as config.json states them; an engine's
+    # planner binds the layers its model code builds (launcher/engines/<engine>/architectures.py).
+    layer_kinds: tuple[str, ...]
     sliding_window: int | None
     config_dtype: str | None  # as written in config.json (torch_dtype / dtype)
     intermediate_size: int | None = None
@@ -274,7 +276,7 @@ def _mla_dims(text: Mapping[str, Any], model_type: str) -> MlaDims | None:
 
 def _layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
                  is_mla: bool) -> tuple[tuple[str, ...], int | None]:
-    """Per-layer attention kind and the sliding window, as transformers' configs define them."""
+    """Per-layer attention kind and the sliding window, as config.json states them."""
     if model_type in ATTENTION_FREE_MODEL_TYPES:
         return (LINEAR,) * num_layers, None
     window = _opt_int(text, "sliding_window")
@@ -297,29 +299,10 @@ def _layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
                 kinds.append(MLA if is_mla else FULL)
         return tuple(kinds), window if SLIDING in kinds else None
 
-    if model_type.startswith(("qwen2", "qwen3")):
-        # Qwen2Config keeps a window only with use_sliding_window, from max_window_layers on.
-        if not text.get("use_sliding_window", False):
-            window = None
-        first_sliding = _opt_int(text, "max_window_layers") or 0
-        kinds = [SLIDING if window and i >= first_sliding else FULL for i in range(num_layers)]
-    elif model_type in ("gemma2",) and window:
-        kinds = [SLIDING if (i + 1) % 2 else FULL for i in range(num_layers)]
-    elif model_type in ("gemma3", "gemma3_text") and window:
-        pattern = _opt_int(text, "sliding_window_pattern") or 6
-        kinds = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
-    elif model_type in ("cohere2",) and window:
-        pattern = _opt_int(text, "sliding_window_pattern") or 4
-        kinds = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
-    elif model_type in ("olmo3", "exaone4") and window:
-        # Olmo3Config / Exaone4Config without layer_types: 3 sliding : 1 full (an int pattern for EXAONE).
-        raw = text.get("sliding_window_pattern") if model_type == "exaone4" else None
-        pattern = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else 4
-        kinds = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
-    elif window:
-        kinds = [SLIDING] * num_layers  # Mistral-style: one window on every layer
-    else:
-        kinds = [MLA if is_mla else FULL] * num_layers
+    # Without layer_types: one kind for every layer. Which layers an engine's model code makes
+    # slide (Gemma 2's alternation, Qwen2's use_sliding_window) is that engine's table:
+    # LAYER_PATTERNS in launcher/engines/<engine>/architectures.py.
+    kinds = [SLIDING if window else MLA if is_mla else FULL] * num_layers
     if is_mla:
         kinds = [MLA if kind == FULL else kind for kind in kinds]
     return tuple(kinds), window if SLIDING in kinds else None
@@ -419,6 +402,12 @@ def _opt_int(cfg: Mapping[str, Any], key: str) -> int | None:
         raise ModelConfigError(
             f"config.json: '{key}' must be a whole number from 0 to {_MAX_CONFIG_INT}, not {_short(value)}")
     return int(value)
+
+
+def whole_number(cfg: Mapping[str, Any], key: str) -> int | None:
+    """A whole number from config.json (absent: None), or the `ModelConfigError` naming the key;
+    the engines' layer tables read their keys through it."""
+    return _opt_int(cfg, key)
 
 
 def _req_int(cfg: Mapping[str, Any], key: str, aliases: tuple[str, ...] = ()) -> int:

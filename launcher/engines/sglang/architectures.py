@@ -5,8 +5,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from launcher.engines.layers import LayerPattern
+from launcher.engines.layers import cached_layers as _bind
 from launcher.engines.sglang.rules import NEWEST
 from launcher.model.config import ModelGeometry
+
+# Which layers slide when config.json lists no `layer_types`: SGLang reads the config through the
+# same transformers config classes (srt/configs/model_config.py). Only hybrid SWA architectures
+# (below) size their sliding layers apart; the others pool every layer as full attention.
+LAYER_PATTERNS: tuple[LayerPattern, ...] = (
+    LayerPattern(("qwen2*", "qwen3*"), "transformers Qwen2Config: use_sliding_window, max_window_layers",
+                 window_switch="use_sliding_window", first_sliding_key="max_window_layers"),
+    LayerPattern(("gemma2",), "transformers Gemma2Config (even layers slide)", every=2),
+    LayerPattern(("gemma3", "gemma3_text"), "transformers Gemma3TextConfig sliding_window_pattern", every=6,
+                 every_key="sliding_window_pattern"),
+    LayerPattern(("cohere2",), "transformers Cohere2Config sliding_window_pattern", every=4,
+                 every_key="sliding_window_pattern"),
+    LayerPattern(("olmo3",), "transformers Olmo3Config (3 sliding : 1 full)", every=4),
+    LayerPattern(("exaone4",), "transformers Exaone4Config sliding_window_pattern", every=4,
+                 every_key="sliding_window_pattern", strict=False),
+)
+
+
+def cached_layers(geometry: ModelGeometry) -> ModelGeometry:
+    """`geometry` with the layer kinds and window SGLang's model code builds (`LAYER_PATTERNS`)."""
+    return _bind(geometry, LAYER_PATTERNS)
 
 # `is_hybrid_swa_model` (configs/model_config.py): these get a separate, smaller sliding-window
 # pool. Gemma 2/3 are not on it (SGLang sizes all their layers as full attention).
@@ -20,6 +43,7 @@ DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio
 
 
 def is_hybrid_swa(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> bool:
+    geometry = cached_layers(geometry)
     return (geometry.architecture in HYBRID_SWA_ARCHITECTURES and geometry.sliding_window is not None
             and not pinned.get("--disable-hybrid-swa-memory", False))
 

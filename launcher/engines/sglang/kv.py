@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from launcher.engines.dtypes import auto_kv_bytes, kv_element_bytes
-from launcher.engines.sglang.architectures import DEFAULT_SWA_FULL_TOKENS_RATIO, is_hybrid_swa
+from launcher.engines.sglang.architectures import DEFAULT_SWA_FULL_TOKENS_RATIO, cached_layers, is_hybrid_swa
 from launcher.model.config import ModelGeometry, kv_heads_per_rank
 
 # The `--kv-cache-dtype` values safe-serve sizes, as SGLang's model runner stores them.
@@ -48,6 +48,7 @@ def cell_size_bytes(geometry: ModelGeometry, *, kv_bytes: int, tp: int, pp: int,
     as in SGLang's HybridSWAPoolConfigurator).
     """
     pinned = pinned or {}
+    geometry = cached_layers(geometry)
     layers = max(stage_layers(geometry.num_layers, pp), key=len)
     kinds = [geometry.layer_kinds[i] for i in layers]
     if geometry.mla is not None:

@@ -12,6 +12,7 @@ from launcher.common.errors import SafeServeError, UsageError, WontFit
 from launcher.common.units import MiB, floor_to, format_gib
 from launcher.engines.checks_common import CheckInput
 from launcher.engines.dtypes import resolve_dtype
+from launcher.engines.layers import request_with_cached_layers
 from launcher.engines.sglang import architectures as sa
 from launcher.engines.sglang import budget as sb
 from launcher.engines.sglang import kv as sk
@@ -39,6 +40,7 @@ from launcher.plan.types import (
 
 
 def plan(request: PlanRequest) -> Plan:
+    request = request_with_cached_layers(request, sa.LAYER_PATTERNS)
     if request.device == "cpu":
         raise UsageError("SGLang on CPU is not planned yet: use --engine vllm --device cpu")
     model, geometry = request.model, request.model.geometry
@@ -206,6 +208,7 @@ def plan(request: PlanRequest) -> Plan:
 
 def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     """`--trust-engine`: launch with the operator's flags only; SGLang sizes itself."""
+    request = request_with_cached_layers(request, sa.LAYER_PATTERNS)
     pinned = sr.pinned_flags(request.engine_args)
     rules, _ = sr.rules_for(request.engine_version)
     return unplanned(request, refusal, newest=sr.NEWEST, rules_version=rules.version, pinned=pinned,

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.engines.layers import LayerPattern
+from launcher.engines.layers import cached_layers as _bind
 from launcher.model.config import FULL, LINEAR, MLA, SLIDING, ModelGeometry
 
 ENGINE_VERSION = "0.32.0"
@@ -53,6 +55,30 @@ REMOVED: Mapping[str, str] = {
     "Grok1ForCausalLM": "0.24.0", "PersimmonForCausalLM": "0.25.0", "TeleChatForCausalLM": "0.25.0",
     "Plamo2ForCausalLM": "0.26.0", "Phi3SmallForCausalLM": "0.9.2",
 }
+
+
+# Which layers slide when config.json lists no `layer_types` (the config classes fill them as the
+# model code reads them); with layer_types, or without a window, the config's own reading stands.
+# The first row whose model types match decides (qwen2* before the others, as the model code is shared).
+LAYER_PATTERNS: tuple[LayerPattern, ...] = (
+    # Qwen2Config keeps a window only with use_sliding_window, from max_window_layers on.
+    LayerPattern(("qwen2*", "qwen3*"), "models/qwen2.py:196-205", window_switch="use_sliding_window",
+                 first_sliding_key="max_window_layers"),
+    LayerPattern(("gemma2",), "models/gemma2.py:150-166 (even layers slide)", every=2),
+    LayerPattern(("gemma3", "gemma3_text"), "models/gemma3.py:150-185 (5 sliding : 1 full)", every=6,
+                 every_key="sliding_window_pattern"),
+    LayerPattern(("cohere2",), "models/commandr.py:234-255 (3 sliding : 1 full)", every=4,
+                 every_key="sliding_window_pattern"),
+    # Olmo3Config / Exaone4Config without layer_types: 3 sliding : 1 full (an int pattern for EXAONE).
+    LayerPattern(("olmo3",), "Transformers backend: Olmo3Config (3 sliding : 1 full)", every=4),
+    LayerPattern(("exaone4",), "models/exaone4.py:172-193 (3 sliding : 1 full)", every=4,
+                 every_key="sliding_window_pattern", strict=False),
+)
+
+
+def cached_layers(geometry: ModelGeometry) -> ModelGeometry:
+    """`geometry` with the layer kinds and window vLLM's model code builds (`LAYER_PATTERNS`)."""
+    return _bind(geometry, LAYER_PATTERNS)
 
 
 @dataclass(frozen=True)
@@ -241,6 +267,7 @@ def vllm_layer_specs(geometry: ModelGeometry) -> tuple[LayerSpec | None, ...]:
     """The spec of every decoder layer as vLLM 0.32 builds it; None for layers with no KV cache."""
     # Keyed by model_type, not class name, so a multimodal wrapper's text stack gets the same layers
     # (its status stays unverified until a row names the wrapper).
+    geometry = cached_layers(geometry)
     text = geometry.text_config
     model_type = geometry.model_type
     kinds = geometry.layer_kinds

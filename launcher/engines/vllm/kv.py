@@ -34,7 +34,7 @@ from typing import Any
 
 from launcher.common.units import cdiv
 from launcher.engines.dtypes import auto_kv_bytes, kv_element_bytes
-from launcher.engines.vllm.architectures import CHUNKED, LayerSpec, uses_mla, vllm_layer_specs
+from launcher.engines.vllm.architectures import CHUNKED, LayerSpec, cached_layers, uses_mla, vllm_layer_specs
 from launcher.engines.vllm.rules import VllmRules
 from launcher.model.config import FULL, MLA, SLIDING, ModelGeometry, kv_heads_per_rank
 from launcher.plan.search import largest_length
@@ -276,6 +276,7 @@ def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tupl
     On CPU the reference MLA kernel (no AMX) only compiles for block 16 and vLLM forces
     it even over a pinned --block-size (`CpuPlatform.check_and_update_config`).
     """
+    geometry = cached_layers(geometry)
     if device == "cpu" and uses_mla(geometry) and not cpu_amx:
         return 16, "CPU MLA reference kernel (no AMX) requires block 16 (vllm/platforms/cpu.py)"
     if device == "cpu" and rules is not None and rules.cpu_sliding_block is not None \

@@ -18,10 +18,11 @@ from launcher.common.errors import SafeServeError, UsageError, WontFit
 from launcher.common.units import GiB, MiB, format_gib
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
+from launcher.engines.layers import request_with_cached_layers
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm import kv as vk
 from launcher.engines.vllm import rules as vr
-from launcher.engines.vllm.architectures import architecture_status, cpu_unservable, uses_mla
+from launcher.engines.vllm.architectures import LAYER_PATTERNS, architecture_status, cpu_unservable, uses_mla
 from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
 from launcher.model.config import SLIDING, ModelGeometry
@@ -54,6 +55,7 @@ UNVERIFIED_KV_ERROR_FRACTION = 0.33
 
 def plan(request: PlanRequest) -> Plan:
     """The vLLM plan for `request`'s device, or `WontFit`."""
+    request = request_with_cached_layers(request, LAYER_PATTERNS)
     return plan_cpu(request) if request.device == "cpu" else plan_gpu(request)
 
 
@@ -593,6 +595,7 @@ def plan_cpu(request: PlanRequest) -> Plan:
 
 def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     """`--trust-engine`: launch with the operator's flags only; vLLM sizes itself."""
+    request = request_with_cached_layers(request, LAYER_PATTERNS)
     pinned = vr.pinned_flags(request.engine_args)
     block, _ = vk.block_size(request.model.geometry, device=request.device, compute_capability=None,
                              pinned=pinned.get("--block-size"), cpu_amx=request.host.cpu_amx if request.host else None)
