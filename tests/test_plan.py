@@ -86,7 +86,8 @@ class TestWorkedExampleB:
         # (2048 x (3 x 18944 + 4 x 3584) x 2 = 0.27 GiB); + 0.05 GiB constant + the penalty state
         # int32 [256, V] (+ its bit mask) = 0.51 GiB.
         assert round(plan.item("activation").bytes / GiB, 2) == 0.51
-        assert plan.gpu_memory_utilization == 0.9 and "--gpu-memory-utilization" not in plan.engine_args
+        assert plan.knob.value == plan.engine_figures["gpu_memory_utilization"] == 0.9
+        assert "--gpu-memory-utilization" not in plan.engine_args
         # vLLM 0.19 (V1 runner): the sampler holds 14 B per logit: 256 x 152,064 x 14 + buffer + hidden
         # + constant = 0.65 GiB (the old 9.5 fp32 copies gave 1.38).
         old = make_plan(request("qwen2.5-7b", "24GiB", engine_version="0.19.0",
@@ -141,7 +142,7 @@ class TestPinnedAndTenants:
                          cuda_total_bytes=79 * GiB + 200 * MiB, compute_capability=(9, 0),
                          processes=(GpuProcess(pid=4121, used_bytes=10 * GiB, kind="compute", name="python"),))
         plan = make_plan(request(gpus=(busy,)))
-        assert plan.gpu_memory_utilization < 0.92
+        assert plan.engine_figures["gpu_memory_utilization"] < 0.92
         assert plan.item("requested").bytes <= 70 * GiB - plan.item("context").bytes - 256 * MiB
         assert "pid 4121 python" in plan.item("other").detail
 
@@ -197,8 +198,8 @@ class TestCpuPlan:
         plan = make_plan(request("qwen2.5-7b", device="cpu", gpus=(), host=host, concurrency=2,
                                  engine_args=("--max-model-len", "16384")))
         needed = 2 * 16384 * 57344
-        assert plan.cpu_kvcache_space_gib == -(-(needed + 128 * 57344) // GiB)
-        assert plan.engine_env == {"VLLM_CPU_KVCACHE_SPACE": str(plan.cpu_kvcache_space_gib)}
+        assert plan.engine_figures["cpu_kvcache_space_gib"] == -(-(needed + 128 * 57344) // GiB)
+        assert plan.engine_env == {"VLLM_CPU_KVCACHE_SPACE": str(plan.engine_figures["cpu_kvcache_space_gib"])}
 
 
 def test_bad_concurrency_is_a_usage_error() -> None:

@@ -30,7 +30,7 @@ class TestSglangIdleDefault:
     def test_idle_card_gets_the_engines_default_fraction(self) -> None:
         """Qwen2.5-7B on an idle RTX 4090: SGLang's own default (0.704), not default minus our margin."""
         plan = make_plan(request(engine="sglang"))
-        assert plan.mem_fraction_static == plan.engine_defaults["mem_fraction_static"] == 0.704
+        assert plan.engine_figures["mem_fraction_static"] == plan.engine_defaults["mem_fraction_static"] == 0.704
         assert plan.item("slack").source == "engine default"
 
     def test_a_tenant_adds_the_margin_to_the_default_slack(self) -> None:
@@ -38,7 +38,7 @@ class TestSglangIdleDefault:
         plan = make_plan(request(engine="sglang", gpus=(gpu,)))
         idle = make_plan(request(engine="sglang"))
         # The slack in bytes stays at least the idle default's plus the margin.
-        assert plan.mem_fraction_static < idle.mem_fraction_static
+        assert plan.engine_figures["mem_fraction_static"] < idle.engine_figures["mem_fraction_static"]
         assert plan.item("slack").bytes >= idle.item("slack").bytes + DEFAULT_MARGIN_BYTES - 2**20
 
     def test_engine_defaults_in_json(self) -> None:
@@ -104,7 +104,7 @@ class TestRuntimeOomHeadroom:
 
         plan = make_plan(request(engine_args=("--gpu-memory-utilization", "0.9"),
                                  calibration=Calibration(extra_headroom_bytes=GiB, key="k")))
-        assert plan.gpu_memory_utilization == 0.9 and any("out-of-memory" in w for w in plan.warnings)
+        assert plan.engine_figures["gpu_memory_utilization"] == 0.9 and any("out-of-memory" in w for w in plan.warnings)
 
     def test_sglang_keeps_more_slack(self) -> None:
         from launcher.plan.types import Calibration
@@ -124,4 +124,4 @@ def test_idle_card_gives_at_least_the_engines_defaults(gpu: str, engine: str) ->
     except WontFit:
         pytest.skip(f"qwen2.5-7b does not fit {gpu} with {engine} at all")
     knob = "gpu_memory_utilization" if engine == "vllm" else "mem_fraction_static"
-    assert getattr(plan, knob) == plan.engine_defaults[knob]
+    assert plan.engine_figures[knob] == plan.knob.value == plan.engine_defaults[knob]

@@ -113,7 +113,7 @@ class TestPinnedKvSize:
 
     def test_kv_bytes_that_fit_are_the_plan_and_utilization_is_ignored(self) -> None:
         plan = make_plan(request("qwen2.5-7b", "rtx4090", "--kv-cache-memory-bytes", "4G"))
-        assert plan.kv_cache_bytes == 4 * GiB and plan.gpu_memory_utilization is None
+        assert plan.kv_cache_bytes == 4 * GiB and plan.engine_figures["gpu_memory_utilization"] is None
         assert plan.memory_knob.startswith("--kv-cache-memory-bytes 4.00 GiB")
 
     def test_num_gpu_blocks_override_is_the_block_count(self) -> None:

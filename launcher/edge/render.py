@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.common.units import format_gib
-from launcher.engines import adapter
+from launcher.engines import adapter, figure_keys
 from launcher.model.gpu import GpuDevice
 from launcher.plan.types import Plan
 
@@ -194,9 +194,7 @@ def plan_to_json(plan: Plan, command: Sequence[str] | None = None, *,
         "pipeline_parallel_size": plan.pp,
         "max_model_len": plan.max_model_len,
         "max_model_len_source": plan.max_model_len_source,
-        "gpu_memory_utilization": plan.gpu_memory_utilization,
-        "mem_fraction_static": plan.mem_fraction_static,
-        "cpu_kvcache_space_gib": plan.cpu_kvcache_space_gib,
+        **{key: plan.engine_figures.get(key) for key in figure_keys()},  # each engine's knob, by its own name
         "kv_cache_bytes": plan.kv_cache_bytes,
         "kv_cache_tokens": plan.kv_cache_tokens,
         "kv_cache_bytes_low": plan.kv_cache_bytes_low if plan.kv_cache_bytes_low is not None else plan.kv_cache_bytes,
@@ -239,8 +237,7 @@ def _option_summary(option: Any) -> dict[str, Any]:
         "kv_cache_tokens": plan.kv_cache_tokens if plan else None,
         "kv_cache_bytes": plan.kv_cache_bytes if plan else None,
         "max_concurrency": plan.max_concurrency if plan else None,
-        "memory_knob": (plan.gpu_memory_utilization if plan and plan.gpu_memory_utilization is not None
-                        else plan.mem_fraction_static if plan else None),
+        "memory_knob": plan.knob.value if plan and plan.knob.unit == "fraction" else None,
     }
 
 

@@ -26,6 +26,11 @@ def adapter(engine: str) -> EngineAdapter:
     return found
 
 
+def figure_keys() -> tuple[str, ...]:
+    """Every engine's own plan figures (the JSON keys of their memory knobs), in a stable order."""
+    return tuple(key for name in ENGINES for key in adapter(name).figure_keys)
+
+
 def ranks(engine: str, pinned: Mapping[str, Any]) -> tuple[int, int]:
     """(tensor, pipeline) parallel sizes from the pinned flags, in the engine's spelling."""
     return adapter(engine).ranks(pinned)

@@ -47,6 +47,7 @@ class EngineAdapter(Protocol):
     flag_names: frozenset[str]  # every flag name (and alias) we know the engine takes
     env_keys: tuple[str, ...]  # environment the engine reads that the plan depends on
     allow_long_env: str  # the engine's switch for a length above the model's maximum
+    figure_keys: tuple[str, ...]  # the engine's own plan figures (Plan.engine_figures), JSON keys
 
     # planning
     def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]: ...
@@ -91,6 +92,7 @@ class PackageAdapter:
     log_prefilter: tuple[str, ...]
     temporary_fatal: frozenset[str]
     kv_dtype_flag = "--kv-cache-dtype"
+    figure_keys: tuple[str, ...]
     _rules: Any  # the package: pinned_flags(), rules_for(), FLAGS, CALIBRATION_KEY_FLAGS, MEMORY_FLAGS
     _logs: Any  # parse(line)
     _runtime: Any  # engine_argv, retuned_args, kv_shortfall, measurements_for

@@ -10,7 +10,7 @@ from launcher.common.errors import SafeServeError, UsageError, WontFit
 from launcher.common.units import format_gib
 from launcher.model.gpu import GpuDevice
 from launcher.model.resolve import ResolvedModel
-from launcher.plan.types import COMPUTED, MEASURED, Plan, PlanRequest
+from launcher.plan.types import COMPUTED, LEFT_TO_ENGINE, MEASURED, Plan, PlanRequest
 
 
 def rank_devices(request: PlanRequest, ranks: int, nnodes: int = 1, *, tp_flag: str) -> tuple[GpuDevice, ...]:
@@ -63,7 +63,7 @@ def unplanned(request: PlanRequest, refusal: SafeServeError, *, newest: str, rul
         device=request.device, model=request.model.name, max_model_len=length,
         max_model_len_source="left to the engine (--trust-engine)", kv_cache_bytes=0, kv_cache_tokens=0,
         max_concurrency=0.0, budget=(), engine_args=(), engine_env={}, pinned=dict(pinned), tp=tp, block_size=block,
-        memory_knob="left to the engine (--trust-engine)",
+        knob=LEFT_TO_ENGINE,
         gpu_name=request.gpus[0].name if request.gpus else request.device, gpu_count=len(request.gpus),
         notes=(f"--trust-engine: safe-serve's plan refused ({refusal.message}); the engine decides",),
         engine_version_assumed=request.engine_version_assumed,

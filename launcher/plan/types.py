@@ -81,6 +81,20 @@ class BudgetItem:
 
 
 @dataclass(frozen=True)
+class MemoryKnob:
+    """The setting that sizes the engine's memory, as the engine takes it (the table's "memory knob")."""
+
+    flag: str  # the engine flag or environment variable, in the engine's spelling
+    value: float | int | None  # as the engine takes it: a fraction, bytes or whole GiB (`unit`)
+    unit: str  # "fraction", "bytes", "GiB" or "" (left to the engine)
+    text: str  # as the table shows it: "--gpu-memory-utilization 0.9"
+    why: str = ""  # where the value comes from (pinned, the engine's default, free memory)
+
+
+LEFT_TO_ENGINE = MemoryKnob("", None, "", "left to the engine (--trust-engine)", "--trust-engine")
+
+
+@dataclass(frozen=True)
 class Plan:
     """A start that fits: the engine flags to add, the KV cache they give, and the budget behind it.
 
@@ -104,9 +118,6 @@ class Plan:
     pinned: Mapping[str, Any]
     tp: int = 1
     pp: int = 1
-    gpu_memory_utilization: float | None = None
-    mem_fraction_static: float | None = None
-    cpu_kvcache_space_gib: int | None = None
     block_size: int | None = None
     num_blocks: int | None = None
     gpu_name: str | None = None
@@ -127,7 +138,14 @@ class Plan:
     # (launcher/engines/vllm/architectures.py); None: not assessed (e.g. --trust-engine).
     architecture_verified: bool | None = None
     # The setting that sizes the engine's memory, as the engine takes it (the table's "memory knob").
-    memory_knob: str = ""
+    knob: MemoryKnob = LEFT_TO_ENGINE
+    # The engine's own figures for the JSON, under its own names (the adapter's `figure_keys`):
+    # vLLM's gpu_memory_utilization and cpu_kvcache_space_gib, SGLang's mem_fraction_static.
+    engine_figures: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def memory_knob(self) -> str:
+        return self.knob.text
 
     def item(self, key: str) -> BudgetItem | None:
         return next((i for i in self.budget if i.key == key), None)

@@ -14,6 +14,7 @@ class SglangAdapter(PackageAdapter):
     pp_flag = rules.PP_FLAG
     fp8_kv_dtype = rules.FP8_KV
     default_port = rules.DEFAULT_PORT
+    figure_keys = ("mem_fraction_static",)  # Plan.engine_figures
     log_prefilter = logs.PREFILTER
     temporary_fatal = runtime.TEMPORARY_FATAL
     _rules, _logs, _runtime, _architectures = rules, logs, runtime, architectures

@@ -14,6 +14,7 @@ class VllmAdapter(PackageAdapter):
     pp_flag = rules.PP_FLAG
     fp8_kv_dtype = rules.FP8_KV
     default_port = rules.DEFAULT_PORT
+    figure_keys = ("gpu_memory_utilization", "cpu_kvcache_space_gib")  # Plan.engine_figures
     log_prefilter = logs.PREFILTER
     temporary_fatal = runtime.TEMPORARY_FATAL
     _rules, _logs, _runtime, _architectures = rules, logs, runtime, architectures

@@ -26,6 +26,7 @@ from launcher.engines.vllm.architectures import LAYER_PATTERNS, architecture_sta
 from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
 from launcher.model.config import SLIDING, ModelGeometry
+from launcher.model.gpu import GpuDevice, HostMemory
 from launcher.plan.budget import (
     not_modelled_warnings,
     rank_devices,
@@ -43,6 +44,8 @@ from launcher.plan.types import (
     MEASURED,
     PINNED,
     BudgetItem,
+    Calibration,
+    MemoryKnob,
     Plan,
     PlanRequest,
 )
@@ -201,13 +204,6 @@ def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[
     return length, reason, capacity_at(length), doubt
 
 
-def _available_error(total_error: int, utilization: float, non_torch_error: int, peak_error: int,
-                     cudagraph: int) -> int:
-    """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
-    return int(math.ceil(total_error * utilization) + non_torch_error + peak_error
-               + int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
-
-
 def _pinned_kv_fits(kv: int, available: int, error: int, doubt: str | None, flag: str) -> str | None:
     """A pinned KV size must fit what the weights, activations and graphs leave, or vLLM runs out
     of memory allocating it: refused beyond the band, doubted inside it."""
@@ -255,338 +251,491 @@ def _check_vllm_capacity(request: PlanRequest, capacity: KvCapacity, length: int
                       f"of KV cache: only {usable:.2f} fit in {format_gib(capacity.kv_bytes)}")
 
 
-def plan_gpu(request: PlanRequest) -> Plan:
-    model, geometry = request.model, request.model.geometry
-    # Parallelism picks the devices, whose compute capability then sets dtype and block size.
-    pinned = vr.pinned_flags(request.engine_args)
-    tp, pp = vr.ranks(pinned)
-    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=vr.TP_FLAG)
-    gpu = tightest(devices)
-    setup = _vllm_setup(request, gpu.compute_capability, gpu.name)
-    rules = setup.rules
-    total = gpu.usable_total_bytes
-    free = gpu.free_bytes or 0
-    context = vb.context_bytes(tp, pp)
-    free_at_init = free - context
-    cal = request.calibration
+@dataclass(frozen=True)
+class _Utilization:
+    value: float
+    source: str
+    detail: str
 
-    offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
-    weights = max(model.weight_bytes // (tp * pp) - offloaded, 0)
-    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=rules.version != "0.10.0",
-                                                    compute_capability=gpu.compute_capability)
-    eager = pinned.get("--enforce-eager", False)
-    cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
-        setup.layout.group_size * len(setup.layout.groups))
+
+@dataclass(frozen=True)
+class VllmBudget:
+    """vLLM's budget on the tightest rank at the planned length (bytes): each figure is a row."""
+
+    total: int  # CUDA total
+    requested: int  # ceil(total x utilization)
+    weights: int  # per rank, less --cpu-offload-gb
+    non_torch: int
+    activation: int  # the profile run's peak plus the V2 runner's persistent state
+    cudagraph: int
+    kv: int
+    kv_error: int  # +/- on kv: the sum of the estimated terms' errors
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    """Everything the KV figure depends on besides the length; its methods give each term at a length."""
+
+    setup: _VllmSetup
+    geometry: ModelGeometry
+    gpu_name: str
+    defaults: vb.BatchDefaults
+    utilization: float
+    total: int
+    free_at_init: int
+    requested: int
+    weights: int
+    non_torch: int
+    non_torch_error: int
+    cudagraph: int
+    total_error: int
+    verified: bool
+    calibrated_non_kv: int | None  # an earlier start's non-KV bytes on the same key
+    pinned_kv_bytes: int | None
+    blocks_override: int | None
+
+    def peak_at(self, length: int) -> tuple[int, int, vb.ProfilePeak]:
+        """(batched tokens, sequences, the profile run's peak) at `length`."""
+        pinned = self.setup.pinned
+        batched, seqs = vb.resolve_batch(defaults=self.defaults, max_model_len=length,
+                                         pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
+                                         pinned_num_seqs=pinned.get("--max-num-seqs"),
+                                         chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
+        peak = vb.profile_peak(self.geometry, rules=self.setup.rules, batched_tokens=batched, num_seqs=seqs,
+                               tp=self.setup.tp, gpu_name=self.gpu_name,
+                               language_only=bool(pinned.get("--language-model-only")))
+        return batched, seqs, peak
+
+    def activation_at(self, length: int) -> int:
+        peak = self.peak_at(length)[2]
+        return peak.total_bytes + peak.persistent_bytes
+
+    def available_at(self, length: int) -> int:
+        """What vLLM's own accounting leaves for the KV cache at this length."""
+        if self.pinned_kv_bytes is not None:
+            # vLLM skips the profile's budget: the cache is the pinned bytes, on top of what
+            # the weights, activations and graphs take from the free memory (gpu_worker.py:649).
+            return self.free_at_init - self.weights - self.non_torch - self.activation_at(length) - self.cudagraph
+        if self.calibrated_non_kv is not None:
+            return self.requested - self.calibrated_non_kv
+        return self.requested - self.weights - self.non_torch - self.activation_at(length) - self.cudagraph
+
+    def kv_at(self, length: int) -> int:
+        if self.pinned_kv_bytes is not None:
+            return int(self.pinned_kv_bytes)
+        if self.blocks_override is not None:  # vLLM allocates exactly that many blocks
+            return int(self.blocks_override) * self.setup.layout.bytes_per_block
+        return self.available_at(length)
+
+    def available_error(self, length: int) -> int:
+        """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
+        return int(math.ceil(self.total_error * self.utilization) + self.non_torch_error
+                   + self.peak_at(length)[2].error_bytes + int(self.cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
+
+    def kv_error_at(self, length: int) -> int:
+        """+/- on the KV figure (0 when no term is estimated: pinned or calibrated)."""
+        if self.pinned_kv_bytes is not None or self.blocks_override is not None or self.calibrated_non_kv is not None:
+            return 0
+        # An architecture whose layout is not proven: its bytes per token may be off as a whole.
+        unverified = 0 if self.verified else int(max(self.kv_at(length), 0) * UNVERIFIED_KV_ERROR_FRACTION)
+        return unverified + self.available_error(length)
+
+    def capacity_for(self, length: int, kv_bytes: int) -> KvCapacity:
+        batched = self.peak_at(length)[0]
+        return kv_capacity(self.setup.layout, kv_bytes, max_model_len=length,
+                           in_flight_tokens=vk.in_flight_tokens(batched_tokens=batched, device="cuda",
+                                                                pp=self.setup.pp))
+
+    def capacity_at(self, length: int) -> KvCapacity:
+        return self.capacity_for(length, self.kv_at(length))
+
+    def favourable_at(self, length: int) -> KvCapacity:
+        return self.capacity_for(length, self.kv_at(length) + self.kv_error_at(length))
+
+    def budget_at(self, length: int) -> VllmBudget:
+        return VllmBudget(total=self.total, requested=self.requested, weights=self.weights,
+                          non_torch=self.non_torch, activation=self.activation_at(length),
+                          cudagraph=self.cudagraph, kv=self.kv_at(length), kv_error=self.kv_error_at(length))
+
+
+def _batch_defaults(setup: _VllmSetup, gpu: GpuDevice) -> vb.BatchDefaults:
     defaults = vb.batch_defaults(nvml_total_bytes=gpu.total_bytes, gpu_name=gpu.name, device="cuda",
-                                 world_size=tp * pp, b200_tier=rules.b200_tier)
-    if pinned.get("--performance-mode") == "throughput":
-        defaults = defaults.doubled()
-    warnings = not_modelled_warnings(pinned, vr.NOT_MODELLED)
-    running = int(pinned.get("--max-num-seqs", defaults.max_num_seqs))
-    if request.concurrency > running:
-        # vLLM never runs more than max_num_seqs requests at once: the rest queue. Sizing the
-        # KV cache for more would only shorten every request for nothing.
-        source = "pinned --max-num-seqs" if "--max-num-seqs" in pinned else f"vLLM's default here ({defaults.reason})"
-        warnings.append(f"--concurrency {request.concurrency}: vLLM runs at most {running} requests at once "
-                        f"(max_num_seqs {running}, {source}); planned for {running}, the rest wait in the queue "
-                        "(raise --max-num-seqs to run more)")
-        request = dataclasses.replace(request, concurrency=running)
+                                 world_size=setup.tp * setup.pp, b200_tier=setup.rules.b200_tier)
+    return defaults.doubled() if setup.pinned.get("--performance-mode") == "throughput" else defaults
 
+
+def _queued_beyond_max_num_seqs(request: PlanRequest, setup: _VllmSetup, defaults: vb.BatchDefaults,
+                                warnings: list[str]) -> PlanRequest:
+    """vLLM never runs more than max_num_seqs requests at once: the rest queue. Sizing the KV
+    cache for more would only shorten every request for nothing."""
+    pinned = setup.pinned
+    running = int(pinned.get("--max-num-seqs", defaults.max_num_seqs))
+    if request.concurrency <= running:
+        return request
+    source = "pinned --max-num-seqs" if "--max-num-seqs" in pinned else f"vLLM's default here ({defaults.reason})"
+    warnings.append(f"--concurrency {request.concurrency}: vLLM runs at most {running} requests at once "
+                    f"(max_num_seqs {running}, {source}); planned for {running}, the rest wait in the queue "
+                    "(raise --max-num-seqs to run more)")
+    return dataclasses.replace(request, concurrency=running)
+
+
+def _utilization(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, context: int,
+                 warnings: list[str]) -> _Utilization:
+    """Pinned, or the most we can request from *free* memory (other tenants make vLLM refuse to
+    start when free < total x utilization), capped by the engine default."""
+    cal, rules, total = request.calibration, setup.rules, gpu.usable_total_bytes
+    free = gpu.free_bytes or 0
     headroom = cal.extra_headroom_bytes if cal is not None else 0
-    if headroom and "--gpu-memory-utilization" in pinned:
-        warnings.append(f"a CUDA out-of-memory while serving was seen on this setup: the pinned "
-                        f"--gpu-memory-utilization is kept; lower it by ~{format_gib(headroom)} to leave room")
-    # Utilization: pinned, or the most we can request from *free* memory (other tenants
-    # make vLLM refuse to start when free < total x utilization), capped by the engine default.
-    if "--gpu-memory-utilization" in pinned:
-        utilization = pinned["--gpu-memory-utilization"]
-        util_source, util_detail = PINNED, "pinned --gpu-memory-utilization"
-    else:
-        room = free_at_init - request.margin_bytes
-        if request.max_gpu_memory_bytes is not None:
-            room = min(room, request.max_gpu_memory_bytes - context)
-        utilization = min(rules.default_utilization, vb.utilization_for(max(room, 0), total))
-        util_source = ENGINE_DEFAULT if utilization == rules.default_utilization else FORMULA
-        util_detail = (f"vLLM {rules.version} default" if util_source == ENGINE_DEFAULT
-                       else f"free {format_gib(free)} - context {format_gib(context)} - margin "
-                            f"{format_gib(request.margin_bytes)}"
-                            + (f" (capped at {format_gib(request.max_gpu_memory_bytes)}: --max-gpu-memory or preset)"
-                               if request.max_gpu_memory_bytes else ""))
+    if "--gpu-memory-utilization" in setup.pinned:
         if headroom:
-            # A CUDA OOM while serving on this setup: request that much less, so the engine
-            # leaves it free for runtime peaks (bounded in launcher.plan.calibration), and the
-            # systemd restart loop converges instead of repeating.
-            utilization = vb.utilization_for(max(vb.requested_bytes(total, utilization) - headroom, 0), total)
-            util_source = CALIBRATED
-            util_detail += f"; - {format_gib(headroom)} headroom after a runtime CUDA OOM on this setup"
-    if utilization <= 0:
-        if request.max_gpu_memory_bytes is not None and request.max_gpu_memory_bytes - context < free_at_init - \
-                request.margin_bytes:
-            cause = (f"--max-gpu-memory {format_gib(request.max_gpu_memory_bytes)} leaves nothing after the CUDA "
-                     f"context ({format_gib(context)})")
-        else:
-            cause = (f"{format_gib(free)} free - CUDA context {format_gib(context)} - margin "
-                     f"{format_gib(request.margin_bytes)} (--margin) leaves nothing")
-        raise WontFit(f"{gpu.label}: no room for vLLM at all: {cause}", rule="no-room",
-                      figures={"free_bytes": free, "context_bytes": context, "margin_bytes": request.margin_bytes,
-                               "max_gpu_memory_bytes": request.max_gpu_memory_bytes})
-    requested = vb.requested_bytes(total, utilization)
-    startup_doubt = None
+            warnings.append(f"a CUDA out-of-memory while serving was seen on this setup: the pinned "
+                            f"--gpu-memory-utilization is kept; lower it by ~{format_gib(headroom)} to leave room")
+        return _Utilization(setup.pinned["--gpu-memory-utilization"], PINNED, "pinned --gpu-memory-utilization")
+    room = free - context - request.margin_bytes
+    if request.max_gpu_memory_bytes is not None:
+        room = min(room, request.max_gpu_memory_bytes - context)
+    value = min(rules.default_utilization, vb.utilization_for(max(room, 0), total))
+    source = ENGINE_DEFAULT if value == rules.default_utilization else FORMULA
+    detail = (f"vLLM {rules.version} default" if source == ENGINE_DEFAULT
+              else f"free {format_gib(free)} - context {format_gib(context)} - margin "
+                   f"{format_gib(request.margin_bytes)}"
+                   + (f" (capped at {format_gib(request.max_gpu_memory_bytes)}: --max-gpu-memory or preset)"
+                      if request.max_gpu_memory_bytes else ""))
+    if headroom:
+        # A CUDA OOM while serving on this setup: request that much less, so the engine
+        # leaves it free for runtime peaks (bounded in launcher.plan.calibration), and the
+        # systemd restart loop converges instead of repeating.
+        value = vb.utilization_for(max(vb.requested_bytes(total, value) - headroom, 0), total)
+        source = CALIBRATED
+        detail += f"; - {format_gib(headroom)} headroom after a runtime CUDA OOM on this setup"
+    return _Utilization(value, source, detail)
+
+
+def _refuse_no_room(request: PlanRequest, gpu: GpuDevice, context: int) -> None:
+    free = gpu.free_bytes or 0
+    if request.max_gpu_memory_bytes is not None and request.max_gpu_memory_bytes - context < free - context - \
+            request.margin_bytes:
+        cause = (f"--max-gpu-memory {format_gib(request.max_gpu_memory_bytes)} leaves nothing after the CUDA "
+                 f"context ({format_gib(context)})")
+    else:
+        cause = (f"{format_gib(free)} free - CUDA context {format_gib(context)} - margin "
+                 f"{format_gib(request.margin_bytes)} (--margin) leaves nothing")
+    raise WontFit(f"{gpu.label}: no room for vLLM at all: {cause}", rule="no-room",
+                  figures={"free_bytes": free, "context_bytes": context, "margin_bytes": request.margin_bytes,
+                           "max_gpu_memory_bytes": request.max_gpu_memory_bytes})
+
+
+def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_init: int) -> str | None:
+    """vLLM refuses to start when it requests more than is free at init: refused beyond the
+    CUDA context's error, doubted inside it."""
+    total = gpu.usable_total_bytes
     if requested > free_at_init + vb.CONTEXT_ERROR_BYTES:
         raise WontFit(
             f"vLLM will refuse to start: free memory on {gpu.label} at start ~{format_gib(free_at_init)} is less "
             f"than --gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)}",
             hint="lower --gpu-memory-utilization or stop the other processes on the GPU")
     if requested > free_at_init:
-        startup_doubt = (f"--gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)} is "
-                         f"above the ~{format_gib(free_at_init)} free at start by less than the CUDA context's "
-                         "error: vLLM may refuse to start")
+        return (f"--gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)} is "
+                f"above the ~{format_gib(free_at_init)} free at start by less than the CUDA context's "
+                "error: vLLM may refuse to start")
+    return None
 
-    def peak_at(length: int) -> tuple[int, int, vb.ProfilePeak]:
-        batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
-                                         pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
-                                         pinned_num_seqs=pinned.get("--max-num-seqs"),
-                                         chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
-        peak = vb.profile_peak(geometry, rules=rules, batched_tokens=batched, num_seqs=seqs, tp=tp,
-                               gpu_name=gpu.name, language_only=bool(pinned.get("--language-model-only")))
-        return batched, seqs, peak
 
-    def budget_at(length: int) -> tuple[int, int, int]:
-        batched, seqs, peak = peak_at(length)
-        return batched, seqs, peak.total_bytes + peak.persistent_bytes
+def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,
+                utilization: float, context: int, verified: bool) -> _Sizing:
+    """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
+    pinned, rules, tp, pp = setup.pinned, setup.rules, setup.tp, setup.pp
+    offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
+    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=rules.version != "0.10.0",
+                                                    compute_capability=gpu.compute_capability)
+    eager = pinned.get("--enforce-eager", False)
+    cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
+        setup.layout.group_size * len(setup.layout.groups))
+    cal = request.calibration
+    return _Sizing(
+        setup=setup, geometry=request.model.geometry, gpu_name=gpu.name, defaults=defaults, utilization=utilization,
+        total=gpu.usable_total_bytes, free_at_init=(gpu.free_bytes or 0) - context,
+        requested=vb.requested_bytes(gpu.usable_total_bytes, utilization),
+        weights=max(request.model.weight_bytes // (tp * pp) - offloaded, 0),
+        non_torch=non_torch, non_torch_error=non_torch_error, cudagraph=cudagraph,
+        total_error=0 if gpu.cuda_total_bytes is not None or gpu.reserved_bytes else int(
+            gpu.total_bytes * vb.CUDA_TOTAL_ERROR_FRACTION),
+        verified=verified, calibrated_non_kv=cal.non_kv_bytes if cal is not None else None,
+        pinned_kv_bytes=pinned.get("--kv-cache-memory-bytes"), blocks_override=pinned.get("--num-gpu-blocks-override"))
 
-    pinned_kv_bytes = pinned.get("--kv-cache-memory-bytes")
-    blocks_override = pinned.get("--num-gpu-blocks-override")
 
-    def available_at(length: int) -> int:
-        """What vLLM's own accounting leaves for the KV cache at this length."""
-        if pinned_kv_bytes is not None:
-            # vLLM skips the profile's budget: the cache is the pinned bytes, on top of what
-            # the weights, activations and graphs take from the free memory (gpu_worker.py:649).
-            return free_at_init - weights - non_torch - budget_at(length)[2] - cudagraph
-        if cal is not None and cal.non_kv_bytes is not None:
-            return requested - cal.non_kv_bytes
-        return requested - weights - non_torch - budget_at(length)[2] - cudagraph
-
-    def kv_at(length: int) -> int:
-        if pinned_kv_bytes is not None:
-            return int(pinned_kv_bytes)
-        if blocks_override is not None:  # vLLM allocates exactly that many blocks
-            return int(blocks_override) * setup.layout.bytes_per_block
-        return available_at(length)
-
-    total_error = 0 if gpu.cuda_total_bytes is not None or gpu.reserved_bytes else int(
-        gpu.total_bytes * vb.CUDA_TOTAL_ERROR_FRACTION)
-
-    verified, architecture_note = architecture_status(geometry)
+def plan_gpu(request: PlanRequest) -> Plan:
+    """Devices, setup, batch defaults, utilization, the terms, the length, then the table."""
+    # Parallelism picks the devices, whose compute capability then sets dtype and block size.
+    pinned = vr.pinned_flags(request.engine_args)
+    tp, pp = vr.ranks(pinned)
+    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=vr.TP_FLAG)
+    gpu = tightest(devices)
+    setup = _vllm_setup(request, gpu.compute_capability, gpu.name)
+    context = vb.context_bytes(tp, pp)
+    defaults = _batch_defaults(setup, gpu)
+    warnings = not_modelled_warnings(pinned, vr.NOT_MODELLED)
+    request = _queued_beyond_max_num_seqs(request, setup, defaults, warnings)
+    utilization = _utilization(request, setup, gpu, context, warnings)
+    if utilization.value <= 0:
+        _refuse_no_room(request, gpu, context)
+    verified, architecture_note = architecture_status(request.model.geometry)
+    sizing = _gpu_sizing(request, setup, gpu, defaults, utilization.value, context, verified)
+    startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init)
     if not verified:
         warnings.append(architecture_note)
-
-    def kv_error_at(length: int) -> int:
-        """+/- on the KV figure: the sum of the estimated terms' errors (0 when none is estimated)."""
-        if pinned_kv_bytes is not None or blocks_override is not None or (
-                cal is not None and cal.non_kv_bytes is not None):
-            return 0
-        # An architecture whose layout is not proven: its bytes per token may be off as a whole.
-        unverified = 0 if verified else int(max(kv_at(length), 0) * UNVERIFIED_KV_ERROR_FRACTION)
-        return unverified + _available_error(total_error, utilization, non_torch_error,
-                                             peak_at(length)[2].error_bytes, cudagraph)
-
-    def capacity_for(length: int, kv_bytes: int) -> KvCapacity:
-        batched = budget_at(length)[0]
-        return kv_capacity(setup.layout, kv_bytes, max_model_len=length,
-                           in_flight_tokens=vk.in_flight_tokens(batched_tokens=batched, device="cuda", pp=pp))
-
-    def capacity_at(length: int) -> KvCapacity:
-        return capacity_for(length, kv_at(length))
-
-    def favourable_at(length: int) -> KvCapacity:
-        return capacity_for(length, kv_at(length) + kv_error_at(length))
-
-    weights_cause = ""
-    if weights >= requested:
-        weights_cause = (f": the weights alone ({format_gib(weights)} per rank) exceed the {format_gib(requested)} "
-                         f"vLLM requests at --gpu-memory-utilization {utilization:g}")
-    length, length_reason, capacity, doubt = _vllm_length(request, setup, capacity_at, favourable_at, weights_cause)
-    batched, seqs, activation = budget_at(length)
-    peak = peak_at(length)[2]
-    if pinned_kv_bytes is not None or blocks_override is not None:
-        doubt = _pinned_kv_fits(kv_at(length), available_at(length), _available_error(
-            total_error, utilization, non_torch_error, peak.error_bytes, cudagraph), doubt,
-            "--kv-cache-memory-bytes" if pinned_kv_bytes is not None else "--num-gpu-blocks-override")
-    kv = kv_at(length)
-    kv_error = kv_error_at(length)
-
-    args: list[str] = []
-    if "--gpu-memory-utilization" not in pinned and "--kv-cache-memory-bytes" not in pinned:
-        args += ["--gpu-memory-utilization", f"{utilization:g}"]
-    if "--max-model-len" not in pinned:
-        args += ["--max-model-len", str(length)]
-
-    measured_non_kv = cal.non_kv_bytes if cal is not None else None
-    calibration_key = cal.key if cal is not None else ""
-    others = gpu.usable_total_bytes - free  # CUDA's view: the driver reserve is not a tenant
-    items = [
-        BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
-                   "cudaMemGetInfo total" + (" (catalog)" if gpu.cuda_total_bytes else
-                                             " = NVML total - driver reserve" if gpu.reserved_bytes else
-                                             " ~ NVML total - 2 % (not measured for this GPU)"),
-                   error_bytes=total_error),
-        BudgetItem("other", "held by others", max(others, 0), MEASURED if gpu.source == "nvml" else CATALOG,
-                   tenants_detail(gpu), bar="other"),
-        BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA,
-                   "before vLLM's init snapshot; only tightens the startup check", bar="other"),
-        BudgetItem("requested", f"requested = ceil(total x {utilization:g})", requested, util_source, util_detail),
-        BudgetItem("weights", "weights (per rank)", weights, weights_source(model),
-                   model.weight_bytes_source + (f" / {tp * pp} ranks" if tp * pp > 1 else "")
-                   + (f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else ""), bar="weights"),
-        BudgetItem("non_torch", "non-torch after snapshot", non_torch, FORMULA,
-                   "cuBLAS, allocator" + (", NCCL and all-reduce buffers" if tp * pp > 1 else "")
-                   + ("; vLLM 0.19 H100 logs 2.07-2.10 GiB (symmetric-memory all-reduce)"
-                      if non_torch == vb.NON_TORCH_BYTES_TP_V019 else
-                      "; published logs 0.34-0.43 GiB per rank" if tp * pp > 1 else "; vLLM 0.19 logs 0.25-0.27 GiB"),
-                   bar="other", error_bytes=non_torch_error),
-        BudgetItem("activation", f"activation ({peak.runner} profile run)", activation, FORMULA,
-                   f"{peak.describe()} at {batched} batched tokens, {min(seqs, batched)} sampler rows "
-                   f"({defaults.reason})"
-                   + (f"; + penalty state {format_gib(peak.persistent_bytes)}" if peak.persistent_bytes else ""),
-                   bar="activations", error_bytes=peak.error_bytes),
-        BudgetItem("cudagraph", "CUDA graph estimate", cudagraph, FORMULA if cudagraph else ENGINE_DEFAULT,
-                   "--enforce-eager: no graphs" if eager else
-                   (f"not subtracted by vLLM {rules.version} (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off)"
-                    if not cudagraph else
-                    f"{vb.CUDAGRAPH_BASE_BYTES // MiB} MiB + {vb.CUDAGRAPH_PER_LAYER_BYTES / MiB:.1f} MiB x layers"),
-                   bar="graphs", error_bytes=int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION)),
-        BudgetItem("kv", "KV cache", kv, PINNED if pinned_kv_bytes is not None or blocks_override is not None else
-                   (CALIBRATED if measured_non_kv is not None else FORMULA),
-                   f"{capacity.num_blocks} blocks x {setup.layout.bytes_per_block} B "
-                   f"({setup.layout.group_size} layers x {setup.layout.page_bytes} B page, block {setup.block})",
-                   bar="kv"),
-        BudgetItem("free", "left free", max(free_at_init - requested, 0), FORMULA,
-                   "not requested by vLLM: margin for other tenants", bar="free"),
-    ]
-    if measured_non_kv is not None:
-        # The engine's own measurement replaces our three estimates; the rows still add up.
-        estimates = ("non_torch", "activation", "cudagraph")
-        items = [i for i in items if i.key not in estimates]
-        items.insert(-2, BudgetItem("measured_non_kv", "non-KV besides weights", measured_non_kv - weights,
-                                    CALIBRATED, f"measured by vLLM at an earlier start ({calibration_key})",
-                                    bar="activations"))
-    notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
-    if measured_non_kv is not None:
-        notes.append(f"non-KV memory from an earlier start of the same configuration ({calibration_key})")
-    if setup.layout.padding_layers:
-        notes.append(f"vLLM pads {setup.layout.padding_layers} layer(s) to even KV groups")
+    length, length_reason, capacity, doubt = _vllm_length(
+        request, setup, sizing.capacity_at, sizing.favourable_at, _weights_cause(sizing))
+    if sizing.pinned_kv_bytes is not None or sizing.blocks_override is not None:
+        doubt = _pinned_kv_fits(sizing.kv_at(length), sizing.available_at(length), sizing.available_error(length),
+                                doubt, "--kv-cache-memory-bytes" if sizing.pinned_kv_bytes is not None
+                                else "--num-gpu-blocks-override")
+    budget = sizing.budget_at(length)
+    knob = (MemoryKnob("--kv-cache-memory-bytes", int(sizing.pinned_kv_bytes), "bytes",
+                       f"--kv-cache-memory-bytes {format_gib(int(sizing.pinned_kv_bytes))} (pinned; utilization "
+                       "ignored)", "pinned --kv-cache-memory-bytes")
+            if sizing.pinned_kv_bytes is not None else
+            MemoryKnob("--gpu-memory-utilization", utilization.value, "fraction",
+                       f"--gpu-memory-utilization {utilization.value:g}", utilization.detail))
     return Plan(
-        engine="vllm", engine_version=request.engine_version or vr.NEWEST, rules_version=rules.version,
-        device="cuda", model=model.name, max_model_len=length, max_model_len_source=length_reason,
-        kv_cache_bytes=kv, kv_cache_tokens=capacity.tokens, max_concurrency=round(capacity.max_concurrency, 2),
-        budget=tuple(items), engine_args=tuple(args), engine_env={}, pinned=dict(pinned), tp=tp, pp=pp,
-        gpu_memory_utilization=None if pinned_kv_bytes is not None else utilization,
-        memory_knob=(f"--kv-cache-memory-bytes {format_gib(int(pinned_kv_bytes))} (pinned; utilization ignored)"
-                     if pinned_kv_bytes is not None else f"--gpu-memory-utilization {utilization:g}"),
-        block_size=setup.block, num_blocks=capacity.num_blocks,
-        gpu_name=gpu.name, gpu_count=len(devices), notes=tuple(notes),
+        engine="vllm", engine_version=request.engine_version or vr.NEWEST, rules_version=setup.rules.version,
+        device="cuda", model=request.model.name, max_model_len=length, max_model_len_source=length_reason,
+        kv_cache_bytes=budget.kv, kv_cache_tokens=capacity.tokens, max_concurrency=round(capacity.max_concurrency, 2),
+        budget=_gpu_items(request, sizing, gpu, utilization, length, capacity, context),
+        engine_args=tuple(_gpu_args(pinned, utilization.value, length)), engine_env={}, pinned=dict(pinned),
+        tp=tp, pp=pp, knob=knob, block_size=setup.block, num_blocks=capacity.num_blocks,
+        engine_figures={"gpu_memory_utilization": None if sizing.pinned_kv_bytes is not None else utilization.value},
+        gpu_name=gpu.name, gpu_count=len(devices), notes=tuple(_gpu_notes(setup, request.calibration)),
         engine_version_assumed=request.engine_version_assumed,
-        kv_cache_bytes_low=kv - kv_error, kv_cache_bytes_high=kv + kv_error,
+        kv_cache_bytes_low=budget.kv - budget.kv_error, kv_cache_bytes_high=budget.kv + budget.kv_error,
         may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None, warnings=tuple(warnings),
         architecture_verified=verified,
-        engine_defaults={"gpu_memory_utilization": rules.default_utilization,
+        engine_defaults={"gpu_memory_utilization": setup.rules.default_utilization,
                          "max_num_batched_tokens": defaults.max_num_batched_tokens,
                          "max_num_seqs": defaults.max_num_seqs},
     )
 
 
+def _weights_cause(sizing: _Sizing) -> str:
+    if sizing.weights < sizing.requested:
+        return ""
+    return (f": the weights alone ({format_gib(sizing.weights)} per rank) exceed the {format_gib(sizing.requested)} "
+            f"vLLM requests at --gpu-memory-utilization {sizing.utilization:g}")
+
+
+def _gpu_args(pinned: Mapping[str, Any], utilization: float, length: int) -> list[str]:
+    """The flags the launch adds: only those the operator left unset."""
+    args: list[str] = []
+    if "--gpu-memory-utilization" not in pinned and "--kv-cache-memory-bytes" not in pinned:
+        args += ["--gpu-memory-utilization", f"{utilization:g}"]
+    if "--max-model-len" not in pinned:
+        args += ["--max-model-len", str(length)]
+    return args
+
+
+def _gpu_notes(setup: _VllmSetup, cal: Calibration | None) -> list[str]:
+    notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
+    if cal is not None and cal.non_kv_bytes is not None:
+        notes.append(f"non-KV memory from an earlier start of the same configuration ({cal.key})")
+    if setup.layout.padding_layers:
+        notes.append(f"vLLM pads {setup.layout.padding_layers} layer(s) to even KV groups")
+    return notes
+
+
+def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilization: _Utilization, length: int,
+               capacity: KvCapacity, context: int) -> tuple[BudgetItem, ...]:
+    """The table: one row per term of `VllmBudget`, with where each figure comes from."""
+    setup, model = sizing.setup, request.model
+    budget = sizing.budget_at(length)
+    items = [
+        _total_item(gpu, budget.total, sizing.total_error),
+        BudgetItem("other", "held by others", max(gpu.usable_total_bytes - (gpu.free_bytes or 0), 0),
+                   MEASURED if gpu.source == "nvml" else CATALOG, tenants_detail(gpu), bar="other"),
+        BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA,
+                   "before vLLM's init snapshot; only tightens the startup check", bar="other"),
+        BudgetItem("requested", f"requested = ceil(total x {utilization.value:g})", budget.requested,
+                   utilization.source, utilization.detail),
+        BudgetItem("weights", "weights (per rank)", budget.weights, weights_source(model),
+                   model.weight_bytes_source + (f" / {setup.tp * setup.pp} ranks" if setup.tp * setup.pp > 1 else "")
+                   + _offload_detail(setup), bar="weights"),
+        _non_torch_item(sizing),
+        _activation_item(sizing, length),
+        _cudagraph_item(sizing),
+        _kv_item(sizing, budget.kv, capacity),
+        BudgetItem("free", "left free", max(sizing.free_at_init - budget.requested, 0), FORMULA,
+                   "not requested by vLLM: margin for other tenants", bar="free"),
+    ]
+    cal = request.calibration
+    if cal is not None and cal.non_kv_bytes is not None:
+        # The engine's own measurement replaces our three estimates; the rows still add up.
+        estimates = ("non_torch", "activation", "cudagraph")
+        items = [i for i in items if i.key not in estimates]
+        items.insert(-2, BudgetItem("measured_non_kv", "non-KV besides weights", cal.non_kv_bytes - budget.weights,
+                                    CALIBRATED, f"measured by vLLM at an earlier start ({cal.key})",
+                                    bar="activations"))
+    return tuple(items)
+
+
+def _total_item(gpu: GpuDevice, total: int, error: int) -> BudgetItem:
+    return BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
+                      "cudaMemGetInfo total" + (" (catalog)" if gpu.cuda_total_bytes else
+                                                " = NVML total - driver reserve" if gpu.reserved_bytes else
+                                                " ~ NVML total - 2 % (not measured for this GPU)"),
+                      error_bytes=error)
+
+
+def _offload_detail(setup: _VllmSetup) -> str:
+    offloaded = int(setup.pinned.get("--cpu-offload-gb", 0) * GiB)
+    return f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else ""
+
+
+def _non_torch_item(sizing: _Sizing) -> BudgetItem:
+    parallel = sizing.setup.tp * sizing.setup.pp > 1
+    return BudgetItem("non_torch", "non-torch after snapshot", sizing.non_torch, FORMULA,
+                      "cuBLAS, allocator" + (", NCCL and all-reduce buffers" if parallel else "")
+                      + ("; vLLM 0.19 H100 logs 2.07-2.10 GiB (symmetric-memory all-reduce)"
+                         if sizing.non_torch == vb.NON_TORCH_BYTES_TP_V019 else
+                         "; published logs 0.34-0.43 GiB per rank" if parallel else "; vLLM 0.19 logs 0.25-0.27 GiB"),
+                      bar="other", error_bytes=sizing.non_torch_error)
+
+
+def _activation_item(sizing: _Sizing, length: int) -> BudgetItem:
+    batched, seqs, peak = sizing.peak_at(length)
+    return BudgetItem("activation", f"activation ({peak.runner} profile run)", sizing.activation_at(length), FORMULA,
+                      f"{peak.describe()} at {batched} batched tokens, {min(seqs, batched)} sampler rows "
+                      f"({sizing.defaults.reason})"
+                      + (f"; + penalty state {format_gib(peak.persistent_bytes)}" if peak.persistent_bytes else ""),
+                      bar="activations", error_bytes=peak.error_bytes)
+
+
+def _cudagraph_item(sizing: _Sizing) -> BudgetItem:
+    cudagraph, rules = sizing.cudagraph, sizing.setup.rules
+    return BudgetItem("cudagraph", "CUDA graph estimate", cudagraph, FORMULA if cudagraph else ENGINE_DEFAULT,
+                      "--enforce-eager: no graphs" if sizing.setup.pinned.get("--enforce-eager", False) else
+                      (f"not subtracted by vLLM {rules.version} (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off)"
+                       if not cudagraph else
+                       f"{vb.CUDAGRAPH_BASE_BYTES // MiB} MiB + {vb.CUDAGRAPH_PER_LAYER_BYTES / MiB:.1f} MiB x layers"),
+                      bar="graphs", error_bytes=int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
+
+
+def _kv_item(sizing: _Sizing, kv: int, capacity: KvCapacity) -> BudgetItem:
+    layout = sizing.setup.layout
+    pinned = sizing.pinned_kv_bytes is not None or sizing.blocks_override is not None
+    return BudgetItem("kv", "KV cache", kv, PINNED if pinned else
+                      (CALIBRATED if sizing.calibrated_non_kv is not None else FORMULA),
+                      f"{capacity.num_blocks} blocks x {layout.bytes_per_block} B "
+                      f"({layout.group_size} layers x {layout.page_bytes} B page, block {sizing.setup.block})",
+                      bar="kv")
+
+
 # --------------------------------------------------------------------------- vLLM on CPU
 
 
-def plan_cpu(request: PlanRequest) -> Plan:
-    """KV space is VLLM_CPU_KVCACHE_SPACE whole GiB; weights and activations share host RAM."""
-    model, geometry = request.model, request.model.geometry
-    setup = _vllm_setup(request, None)
+@dataclass(frozen=True)
+class _CpuSpace:
+    """The CPU KV cache: VLLM_CPU_KVCACHE_SPACE whole GiB (None: pinned bytes) and why."""
+
+    gib: int | None
+    kv_bytes: int
+    source: str
+    detail: str
+
+
+def _cpu_activation_at(request: PlanRequest, setup: _VllmSetup, defaults: vb.BatchDefaults,
+                       length: int) -> tuple[int, int]:
+    """(batched tokens, host RAM the activations take) at `length`."""
+    batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
+                                     pinned_batched_tokens=setup.pinned.get("--max-num-batched-tokens"),
+                                     pinned_num_seqs=setup.pinned.get("--max-num-seqs"))
+    return batched, vb.cpu_activation_peak_bytes(request.model.geometry, batched_tokens=batched,
+                                                 num_seqs=min(seqs, batched), tp=setup.tp)
+
+
+def _cpu_capacity(request: PlanRequest, setup: _VllmSetup, defaults: vb.BatchDefaults, kv_bytes: int,
+                  length: int) -> KvCapacity:
+    batched = _cpu_activation_at(request, setup, defaults, length)[0]
+    return kv_capacity(setup.layout, kv_bytes, max_model_len=length,
+                       in_flight_tokens=vk.in_flight_tokens(batched_tokens=batched, device="cpu", pp=setup.pp))
+
+
+def _cpu_space(request: PlanRequest, setup: _VllmSetup, defaults: vb.BatchDefaults, host: HostMemory) -> _CpuSpace:
+    """VLLM_CPU_KVCACHE_SPACE from the environment, a pinned --kv-cache-memory-bytes, or what the
+    requests need (whole GiB, at least 1), not the whole host."""
     pinned = setup.pinned
-    host = request.host
-    if host is None:
-        raise WontFit("host memory unknown: cannot plan the CPU backend")
-    weights = model.weight_bytes
-    defaults = vb.batch_defaults(nvml_total_bytes=None, gpu_name="cpu", device="cpu", world_size=setup.tp * setup.pp)
     env_space = request.engine_env.get("VLLM_CPU_KVCACHE_SPACE")
-
-    def activation_at(length: int) -> tuple[int, int]:
-        batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
-                                         pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
-                                         pinned_num_seqs=pinned.get("--max-num-seqs"))
-        return batched, vb.cpu_activation_peak_bytes(geometry, batched_tokens=batched,
-                                                     num_seqs=min(seqs, batched), tp=setup.tp)
-
-    room = host.available_bytes - weights - request.margin_bytes
-    if request.max_gpu_memory_bytes is not None:
-        room = min(room, request.max_gpu_memory_bytes - weights)
-
-    def capacity_for(space_bytes: int, length: int) -> KvCapacity:
-        batched = activation_at(length)[0]
-        return kv_capacity(setup.layout, space_bytes, max_model_len=length,
-                           in_flight_tokens=vk.in_flight_tokens(batched_tokens=batched, device="cpu", pp=setup.pp))
-
     if env_space not in (None, ""):
         try:
             space_gib = int(env_space)
         except ValueError:
             raise UsageError(f"VLLM_CPU_KVCACHE_SPACE={env_space!r}: vLLM needs whole GiB") from None
-        space_source, space_detail = PINNED, "VLLM_CPU_KVCACHE_SPACE from the environment"
-    elif "--kv-cache-memory-bytes" in pinned:
-        space_gib = None
-        space_source, space_detail = PINNED, "pinned --kv-cache-memory-bytes"
-    else:
-        # Take what the requests need (whole GiB, at least 1), not the whole host.
-        pinned_len = pinned.get("--max-model-len")
-        target_len = pinned_len if pinned_len and pinned_len > 0 else setup.model_max_len
-        needed = setup.layout.bytes_per_block * (
-            math.ceil(request.concurrency * setup.layout.blocks_per_request(
-                target_len, vk.in_flight_tokens(batched_tokens=activation_at(target_len)[0], device="cpu",
-                                                pp=setup.pp))) + 1)
-        most = max((room - activation_at(target_len)[1]) // GiB, 0)
-        space_gib = max(1, min(math.ceil(needed / GiB), most))
-        space_source = FORMULA
-        space_detail = (f"enough for {request.concurrency} x {target_len} tokens" if space_gib * GiB >= needed
-                        else f"all the host can spare ({format_gib(room)} after weights and margin)")
-    kv = pinned["--kv-cache-memory-bytes"] if space_gib is None else space_gib * GiB
+        return _CpuSpace(space_gib, space_gib * GiB, PINNED, "VLLM_CPU_KVCACHE_SPACE from the environment")
+    if "--kv-cache-memory-bytes" in pinned:
+        return _CpuSpace(None, pinned["--kv-cache-memory-bytes"], PINNED, "pinned --kv-cache-memory-bytes")
+    room = host.available_bytes - request.model.weight_bytes - request.margin_bytes
+    if request.max_gpu_memory_bytes is not None:
+        room = min(room, request.max_gpu_memory_bytes - request.model.weight_bytes)
+    pinned_len = pinned.get("--max-model-len")
+    target_len = pinned_len if pinned_len and pinned_len > 0 else setup.model_max_len
+    batched, activation = _cpu_activation_at(request, setup, defaults, target_len)
+    needed = setup.layout.bytes_per_block * (math.ceil(request.concurrency * setup.layout.blocks_per_request(
+        target_len, vk.in_flight_tokens(batched_tokens=batched, device="cpu", pp=setup.pp))) + 1)
+    most = max((room - activation) // GiB, 0)
+    space_gib = max(1, min(math.ceil(needed / GiB), most))
+    detail = (f"enough for {request.concurrency} x {target_len} tokens" if space_gib * GiB >= needed
+              else f"all the host can spare ({format_gib(room)} after weights and margin)")
+    return _CpuSpace(space_gib, space_gib * GiB, FORMULA, detail)
+
+
+def plan_cpu(request: PlanRequest) -> Plan:
+    """KV space is VLLM_CPU_KVCACHE_SPACE whole GiB; weights and activations share host RAM."""
+    model = request.model
+    setup = _vllm_setup(request, None)
+    host = request.host
+    if host is None:
+        raise WontFit("host memory unknown: cannot plan the CPU backend")
+    defaults = vb.batch_defaults(nvml_total_bytes=None, gpu_name="cpu", device="cpu", world_size=setup.tp * setup.pp)
+    space = _cpu_space(request, setup, defaults, host)
+    kv = space.kv_bytes
 
     def capacity_at(length: int) -> KvCapacity:
-        return capacity_for(kv, length)
+        return _cpu_capacity(request, setup, defaults, kv, length)
 
     length, length_reason, capacity, _ = _vllm_length(request, setup, capacity_at)
-    batched, activation = activation_at(length)
+    batched, activation = _cpu_activation_at(request, setup, defaults, length)
+    weights = model.weight_bytes
     if weights + activation + kv + request.margin_bytes > host.available_bytes:
         raise WontFit(
             f"host RAM: weights {format_gib(weights)} + activations {format_gib(activation)} + KV {format_gib(kv)} "
             f"exceed the {format_gib(host.available_bytes)} available",
             hint="lower VLLM_CPU_KVCACHE_SPACE or --max-model-len")
-    env = {} if env_space not in (None, "") or space_gib is None else {"VLLM_CPU_KVCACHE_SPACE": str(space_gib)}
-    args = [] if "--max-model-len" in pinned else ["--max-model-len", str(length)]
+    from_env = request.engine_env.get("VLLM_CPU_KVCACHE_SPACE") not in (None, "")
+    env = {} if from_env or space.gib is None else {"VLLM_CPU_KVCACHE_SPACE": str(space.gib)}
     items = (
         BudgetItem("total", "host RAM available", host.available_bytes, MEASURED,
                    "psutil available" + (", cgroup limit applied" if host.cgroup_limit_bytes else "")),
         BudgetItem("weights", "weights", weights, weights_source(model), model.weight_bytes_source, bar="weights"),
         BudgetItem("activation", "activation peak", activation, FORMULA,
                    f"{batched} batched tokens ({defaults.reason})", bar="activations"),
-        BudgetItem("kv", "KV cache (VLLM_CPU_KVCACHE_SPACE)", kv, space_source,
-                   f"{space_detail}; {capacity.num_blocks} blocks x {setup.layout.bytes_per_block} B, "
-                   f"block {setup.block}",
-                   bar="kv"),
+        BudgetItem("kv", "KV cache (VLLM_CPU_KVCACHE_SPACE)", kv, space.source,
+                   f"{space.detail}; {capacity.num_blocks} blocks x {setup.layout.bytes_per_block} B, "
+                   f"block {setup.block}", bar="kv"),
         BudgetItem("free", "left free", max(host.available_bytes - weights - activation - kv, 0), FORMULA,
                    "host RAM not planned for", bar="free"),
     )
     notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
-    verified, architecture_note = architecture_status(geometry)
+    verified, architecture_note = architecture_status(model.geometry)
+    knob = (MemoryKnob("VLLM_CPU_KVCACHE_SPACE", space.gib, "GiB", f"VLLM_CPU_KVCACHE_SPACE={space.gib}",
+                       space.detail) if space.gib is not None else
+            MemoryKnob("--kv-cache-memory-bytes", kv, "bytes", f"--kv-cache-memory-bytes {format_gib(kv)} (pinned)",
+                       space.detail))
     return Plan(
         engine="vllm", engine_version=request.engine_version or vr.NEWEST, rules_version=setup.rules.version,
         device="cpu", model=model.name, max_model_len=length, max_model_len_source=length_reason,
         kv_cache_bytes=kv, kv_cache_tokens=capacity.tokens, max_concurrency=round(capacity.max_concurrency, 2),
-        budget=items, engine_args=tuple(args), engine_env=env, pinned=dict(pinned), tp=setup.tp, pp=setup.pp,
-        cpu_kvcache_space_gib=space_gib, block_size=setup.block, num_blocks=capacity.num_blocks,
-        memory_knob=f"VLLM_CPU_KVCACHE_SPACE={space_gib}" if space_gib is not None else
-        f"--kv-cache-memory-bytes {format_gib(kv)} (pinned)",
+        budget=items, engine_args=tuple([] if "--max-model-len" in setup.pinned else ["--max-model-len", str(length)]),
+        engine_env=env, pinned=dict(setup.pinned), tp=setup.tp, pp=setup.pp,
+        knob=knob, engine_figures={"cpu_kvcache_space_gib": space.gib},
+        block_size=setup.block, num_blocks=capacity.num_blocks,
         gpu_name="cpu", gpu_count=0, notes=tuple(notes), architecture_verified=verified,
         warnings=() if verified else (architecture_note,),
         engine_version_assumed=request.engine_version_assumed,
