@@ -178,7 +178,7 @@ def serve_command(**opts: Any) -> None:
     from launcher.plan.calibration import record, record_runtime_oom
 
     key = calibration_key_for(plan.engine, request.engine_version, request.gpus, request.model.name,
-                              request.engine_args)
+                              request.pinned)
 
     def on_measured(measured: Any) -> None:
         try:

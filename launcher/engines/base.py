@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from launcher.common.errors import SafeServeError
     from launcher.engines.events import EngineEvent
-    from launcher.plan.types import Calibration, Plan, PlanRequest
+    from launcher.plan.types import Calibration, PinnedFlags, PinnedValue, Plan, PlanRequest
 
 
 class Measurements(Protocol):
@@ -50,7 +50,8 @@ class EngineAdapter(Protocol):
     figure_keys: tuple[str, ...]  # the engine's own plan figures (Plan.engine_figures), JSON keys
 
     # planning
-    def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]: ...
+    def pin(self, engine_args: Sequence[str]) -> PinnedFlags: ...
+    def pinned_with(self, pinned: PinnedFlags, flag: str, value: int) -> PinnedFlags: ...
     def set_flag(self, args: Sequence[str], flag: str, value: str) -> list[str]: ...
     def drop_flag(self, args: Sequence[str], flag: str) -> list[str]: ...
     def ranks(self, pinned: Mapping[str, Any]) -> tuple[int, int]: ...
@@ -63,7 +64,7 @@ class EngineAdapter(Protocol):
     # launching
     def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
                     engine_cmd: str | None) -> list[str]: ...
-    def health_address(self, passthrough: Sequence[str]) -> tuple[str, int]: ...
+    def health_address(self, pinned: Mapping[str, PinnedValue]) -> tuple[str, int]: ...
 
     # watching
     def parse_line(self, line: str) -> EngineEvent | None: ...
@@ -99,8 +100,17 @@ class PackageAdapter:
     _architectures: Any  # proof_summary()
     _planner_module: str  # imported on first plan (keeps `safe-serve gpus` light)
 
-    def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]:
-        return dict(self._rules.pinned_flags(engine_args))
+    def pin(self, engine_args: Sequence[str]) -> PinnedFlags:
+        """The one parse of the operator's engine flags (at the edge): typed values and the argv as written."""
+        from launcher.plan.types import PinnedFlags
+
+        return PinnedFlags(argv=tuple(engine_args), values=dict(self._rules.pinned_flags(engine_args)))
+
+    def pinned_with(self, pinned: PinnedFlags, flag: str, value: int) -> PinnedFlags:
+        """`pinned` with `flag` set to `value` (a preset's length), as if the operator had typed it."""
+        from launcher.plan.types import PinnedFlags
+
+        return PinnedFlags(argv=(*pinned.argv, flag, str(value)), values={**pinned.values, flag: value})
 
     def set_flag(self, args: Sequence[str], flag: str, value: str) -> list[str]:
         """`args` with `flag` set, every spelling and alias of it replaced (`-tp 3` included)."""
@@ -172,8 +182,7 @@ class PackageAdapter:
                     engine_cmd: str | None) -> list[str]:
         return list(self._runtime.engine_argv(plan, model_ref, passthrough, engine_cmd))
 
-    def health_address(self, passthrough: Sequence[str]) -> tuple[str, int]:
-        pinned = self.pinned_flags(passthrough)
+    def health_address(self, pinned: Mapping[str, PinnedValue]) -> tuple[str, int]:
         return str(pinned.get("--host") or "127.0.0.1"), int(pinned.get("--port") or self.default_port)
 
     def parse_line(self, line: str) -> EngineEvent | None:

@@ -82,7 +82,7 @@ def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
     found: list[Alternative] = []
     engine = adapter(request.engine)
     args = list(request.engine_args)
-    pinned = engine.pinned_flags(args)
+    pinned = request.pinned.values
     length_flag, tp_flag = engine.length_flag, engine.tp_flag
 
     def attempt(changed: PlanRequest) -> Plan | None:

@@ -156,11 +156,17 @@ def apply(name: str | None, explicit: Explicit, *, default_margin_bytes: int, gp
     return Settings(margin, cap, concurrency, length, tuple(notes))
 
 
-def length_args(settings: Settings, *, length_flag: str, model_max_len: int) -> tuple[str, ...]:
-    """The length cap as an engine flag, never above the model's own maximum (engines refuse that)."""
+def length_value(settings: Settings, *, model_max_len: int) -> int | None:
+    """The preset's length cap, never above the model's own maximum (engines refuse that); None: no cap."""
     if settings.max_model_len is None:
-        return ()
-    return (length_flag, str(min(settings.max_model_len, model_max_len)))
+        return None
+    return min(settings.max_model_len, model_max_len)
+
+
+def length_args(settings: Settings, *, length_flag: str, model_max_len: int) -> tuple[str, ...]:
+    """The length cap as an engine flag (`length_value` in the engine's spelling)."""
+    value = length_value(settings, model_max_len=model_max_len)
+    return () if value is None else (length_flag, str(value))
 
 
 def help_text() -> str:

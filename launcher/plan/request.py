@@ -8,14 +8,14 @@ a plan, so everything below it stays pure.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.common.errors import ProbeError
+from launcher.common.errors import ProbeError, UsageError
 from launcher.model.gpu import GpuDevice, HostMemory
 from launcher.plan import presets
-from launcher.plan.types import DEFAULT_MARGIN_BYTES, Calibration, PlanRequest
+from launcher.plan.types import DEFAULT_MARGIN_BYTES, Calibration, PinnedFlags, PlanRequest
 
 if TYPE_CHECKING:
     from launcher.common.devlock import DeviceLock
@@ -38,6 +38,18 @@ class PlanOptions:
     trust_engine: bool = False
     use_calibration: bool = True
     engine_args: tuple[str, ...] = ()  # after `--`, exactly as given
+    # `engine_args` parsed by the engine's adapter, once per command: the lock, the plan, the
+    # calibration key, the health address and the argv all read this.
+    pinned: PinnedFlags = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from launcher.engines import adapter
+
+        try:
+            engine = adapter(self.engine)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        object.__setattr__(self, "pinned", engine.pin(self.engine_args))
 
 
 def engine_args_after_dashes(raw: Sequence[str]) -> tuple[str, ...]:
@@ -60,15 +72,16 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
     calibration = None
     if options.use_calibration:
         calibration = _load_calibration(env, calibration_key_for(options.engine, version, gpus, model.name,
-                                                                 options.engine_args))
+                                                                 options.pinned))
     settings = _preset_settings(options, gpus, model.geometry.text_config)
-    engine_args = (*options.engine_args,
-                   *presets.length_args(settings, length_flag=engine.length_flag,
-                                        model_max_len=_model_max_len(model.geometry.text_config)))
+    pinned = options.pinned
+    preset_length = presets.length_value(settings, model_max_len=_model_max_len(model.geometry.text_config))
+    if preset_length is not None:
+        pinned = engine.pinned_with(pinned, engine.length_flag, preset_length)
     return PlanRequest(
         model=model, engine=options.engine, device=options.device, gpus=gpus, host=host, engine_version=version,
         engine_version_assumed=version is None,
-        engine_args=engine_args, engine_env={k: env[k] for k in engine.env_keys if k in env},
+        engine_args=pinned.argv, pinned=pinned, engine_env={k: env[k] for k in engine.env_keys if k in env},
         concurrency=settings.concurrency, max_gpu_memory_bytes=settings.max_gpu_memory_bytes,
         margin_bytes=settings.margin_bytes, trust_engine=options.trust_engine, variants=variants,
         calibration=calibration, notes=settings.notes,
@@ -84,12 +97,12 @@ def _preset_settings(options: PlanOptions, gpus: Sequence[GpuDevice], text_confi
     from launcher.engines import adapter
 
     engine = adapter(options.engine)
-    pinned = engine.pinned_flags(options.engine_args)
+    pinned = options.pinned
     explicit = presets.Explicit(
         margin_bytes=parse_size(options.margin) if options.margin else None,
         max_gpu_memory_bytes=parse_size(options.max_gpu_memory) if options.max_gpu_memory else None,
         concurrency=options.concurrency, length_pinned=engine.length_flag in pinned,
-        memory_pinned=bool(set(pinned) & engine.memory_flags))
+        memory_pinned=bool(set(pinned.values) & engine.memory_flags))
     return presets.apply(options.preset, explicit, default_margin_bytes=DEFAULT_MARGIN_BYTES,
                          gpu_total_bytes=presets.smallest_total([g.usable_total_bytes for g in gpus]),
                          proc_version=_read_proc_version() if options.device == "cuda" else "")
@@ -135,17 +148,16 @@ def _load_calibration(env: Mapping[str, str], key: str) -> Calibration | None:
 
 
 def calibration_key_for(engine: str, version: str | None, gpus: Sequence[GpuDevice], model: str,
-                        engine_args: Sequence[str]) -> str:
+                        pinned: PinnedFlags) -> str:
     """The setup a measurement belongs to: engine, version, GPUs, model, memory-relevant flags."""
     from launcher.engines import adapter
     from launcher.plan.calibration import calibration_key
 
     engine_adapter = adapter(engine)
-    pinned = engine_adapter.pinned_flags(engine_args)
     gpu_name = f"{len(gpus)} x {gpus[0].name}" if gpus else "cpu"
     return calibration_key(gpu_name=gpu_name, model=model, engine=engine, engine_version=version or "newest",
                            key_flags=engine_adapter.calibration_key_flags,
-                           pinned=pinned)
+                           pinned=pinned.values)
 
 
 def lock_live_devices(options: PlanOptions, timeout_s: float) -> DeviceLock | None:
@@ -168,7 +180,7 @@ def lock_live_devices(options: PlanOptions, timeout_s: float) -> DeviceLock | No
     from launcher.probe import probe_inventory
 
     engine = adapter(options.engine)
-    tp, pp = engine.ranks(engine.pinned_flags(options.engine_args))
+    tp, pp = engine.ranks(options.pinned.values)
     visible = probe_inventory().visible[:tp * pp]
     lock = DeviceLock([g.uuid for g in visible if g.uuid], timeout_s=timeout_s)
     lock.acquire()

@@ -42,6 +42,30 @@ class Calibration:
     key: str = ""
 
 
+# A pinned flag's value as the engine's own parser gives it: a count, a size, a fraction, a name, a switch.
+PinnedValue = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class PinnedFlags:
+    """The engine flags the operator pinned, parsed once at the edge by the engine's adapter (`pin`).
+
+    `values` are keyed by the engine's own spelling of each flag (an alias such as `-tp` is
+    stored under `--tensor-parallel-size`); `argv` is the command line as written, passed
+    through to the engine untouched.
+    """
+
+    argv: tuple[str, ...] = ()
+    # Each value as the flag's parser returns it (a PinnedValue); read by name, so typed Any here.
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __contains__(self, flag: object) -> bool:
+        return flag in self.values
+
+    def get(self, flag: str, default: PinnedValue | None = None) -> Any:
+        return self.values.get(flag, default)
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """Everything a plan depends on, gathered at the edge (`launcher.plan.request`): no planner reads
@@ -54,7 +78,10 @@ class PlanRequest:
     host: HostMemory | None = None
     engine_version: str | None = None  # installed or --engine-version; None: the newest rules
     engine_version_assumed: bool = False  # no engine installed and none named: the version is our default
-    engine_args: tuple[str, ...] = ()
+    engine_args: tuple[str, ...] = ()  # after `--`, as written (the argv the engine gets)
+    # `engine_args` parsed by the engine's adapter: given by the edge (`build_request`), parsed here
+    # only when a request is built without it or with other arguments (tests, alternatives).
+    pinned: PinnedFlags = field(default_factory=PinnedFlags, compare=False)
     engine_env: Mapping[str, str] = field(default_factory=dict)  # VLLM_CPU_KVCACHE_SPACE, ...
     concurrency: int = 1
     max_gpu_memory_bytes: int | None = None
@@ -65,6 +92,13 @@ class PlanRequest:
     # Smaller checkpoints of the same model (resolved by the caller) to offer when nothing fits.
     variants: tuple[ResolvedModel, ...] = ()
     notes: tuple[str, ...] = ()  # from the edge (preset, WSL2): shown first in the plan's notes
+
+    def __post_init__(self) -> None:
+        if self.pinned.argv != self.engine_args:
+            from launcher.engines import ENGINES, adapter
+
+            if self.engine in ENGINES:  # an unknown engine is the planner's UsageError
+                object.__setattr__(self, "pinned", adapter(self.engine).pin(self.engine_args))
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ class Watch:
         self.oom_recorded = False
         self.engine_phase = "starting"
         self.progress = live.Progress(plan.engine) if live.wanted() else None
-        host, port = self.engine.health_address(passthrough)
+        host, port = self.engine.health_address(plan.pinned)
         self.supervisor = Supervisor(
             self._command_for(self.args),
             SupervisorOptions(

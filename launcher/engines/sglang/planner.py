@@ -90,7 +90,7 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     """Rules, ranks, devices, SGLang's own refusals first, then cell and page."""
     geometry = request.model.geometry
     rules, rules_note = sr.rules_for(request.engine_version)
-    pinned = sr.pinned_flags(request.engine_args)
+    pinned = request.pinned.values
     tp, pp = sr.ranks(pinned)
     devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=sr.TP_FLAG)
     gpu = tightest(devices)
@@ -311,7 +311,7 @@ def _sglang_items(request: PlanRequest, setup: _SglangSetup, budget: SglangBudge
 def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     """`--trust-engine`: launch with the operator's flags only; SGLang sizes itself."""
     request = request_with_cached_layers(request, sa.LAYER_PATTERNS)
-    pinned = sr.pinned_flags(request.engine_args)
+    pinned = request.pinned.values
     rules, _ = sr.rules_for(request.engine_version)
     return unplanned(request, refusal, newest=sr.NEWEST, rules_version=rules.version, pinned=pinned,
                      length=pinned.get("--context-length") or 0, tp=sr.ranks(pinned)[0], block=None)

@@ -83,7 +83,7 @@ class _VllmSetup:
 def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None,
                 gpu_name: str | None = None) -> _VllmSetup:
     rules, note = vr.rules_for(request.engine_version)
-    pinned = vr.pinned_flags(request.engine_args)
+    pinned = request.pinned.values
     tp, pp = vr.ranks(pinned)
     geometry = request.model.geometry
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=compute_capability,
@@ -467,7 +467,7 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
 def plan_gpu(request: PlanRequest) -> Plan:
     """Devices, setup, batch defaults, utilization, the terms, the length, then the table."""
     # Parallelism picks the devices, whose compute capability then sets dtype and block size.
-    pinned = vr.pinned_flags(request.engine_args)
+    pinned = request.pinned.values
     tp, pp = vr.ranks(pinned)
     devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=vr.TP_FLAG)
     gpu = tightest(devices)
@@ -745,7 +745,7 @@ def plan_cpu(request: PlanRequest) -> Plan:
 def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     """`--trust-engine`: launch with the operator's flags only; vLLM sizes itself."""
     request = request_with_cached_layers(request, LAYER_PATTERNS)
-    pinned = vr.pinned_flags(request.engine_args)
+    pinned = request.pinned.values
     block, _ = vk.block_size(request.model.geometry, device=request.device, compute_capability=None,
                              pinned=pinned.get("--block-size"), cpu_amx=request.host.cpu_amx if request.host else None)
     rules, _ = vr.rules_for(request.engine_version)
