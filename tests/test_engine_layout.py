@@ -74,3 +74,38 @@ def test_layer_patterns_cite_their_source_and_bind_idempotently(engine: str) -> 
     assert raw.layer_kinds == (SLIDING,) * 4  # the config alone: one window on every layer
     bound = architectures.cached_layers(raw)
     assert bound.layer_kinds == (SLIDING, FULL, SLIDING, FULL) and architectures.cached_layers(bound) == bound
+
+
+def _contract() -> set[str]:
+    from launcher.engines.base import EngineAdapter
+
+    methods = {name for name, value in vars(EngineAdapter).items() if callable(value) and not name.startswith("_")}
+    return methods | set(EngineAdapter.__annotations__)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_adapter_meets_the_whole_contract(engine: str) -> None:
+    from launcher.engines import adapter
+
+    assert {name for name in _contract() if not hasattr(adapter(engine), name)} == set()
+
+
+def test_the_contract_says_what_a_third_engine_lacks() -> None:
+    """A new engine with only its spec (names, flags) still lacks exactly the methods only it can answer;
+    mypy reports the same on `ADAPTER: EngineAdapter = ...` in its adapter.py."""
+    import dataclasses
+
+    from launcher.engines.base import SpecAdapter
+    from launcher.engines.vllm.adapter import SPEC
+
+    third = SpecAdapter(dataclasses.replace(SPEC, name="third"))
+    missing = {name for name in _contract() if not hasattr(third, name)}
+    assert missing == {"rules_version", "plan", "engine_decides", "verified_architectures", "engine_argv",
+                       "parse_line", "retuned_args", "kv_shortfall", "measurements"}
+
+
+def test_no_any_and_no_bare_ignore_in_the_adapter_path() -> None:
+    paths = [ENGINES_DIR / "base.py", ENGINES_DIR / "__init__.py", *(ENGINES_DIR / e / "adapter.py" for e in ENGINES)]
+    for path in paths:
+        text = path.read_text()
+        assert "Any" not in text and "type: ignore" not in text, path.name

@@ -1,7 +1,9 @@
-"""The words safe-serve's data uses, as enums: engine, device, budget source, divergence mode.
+"""The words safe-serve's data uses, as enums: device, budget source, divergence mode.
+
+Engine names are not here: the registry (`launcher.engines.ENGINES`) is their one source.
 
 They are `str` enums so that they compare equal to, and serialize as, the plain strings the
-JSON schemas and the tests already use (`Engine.VLLM == "vllm"`, `json.dumps` gives "vllm").
+JSON schemas and the tests already use (`Device.CPU == "cpu"`, `json.dumps` gives "cpu").
 """
 
 from __future__ import annotations
@@ -17,11 +19,6 @@ class _Word(str, enum.Enum):
 
     def __format__(self, spec: str) -> str:
         return format(str(self.value), spec)
-
-
-class Engine(_Word):
-    VLLM = "vllm"
-    SGLANG = "sglang"
 
 
 class Device(_Word):

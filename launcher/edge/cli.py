@@ -20,7 +20,9 @@ import click
 
 from launcher.common import inputs
 from launcher.common.errors import ExitCode, SafeServeError, UnsupportedModel, UsageError, WontFit
+from launcher.common.vocab import Device, DivergenceMode
 from launcher.edge import cli_hints
+from launcher.engines import ENGINES
 from launcher.plan import presets
 from launcher.plan.request import (
     PlanOptions,
@@ -49,11 +51,12 @@ def cli() -> None:
 def plan_options(func: Any) -> Any:
     options = [
         click.argument("model"),
-        click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True),
+        click.option("--engine", type=click.Choice(ENGINES), default=ENGINES[0], show_default=True),
         click.option("--gpu", "gpu_specs", multiple=True,
                      help="Plan for a hypothetical GPU: catalog name (rtx4090, a100-80gb), size (24GiB) "
                           "or count (2xH100)."),
-        click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True),
+        click.option("--device", type=click.Choice([d.value for d in Device]), default=Device.CUDA.value,
+                     show_default=True),
         click.option("--concurrency", type=int, default=None,
                      help="Requests of the chosen length that must fit at once (default 1, or the preset's)."),
         click.option("--preset", type=click.Choice(presets.names()), default=None, help=presets.help_text()),
@@ -120,7 +123,8 @@ def plan_command(**opts: Any) -> None:
 @click.option("--engine-cmd", default=None,
               help='Replace the engine executable, e.g. "python -m vllm.entrypoints.openai.api_server".')
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact command line, then exit 0.")
-@click.option("--on-divergence", type=click.Choice(["retune", "abort", "warn"]), default="retune", show_default=True)
+@click.option("--on-divergence", type=click.Choice([m.value for m in DivergenceMode]),
+              default=DivergenceMode.RETUNE.value, show_default=True)
 @click.option("--tolerance", type=float, default=0.02, show_default=True)
 @click.option("--max-retunes", type=int, default=2, show_default=True)
 @click.option("--watch-timeout", type=float, default=1800.0, show_default=True)
@@ -214,7 +218,7 @@ def _configure_logging(log_format: str | None) -> None:
 @click.argument("model")
 @click.option("--concurrency", type=int, required=True, help="Requests that must run at once.")
 @click.option("--tokens", type=int, required=True, help="Tokens per request (prompt + output).")
-@click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True)
+@click.option("--engine", type=click.Choice(ENGINES), default=ENGINES[0], show_default=True)
 @click.option("--gpu", "gpu_specs", multiple=True, help="GPU types to consider (default: the whole catalog).")
 @click.option("--engine-version", default=None)
 @click.option("--margin", default=None, help="Headroom left for other tenants (default 256MiB).")

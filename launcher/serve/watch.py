@@ -22,6 +22,7 @@ import structlog
 
 from launcher.common.devlock import DeviceLock
 from launcher.common.errors import ExitCode
+from launcher.common.vocab import DivergenceMode
 from launcher.engines import adapter
 from launcher.engines.events import EngineEvent
 from launcher.plan.types import Calibration, Plan
@@ -31,7 +32,7 @@ from launcher.supervise.outcome import State
 
 log = structlog.get_logger("safe_serve.watch")
 
-RETUNE, ABORT, WARN = "retune", "abort", "warn"
+RETUNE, ABORT, WARN = DivergenceMode.RETUNE, DivergenceMode.ABORT, DivergenceMode.WARN
 # The engine's own progress, named after the last line of each kind we saw.
 ENGINE_PHASES = {
     "pre_load": "loading weights", "weights": "weights loaded", "available_kv": "memory profiled",

@@ -151,7 +151,7 @@ NOT_MODELLED = {
 ENV_KEYS: tuple[str, ...] = ()
 ALLOW_LONG_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # srt/configs/model_config.py
 OTHER_FLAGS = frozenset({"--served-model-name", "--trust-remote-code", "--api-key", "--chat-template"})
-AS_WRITTEN: dict[tuple[str, Any], str] = {}
+AS_WRITTEN: dict[tuple[str, bool | int | float | str], str] = {}
 
 
 def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:

@@ -181,7 +181,7 @@ NOT_MODELLED = {
 OTHER_FLAGS = frozenset({"--served-model-name", "--trust-remote-code", "--api-key", "--chat-template"})
 # Sentinels vLLM stores for what the operator typed: `--max-model-len auto` parses to -1
 # (vllm/engine/arg_utils.py human_readable_int_or_auto).
-AS_WRITTEN = {("--max-model-len", -1): "auto"}
+AS_WRITTEN: dict[tuple[str, bool | int | float | str], str] = {("--max-model-len", -1): "auto"}
 
 
 def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
