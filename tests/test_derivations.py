@@ -1,0 +1,34 @@
+"""The derivations the docs cite live in the repository and equal what their script rebuilds."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("derivations", ROOT / "bench" / "derivations.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["activation-peak.md", "vllm-versions.md"])
+def test_committed_derivation_is_current(name: str) -> None:
+    assert (ROOT / "docs" / "derivations" / name).read_text() == _module().DOCUMENTS[name]()
+
+
+def test_docs_cite_nothing_outside_the_repository() -> None:
+    for doc in (ROOT / "docs").rglob("*.md"):
+        text = doc.read_text()
+        assert "outside the repo" not in text, doc.name
+        for path in re.findall(r"`((?:docs|tests|bench|launcher)/[\w./-]+\.(?:md|json|yaml|py))`", text):
+            assert (ROOT / path).exists(), f"{doc.name} cites {path}"
+        assert not re.search(r"\bresearch/[\w.-]+\.(?:md|json)", text), doc.name
