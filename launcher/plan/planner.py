@@ -79,74 +79,117 @@ def configuration_request(base: PlanRequest, gpu: GpuDevice, count: int, kv_dtyp
 
 def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
     """Each alternative is planned for real; only the ones that fit (at the central estimate) are offered."""
-    found: list[Alternative] = []
-    engine = adapter(request.engine)
-    args = list(request.engine_args)
-    pinned = request.pinned.values
-    length_flag, tp_flag = engine.length_flag, engine.tp_flag
+    search = _Alternatives(request)
+    search.longest_length()
+    search.fewer_requests()
+    search.fp8_cache()
+    search.tensor_parallel()
+    search.quantized_checkpoints()
+    search.more_gpus()
+    return tuple(search.found)
 
-    def attempt(changed: PlanRequest) -> Plan | None:
+
+class _Alternatives:
+    """The alternatives to a refused request, one kind per method, in the order they are offered.
+
+    Alternatives free the length (the usual reason nothing fits) and report what it becomes.
+    """
+
+    def __init__(self, request: PlanRequest) -> None:
+        self.request = request
+        self.engine = adapter(request.engine)
+        self.args = list(request.engine_args)
+        self.pinned = request.pinned.values
+        self.free_len = self.engine.drop_flag(self.args, self.engine.length_flag)
+        self.found: list[Alternative] = []
+
+    def attempt(self, changed: PlanRequest) -> Plan | None:
         try:
             plan = _plan_once(dataclasses.replace(changed, calibration=None))
         except (WontFit, UsageError):
             return None
         return plan if plan.may_not_fit is None else None
 
-    def offer(text: str, plan: Plan, engine_args: Sequence[str], *, model: str | None = None,
-              gpu_count: int | None = None) -> None:
-        found.append(Alternative(f"{text}: {plan.kv_cache_tokens:,} KV tokens, {length_flag} {plan.max_model_len}",
-                                 engine_args=tuple(engine_args), kv_cache_tokens=plan.kv_cache_tokens,
-                                 max_model_len=plan.max_model_len, model=model, gpu_count=gpu_count))
+    def with_args(self, args: Sequence[str]) -> Plan | None:
+        return self.attempt(dataclasses.replace(self.request, engine_args=tuple(args)))
 
-    # Alternatives free the length (the usual reason nothing fits) and report what it becomes.
-    free_len = engine.drop_flag(args, length_flag)
-    if free_len != args or request.concurrency > 1:
-        plan = attempt(dataclasses.replace(request, engine_args=tuple(free_len)))
+    def offer(self, text: str, plan: Plan, engine_args: Sequence[str], *, model: str | None = None,
+              gpu_count: int | None = None) -> None:
+        self.found.append(Alternative(
+            f"{text}: {plan.kv_cache_tokens:,} KV tokens, {self.engine.length_flag} {plan.max_model_len}",
+            engine_args=tuple(engine_args), kv_cache_tokens=plan.kv_cache_tokens, max_model_len=plan.max_model_len,
+            model=model, gpu_count=gpu_count))
+
+    def longest_length(self) -> None:
+        if self.free_len == self.args and self.request.concurrency <= 1:
+            return
+        plan = self.with_args(self.free_len)
         if plan is not None:
-            found.append(Alternative(f"{length_flag} {plan.max_model_len} (the longest that fits)",
-                                     engine_args=tuple(engine.set_flag(free_len, length_flag, str(plan.max_model_len))),
-                                     kv_cache_tokens=plan.kv_cache_tokens, max_model_len=plan.max_model_len))
-    if request.concurrency > 1 and free_len != args:
-        most = largest_count(lambda n: n < request.concurrency and attempt(
+            length_flag = self.engine.length_flag
+            self.found.append(Alternative(
+                f"{length_flag} {plan.max_model_len} (the longest that fits)",
+                engine_args=tuple(self.engine.set_flag(self.free_len, length_flag, str(plan.max_model_len))),
+                kv_cache_tokens=plan.kv_cache_tokens, max_model_len=plan.max_model_len))
+
+    def fewer_requests(self) -> None:
+        request = self.request
+        if request.concurrency <= 1 or self.free_len == self.args:
+            return
+        most = largest_count(lambda n: n < request.concurrency and self.attempt(
             dataclasses.replace(request, concurrency=n)) is not None)
-        plan = attempt(dataclasses.replace(request, concurrency=most)) if most else None
+        plan = self.attempt(dataclasses.replace(request, concurrency=most)) if most else None
         if plan is not None:
-            offer(f"--concurrency {most} (at most {most} requests of this length at once)", plan, args)
-    if engine.kv_dtype_flag not in pinned:
-        fp8_args = engine.set_flag(free_len, engine.kv_dtype_flag, engine.fp8_kv_dtype)
-        plan = attempt(dataclasses.replace(request, engine_args=tuple(fp8_args)))
+            self.offer(f"--concurrency {most} (at most {most} requests of this length at once)", plan, self.args)
+
+    def fp8_cache(self) -> None:
+        engine = self.engine
+        if engine.kv_dtype_flag in self.pinned:
+            return
+        fp8_args = engine.set_flag(self.free_len, engine.kv_dtype_flag, engine.fp8_kv_dtype)
+        plan = self.with_args(fp8_args)
         if plan is not None:
-            offer(f"--kv-cache-dtype {engine.fp8_kv_dtype}", plan, fp8_args)
-    tp_pinned = tp_flag in pinned
-    if request.device == "cuda":
-        # Without a pinned size: 2, 4, 8 over the GPUs given. With one the engine refuses
-        # (heads not divisible, too few GPUs): the sizes that do work, largest first.
-        sizes = (2, 4, 8) if not tp_pinned else tuple(t for t in (8, 4, 2, 1) if t != pinned[tp_flag])
+            self.offer(f"--kv-cache-dtype {engine.fp8_kv_dtype}", plan, fp8_args)
+
+    def tensor_parallel(self) -> None:
+        """Without a pinned size: 2, 4, 8 over the GPUs given. With one the engine refuses (heads not
+        divisible, too few GPUs): the sizes that do work, largest first."""
+        tp_flag = self.engine.tp_flag
+        if self.request.device != "cuda":
+            return
+        sizes = (2, 4, 8) if tp_flag not in self.pinned else tuple(t for t in (8, 4, 2, 1)
+                                                                   if t != self.pinned[tp_flag])
         for tp in sizes:
-            if len(request.gpus) >= tp:
-                tp_args = engine.set_flag(args, tp_flag, str(tp))
-                plan = attempt(dataclasses.replace(request, engine_args=tuple(tp_args)))
+            if len(self.request.gpus) >= tp:
+                tp_args = self.engine.set_flag(self.args, tp_flag, str(tp))
+                plan = self.with_args(tp_args)
                 if plan is not None:
-                    offer(f"{tp_flag} {tp} over {tp} GPU{'s' if tp > 1 else ''}", plan, tp_args)
-                    break
-    for variant in request.variants:
-        plan = attempt(dataclasses.replace(request, model=variant, variants=(), engine_args=tuple(free_len)))
-        if plan is not None:
-            offer(f"quantized checkpoint {variant.alias or variant.name} ({variant.name})", plan, free_len,
-                  model=variant.repo_id or variant.name)
-    if request.device == "cuda" and request.gpus and not tp_pinned and not found:
-        # What `fit` would find: the cheapest configuration of this GPU type that carries the
-        # request, with as many of them as it takes (and precision traded for memory).
-        for count, kv_dtype, checkpoint in configurations(request.model, request.variants):
-            changed = configuration_request(request, request.gpus[0], count, kv_dtype, checkpoint, free_len)
-            plan = attempt(changed)
+                    self.offer(f"{tp_flag} {tp} over {tp} GPU{'s' if tp > 1 else ''}", plan, tp_args)
+                    return
+
+    def quantized_checkpoints(self) -> None:
+        for variant in self.request.variants:
+            plan = self.attempt(dataclasses.replace(self.request, model=variant, variants=(),
+                                                    engine_args=tuple(self.free_len)))
             if plan is not None:
-                what = [f"{count} x {request.gpus[0].name}" + (f" ({count - len(request.gpus)} more than given)"
-                                                               if count > len(request.gpus) else "")]
+                self.offer(f"quantized checkpoint {variant.alias or variant.name} ({variant.name})", plan,
+                           self.free_len, model=variant.repo_id or variant.name)
+
+    def more_gpus(self) -> None:
+        """What `fit` would find: the cheapest configuration of this GPU type that carries the
+        request, with as many of them as it takes (and precision traded for memory)."""
+        request = self.request
+        if request.device != "cuda" or not request.gpus or self.engine.tp_flag in self.pinned or self.found:
+            return
+        gpu = request.gpus[0]
+        for count, kv_dtype, checkpoint in configurations(request.model, request.variants):
+            changed = configuration_request(request, gpu, count, kv_dtype, checkpoint, self.free_len)
+            plan = self.attempt(changed)
+            if plan is not None:
+                what = [f"{count} x {gpu.name}" + (f" ({count - len(request.gpus)} more than given)"
+                                                   if count > len(request.gpus) else "")]
                 if checkpoint is not request.model:
                     what.append(f"quantized checkpoint {checkpoint.alias or checkpoint.name}")
-                offer(", ".join(what) + " " + " ".join(changed.engine_args), plan, changed.engine_args,
-                      model=None if checkpoint is request.model else checkpoint.repo_id or checkpoint.name,
-                      gpu_count=count)
-                break
-    return tuple(found)
+                self.offer(", ".join(what) + " " + " ".join(changed.engine_args), plan, changed.engine_args,
+                           model=None if checkpoint is request.model else checkpoint.repo_id or checkpoint.name,
+                           gpu_count=count)
+                return

@@ -90,11 +90,9 @@ def _table_fraction(gpu_mem_mib: float, tp: int, pp: int) -> float:
     return reserved
 
 
-def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: int, pp: int,
-                     pinned: Mapping[str, Any], rules: SglangRules, device: str = "cuda") -> FractionDerivation:
-    """`handle_gpu_memory_settings` for the common path (no DP attention, DeepEP or PD split)."""
-    chunk_default, bs_default = tier_defaults(gpu_mem_mib, tp, rules)
-    chunked = pinned.get("--chunked-prefill-size", chunk_default)
+def _decode_graph_bs(pinned: Mapping[str, Any], rules: SglangRules, bs_default: int | None,
+                     device: str) -> int | None:
+    """The decode CUDA-graph max batch size: pinned, the tier's, 32 on CPU, or --max-running-requests."""
     bs_flag = "--cuda-graph-max-bs" if rules.prefill_graph != "breakable" else "--cuda-graph-max-bs-decode"
     decode_bs: int | None = pinned.get(bs_flag, pinned.get("--cuda-graph-max-bs-decode", bs_default))
     if device == "cpu":
@@ -102,42 +100,67 @@ def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: 
     mrr = pinned.get("--max-running-requests")
     if rules.mrr_shrinks_bs and bs_flag not in pinned and mrr is not None and mrr < (decode_bs or 0):
         decode_bs = mrr
+    if pinned.get("--disable-cuda-graph", False) and not rules.decode_reserve_when_off:
+        decode_bs = None
+    return decode_bs
+
+
+def _prefill_graph_on(geometry: ModelGeometry, pinned: Mapping[str, Any], rules: SglangRules, pp: int,
+                      device: str) -> bool:
+    """Whether SGLang captures a prefill CUDA graph by default (its reserve grows with the buckets)."""
     graphs_off = pinned.get("--disable-cuda-graph", False)
     if rules.prefill_graph == "off":
-        prefill_on = False
-    elif rules.prefill_graph == "piecewise":
+        return False
+    if rules.prefill_graph == "piecewise":
         # 0.5.10 server_args.py:1076-1139 `_handle_piecewise_cuda_graph` (runs before the
         # memory settings): off for pp > 1, multimodal, --disable-piecewise-cuda-graph, ...
         # --disable-cuda-graph does not turn it off there (0.5.13/0.5.18 oracle).
-        prefill_on = (device == "cuda" and pp == 1 and not geometry.is_multimodal
-                      and (rules.decode_reserve_when_off or not graphs_off)
-                      and not pinned.get("--disable-piecewise-cuda-graph", False)
-                      and not pinned.get("--disable-prefill-cuda-graph", False))
-    else:
-        prefill_on = (device == "cuda" and not graphs_off and not pinned.get("--disable-prefill-cuda-graph", False)
-                      and pinned.get("--cuda-graph-backend-prefill", "breakable") != "disabled" and pp == 1
-                      and not (geometry.is_multimodal and not breakable_graph_multimodal_ok(geometry)))
-    if graphs_off and not rules.decode_reserve_when_off:
-        decode_bs = None
+        return (device == "cuda" and pp == 1 and not geometry.is_multimodal
+                and (rules.decode_reserve_when_off or not graphs_off)
+                and not pinned.get("--disable-piecewise-cuda-graph", False)
+                and not pinned.get("--disable-prefill-cuda-graph", False))
+    return (device == "cuda" and not graphs_off and not pinned.get("--disable-prefill-cuda-graph", False)
+            and pinned.get("--cuda-graph-backend-prefill", "breakable") != "disabled" and pp == 1
+            and not (geometry.is_multimodal and not breakable_graph_multimodal_ok(geometry)))
 
-    max_prefill_tokens = pinned.get("--max-prefill-tokens", 16384)
-    activation_tokens = max(chunked if chunked > 0 else max_prefill_tokens, 2048)
-    buckets = 0
-    graph = 0.0
+
+def _graph_reserve(geometry: ModelGeometry, pinned: Mapping[str, Any], rules: SglangRules, chunked: int,
+                   decode_bs: int | None, prefill_on: bool) -> tuple[float, int]:
+    """(graph reserve MiB, prefill buckets; -1: MLA's flat reserve) as `reserve_for_graph_mb` counts them."""
+    graph, buckets = 0.0, 0
     if decode_bs is not None:
         graph += decode_bs * 2
-    if prefill_on:
-        if geometry.mla is not None:
-            graph += 1536
-            buckets = -1  # flat reserve; the bucket count does not matter
-        else:
-            prefill_max = chunked if chunked > 0 else 0
-            if "--max-total-tokens" in pinned:
-                prefill_max = min(prefill_max, pinned["--max-total-tokens"])
-            if rules.prefill_cap_context and "--context-length" in pinned:
-                prefill_max = min(prefill_max, pinned["--context-length"])
-            buckets = len(prefill_graph_buckets(prefill_max))
-            graph += 8 * buckets
+    if not prefill_on:
+        return graph, buckets
+    if geometry.mla is not None:
+        return graph + 1536, -1  # flat reserve; the bucket count does not matter
+    prefill_max = chunked if chunked > 0 else 0
+    if "--max-total-tokens" in pinned:
+        prefill_max = min(prefill_max, pinned["--max-total-tokens"])
+    if rules.prefill_cap_context and "--context-length" in pinned:
+        prefill_max = min(prefill_max, pinned["--context-length"])
+    buckets = len(prefill_graph_buckets(prefill_max))
+    return graph + 8 * buckets, buckets
+
+
+def _vlm_factor(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> float | None:
+    """`adjust_mem_fraction_for_vlm`: a vision tower larger than the reference lowers the fraction."""
+    if not geometry.is_multimodal or pinned.get("--language-only", False):
+        return None
+    ratio = (geometry.vision_layers or 24) * (geometry.vision_hidden_size or 1024) ** 2 / (24 * 1024**2)
+    return 0.95 * min(max(1 - 0.1 * (ratio - 1), 0.8), 1.05)
+
+
+def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: int, pp: int,
+                     pinned: Mapping[str, Any], rules: SglangRules, device: str = "cuda") -> FractionDerivation:
+    """`handle_gpu_memory_settings` for the common path (no DP attention, DeepEP or PD split)."""
+    chunk_default, bs_default = tier_defaults(gpu_mem_mib, tp, rules)
+    chunked = pinned.get("--chunked-prefill-size", chunk_default)
+    decode_bs = _decode_graph_bs(pinned, rules, bs_default, device)
+    prefill_on = _prefill_graph_on(geometry, pinned, rules, pp, device)
+    max_prefill_tokens = pinned.get("--max-prefill-tokens", 16384)
+    activation_tokens = max(chunked if chunked > 0 else max_prefill_tokens, 2048)
+    graph, buckets = _graph_reserve(geometry, pinned, rules, chunked, decode_bs, prefill_on)
     parallel = tp * pp / 8 * 1024
     reserved = 512 + activation_tokens * 1.5 + parallel + graph
     floor = gpu_mem_mib is not None and gpu_mem_mib > 61440 and reserved < 10240
@@ -150,10 +173,8 @@ def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: 
         fraction_value = rules.fallback_fraction
     else:
         fraction_value = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
-    vlm_factor = None
-    if geometry.is_multimodal and not pinned.get("--language-only", False):
-        ratio = (geometry.vision_layers or 24) * (geometry.vision_hidden_size or 1024) ** 2 / (24 * 1024**2)
-        vlm_factor = 0.95 * min(max(1 - 0.1 * (ratio - 1), 0.8), 1.05)
+    vlm_factor = _vlm_factor(geometry, pinned)
+    if vlm_factor is not None:
         fraction_value = fraction_value * vlm_factor
     return FractionDerivation(
         gpu_mem_mib=gpu_mem_mib, chunked_prefill_size=chunked, decode_max_bs=decode_bs,
