@@ -178,6 +178,49 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         raise ModelConfigError(
             f"config.json: 'num_hidden_layers' of {num_layers} is beyond any model (at most {_MAX_LAYERS})")
     hidden = _req_int(text, "hidden_size", aliases=("n_embd", "d_model"))
+    heads, kv_heads, head_dim = _attention_heads(text, model_type, hidden)
+    v_head_dim = head_dim
+    vocab = _opt_int(text, "vocab_size") or 0
+    if vocab <= 0:
+        raise ModelConfigError("config.json: missing 'vocab_size' (needed for the sampler's memory)")
+
+    mla = _mla_dims(text, model_type)
+    if mla is not None:
+        v_head_dim = mla.v_head_dim
+
+    layer_kinds, window = _layer_kinds(text, model_type, num_layers, mla is not None)
+    _check_engine_numbers(text)
+
+    is_multimodal, vision_layers, vision_hidden = _vision(config)
+
+    return ModelGeometry(
+        architecture=architecture,
+        model_type=model_type,
+        num_layers=num_layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        vocab_size=vocab,
+        layer_kinds=layer_kinds,
+        sliding_window=window,
+        config_dtype=_config_dtype(config, text),
+        intermediate_size=_intermediate_size(text),
+        mla=mla,
+        quantization=_quantization(config, text),
+        num_experts=_first_int(text, ("num_local_experts", "n_routed_experts", "num_experts")),
+        experts_per_token=_first_int(text, ("num_experts_per_tok", "moe_top_k", "top_k_experts")),
+        is_multimodal=is_multimodal,
+        vision_layers=vision_layers,
+        vision_hidden_size=vision_hidden,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        text_config=dict(text),
+    )
+
+
+def _attention_heads(text: Mapping[str, Any], model_type: str, hidden: int) -> tuple[int, int, int]:
+    """(attention heads, KV heads, head_dim) under the names the config families use."""
     if model_type in ATTENTION_FREE_MODEL_TYPES and _first_int(text, _HEAD_KEYS) is None:
         heads = 1  # Mamba-1 configs name no attention heads: the model has no attention layer
     else:
@@ -204,18 +247,11 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
                 f"config.json: no 'head_dim', and hidden_size {hidden} is not a multiple of "
                 f"num_attention_heads {heads}")
         head_dim = hidden // heads
-    v_head_dim = head_dim
-    vocab = _opt_int(text, "vocab_size") or 0
-    if vocab <= 0:
-        raise ModelConfigError("config.json: missing 'vocab_size' (needed for the sampler's memory)")
+    return heads, kv_heads, head_dim
 
-    mla = _mla_dims(text, model_type)
-    if mla is not None:
-        v_head_dim = mla.v_head_dim
 
-    layer_kinds, window = _layer_kinds(text, model_type, num_layers, mla is not None)
-    _check_engine_numbers(text)
-
+def _vision(config: Mapping[str, Any]) -> tuple[bool, int | None, int | None]:
+    """(is multimodal, vision tower depth, its width)."""
     vision = config.get("vision_config")
     is_multimodal = isinstance(vision, Mapping) or "text_config" in config
     vision_layers = vision_hidden = None
@@ -224,31 +260,7 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         # (Qwen2.5-VL names its depth "depth").
         vision_layers = _opt_int(vision, "num_hidden_layers")
         vision_hidden = _opt_int(vision, "hidden_size")
-
-    return ModelGeometry(
-        architecture=architecture,
-        model_type=model_type,
-        num_layers=num_layers,
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        v_head_dim=v_head_dim,
-        vocab_size=vocab,
-        layer_kinds=layer_kinds,
-        sliding_window=window,
-        config_dtype=_config_dtype(config, text),
-        intermediate_size=_intermediate_size(text),
-        mla=mla,
-        quantization=_quantization(config, text),
-        num_experts=_first_int(text, ("num_local_experts", "n_routed_experts", "num_experts")),
-        experts_per_token=_first_int(text, ("num_experts_per_tok", "moe_top_k", "top_k_experts")),
-        is_multimodal=is_multimodal,
-        vision_layers=vision_layers,
-        vision_hidden_size=vision_hidden,
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-        text_config=dict(text),
-    )
+    return is_multimodal, vision_layers, vision_hidden
 
 
 def refuse_unsupported(geometry: ModelGeometry) -> None:

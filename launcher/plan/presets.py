@@ -110,7 +110,18 @@ def apply(name: str | None, explicit: Explicit, *, default_margin_bytes: int, gp
     notes: list[str] = []
     if preset is not None:
         notes.append(f"preset {preset.name}: {preset.reason}")
+    margin = _margin(preset, explicit, default_margin_bytes, proc_version, notes)
+    cap = _cap(preset, explicit, gpu_total_bytes, notes)
+    concurrency = _concurrency(preset, explicit, notes)
+    length = preset.max_model_len if preset is not None else None
+    if length is not None and explicit.length_pinned:
+        notes.append(f"length pinned after --: preset cap {length} not used")
+        length = None
+    return Settings(margin, cap, concurrency, length, tuple(notes))
 
+
+def _margin(preset: Preset | None, explicit: Explicit, default_margin_bytes: int, proc_version: str,
+            notes: list[str]) -> int:
     margin = default_margin_bytes
     if explicit.margin_bytes is not None:
         margin = explicit.margin_bytes
@@ -119,41 +130,39 @@ def apply(name: str | None, explicit: Explicit, *, default_margin_bytes: int, gp
                          "not used")
     elif preset is not None and preset.margin_bytes is not None:
         margin = preset.margin_bytes
-    wsl2 = is_wsl2(proc_version) or (preset is not None and preset.wsl2)
-    if wsl2:
-        if explicit.margin_bytes is None:
-            margin += WSL2_EXTRA_MARGIN_BYTES
-            seen = "the kernel says WSL2 (/proc/version)" if is_wsl2(proc_version) else "preset wsl2"
-            notes.append(f"WSL2 ({seen}): margin + {format_gib(WSL2_EXTRA_MARGIN_BYTES)}, since Windows keeps "
-                         "part of the GPU's memory and that share moves")
-        else:
-            notes.append("WSL2: --margin given, so no WSL2 margin is added")
+    if not (is_wsl2(proc_version) or (preset is not None and preset.wsl2)):
+        return margin
+    if explicit.margin_bytes is not None:
+        notes.append("WSL2: --margin given, so no WSL2 margin is added")
+        return margin
+    seen = "the kernel says WSL2 (/proc/version)" if is_wsl2(proc_version) else "preset wsl2"
+    notes.append(f"WSL2 ({seen}): margin + {format_gib(WSL2_EXTRA_MARGIN_BYTES)}, since Windows keeps "
+                 "part of the GPU's memory and that share moves")
+    return margin + WSL2_EXTRA_MARGIN_BYTES
 
+
+def _cap(preset: Preset | None, explicit: Explicit, gpu_total_bytes: int | None, notes: list[str]) -> int | None:
     cap = explicit.max_gpu_memory_bytes
     fraction = preset.max_gpu_memory_fraction if preset is not None else None
-    if fraction is not None:
-        if cap is not None:
-            notes.append(f"--max-gpu-memory given: preset cap {fraction:.0%} not used")
-        elif explicit.memory_pinned:
-            notes.append(f"memory flag pinned after --: preset cap {fraction:.0%} not used")
-        elif gpu_total_bytes is None:
-            notes.append(f"preset cap {fraction:.0%} of the GPU does not apply on CPU")
-        else:
-            cap = int(gpu_total_bytes * fraction)
+    if fraction is None:
+        return cap
+    if cap is not None:
+        notes.append(f"--max-gpu-memory given: preset cap {fraction:.0%} not used")
+    elif explicit.memory_pinned:
+        notes.append(f"memory flag pinned after --: preset cap {fraction:.0%} not used")
+    elif gpu_total_bytes is None:
+        notes.append(f"preset cap {fraction:.0%} of the GPU does not apply on CPU")
+    else:
+        cap = int(gpu_total_bytes * fraction)
+    return cap
 
-    concurrency = 1
+
+def _concurrency(preset: Preset | None, explicit: Explicit, notes: list[str]) -> int:
     if explicit.concurrency is not None:
-        concurrency = explicit.concurrency
-        if preset is not None and preset.concurrency is not None and preset.concurrency != concurrency:
-            notes.append(f"--concurrency {concurrency} given: preset's {preset.concurrency} not used")
-    elif preset is not None and preset.concurrency is not None:
-        concurrency = preset.concurrency
-
-    length = preset.max_model_len if preset is not None else None
-    if length is not None and explicit.length_pinned:
-        notes.append(f"length pinned after --: preset cap {length} not used")
-        length = None
-    return Settings(margin, cap, concurrency, length, tuple(notes))
+        if preset is not None and preset.concurrency is not None and preset.concurrency != explicit.concurrency:
+            notes.append(f"--concurrency {explicit.concurrency} given: preset's {preset.concurrency} not used")
+        return explicit.concurrency
+    return preset.concurrency if preset is not None and preset.concurrency is not None else 1
 
 
 def length_value(settings: Settings, *, model_max_len: int) -> int | None:

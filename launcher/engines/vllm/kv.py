@@ -271,33 +271,12 @@ def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str) -> tuple[int, s
 def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tuple[int, int] | None,
                pinned: int | None, cpu_amx: bool | None = None, rules: VllmRules | None = None,
                kv_cache_dtype: str | None = None) -> tuple[int, str]:
-    """Tokens per KV block: the attention backend's preference unless pinned.
-
-    On CPU the reference MLA kernel (no AMX) only compiles for block 16 and vLLM forces
-    it even over a pinned --block-size (`CpuPlatform.check_and_update_config`).
-    """
+    """Tokens per KV block: the attention backend's preference unless pinned."""
     geometry = cached_layers(geometry)
-    if device == "cpu" and uses_mla(geometry) and not cpu_amx:
-        return 16, "CPU MLA reference kernel (no AMX) requires block 16 (vllm/platforms/cpu.py)"
-    if device == "cpu" and rules is not None and rules.cpu_sliding_block is not None \
-            and SLIDING in geometry.layer_kinds:
-        # Before 0.30 sliding-window layers take the CPU kernel's smallest block (16, on 0.29 32);
-        # other layers keep the configured one and pages are unified to the larger.
-        configured = pinned or CPU_BLOCK_SIZE
-        if all(kind == SLIDING for kind in geometry.layer_kinds):
-            return rules.cpu_sliding_block, (f"vLLM {rules.version} CPU: sliding-window layers take the kernel's "
-                                             f"smallest block {rules.cpu_sliding_block} (cpu_attn.py)")
-        return max(configured, rules.cpu_sliding_block), ("pinned --block-size" if pinned else
-                                                           "CPU backend default (vllm/platforms/cpu.py)")
-    if pinned and device == "cpu" and SLIDING in geometry.layer_kinds and pinned % 32:
-        # Sliding-window layers pick a kernel block of their own (CPU kernels take multiples
-        # of 32) and the other layers are scaled to the same page: `kv lcm block sizes 32`.
-        return -(-pinned // 32) * 32, f"pinned --block-size {pinned}, raised to a multiple of 32 by the CPU " \
-            "sliding-window kernel (Attention.get_kv_cache_spec)"
+    if device == "cpu":
+        return _cpu_block_size(geometry, pinned=pinned, cpu_amx=cpu_amx, rules=rules)
     if pinned:
         return pinned, "pinned --block-size"
-    if device == "cpu":
-        return CPU_BLOCK_SIZE, "CPU backend default (vllm/platforms/cpu.py)"
     if uses_mla(geometry) and compute_capability is not None and compute_capability[0] >= 10:
         return 32, "FlashInfer-MLA on Blackwell (block 32)"
     if uses_mla(geometry) and compute_capability is not None and compute_capability[0] == 9 \
@@ -306,6 +285,32 @@ def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tupl
         # 64 (vllm/platforms/cuda.py:147; v1/attention/backends/mla/flashmla.py:49-59 in 0.32).
         return 64, "FlashMLA for an fp8 MLA cache on Hopper (block 64)"
     return DEFAULT_BLOCK_SIZE, "CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention / FlashInfer)"
+
+
+def _cpu_block_size(geometry: ModelGeometry, *, pinned: int | None, cpu_amx: bool | None,
+                    rules: VllmRules | None) -> tuple[int, str]:
+    """The CPU backend's block. The reference MLA kernel (no AMX) only compiles for block 16 and vLLM
+    forces it even over a pinned --block-size (`CpuPlatform.check_and_update_config`)."""
+    if uses_mla(geometry) and not cpu_amx:
+        return 16, "CPU MLA reference kernel (no AMX) requires block 16 (vllm/platforms/cpu.py)"
+    sliding = SLIDING in geometry.layer_kinds
+    if rules is not None and rules.cpu_sliding_block is not None and sliding:
+        # Before 0.30 sliding-window layers take the CPU kernel's smallest block (16, on 0.29 32);
+        # other layers keep the configured one and pages are unified to the larger.
+        configured = pinned or CPU_BLOCK_SIZE
+        if all(kind == SLIDING for kind in geometry.layer_kinds):
+            return rules.cpu_sliding_block, (f"vLLM {rules.version} CPU: sliding-window layers take the kernel's "
+                                             f"smallest block {rules.cpu_sliding_block} (cpu_attn.py)")
+        return max(configured, rules.cpu_sliding_block), ("pinned --block-size" if pinned else
+                                                           "CPU backend default (vllm/platforms/cpu.py)")
+    if pinned and sliding and pinned % 32:
+        # Sliding-window layers pick a kernel block of their own (CPU kernels take multiples
+        # of 32) and the other layers are scaled to the same page: `kv lcm block sizes 32`.
+        return -(-pinned // 32) * 32, f"pinned --block-size {pinned}, raised to a multiple of 32 by the CPU " \
+            "sliding-window kernel (Attention.get_kv_cache_spec)"
+    if pinned:
+        return pinned, "pinned --block-size"
+    return CPU_BLOCK_SIZE, "CPU backend default (vllm/platforms/cpu.py)"
 
 
 def layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, tp: int, pp: int,
