@@ -14,6 +14,7 @@ from launcher.engines import sglang as sg
 from launcher.engines.checks_common import CheckInput
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.sglang.checks import start_checks
+from launcher.model.config import refuse_unsupported
 from launcher.plan.budget import (
     not_modelled_warnings,
     rank_devices,
@@ -39,6 +40,7 @@ def plan(request: PlanRequest) -> Plan:
     if request.device == "cpu":
         raise UsageError("SGLang on CPU is not planned yet: use --engine vllm --device cpu")
     model, geometry = request.model, request.model.geometry
+    refuse_unsupported(geometry)  # SGLang's state pools are not sized yet; --trust-engine lets it decide
     rules, rules_note = sg.rules_for(request.engine_version)
     pinned = sg.pinned_flags(request.engine_args)
     tp, pp = sg.ranks(pinned)

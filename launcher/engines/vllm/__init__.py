@@ -23,9 +23,16 @@ from launcher.engines.flags import (
     positive_int,
 )
 from launcher.engines.vllm import budget as vb
+from launcher.engines.vllm import hybrid
 from launcher.engines.vllm.architectures import uses_mla  # MiniCPM3 has MLA fields, vLLM caches K/V
-from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, DEFAULT_BLOCK_SIZE, KvLayout, kv_layout
-from launcher.model.config import MAX_LEN_KEYS, SLIDING, ModelGeometry, rope_scaling_entries
+from launcher.engines.vllm.kv import (
+    CPU_BLOCK_SIZE,
+    DEFAULT_BLOCK_SIZE,
+    KvLayout,
+    StateCache,
+    kv_layout,
+)
+from launcher.model.config import MAX_LEN_KEYS, SLIDING, ModelGeometry, kv_heads_per_rank, rope_scaling_entries
 
 NAME = "vllm"
 NEWEST = "0.33.0"
@@ -146,6 +153,10 @@ FLAGS = (
     FlagSpec("--host", str),
     FlagSpec("--cpu-offload-gb", float),
     FlagSpec("--no-enable-chunked-prefill", None),
+    FlagSpec("--no-enable-prefix-caching", None),
+    FlagSpec("--mamba-cache-mode", str),
+    FlagSpec("--mamba-cache-dtype", str),
+    FlagSpec("--mamba-ssm-cache-dtype", str),
     FlagSpec("--performance-mode", str),
     # Read only to say that the plan does not count what they add (NOT_MODELLED).
     FlagSpec("--speculative-config", str),
@@ -186,8 +197,15 @@ def verified_architectures() -> tuple[str, list[tuple[str, str]]]:
     from launcher.engines.vllm.architectures import ENGINE_VERSION
     from launcher.engines.vllm.architectures import verified_architectures as rows
 
-    return (f"vLLM {ENGINE_VERSION}: verified on the real engine (tests/data/vllm_cpu_truth.json)",
-            [(row.architecture, f"{len(row.cases)} engine runs, {row.vllm_model}") for row in rows()])
+    listed = [(row.architecture, f"engine run: {len(row.cases)} settings; switches: "
+                                 f"{', '.join(row.switches) or 'none'}; {row.vllm_model}") for row in rows()]
+    for family in hybrid.STATE_FAMILIES.values():
+        if family.golden:
+            cpu = f"refused, {family.cpu_failure}" if family.cpu_failure else "cannot load it without torchvision"
+            listed.append((family.architecture, "engine-code golden file (the model class's own state "
+                           f"classmethods); CPU engine: {cpu}; {family.vllm_model}"))
+    return (f"vLLM {ENGINE_VERSION}: verified on the real engine (tests/data/vllm_cpu_truth.json) or by its own "
+            "code (tests/data/vllm_hybrid_golden.json)", sorted(listed))
 
 
 def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
@@ -302,6 +320,53 @@ def layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, tp: int, p
                pinned: Mapping[str, Any]) -> KvLayout:
     return kv_layout(geometry, block_size=block, kv_dtype_bytes=kv_bytes, tp=tp, pp=pp,
                      hybrid_manager=not pinned.get("--disable-hybrid-kv-cache-manager", False))
+
+
+@dataclass(frozen=True)
+class HybridSetup:
+    """A hybrid / state-space model's cache as vLLM sets it up (launcher.engines.vllm.hybrid)."""
+
+    layout: KvLayout
+    block: int
+    block_reason: str
+    notes: tuple[str, ...]
+
+
+# The smallest kernel block of the attention backend (`get_supported_kernel_block_sizes`):
+# CPU_ATTN MultipleOf(32) (v1/attention/backends/cpu_attn.py), FlashAttention / FlashInfer 16.
+_KERNEL_BLOCK = {"cpu": 32, "cuda": 16}
+
+
+def hybrid_layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, model_dtype_bytes: int, tp: int,
+                      device: str, pinned: Mapping[str, Any]) -> HybridSetup | None:
+    """The layout of a model with state layers, after the platform's page unification; None without them."""
+    layers = hybrid.state_layers(geometry, tp=tp)
+    if layers is None:
+        return None
+    dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=model_dtype_bytes, device=device, pinned=pinned)
+    state_bytes = layers.shape.bytes(dtypes.conv_bytes, dtypes.ssm_bytes)
+    mode = hybrid.mamba_cache_mode(pinned, attention_free=layers.attention_free)
+    per_request = hybrid.blocks_per_request(layers, mode)
+    notes = [f"{layers.count} state layers ({layers.family.mixer}) of {state_bytes:,} B each on a rank "
+             f"({dtypes.reason}); mamba cache mode '{mode}': {per_request} state block(s) per request"]
+    reason = "pinned --block-size" if pinned.get("--block-size") else "the backend's block"
+    if layers.attention_free:
+        page = state_bytes
+    else:
+        # The platform sizes the attention page from the model-level heads (`get_num_kv_heads`,
+        # `get_head_size`); the layers' own pages are unified afterwards (Zamba2's differ).
+        per_token = 2 * kv_heads_per_rank(geometry.num_kv_heads, tp) * geometry.head_dim * kv_bytes
+        raised = hybrid.aligned_block_size(block=block, attention_bytes_per_token=per_token, state_bytes=state_bytes,
+                                           kernel_block=_KERNEL_BLOCK.get(device, 16))
+        if raised != block:
+            reason = (f"raised from {block} so that one attention page ({per_token} B/token) holds a state of "
+                      f"{state_bytes:,} B (platforms/interface.py:1094-1100)")
+            notes.append(f"vLLM sets the attention block size to {raised} tokens for the state pages")
+        block, page = raised, raised * per_token
+    state = StateCache(layers=layers.count, page_bytes=page, blocks_per_request=per_request)
+    layout = kv_layout(geometry, block_size=block, kv_dtype_bytes=kv_bytes, tp=tp, state=state,
+                       hybrid_manager=not pinned.get("--disable-hybrid-kv-cache-manager", False))
+    return HybridSetup(layout, block, reason, tuple(notes))
 
 
 def in_flight_tokens(*, batched_tokens: int, device: str, pp: int) -> int:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from launcher.common.units import cdiv
 from launcher.engines.vllm.architectures import CHUNKED, LayerSpec, vllm_layer_specs
+from launcher.engines.vllm.hybrid import MAMBA
 from launcher.model.config import FULL, MLA, SLIDING, ModelGeometry, kv_heads_per_rank
 from launcher.plan.search import largest_length
 
@@ -47,6 +48,7 @@ class KvGroup:
     num_layers: int  # real layers in this group (padding excluded)
     sliding_window: int | None = None  # the window (SLIDING) or the chunk (CHUNKED)
     block_size: int | None = None  # tokens per block when page unification changed it
+    fixed_blocks: int | None = None  # state layers (MAMBA): blocks a request holds whatever its length
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,9 @@ class KvLayout:
         total = 0
         for group in self.groups:
             block = group.block_size or self.block_size
-            if group.kind == SLIDING and group.sliding_window is not None:
+            if group.fixed_blocks is not None:
+                total += group.fixed_blocks
+            elif group.kind == SLIDING and group.sliding_window is not None:
                 held = min(group.sliding_window - 1 + in_flight_tokens, max_model_len)
                 total += cdiv(held, block) + 1
             elif group.kind == CHUNKED and group.sliding_window is not None:
@@ -82,6 +86,15 @@ class KvLayout:
             else:
                 total += cdiv(max_model_len, block)
         return total
+
+
+@dataclass(frozen=True)
+class StateCache:
+    """State layers (Mamba / GDN / short conv) in the KV pool: one page each, padded to the attention page."""
+
+    layers: int
+    page_bytes: int  # the padded page (the attention page), or the state itself when nothing attends
+    blocks_per_request: int  # 'align': 2 (+1 Mamba-2 checkpoint); otherwise 1
 
 
 @dataclass(frozen=True)
@@ -137,6 +150,7 @@ def kv_layout(
     pp: int = 1,
     hybrid_manager: bool = True,
     auto_dtype_bytes: int = 2,
+    state: StateCache | None = None,
 ) -> KvLayout:
     """Group the KV layers of one rank the way vLLM's KV cache manager does.
 
@@ -145,6 +159,11 @@ def kv_layout(
     the engine uses the smallest block count, so the stage with the largest block wins.
     """
     specs = vllm_layer_specs(geometry)
+    if state is not None:
+        # Hybrid and state-space models: the platform already raised the block (hybrid.py), the
+        # state layers join the same pool with their page padded to the attention page.
+        return _layout_for_specs(list(specs), block_size=block_size, kv_dtype_bytes=kv_dtype_bytes,
+                                 auto_dtype_bytes=auto_dtype_bytes, tp=tp, hybrid_manager=hybrid_manager, state=state)
     if pp > 1:
         stages = [
             _layout_for_specs([specs[i] for i in layers], block_size=block_size, kv_dtype_bytes=kv_dtype_bytes,
@@ -166,10 +185,13 @@ class _Layer:
 
 
 def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtype_bytes: int,
-                      auto_dtype_bytes: int, tp: int, hybrid_manager: bool) -> KvLayout:
+                      auto_dtype_bytes: int, tp: int, hybrid_manager: bool,
+                      state: StateCache | None = None) -> KvLayout:
     layers = [_Layer(s.kind, s.window, (s.num_kv_heads, s.head_size, s.head_size_v, s.kv_dtype_honoured),
                      block_size, _page(s, block_size, kv_dtype_bytes, auto_dtype_bytes, tp))
               for s in specs if s is not None]
+    if state is not None:
+        layers += [_Layer(MAMBA, None, (0, 0, 0, False), block_size, state.page_bytes)] * state.layers
     if not layers:  # attention-free: no KV cache at all
         return KvLayout(block_size=block_size, page_bytes=0, group_size=0, groups=(), kv_dtype_bytes=kv_dtype_bytes)
     kinds = {layer.kind for layer in layers}
@@ -178,10 +200,13 @@ def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtyp
         # --disable-hybrid-kv-cache-manager: local layers allocate like full attention.
         layers = [_Layer(FULL, None, layer.shape, layer.block, layer.page) if layer.kind in local else layer
                   for layer in layers]
+    fixed = state.blocks_per_request if state is not None else None
     if len({(la.kind, la.window, la.shape, la.page) for la in layers}) == 1:
         first = layers[0]
         return KvLayout(block_size=block_size, page_bytes=first.page, group_size=len(layers),
-                        groups=(KvGroup(first.kind, len(layers), first.window),), kv_dtype_bytes=kv_dtype_bytes)
+                        groups=(KvGroup(first.kind, len(layers), first.window,
+                                        fixed_blocks=fixed if first.kind == MAMBA else None),),
+                        kv_dtype_bytes=kv_dtype_bytes)
     if _one_type(layers):
         # UniformTypeKVCacheSpecs: one block table, one block spans every layer's own page.
         first = layers[0]
@@ -192,7 +217,8 @@ def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtyp
     largest_page = max(la.page for la in layers)
     layers = [la if la.page == largest_page else
               _Layer(la.kind, la.window, la.shape,
-                     la.block * (largest_page // la.page) if largest_page % la.page == 0 else la.block, largest_page)
+                     la.block * (largest_page // la.page) if largest_page % la.page == 0 and la.kind != MAMBA
+                     else la.block, largest_page)  # a state page is padded, never re-blocked
               for la in layers]
     buckets: dict[tuple[str, int | None, tuple[int, int, int, bool], int], int] = {}
     for la in layers:
@@ -205,7 +231,8 @@ def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtyp
         num_groups = cdiv(count, group_size)
         for i in range(num_groups):
             members = len(range(i, count, num_groups))  # layers[i::num_groups]
-            groups.append(KvGroup(kind, members, window, block if block != block_size else None))
+            groups.append(KvGroup(kind, members, window, block if block != block_size else None,
+                                  fixed_blocks=fixed if kind == MAMBA else None))
     return KvLayout(block_size=block_size, page_bytes=largest_page, group_size=group_size,
                     groups=tuple(groups), kv_dtype_bytes=kv_dtype_bytes)
 

@@ -14,13 +14,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.common.errors import SafeServeError, UsageError, WontFit
+from launcher.common.errors import SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.common.units import GiB, MiB, format_gib
 from launcher.engines import vllm as vl
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
+from launcher.engines.versions import version_key
 from launcher.engines.vllm import budget as vb
-from launcher.engines.vllm.architectures import architecture_status, cpu_unservable, uses_mla
+from launcher.engines.vllm import hybrid
+from launcher.engines.vllm.architectures import REMOVED, architecture_status, cpu_unservable, uses_mla
 from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
 from launcher.model.config import SLIDING, ModelGeometry
@@ -72,6 +74,7 @@ class _VllmSetup:
     layout: KvLayout
     model_max_len: int
     model_max_len_reason: str
+    state_notes: tuple[str, ...] = ()
 
 
 def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None,
@@ -102,9 +105,36 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
                                         kv_cache_dtype=pinned.get("--kv-cache-dtype"))
     if request.device == "cpu":
         _refuse_cpu_combinations(request, geometry, block, kv_bytes, rules, pinned.get("--block-size"))
+    refuse_unsized_state(geometry, pp, rules.version)
+    model_bytes = vl.kv_dtype_bytes(None, dtype)[0]
+    state = vl.hybrid_layout_for(geometry, block=block, kv_bytes=kv_bytes, model_dtype_bytes=model_bytes, tp=tp,
+                                 device=request.device, pinned=pinned)
+    if state is not None:
+        return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, state.block,
+                          state.block_reason, state.layout, max_len, max_len_reason, state.notes)
     layout = vl.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
                       layout, max_len, max_len_reason)
+
+
+def refuse_unsized_state(geometry: ModelGeometry, pp: int, version: str) -> None:
+    """Hybrid models whose per-request state vLLM's table here does not size: refused, not guessed."""
+    if not geometry.has_linear_layers and hybrid.family_of(geometry) is None:
+        return
+    linear = hybrid.state_layer_count(geometry)
+    if geometry.architecture in REMOVED and version_key(version) >= version_key(REMOVED[geometry.architecture]):
+        raise WontFit(f"vLLM {version} no longer serves {geometry.architecture} (removed in "
+                      f"{REMOVED[geometry.architecture]}, model_executor/models/registry.py "
+                      "_PREVIOUSLY_SUPPORTED_MODELS): the engine refuses it at start",
+                      hint="use a vLLM release before the removal", rule="removed-architecture")
+    if hybrid.family_of(geometry) is None or pp > 1:
+        why = hybrid.UNSIZED.get(geometry.architecture, "safe-serve does not size that state yet")
+        if pp > 1:
+            why = "safe-serve does not size a state model's cache per pipeline stage yet"
+        raise UnsupportedModel(
+            f"{geometry.architecture} is a hybrid model ({linear} of {geometry.num_layers} layers keep a "
+            f"linear-attention/Mamba state per request); {why}",
+            hint="pin --kv-cache-memory-bytes, or pass --trust-engine")
 
 
 def refuse_what_vllm_refuses(rules: tuple[EngineRule, ...]) -> None:
@@ -129,6 +159,9 @@ def _refuse_cpu_combinations(request: PlanRequest, geometry: ModelGeometry, bloc
     unservable = cpu_unservable(geometry, kv_dtype_bytes=kv_bytes, cpu_amx=amx)  # MLA kernel limits
     if unservable:
         raise WontFit(unservable[0], hint=unservable[1], rule="cpu-kernel")
+    state_failure = hybrid.cpu_failure(geometry)  # state kernels: tests/data/vllm_cpu_truth.json
+    if state_failure:
+        raise WontFit(state_failure, hint="serve it on a GPU", rule="cpu-kernel")
     multiple = rules.cpu_block_multiple
     if block % multiple and not uses_mla(geometry) and SLIDING not in geometry.layer_kinds:
         raise WontFit(f"--block-size {block}: vLLM's CPU attention needs a multiple of {multiple} and stops after "
@@ -470,6 +503,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
                                     CALIBRATED, f"measured by vLLM at an earlier start ({calibration_key})",
                                     bar="activations"))
     notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
+    notes += setup.state_notes
     if measured_non_kv is not None:
         notes.append(f"non-KV memory from an earlier start of the same configuration ({calibration_key})")
     if setup.layout.padding_layers:
@@ -575,6 +609,7 @@ def plan_cpu(request: PlanRequest) -> Plan:
                    "host RAM not planned for", bar="free"),
     )
     notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
+    notes += setup.state_notes
     verified, architecture_note = architecture_status(geometry)
     return Plan(
         engine="vllm", engine_version=request.engine_version or vl.NEWEST, rules_version=setup.rules.version,
