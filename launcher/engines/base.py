@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from launcher.common.errors import SafeServeError
-    from launcher.engines.events import EngineEvent
+    from launcher.engines.events import EngineEvent, LogReader
     from launcher.plan.types import Calibration, Plan, PlanRequest
 
 
@@ -66,6 +66,7 @@ class EngineAdapter(Protocol):
 
     # watching
     def parse_line(self, line: str) -> EngineEvent | None: ...
+    def log_reader(self, env: Mapping[str, str]) -> LogReader: ...
     def retuned_args(self, plan: Plan, args: Sequence[str], event: EngineEvent, *,
                      concurrency: int) -> list[str] | None: ...
     def kv_shortfall(self, plan: Plan, event: EngineEvent, *, concurrency: int,
@@ -175,6 +176,10 @@ class PackageAdapter:
 
     def parse_line(self, line: str) -> EngineEvent | None:
         return self._logs.parse(line)  # type: ignore[no-any-return]
+
+    def log_reader(self, env: Mapping[str, str]) -> LogReader:
+        """A reader of one engine start's lines in order (traceback state per stream)."""
+        return self._logs.reader(env)  # type: ignore[no-any-return]
 
     def retuned_args(self, plan: Plan, args: Sequence[str], event: EngineEvent, *,
                      concurrency: int) -> list[str] | None:
