@@ -115,8 +115,9 @@ def plan(request: PlanRequest) -> Plan:
                     + f", out of {format_gib(pre_load)} free")
     tokens, budget = sg.pool_tokens(pre_load_bytes=pre_load, after_load_bytes=after_load, fraction_value=fraction_value,
                                     cell_bytes=cell, page_size=page, max_total_tokens=pinned.get("--max-total-tokens"))
-    # The favourable end of the error band: our CUDA-context and loader estimates too high.
-    context_error = sg.CONTEXT_ERROR_BYTES
+    # The favourable end of the error band: our CUDA-context and loader estimates too high, and on a
+    # catalog card (free = its CUDA total) the spread of the totals published for it.
+    context_error = sg.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0)
     overhead_error = 0 if cal and cal.load_overhead_bytes is not None else sg.LOAD_OVERHEAD_ERROR_BYTES
     tokens_high, _ = sg.pool_tokens(pre_load_bytes=pre_load + context_error,
                                     after_load_bytes=after_load + context_error + overhead_error,

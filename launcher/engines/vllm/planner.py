@@ -38,6 +38,7 @@ from launcher.plan.search import largest_length
 from launcher.plan.types import (
     CALIBRATED,
     CATALOG,
+    COMPUTED,
     ENGINE_DEFAULT,
     FORMULA,
     MEASURED,
@@ -235,7 +236,7 @@ def _available_error(total_error: int, utilization: float, non_torch_error: int,
                      cudagraph: int) -> int:
     """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
     return int(math.ceil(total_error * utilization) + non_torch_error + peak_error
-               + int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
+               + vb.cudagraph_error_bytes(cudagraph))
 
 
 def _pinned_kv_fits(kv: int, available: int, error: int, doubt: str | None, flag: str) -> str | None:
@@ -302,6 +303,9 @@ def plan_gpu(request: PlanRequest) -> Plan:
 
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
     weights = max(model.weight_bytes // (tp * pp) - offloaded, 0)
+    repack, repack_rule = vb.mxfp4_repack_extra_bytes(geometry, version=rules.version, tp=tp, pp=pp,
+                                                      compute_capability=gpu.compute_capability)
+    weights += repack  # vLLM's "Model loading took": the weights as its kernels hold them
     non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=rules.version != "0.10.0",
                                                     compute_capability=gpu.compute_capability)
     eager = pinned.get("--enforce-eager", False)
@@ -405,22 +409,26 @@ def plan_gpu(request: PlanRequest) -> Plan:
             return int(blocks_override) * setup.layout.bytes_per_block
         return available_at(length)
 
-    total_error = 0 if gpu.cuda_total_bytes is not None or gpu.reserved_bytes else int(
-        gpu.total_bytes * vb.CUDA_TOTAL_ERROR_FRACTION)
+    total_error = gpu.usable_total_error_bytes  # the spread of published totals, or of NVML's reserve
 
     verified, architecture_note = architecture_status(geometry)
     if not verified:
         warnings.append(architecture_note)
 
-    def kv_error_at(length: int) -> int:
-        """+/- on the KV figure: the sum of the estimated terms' errors (0 when none is estimated)."""
+    def bytes_error_at(length: int) -> int:
+        """+/- on the KV bytes vLLM reports: the sum of the estimated budget terms' errors (0 when
+        none is estimated). The KV layout does not enter: vLLM's figure is requested - non-KV."""
         if pinned_kv_bytes is not None or blocks_override is not None or (
                 cal is not None and cal.non_kv_bytes is not None):
             return 0
-        # An architecture whose layout is not proven: its bytes per token may be off as a whole.
+        return _available_error(total_error, utilization, non_torch_error, peak_at(length)[2].error_bytes,
+                                cudagraph)
+
+    def kv_error_at(length: int) -> int:
+        """+/- on what the KV bytes hold, in bytes of a proven layout: the budget's error, and for an
+        architecture whose layout is not proven a third of the bytes (its bytes per token may be off)."""
         unverified = 0 if verified else int(max(kv_at(length), 0) * UNVERIFIED_KV_ERROR_FRACTION)
-        return unverified + _available_error(total_error, utilization, non_torch_error,
-                                             peak_at(length)[2].error_bytes, cudagraph)
+        return bytes_error_at(length) + unverified
 
     def capacity_for(length: int, kv_bytes: int) -> KvCapacity:
         batched = budget_at(length)[0]
@@ -445,7 +453,10 @@ def plan_gpu(request: PlanRequest) -> Plan:
             total_error, utilization, non_torch_error, peak.error_bytes, cudagraph), doubt,
             "--kv-cache-memory-bytes" if pinned_kv_bytes is not None else "--num-gpu-blocks-override")
     kv = kv_at(length)
-    kv_error = kv_error_at(length)
+    kv_error = bytes_error_at(length)
+    if not verified:
+        warnings.append(f"KV tokens +/- {UNVERIFIED_KV_ERROR_FRACTION:.0%} (the layout is not proven); the KV bytes "
+                        f"{format_gib(kv)} +/- {format_gib(kv_error)} do not depend on it")
 
     args: list[str] = []
     if "--gpu-memory-utilization" not in pinned and "--kv-cache-memory-bytes" not in pinned:
@@ -458,18 +469,20 @@ def plan_gpu(request: PlanRequest) -> Plan:
     others = gpu.usable_total_bytes - free  # CUDA's view: the driver reserve is not a tenant
     items = [
         BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
-                   "cudaMemGetInfo total" + (" (catalog)" if gpu.cuda_total_bytes else
+                   "cudaMemGetInfo total" + (" (catalog: published totals for this card)" if gpu.cuda_total_bytes
+                                             and gpu.source == "catalog" else "" if gpu.cuda_total_bytes else
                                              " = NVML total - driver reserve" if gpu.reserved_bytes else
-                                             " ~ NVML total - 2 % (not measured for this GPU)"),
+                                             " ~ NVML total - the typical driver reserve (not measured for this GPU)"),
                    error_bytes=total_error),
         BudgetItem("other", "held by others", max(others, 0), MEASURED if gpu.source == "nvml" else CATALOG,
                    tenants_detail(gpu), bar="other"),
         BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA,
                    "before vLLM's init snapshot; only tightens the startup check", bar="other"),
         BudgetItem("requested", f"requested = ceil(total x {utilization:g})", requested, util_source, util_detail),
-        BudgetItem("weights", "weights (per rank)", weights, weights_source(model),
+        BudgetItem("weights", "weights (per rank)", weights, COMPUTED if repack else weights_source(model),
                    model.weight_bytes_source + (f" / {tp * pp} ranks" if tp * pp > 1 else "")
-                   + (f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else ""), bar="weights"),
+                   + (f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else "")
+                   + (f", + {format_gib(repack)} as loaded ({repack_rule})" if repack else ""), bar="weights"),
         BudgetItem("non_torch", "non-torch after snapshot", non_torch, FORMULA,
                    "cuBLAS, allocator" + (", NCCL and all-reduce buffers" if tp * pp > 1 else "")
                    + ("; vLLM 0.19 H100 logs 2.07-2.10 GiB (symmetric-memory all-reduce)"
@@ -486,7 +499,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
                    (f"not subtracted by vLLM {rules.version} (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off)"
                     if not cudagraph else
                     f"{vb.CUDAGRAPH_BASE_BYTES // MiB} MiB + {vb.CUDAGRAPH_PER_LAYER_BYTES / MiB:.1f} MiB x layers"),
-                   bar="graphs", error_bytes=int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION)),
+                   bar="graphs", error_bytes=vb.cudagraph_error_bytes(cudagraph)),
         BudgetItem("kv", "KV cache", kv, PINNED if pinned_kv_bytes is not None or blocks_override is not None else
                    (CALIBRATED if measured_non_kv is not None else FORMULA),
                    f"{capacity.num_blocks} blocks x {setup.layout.bytes_per_block} B "
