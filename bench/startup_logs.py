@@ -1,6 +1,7 @@
-"""Every published startup log with a known GPU, model and flags, planned as a user would plan it.
+"""Every published startup log with a known GPU, model and flags, planned as a user would plan it,
+scored leave-one-out.
 
-    python bench/startup_logs.py [--verbose]
+    python bench/startup_logs.py [--verbose] [--in-sample]
 
 For each case in tests/data/startup-logs/ (copied from ../shared/data), this runs the planner on
 `--gpu <the log's GPU> --engine-version <the log's version> -- <the log's flags>` with the
@@ -10,23 +11,33 @@ and compares the KV cache it predicts with the one the engine printed:
 - vLLM: "Available KV cache memory: X GiB" (bytes, per rank);
 - SGLang: the pool in tokens ("max_total_num_tokens=N").
 
-Prints one row per case, then per engine and version: the signed error's median, p90 of
-|error| and worst, and the false refusals (the plan refuses what the engine started) and false
-accepts (the plan is confident, the engine then failed on memory). A case the planner cannot
-take (unknown GPU, model or version) is listed as skipped with the reason.
+Leave-one-out: every constant the planner fits on these logs (`FITS`) is refitted for each case
+from the other sources' logs only, and the CUDA total of the card from the other sources'
+observations in tests/data/cuda-totals.yaml; a log is never scored by a term fitted on it.
+`--in-sample` scores with the shipped constants instead (what the project reported before).
+
+Prints one row per case, then per engine, version and GPU class: the signed error's median, p90
+of |error| and worst, how many logged figures fall inside the plan's band, the false refusals (the
+plan refuses what the engine started), the unsafe side outside the band (the plan promises more KV
+than the engine gave, beyond its band) and the false accepts (the plan is confident, the engine
+then failed on memory). Then each fitted term's leave-one-out residuals and each term's residual
+against the figure the log printed. A case the planner cannot take is listed as skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import re
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -35,13 +46,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launcher.common.errors import SafeServeError, WontFit  # noqa: E402
 from launcher.common.units import GiB  # noqa: E402
-from launcher.model.catalog import find, hypothetical_gpus  # noqa: E402
+from launcher.engines import vllm as vl  # noqa: E402
+from launcher.engines.vllm import budget as vb  # noqa: E402
+from launcher.model import cuda_totals  # noqa: E402
+from launcher.model.catalog import CatalogGpu, find, hypothetical_gpus, load_catalog  # noqa: E402
 from launcher.model.config import geometry_from_config  # noqa: E402
 from launcher.model.resolve import ResolvedModel, model_from_profile, profile_for_repo, resolve_model  # noqa: E402
 from launcher.plan.planner import make_plan  # noqa: E402
-from launcher.plan.types import PlanRequest  # noqa: E402
+from launcher.plan.types import Plan, PlanRequest  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "startup-logs"
+TOTALS = Path(__file__).resolve().parent.parent / "tests" / "data" / "cuda-totals.yaml"
 FILES = ("startup-logs.yaml", "startup-logs-2.yaml")
 
 # Log flags that size memory, in the engine's spelling; others (prefix caching, LoRA) pass.
@@ -62,6 +77,7 @@ class Row:
     case: str
     engine: str
     version: str
+    gpu: str
     logged: float  # GiB (vLLM) or tokens (SGLang)
     predicted: float | None  # None: refused
     low: float | None = None
@@ -72,9 +88,19 @@ class Row:
 
     @property
     def error(self) -> float | None:
-        if self.predicted is None or not self.logged:
+        if self.predicted is None or self.logged <= 0:
             return None
         return (self.predicted - self.logged) / self.logged
+
+    @property
+    def in_band(self) -> bool:
+        return self.low is not None and self.high is not None and self.low <= self.logged <= self.high
+
+    @property
+    def unsafe_outside(self) -> bool:
+        """More KV promised than the engine gave, beyond the band's low end."""
+        return self.predicted is not None and self.predicted > self.logged and \
+            (self.low is None or self.low > self.logged)
 
 
 def _value(raw: Any) -> str | None:
@@ -103,10 +129,22 @@ def engine_args(case: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(args)
 
 
-def model_for(case: Mapping[str, Any]) -> tuple[Any, str]:
+def _tp(case: Mapping[str, Any]) -> int:
+    flags = case.get("flags") or {}
+    return int(_value(flags.get("tensor_parallel_size")) or _value(flags.get("tp_size")) or
+               _value(flags.get("tp")) or 1)
+
+
+def _pp(case: Mapping[str, Any]) -> int:
+    return int(_value((case.get("flags") or {}).get("pipeline_parallel_size")) or 1)
+
+
+def model_for(case: Mapping[str, Any], gpu: CatalogGpu | None = None) -> tuple[Any, str]:
     """The checkpoint: its profile, else the config under models/. Where the weights we have are
     not this checkpoint's (a quantized repo sharing the base config, or no index), the engine's own
-    "Model loading took" figure stands in: this bench is about the terms the planner estimates."""
+    "Model loading took" figure stands in: this bench is about the terms the planner estimates.
+    That figure is the weights as loaded: the planner's own repacking rule is taken off it so that
+    the plan does not count it twice."""
     profile = profile_for_repo(str(case.get("model") or ""))
     if profile is not None:
         return model_from_profile(profile), ""
@@ -119,15 +157,19 @@ def model_for(case: Mapping[str, Any]) -> tuple[Any, str]:
         model = resolve_model(str(directory))
     except SafeServeError:
         model = None
-    tp = int((case.get("flags") or {}).get("tensor_parallel_size") or 1)
+    tp = _tp(case)
     if model is not None and (logged is None or
                               abs(model.weight_bytes / tp / GiB - float(logged)) < 0.05 * float(logged)):
         return model, ""
     if logged is None:
         raise LookupError(f"{directory.name}: no weights for this checkpoint and none logged")
-    return ResolvedModel(name=str(case.get("model")), source="local", geometry=geometry_from_config(config),
-                         weight_bytes=int(float(logged) * GiB * tp), weight_bytes_source="the log's Model loading took",
-                         config=config), "weights from the log"
+    geometry = geometry_from_config(config)
+    rules, _ = vl.rules_for(str(case.get("engine_version") or "").lstrip("v") or None)
+    repack, _ = vb.mxfp4_repack_extra_bytes(geometry, version=rules.version, tp=tp, pp=_pp(case),
+                                            compute_capability=gpu.compute_capability if gpu else None)
+    return ResolvedModel(name=str(case.get("model")), source="local", geometry=geometry,
+                         weight_bytes=int(float(logged) * GiB * tp) - repack * tp,
+                         weight_bytes_source="the log's Model loading took", config=config), "weights from the log"
 
 
 def logged_figure(case: Mapping[str, Any]) -> float | None:
@@ -140,64 +182,188 @@ def logged_figure(case: Mapping[str, Any]) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def plan_case(case: Mapping[str, Any]) -> Row | str:
+def gpu_for(case: Mapping[str, Any], catalog: Sequence[CatalogGpu]) -> CatalogGpu | None:
+    """The catalog card the log ran on: by name, else by the name without its parenthesis
+    ("NVIDIA H100 (variant not stated)"), else the one card whose CUDA total (from other sources)
+    equals the total the log printed."""
+    name = str(case.get("gpu") or "")
+    gpu = find(name, catalog) or find(re.sub(r"\(.*?\)", "", name).strip(), catalog) if name else None
+    if gpu is not None:
+        return gpu
+    source = str(case.get("gpu_total_memory_source") or "")
+    printed = case.get("gpu_total_memory_gib")
+    if printed is None or "from log" not in source:
+        return None
+    matches = [g for g in catalog if g.cuda_total_bytes and abs(g.cuda_total_bytes / GiB - float(printed)) < 0.006]
+    return matches[0] if len(matches) == 1 else None
+
+
+# --------------------------------------------------------------------------- leave-one-out
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A constant the planner fits on these logs: the median, over the logs it applies to, of the
+    logged figure less the rest of the planner's term (`rest`)."""
+
+    name: str
+    module: ModuleType
+    attribute: str
+    observed: str  # field under observed: (GiB)
+    applies: Callable[[Mapping[str, Any]], bool]
+    term: str  # the budget row holding it
+    reference: str  # where the planner states it
+
+    def residual(self, case: Mapping[str, Any], plan: Plan) -> float:
+        """Bytes the constant must be for this log: logged - (row - constant)."""
+        row = next(i.bytes for i in plan.budget if i.key == self.term)
+        return float(case["observed"][self.observed]) * GiB - (row - int(getattr(self.module, self.attribute)))
+
+
+def _version(case: Mapping[str, Any]) -> tuple[int, ...]:
+    text = str(case.get("engine_version") or "").lstrip("v")
+    parts = re.findall(r"\d+", text)[:3]
+    return tuple(int(p) for p in parts) if parts else (0,)
+
+
+def _observed(case: Mapping[str, Any], key: str) -> bool:
+    return case["engine"] == "vllm" and (case.get("observed") or {}).get(key) is not None
+
+
+FITS = (
+    Fit("profile-run constant (V1)", vb, "PROFILE_CONSTANT_BYTES", "peak_torch_memory_gib",
+        lambda c: _observed(c, "peak_torch_memory_gib") and (0, 19) <= _version(c) < (0, 29), "activation",
+        "launcher/engines/vllm/budget.py PROFILE_CONSTANT_BYTES"),
+    Fit("non-torch, one rank (0.19+)", vb, "NON_TORCH_BYTES_TP1_V019", "non_torch_memory_gib",
+        lambda c: _observed(c, "non_torch_memory_gib") and _version(c) >= (0, 19) and _tp(c) * _pp(c) == 1,
+        "non_torch", "launcher/engines/vllm/budget.py NON_TORCH_BYTES_TP1_V019"),
+    Fit("non-torch, parallel ranks (0.19+, sm90/100)", vb, "NON_TORCH_BYTES_TP_V019", "non_torch_memory_gib",
+        lambda c: _observed(c, "non_torch_memory_gib") and _version(c) >= (0, 19) and _tp(c) * _pp(c) > 1,
+        "non_torch", "launcher/engines/vllm/budget.py NON_TORCH_BYTES_TP_V019"),
+)
+
+
+@contextlib.contextmanager
+def constants(values: Mapping[Fit, float]) -> Iterator[None]:
+    saved = {fit: getattr(fit.module, fit.attribute) for fit in values}
+    try:
+        for fit, value in values.items():
+            setattr(fit.module, fit.attribute, int(value))
+        yield
+    finally:
+        for fit, value in saved.items():
+            setattr(fit.module, fit.attribute, value)
+
+
+@dataclass
+class Scoring:
+    """Everything a leave-one-out run needs: the cases, each fit's per-log residuals and the
+    CUDA-total observations."""
+
+    cases: list[Mapping[str, Any]]
+    residuals: dict[Fit, dict[str, float]]  # fit -> source -> residual bytes
+    totals: list[cuda_totals.Observation]
+    in_sample: bool = False
+
+    def refit(self, source: str) -> dict[Fit, float]:
+        if self.in_sample:
+            return {}
+        values = {}
+        for fit, by_source in self.residuals.items():
+            others = [r for s, r in by_source.items() if s != source]
+            if others:
+                values[fit] = statistics.median(others)
+        return values
+
+    def catalog(self, source: str) -> tuple[CatalogGpu, ...]:
+        """The catalog with each card's CUDA total from the other sources only."""
+        if self.in_sample:
+            return load_catalog()
+        return cuda_totals.catalog_without(load_catalog(), self.totals, source)
+
+
+def _source(case: Mapping[str, Any]) -> str:
+    return str(case.get("source") or case["id"])
+
+
+def prepare(cases: list[Mapping[str, Any]], in_sample: bool) -> Scoring:
+    residuals: dict[Fit, dict[str, float]] = {fit: {} for fit in FITS}
+    for case in cases:
+        planned = plan_case(case, load_catalog())
+        if not isinstance(planned, tuple):
+            continue
+        for fit in FITS:
+            if fit.applies(case):
+                residuals[fit][_source(case)] = fit.residual(case, planned[1])
+    return Scoring(cases, residuals, cuda_totals.load(TOTALS), in_sample)
+
+
+# --------------------------------------------------------------------------- planning one case
+
+
+def plan_case(case: Mapping[str, Any], catalog: Sequence[CatalogGpu]) -> tuple[Row, Plan, int] | Row | str:
+    """The row and plan for a case, the row alone for a refusal, or why it was skipped."""
     version = str(case.get("engine_version") or "").lstrip("v") or None
     if version is None:
         return "engine version not stated"
     logged = logged_figure(case)
     if logged is None:
         return "no KV figure in the log"
-    gpu = find(str(case.get("gpu") or ""))
+    gpu = gpu_for(case, catalog)
     if gpu is None:
         return f"GPU {case.get('gpu')!r} not in the catalog"
     try:
-        model, weights_note = model_for(case)
+        model, weights_note = model_for(case, gpu)
     except (LookupError, SafeServeError) as exc:
         return str(exc)
     count = int(case.get("gpu_count") or 1) if str(case.get("gpu_count") or "1").isdigit() else 1
-    request = PlanRequest(model=model, engine=case["engine"], gpus=hypothetical_gpus([f"{count}x{gpu.name}"]),
+    request = PlanRequest(model=model, engine=case["engine"],
+                          gpus=hypothetical_gpus([f"{count}x{gpu.name}"], catalog),
                           engine_version=version, engine_args=engine_args(case))
     failed = bool((case.get("observed") or {}).get("startup_failed"))
+    base = Row(case["id"], case["engine"], version, gpu.name, logged, None, engine_failed=failed, note=weights_note)
     try:
         plan = make_plan(request)
     except WontFit as refusal:
-        return _refused(case, version, logged, failed, weights_note, refusal)
+        return dataclasses.replace(base, note=f"{weights_note} {refusal.message[:80]}".strip())
     except SafeServeError as exc:
         return f"not planned: {exc.message[:100]}"
-    return _planned(case, version, logged, failed, weights_note, plan)
+    return _planned(base, plan), plan, model.geometry.kv_layers
 
 
-def _refused(case: Mapping[str, Any], version: str, logged: float, failed: bool, weights_note: str,
-             refusal: WontFit) -> Row:
-    return Row(case["id"], case["engine"], version, logged, None, engine_failed=failed,
-                   note=f"{weights_note} {refusal.message[:80]}".strip())
-
-
-def _planned(case: Mapping[str, Any], version: str, logged: float, failed: bool, weights_note: str,
-             plan: Any) -> Row:
-    scale = GiB if case["engine"] == "vllm" else 1
-    if case["engine"] == "vllm":
-        predicted, low, high = (plan.kv_cache_bytes / scale, (plan.kv_cache_bytes_low or 0) / scale,
-                                (plan.kv_cache_bytes_high or 0) / scale)
+def _planned(base: Row, plan: Plan) -> Row:
+    if base.engine == "vllm":
+        predicted, low, high = (plan.kv_cache_bytes / GiB, (plan.kv_cache_bytes_low or 0) / GiB,
+                                (plan.kv_cache_bytes_high or 0) / GiB)
     else:
         per_token = plan.kv_cache_bytes / max(plan.kv_cache_tokens, 1)
         predicted = float(plan.kv_cache_tokens)
         low, high = (plan.kv_cache_bytes_low or 0) / per_token, (plan.kv_cache_bytes_high or 0) / per_token
-    return Row(case["id"], case["engine"], version, logged, predicted, low, high, engine_failed=failed,
-               may_not_fit=plan.may_not_fit is not None, note=weights_note)
+    return dataclasses.replace(base, predicted=predicted, low=low, high=high,
+                               may_not_fit=plan.may_not_fit is not None)
 
 
-def rows() -> tuple[list[Row], list[tuple[str, str]]]:
+def load_cases() -> list[Mapping[str, Any]]:
+    return [case for name in FILES for case in yaml.safe_load((DATA / name).read_text())]
+
+
+def rows(in_sample: bool = False) -> tuple[list[Row], list[tuple[str, str]], Scoring]:
+    """Every case scored leave-one-out (or with the shipped constants), and the skipped ones."""
+    scoring = prepare(load_cases(), in_sample)
     found: list[Row] = []
     skipped: list[tuple[str, str]] = []
-    for name in FILES:
-        for case in yaml.safe_load((DATA / name).read_text()):
-            outcome = plan_case(case)
-            if isinstance(outcome, str):
-                skipped.append((case["id"], outcome))
-            else:
-                found.append(outcome)
-    return found, skipped
+    for case in scoring.cases:
+        source = _source(case)
+        with constants(scoring.refit(source)):
+            outcome = plan_case(case, scoring.catalog(source))
+        if isinstance(outcome, str):
+            skipped.append((case["id"], outcome))
+        else:
+            found.append(outcome[0] if isinstance(outcome, tuple) else outcome)
+    return found, skipped, scoring
+
+
+# --------------------------------------------------------------------------- printing
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -205,41 +371,107 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--verbose", action="store_true", help="also list the skipped cases")
-    args = parser.parse_args()
-    found, skipped = rows()
+def print_cases(found: list[Row]) -> None:
     print(f"{'case':62} {'version':8} {'logged':>10} {'planned':>10} {'error':>7}  band / outcome")
     for row in found:
         unit = "GiB" if row.engine == "vllm" else "tok"
         planned = "refused" if row.predicted is None else f"{row.predicted:10.2f}" if unit == "GiB" else \
             f"{row.predicted:10.0f}"
         error = "" if row.error is None else f"{row.error:+7.1%}"
-        inside = "" if row.predicted is None or row.low is None or row.high is None else (
-            "in band" if row.low <= row.logged <= row.high else "OUT of band")
+        inside = "" if row.predicted is None or row.low is None else ("in band" if row.in_band else "OUT of band")
+        band = "" if row.predicted is None or row.low is None or row.high is None else \
+            f" [{row.low:.2f}, {row.high:.2f}]"
         outcome = ("engine failed" if row.engine_failed else "") + (" may-not-fit" if row.may_not_fit else "")
         print(f"{row.case[:62]:62} {row.version:8} {row.logged:10.2f} {planned:>10} {error:>7}  "
-              f"{inside} {outcome} {row.note}")
-    print()
-    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+              f"{inside}{band} {outcome} {row.note}")
+
+
+def summary_line(label: str, group: list[Row]) -> str:
+    started = [r for r in group if not r.engine_failed]
+    errors = [r.error for r in started if r.error is not None]
+    if errors:
+        median, p90 = statistics.median(errors), percentile([abs(e) for e in errors], 0.9)
+        worst = max(errors, key=abs)
+        figures = f"{len(errors):5} {median:+8.1%} {p90:8.1%} {worst:+8.1%}"
+    else:
+        figures = f"{0:5} {'-':>8} {'-':>8} {'-':>8}"
+    inside = sum(1 for r in started if r.in_band)
+    false_refusals = sum(1 for r in started if r.predicted is None)
+    unsafe = sum(1 for r in started if r.unsafe_outside)
+    false_accepts = sum(1 for r in group if r.predicted is not None and r.engine_failed and not r.may_not_fit)
+    return (f"{label:44} {figures} {inside:>4}/{len(started):<3} {false_refusals:8} {unsafe:8} "
+            f"{false_accepts:8}")
+
+
+def print_summary(found: list[Row]) -> None:
+    groups: dict[tuple[str, str, str], list[Row]] = defaultdict(list)
     for row in found:
-        groups[(row.engine, row.version)].append(row)
-    print(f"{'engine':7} {'version':10} {'cases':>5} {'median':>8} {'p90 |e|':>8} {'worst':>8} {'in band':>8} "
-          f"{'false refusals':>15} {'false accepts':>14}")
-    for (engine, version), group in sorted(groups.items()):
-        errors = [r.error for r in group if r.error is not None and not r.engine_failed]
-        if errors:
-            median, p90 = statistics.median(errors), percentile([abs(e) for e in errors], 0.9)
-            worst = max(errors, key=abs)
-        else:
-            median = p90 = worst = float("nan")
-        inside = sum(1 for r in group if r.low is not None and r.high is not None and r.low <= r.logged <= r.high)
-        false_refusals = sum(1 for r in group if r.predicted is None and not r.engine_failed)
-        false_accepts = sum(1 for r in group if r.predicted is not None and r.engine_failed and not r.may_not_fit)
-        print(f"{engine:7} {version:10} {len(group):5} {median:+8.1%} {p90:8.1%} {worst:+8.1%} "
-              f"{inside:>4}/{len(group):<3} {false_refusals:15} {false_accepts:14}")
-    print(f"\n{len(found)} cases planned, {len(skipped)} skipped")
+        groups[(row.engine, row.version, row.gpu)].append(row)
+    print(f"{'engine  version  GPU class':44} {'cases':>5} {'median':>8} {'p90 |e|':>8} {'worst':>8} "
+          f"{'in band':>8} {'false':>8} {'unsafe':>8} {'false':>8}")
+    print(f"{'':44} {'':5} {'':8} {'':8} {'':8} {'':8} {'refusal':>8} {'outside':>8} {'accept':>8}")
+    for (engine, version, gpu), group in sorted(groups.items()):
+        print(summary_line(f"{engine:7} {version:8} {gpu}", group))
+    print(summary_line("all", found))
+    print("(cases: starts with a KV figure; failed starts count only as false accepts when the plan "
+          "was confident)")
+
+
+def print_fits(scoring: Scoring) -> None:
+    """Each fitted constant: its value on all logs and each log's residual when it is left out."""
+    print("\nfitted constants, leave-one-out (residual = the log's figure - the prediction refitted without it)")
+    for fit, by_source in scoring.residuals.items():
+        if not by_source:
+            continue
+        every = statistics.median(by_source.values())
+        shipped = getattr(fit.module, fit.attribute)
+        loo = []
+        for source, value in by_source.items():
+            others = [r for s, r in by_source.items() if s != source]
+            loo.append(value - statistics.median(others) if others else float("nan"))
+        worst = max((abs(x) for x in loo), default=float("nan"))
+        print(f"  {fit.name}: shipped {shipped / GiB:.3f} GiB, median of {len(by_source)} logs "
+              f"{every / GiB:.3f} GiB; held-out residuals " + ", ".join(f"{x / GiB:+.3f}" for x in loo)
+              + f" GiB; largest {worst / GiB:.3f} GiB ({fit.reference})")
+
+
+def print_terms(scoring: Scoring) -> None:
+    """Each budget term against the figure the log printed, leave-one-out."""
+    keys = (("weights", "weights_gib"), ("non_torch", "non_torch_memory_gib"),
+            ("activation", "peak_torch_memory_gib"), ("cudagraph", "cudagraph_gib"))
+    print("\nterms against the log (planned - logged, GiB; cudagraph: the plan's formula vs what capture took, "
+          "also where the version does not subtract it)")
+    print(f"  {'case':62} " + " ".join(f"{k:>11}" for k, _ in keys))
+    for case in scoring.cases:
+        source = _source(case)
+        with constants(scoring.refit(source)):
+            outcome = plan_case(case, scoring.catalog(source))
+        if not isinstance(outcome, tuple) or case["engine"] != "vllm":
+            continue
+        plan, observed = outcome[1], case.get("observed") or {}
+        cells = []
+        for key, field in keys:
+            row = next((i.bytes for i in plan.budget if i.key == key), None)
+            logged = observed.get(field)
+            if key == "cudagraph" and not row:  # not subtracted by this version: the formula, unsubtracted
+                row = vb.cudagraph_estimate_bytes(-(-outcome[2] // max(_pp(case), 1)))
+            cells.append(f"{'':>11}" if row is None or logged is None else f"{row / GiB - float(logged):+11.2f}")
+        print(f"  {case['id'][:62]:62} " + " ".join(cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--verbose", action="store_true", help="also list the skipped cases")
+    parser.add_argument("--in-sample", action="store_true", help="score with the shipped constants (not held out)")
+    args = parser.parse_args()
+    found, skipped, scoring = rows(in_sample=args.in_sample)
+    print_cases(found)
+    print()
+    print_summary(found)
+    print_fits(scoring)
+    print_terms(scoring)
+    print(f"\n{len(found)} cases planned, {len(skipped)} skipped"
+          + (" (in-sample: shipped constants)" if args.in_sample else " (leave-one-out)"))
     if args.verbose:
         for case_id, reason in skipped:
             print(f"  skipped {case_id}: {reason}")

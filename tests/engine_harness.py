@@ -520,6 +520,18 @@ ARCH_SECOND: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
                    "PhimoeForCausalLM: Transformers-backend MoE, sized, then the first request fails"),),
     "dbrx": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "attn_config.kv_n_heads"),),
     "seed_oss": (("kv-fp8", ("--max-model-len", "4096", *_FP8), "Transformers backend"),),
+    # Hybrid state models: prefix caching on (the default: mamba cache mode 'align') and off ('none').
+    **{k: (("noprefix", ("--max-model-len", "4096", "--no-enable-prefix-caching"),
+            "prefix caching off: mamba cache mode 'none', one state block per request"),)
+       for k in ("qwen3_next", "nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "mamba", "lfm2", "zamba2")},
+    "qwen3_next_gdn32": (("mml2048", ("--max-model-len", "2048"), "GDN heads of 32: the CPU kernel refuses"),),
+    "qwen3_5_text": (("mml2048", ("--max-model-len", "2048"), "Qwen3_5ForCausalLM"),),
+    "jamba": (("mml2048", ("--max-model-len", "2048"), "Mamba-1 with attention every 4th layer"),),
+    # CPU attention head sizes (the kernels compiled into vllm/_C*.so): 48 serves, 16 and 40 fail.
+    **{f"llama_h{head}": (("kv-fp8", ("--max-model-len", "3000", *_FP8),
+                           "fp8 KV: the kernel needs a head size divisible by 32"),) for head in (16, 40, 48)},
+    "qwen2_moe_sw": (("mml1024", ("--max-model-len", "1024"), "use_sliding_window true, window 256"),),
+    "gemma4_text": (("mml1024", ("--max-model-len", "1024"), "local head 32, global head 64"),),
 }
 # Base length per family where the model's own maximum is under 4096.
 ARCH_BASE_LEN = {"phi": "2048", "bloom": "2048", "opt": "2048", "gpt2": "1024"}

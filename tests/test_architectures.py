@@ -19,11 +19,14 @@ from launcher.common.units import GiB
 from launcher.engines.vllm.architectures import (
     CHUNKED,
     ENGINE_VERSION,
+    PATTERN_SWITCHES,
     VERIFIED,
     architecture_status,
+    config_switches,
     verified_architectures,
     vllm_layer_specs,
 )
+from launcher.engines.vllm.hybrid import STATE_FAMILIES
 from launcher.engines.vllm.kv import kv_layout
 from launcher.model.config import FULL, MLA, SLIDING, geometry_from_config
 from launcher.model.gpu import HostMemory
@@ -78,11 +81,13 @@ def test_each_row_is_proven_by_two_served_settings(row: Any) -> None:
 
 
 def test_recorded_architectures_outside_the_table_are_marked_unverified() -> None:
+    """Verified means a row of the table (engine runs) or a state family proven by the golden file."""
     verified = {row.architecture for row in VERIFIED}
+    golden = {f.architecture for f in STATE_FAMILIES.values() if f.golden}
     for case in TRUTH["cases"]:
         geometry = geometry_from_config(case["config"])
         ok, note = architecture_status(geometry)
-        assert ok == (geometry.architecture in verified), case["id"]
+        assert ok == (geometry.architecture in verified | golden), case["id"]
 
 
 def test_unknown_and_removed_architectures_are_not_verified() -> None:
@@ -159,6 +164,25 @@ def test_llama4_without_a_nope_list_uses_the_interval() -> None:
     assert kinds == [CHUNKED, CHUNKED, CHUNKED, FULL] * 2
 
 
+def test_each_row_lists_the_switches_its_runs_used() -> None:
+    """A row's switches are those its recorded configs turn on, plus documented layer patterns only."""
+    for row in VERIFIED:
+        used: set[str] = set()
+        for cid in row.cases:
+            used |= config_switches(geometry_from_config(BY_ID[cid]["config"]))
+        assert set(row.switches) - set(PATTERN_SWITCHES.get(row.architecture, ())) == used, row.architecture
+
+
+def test_a_switch_the_row_was_not_proven_with_is_unverified() -> None:
+    """Qwen2-MoE with use_sliding_window: true (the rows were proven without it)."""
+    config = {**BY_ID["qwen2_moe-base"]["config"], "use_sliding_window": True, "sliding_window": 256,
+              "max_window_layers": 2}
+    ok, note = architecture_status(geometry_from_config(config))
+    assert not ok and "use_sliding_window" in note
+    ok, _ = architecture_status(geometry_from_config(BY_ID["qwen2_moe-base"]["config"]))
+    assert ok
+
+
 def test_models_architectures_lists_what_is_verified_per_engine() -> None:
     import subprocess
     import sys
@@ -166,6 +190,6 @@ def test_models_architectures_lists_what_is_verified_per_engine() -> None:
     result = subprocess.run([sys.executable, "-m", "launcher", "models", "--architectures"], capture_output=True,
                             text=True, timeout=60, check=True)
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("vLLM 0.32.0: verified on the real engine") and lines[0].endswith("50 architectures")
+    assert lines[0].startswith("vLLM 0.32.0: verified on the real engine") and lines[0].endswith("60 architectures")
     assert any(line.split()[0] == "Cohere2ForCausalLM" for line in lines if line.startswith("  "))
     assert any(line.startswith("SGLang ") and line.endswith("6 architectures") for line in lines)

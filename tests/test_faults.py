@@ -41,8 +41,11 @@ CORE_FATAL = "(EngineCore pid=${pid}) ERROR ${vts} [core.py:1512] EngineCore enc
 TRACEBACK = ["Traceback (most recent call last):", '  File "vllm/v1/engine/core.py", line 1505, in run_engine_core']
 OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
        "79.19 GiB of which 1.06 GiB is free.")
-ENGINE_DEAD = ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
-               "for the root cause.")
+# As the real engine logs it (tests/data/vllm_cpu_truth.json): an ERROR record of the API server.
+ENGINE_DEAD = ("(APIServer pid=${pid}) ERROR ${vts} [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+               "EngineCore encountered an issue. See stack trace (above) for the root cause.")
+# logger.exception puts the header on every line of the traceback (vllm/logging_utils/formatter.py:74).
+LOGGED_OOM = f"(EngineCore pid=${{pid}}) ERROR ${{vts}} [core.py:1512] {OOM}"
 NCCL = "RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)"
 UVICORN_STOP = ["INFO:     Shutting down", "INFO:     Application shutdown complete."]
 
@@ -430,7 +433,7 @@ def test_runtime_oom_is_remembered_with_bounded_headroom(run: Callable[..., Run]
     """Each CUDA OOM while serving adds 512 MiB of headroom to the setup's calibration, up to 2 GiB."""
     from launcher.plan.calibration import RUNTIME_OOM_CAP_BYTES, RUNTIME_OOM_STEP_BYTES, record_runtime_oom
 
-    served = run(scenario([*serving(), go(), *text(CORE_FATAL, OOM), {"exit": 1}]))
+    served = run(scenario([*serving(), go(), *text(CORE_FATAL, LOGGED_OOM), {"exit": 1}]))
     served.wait_ready()
     served.go.touch()
     finished(served, 70)
@@ -540,3 +543,26 @@ def test_errors_the_engine_logs_while_it_stops_keep_the_stop_clean(run: Callable
     finished(served, 0)
     assert b"AsyncLLM output_handler failed." in served.out.read_bytes()
     assert served.events("engine-error-while-stopping")
+
+
+# --------------------------------------------------------------------------- hostile input
+
+
+def test_prompts_quoting_fatal_words_stop_nothing(run: Callable[..., Run]) -> None:
+    """Request logs (vLLM's own format) quoting every fatal and crash message while serving: the
+    server keeps serving, a SIGTERM stops it cleanly, and no runtime OOM headroom is recorded."""
+    from tests.hostile_lines import SAMPLES, quoted
+
+    words = [s.message for s in SAMPLES if s.engine == "vllm" and s.kind.startswith(("fatal:", "crash:"))]
+    lines = [line.replace("pid=8", "pid=${pid}") for text in words for seq in quoted("vllm", text) for line in seq]
+    served = run(scenario([*serving(), go(), *text(*lines), {"hang": True}]))
+    served.wait_ready()
+    served.go.touch()
+    served.wait_line(lines[-1].encode())
+    time.sleep(0.5)
+    assert served.proc.poll() is None and not served.events("engine-failure")
+    served.signal(signal.SIGTERM)
+    finished(served, 0)
+    calibration = served.state / "calibration.json"
+    entries = json.loads(calibration.read_text())["entries"] if calibration.exists() else {}
+    assert not any(entry.get("runtime_oom_count") for entry in entries.values())

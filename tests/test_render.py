@@ -121,10 +121,11 @@ def test_sglang_shows_both_totals_and_the_gap() -> None:
     text, doc = render_plan(plan, given=given), plan_to_json(plan, given=given)
     rows = assert_text_matches_json(text, doc)["rows"]
     nvml, cuda = doc["gpu"]["nvml_total_bytes"], doc["gpu"]["cuda_total_bytes"]
-    assert (23.99, 23.51) == (round(nvml / GiB, 2), round(cuda / GiB, 2))
-    assert rows["GPU total (NVML)"] == 23.99 and rows["CUDA total (what the engine gets)"] == 23.51
+    # CUDA total: the median of the RTX 4090 totals published in tests/data/cuda-totals.yaml.
+    assert (23.99, 23.64) == (round(nvml / GiB, 2), round(cuda / GiB, 2))
+    assert rows["GPU total (NVML)"] == 23.99 and rows["CUDA total (what the engine gets)"] == 23.64
     assert f"NVML total - {(nvml - cuda) / GiB:.2f} GiB the driver keeps back" in text
-    assert "0.48 GiB" in text
+    assert "0.34 GiB" in text  # 24564 MiB less the published 23.64 GiB
     # held by others + free at baseline + context add up to the CUDA total, not the NVML one
     budget = {i["key"]: i["bytes"] for i in doc["budget"]}
     assert budget["other"] + budget["context"] + budget["pre_load"] == cuda

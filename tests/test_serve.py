@@ -22,6 +22,13 @@ def engine_argv(plan, model, passthrough, engine_cmd):
     return adapter(plan.engine).engine_argv(plan, model, passthrough, engine_cmd)
 
 
+# vLLM's own record header (vllm/logger.py:28, 0.33.0) as logger.exception writes a traceback's
+# last line: the ERROR header, then "ValueError: ...".
+ERR = "(EngineCore pid=107) ERROR 07-06 22:52:09 [core.py:1512] ValueError: "
+KV_HEAD = "INFO 07-06 22:52:09 [kv_cache_utils.py:1319] "
+S_HEAD = "[2026-11-29 07:42:31] "
+
+
 def _plan(engine: str = "vllm", args: tuple[str, ...] = ()):
     return make_plan(PlanRequest(model=resolve_model("qwen2.5-7b"), engine=engine,
                                  gpus=hypothetical_gpus(["rtx4090"]), engine_args=args))
@@ -37,7 +44,7 @@ class TestVllmLines:
 
     def test_kv_too_small_error(self) -> None:
         """vLLM's error carries the estimated maximum model length."""
-        line = ("ValueError: To serve at least one request with the models's max seq len (221000), (10.12 GiB KV "
+        line = (f"{ERR}To serve at least one request with the models's max seq len (221000), (10.12 GiB KV "
                 "cache is needed, which is larger than the available KV cache memory (5.59 GiB). Based on the "
                 "available memory, the estimated maximum model length is 122080. Try increasing ...")
         event = parse_vllm(line)
@@ -45,7 +52,7 @@ class TestVllmLines:
 
     def test_free_memory_error(self) -> None:
         """The startup free-memory refusal gives free, total and the utilization asked."""
-        event = parse_vllm("Free memory on device cuda:0 (7.34/15.49 GiB) on startup is less than desired GPU "
+        event = parse_vllm(f"{ERR}Free memory on device cuda:0 (7.34/15.49 GiB) on startup is less than desired GPU "
                            "memory utilization (0.8, 12.39 GiB). Decrease GPU memory utilization ...")
         assert event.values == {"free_gib": 7.34, "total_gib": 15.49, "utilization": 0.8}
 
@@ -58,15 +65,15 @@ class TestRetune:
     def test_estimated_length_becomes_the_new_length(self) -> None:
         """A rejected length is retuned to the engine's estimate, floored to the block."""
         plan = _plan(args=("--max-model-len", "32768"))
-        event = parse_vllm("max seq len (32768), (1.75 GiB KV cache is needed, which is larger than the available "
-                           "KV cache memory (1.20 GiB). Based on the available memory, the estimated maximum model "
-                           "length is 22471. Try")
+        event = parse_vllm(f"{ERR}To serve at least one request with the model's max seq len (32768), (1.75 GiB KV "
+                           "cache is needed, which is larger than the available KV cache memory (1.20 GiB). Based on "
+                           "the available memory, the estimated maximum model length is 22471. Try")
         assert retuned_args(plan, ["--max-model-len", "32768"], event) == ["--max-model-len", "22464"]
 
     def test_free_memory_sets_utilization_from_the_engine_figures(self) -> None:
         """(free - 0.25 GiB margin) / total, floored to 4 decimals."""
         plan = _plan()
-        event = parse_vllm("Free memory on device cuda:0 (7.34/15.49 GiB) on startup is less than desired GPU "
+        event = parse_vllm(f"{ERR}Free memory on device cuda:0 (7.34/15.49 GiB) on startup is less than desired GPU "
                            "memory utilization (0.92, 14.25 GiB).")
         assert retuned_args(plan, [], event) == ["--gpu-memory-utilization", "0.4577"]
 
@@ -81,8 +88,8 @@ class TestRetune:
     def test_divergence_tolerance(self) -> None:
         """2 % off the planned tokens is tolerated, 3 % is not."""
         plan = _plan()
-        near = parse_vllm(f"GPU KV cache size: {int(plan.kv_cache_tokens * 0.98) + 1:,} tokens")
-        far = parse_vllm(f"GPU KV cache size: {int(plan.kv_cache_tokens * 0.97):,} tokens")
+        near = parse_vllm(f"{KV_HEAD}GPU KV cache size: {int(plan.kv_cache_tokens * 0.98) + 1:,} tokens")
+        far = parse_vllm(f"{KV_HEAD}GPU KV cache size: {int(plan.kv_cache_tokens * 0.97):,} tokens")
         assert not diverges(plan, near, 0.02) and diverges(plan, far, 0.02)
 
 
@@ -110,8 +117,8 @@ def test_sglang_pool_within_tolerance_is_no_reason_to_restart() -> None:
     def pool_short(event, concurrency: int, tolerance: float) -> bool:
         return adapter("sglang").kv_shortfall(plan, event, concurrency=concurrency, tolerance=tolerance) is not None
 
-    near = parse_sglang("max_total_num_tokens=27572, chunked_prefill_size=4096, max_prefill_tokens=16384, "
+    near = parse_sglang(S_HEAD + "max_total_num_tokens=27572, chunked_prefill_size=4096, max_prefill_tokens=16384, "
                         "max_running_requests=2048, context_len=27576, available_gpu_mem=2.10 GB")
-    far = parse_sglang("max_total_num_tokens=24818, chunked_prefill_size=4096, max_prefill_tokens=16384, "
+    far = parse_sglang(S_HEAD + "max_total_num_tokens=24818, chunked_prefill_size=4096, max_prefill_tokens=16384, "
                        "max_running_requests=2048, context_len=27576, available_gpu_mem=2.10 GB")
     assert not pool_short(near, 1, 0.02) and pool_short(far, 1, 0.02)

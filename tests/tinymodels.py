@@ -493,6 +493,102 @@ def _cfg_glm() -> dict[str, Any]:
     return {**_COMMON, "model_type": "glm", "partial_rotary_factor": 0.5, "attention_bias": True}
 
 
+# --------------------------------------------------------------------------- hybrid state models
+# Layers that keep a per-request state (Mamba, GDN, short conv) beside a few attention layers.
+# Head sizes and state widths are ones vLLM's CPU kernels take (GDN heads of 128; 32 fails).
+_HYB = {**_TOK, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 4096, "tie_word_embeddings": False}
+_GDN = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+_QWEN_LAYERS = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+
+
+def _cfg_qwen3_next() -> dict[str, Any]:
+    return {**_HYB, **_GDN, "model_type": "qwen3_next", "head_dim": 64, "layer_types": _QWEN_LAYERS,
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64, "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
+def _cfg_qwen3_next_gdn32() -> dict[str, Any]:
+    # GDN heads of 32: sized, then the CPU kernel refuses ("Unexpected head dim size, 32").
+    return {**_cfg_qwen3_next(), "linear_key_head_dim": 32, "linear_value_head_dim": 32}
+
+
+def _cfg_qwen3_5_text() -> dict[str, Any]:
+    return {**_HYB, **_GDN, "model_type": "qwen3_5_text", "head_dim": 64, "layer_types": _QWEN_LAYERS,
+            "mamba_ssm_dtype": "float32"}
+
+
+def _cfg_nemotron_h() -> dict[str, Any]:
+    return {**_HYB, "model_type": "nemotron_h", "head_dim": 32, "hybrid_override_pattern": "M-M*",
+            "mamba_num_heads": 8, "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 32, "conv_kernel": 4,
+            "expand": 2, "num_hidden_layers": 4}
+
+
+def _cfg_granitemoehybrid() -> dict[str, Any]:
+    return {**_HYB, "model_type": "granitemoehybrid", "layer_types": ["mamba", "mamba", "mamba", "attention"],
+            "mamba_n_heads": 8, "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 32, "mamba_d_conv": 4,
+            "mamba_expand": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64,
+            "intermediate_size": 64, "position_embedding_type": "nope"}
+
+
+def _cfg_falcon_h1() -> dict[str, Any]:
+    return {**_HYB, "model_type": "falcon_h1", "head_dim": 32, "mamba_d_ssm": 256, "mamba_n_heads": 8,
+            "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 32, "mamba_d_conv": 4, "mamba_expand": 2,
+            "num_hidden_layers": 2}
+
+
+def _cfg_mamba2() -> dict[str, Any]:
+    return {**_TOK, "model_type": "mamba2", "hidden_size": 128, "num_hidden_layers": 4, "num_heads": 8,
+            "head_dim": 32, "expand": 2, "n_groups": 1, "state_size": 32, "conv_kernel": 4,
+            "tie_word_embeddings": False}
+
+
+def _cfg_mamba() -> dict[str, Any]:
+    return {**_TOK, "model_type": "mamba", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
+            "state_size": 16, "conv_kernel": 4, "expand": 2, "tie_word_embeddings": False}
+
+
+def _cfg_lfm2() -> dict[str, Any]:
+    return {**_HYB, "model_type": "lfm2", "layer_types": ["conv", "conv", "full_attention", "conv"],
+            "conv_L_cache": 3, "conv_dim": 128, "conv_dim_out": 128, "block_dim": 128,
+            "block_auto_adjust_ff_dim": False,
+            "block_ff_dim": 256}
+
+
+def _cfg_zamba2() -> dict[str, Any]:
+    return {**_HYB, "model_type": "zamba2", "num_hidden_layers": 4, "layers_block_type":
+            ["mamba", "hybrid", "mamba", "hybrid"], "hybrid_layer_ids": [1, 3], "mamba_d_state": 32,
+            "mamba_d_conv": 4, "mamba_expand": 2, "mamba_ngroups": 1, "n_mamba_heads": 8, "mamba_headdim": 32,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "attention_head_dim": 64, "num_mem_blocks": 1,
+            "use_shared_attention_adapter": False, "adapter_rank": 8}
+
+
+def _cfg_jamba() -> dict[str, Any]:
+    return {**_HYB, "model_type": "jamba", "attn_layer_period": 4, "attn_layer_offset": 3,
+            "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 2, "num_experts_per_tok": 1,
+            "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 8}
+
+
+def _cfg_llama_head(head: int) -> Callable[[], dict[str, Any]]:
+    """Llama with 4 heads of `head` (vLLM's CPU kernels are compiled per head size)."""
+    return lambda: {**_DENSE, "model_type": "llama", "num_key_value_heads": 2, "head_dim": head,
+                    "hidden_size": 4 * head}
+
+
+def _cfg_qwen2_moe_sw() -> dict[str, Any]:
+    # use_sliding_window true: vLLM's qwen2_moe.py passes no per-layer window (every layer full).
+    return {**_cfg_qwen2_moe(), "use_sliding_window": True, "sliding_window": 256, "max_window_layers": 2}
+
+
+def _cfg_gemma4_text() -> dict[str, Any]:
+    # Gemma 4: sliding layers of head_dim, full layers of global_head_dim (Gemma4TextConfig).
+    return {**_DENSE, "model_type": "gemma4_text", "num_key_value_heads": 2, "head_dim": 32, "global_head_dim": 64,
+            "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            "sliding_window": 256, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 512,
+            "num_kv_shared_layers": 0, "attention_k_eq_v": False, "final_logit_softcapping": None}
+
+
 MORE_KIND_CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     "qwen3_moe": _cfg_qwen3_moe,
     "qwen2_moe": _cfg_qwen2_moe,
@@ -539,6 +635,20 @@ MORE_KIND_CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     "minimax_m2": _cfg_minimax_m2,
     "minimax_m2_softmax": _cfg_minimax_m2_softmax,
     "glm": _cfg_glm,
+    "qwen3_next": _cfg_qwen3_next,
+    "qwen3_next_gdn32": _cfg_qwen3_next_gdn32,
+    "qwen3_5_text": _cfg_qwen3_5_text,
+    "nemotron_h": _cfg_nemotron_h,
+    "granitemoehybrid": _cfg_granitemoehybrid,
+    "falcon_h1": _cfg_falcon_h1,
+    "mamba2": _cfg_mamba2,
+    "mamba": _cfg_mamba,
+    "lfm2": _cfg_lfm2,
+    "zamba2": _cfg_zamba2,
+    "jamba": _cfg_jamba,
+    **{f"llama_h{head}": _cfg_llama_head(head) for head in (16, 40, 48)},
+    "qwen2_moe_sw": _cfg_qwen2_moe_sw,
+    "gemma4_text": _cfg_gemma4_text,
 }
 KIND_CONFIGS.update(MORE_KIND_CONFIGS)
 KINDS = tuple(KIND_CONFIGS)

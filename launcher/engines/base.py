@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from launcher.common.errors import SafeServeError
-    from launcher.engines.events import EngineEvent
+    from launcher.engines.events import EngineEvent, LogReader
     from launcher.engines.flags import FlagSpec
     from launcher.plan.types import Calibration, PinnedFlags, PinnedValue, Plan, PlanRequest
 
@@ -77,6 +77,7 @@ class EngineAdapter(Protocol):
 
     # watching
     def parse_line(self, line: str) -> EngineEvent | None: ...
+    def log_reader(self, env: Mapping[str, str]) -> LogReader: ...
     def retuned_args(self, plan: Plan, args: Sequence[str], event: EngineEvent, *,
                      concurrency: int) -> list[str] | None: ...
     def kv_shortfall(self, plan: Plan, event: EngineEvent, *, concurrency: int,

@@ -16,7 +16,7 @@ from typing import Any
 from launcher.common.errors import UsageError
 from launcher.common.paths import load_yaml, profiles_dir
 from launcher.common.units import MiB, parse_size
-from launcher.model.gpu import CUDA_RESERVE_FRACTION, GpuDevice
+from launcher.model.gpu import CUDA_RESERVE_BYTES, GpuDevice
 
 _COUNT = re.compile(r"^\s*([0-9]+)\s*[x×*]\s*(.+)$", re.IGNORECASE)
 # More devices than any one engine launch spans: `100000000xrtx4090` would otherwise build a
@@ -33,6 +33,7 @@ class CatalogGpu:
     cuda_total_bytes: int | None
     cuda_total_source: str | None
     compute_capability: tuple[int, int] | None
+    cuda_total_error_bytes: int = 0  # +/- on cuda_total_bytes: the spread of the totals published for it
 
 
 def normalise(text: str) -> str:
@@ -60,6 +61,7 @@ def _entry(entry: Mapping[str, Any]) -> CatalogGpu:
         cuda_total_bytes=int(cuda_total) if cuda_total else None,
         cuda_total_source=entry.get("cuda_total_source"),
         compute_capability=(int(cc[0]), int(cc[1])) if isinstance(cc, Sequence) and len(cc) == 2 else None,
+        cuda_total_error_bytes=int(entry.get("cuda_total_error_bytes") or 0),
     )
 
 
@@ -97,12 +99,14 @@ def _shown(spec: str) -> str:
 def _device(what: str, spec: str, index: int, catalog: Sequence[CatalogGpu] | None) -> GpuDevice:
     gpu = find(what, catalog)
     if gpu is not None:
-        usable = gpu.cuda_total_bytes or int(gpu.nvml_total_bytes * (1 - CUDA_RESERVE_FRACTION))
+        usable = gpu.cuda_total_bytes or gpu.nvml_total_bytes - CUDA_RESERVE_BYTES
         return GpuDevice(index=index, name=gpu.name, total_bytes=gpu.nvml_total_bytes, free_bytes=usable,
                          used_bytes=gpu.nvml_total_bytes - usable, cuda_total_bytes=gpu.cuda_total_bytes,
+                         cuda_total_error_bytes=gpu.cuda_total_error_bytes if gpu.cuda_total_bytes else 0,
                          compute_capability=gpu.compute_capability, source="catalog",
                          notes=(f"CUDA total: {gpu.cuda_total_source}" if gpu.cuda_total_bytes else
-                                "CUDA total unknown: NVML total less 2 %",))
+                                f"CUDA total unknown: NVML total less the typical reserve "
+                                f"({CUDA_RESERVE_BYTES // MiB} MiB)",))
     if re.match(r"^\s*\d", what):
         size = parse_size(what)
         if size < MiB:

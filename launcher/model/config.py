@@ -24,6 +24,7 @@ FULL = "full"
 SLIDING = "sliding"
 MLA = "mla"
 LINEAR = "linear"  # linear attention / Mamba / SSM: a fixed-size state per request
+NO_CACHE = "none"  # a decoder layer with neither KV cache nor state (Nemotron-H's MLP / MoE layers)
 
 _LINEAR_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "ssm", "conv", "gated_delta_net", "short_conv"}
 _HYBRID_MODEL_TYPES = {
@@ -117,11 +118,11 @@ class ModelGeometry:
 
     @property
     def kv_layers(self) -> int:
-        return sum(1 for kind in self.layer_kinds if kind != LINEAR)
+        return sum(1 for kind in self.layer_kinds if kind not in (LINEAR, NO_CACHE))
 
     @property
     def is_hybrid(self) -> bool:
-        return len(set(self.layer_kinds)) > 1
+        return len(set(self.layer_kinds) - {NO_CACHE}) > 1
 
     @property
     def has_linear_layers(self) -> bool:
@@ -173,7 +174,11 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
     model_type = _opt_str(text, "model_type") or _opt_str(config, "model_type") or ""
     architecture = architectures[0] if architectures else model_type or "unknown"
 
-    num_layers = _req_int(text, "num_hidden_layers", aliases=("n_layer", "num_layers", "n_layers"))
+    pattern = _hybrid_pattern(text)
+    if pattern is not None and _first_int(text, ("num_hidden_layers", "n_layer", "num_layers", "n_layers")) is None:
+        num_layers = len(pattern)  # NemotronHConfig (transformers 5) writes only layers_block_type
+    else:
+        num_layers = _req_int(text, "num_hidden_layers", aliases=("n_layer", "num_layers", "n_layers"))
     if num_layers > _MAX_LAYERS:
         raise ModelConfigError(
             f"config.json: 'num_hidden_layers' of {num_layers} is beyond any model (at most {_MAX_LAYERS})")
@@ -291,6 +296,9 @@ def _layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
     """Per-layer attention kind and the sliding window, as config.json states them."""
     if model_type in ATTENTION_FREE_MODEL_TYPES:
         return (LINEAR,) * num_layers, None
+    hybrid = _hybrid_layer_kinds(text, model_type, num_layers, is_mla)
+    if hybrid is not None:
+        return hybrid, None
     window = _opt_int(text, "sliding_window")
     if window == 0:
         window = None  # some checkpoints write 0 for "no window"; vLLM treats it so
@@ -318,6 +326,63 @@ def _layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
     if is_mla:
         kinds = [MLA if kind == FULL else kind for kind in kinds]
     return tuple(kinds), window if SLIDING in kinds else None
+
+
+# Nemotron-H's pattern letters (vLLM models/nemotron_h.py:549-554) and transformers 5's names for them.
+_PATTERN_KINDS = {"M": LINEAR, "*": FULL, "-": NO_CACHE, "E": NO_CACHE, "linear_attention": LINEAR, "mamba": LINEAR,
+                  "full_attention": FULL, "attention": FULL, "mlp": NO_CACHE, "moe": NO_CACHE}
+
+
+def _hybrid_pattern(text: Mapping[str, Any]) -> list[str] | None:
+    """Nemotron-H's layer pattern: `hybrid_override_pattern` ("M-M*") or transformers 5's `layers_block_type`."""
+    if text.get("model_type") != "nemotron_h":
+        return None
+    raw = text.get("hybrid_override_pattern")
+    if isinstance(raw, str) and raw:
+        return list(raw)
+    listed = text.get("layers_block_type")
+    if isinstance(listed, list) and listed and all(isinstance(x, str) for x in listed):
+        return list(listed)
+    return None
+
+
+def _hybrid_layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
+                        is_mla: bool) -> tuple[str, ...] | None:
+    """Layer kinds of the hybrid families whose configs do not say them with `layer_types`."""
+    pattern = _hybrid_pattern(text)
+    if pattern is not None:
+        unknown = sorted({p for p in pattern if p not in _PATTERN_KINDS})
+        if unknown or len(pattern) != num_layers:
+            raise ModelConfigError(f"config.json: Nemotron-H layer pattern must name {num_layers} layers with "
+                                   f"M, *, - or E, not {_short(pattern)}")
+        return tuple(_PATTERN_KINDS[p] for p in pattern)
+    if model_type == "jamba":
+        period, offset = _opt_int(text, "attn_layer_period") or 8, _opt_int(text, "attn_layer_offset") or 0
+        return tuple(FULL if i % period == offset else LINEAR for i in range(num_layers))
+    if model_type == "zamba2":
+        hybrid = text.get("hybrid_layer_ids")
+        listed = text.get("layers_block_type")
+        if isinstance(listed, list) and len(listed) == num_layers:
+            return tuple(FULL if entry == "hybrid" else LINEAR for entry in listed)
+        if isinstance(hybrid, list):
+            return tuple(FULL if i in hybrid else LINEAR for i in range(num_layers))
+    if model_type == "qwen3_next" and text.get("layer_types") is None:
+        interval = _opt_int(text, "full_attention_interval") or 4  # Qwen3NextConfig.__post_init__
+        return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers))
+    if model_type == "lfm2" and text.get("layer_types") is None:
+        full = text.get("full_attn_idxs")
+        idxs = full if isinstance(full, list) else list(range(num_layers))  # Lfm2Config.__post_init__
+        return tuple(FULL if i in idxs else LINEAR for i in range(num_layers))
+    linear_cfg = text.get("linear_attn_config")
+    if model_type == "kimi_linear" and isinstance(linear_cfg, Mapping):
+        kda = linear_cfg.get("kda_layers")  # 1-based layer numbers
+        if isinstance(kda, list):
+            return tuple(LINEAR if i + 1 in kda else (MLA if is_mla else FULL) for i in range(num_layers))
+    attn_types = text.get("attn_type_list")
+    if model_type in ("minimax", "minimax_text_01", "minimax_m1") and isinstance(attn_types, list) \
+            and len(attn_types) == num_layers:
+        return tuple(FULL if entry == 1 else LINEAR for entry in attn_types)  # 0: lightning (linear) attention
+    return None
 
 
 def _config_dtype(config: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:

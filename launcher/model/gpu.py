@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Share of NVML's total that CUDA does not hand out, when nothing better is known.
-CUDA_RESERVE_FRACTION = 0.02
+from launcher.common.units import MiB
+
+# What CUDA does not hand out of NVML's total, when nothing better is known: the middle of the
+# reserves seen on the catalog cards with published CUDA totals (317 MiB on an RTX 3090 to 768 MiB
+# on an A100 80GB; 9 cards whose NVML total is not recalled from memory, tests/data/cuda-totals.yaml),
+# +/- half that range.
+# tests/test_cuda_totals.py recomputes both from the data.
+CUDA_RESERVE_BYTES = 542 * MiB
+CUDA_RESERVE_ERROR_BYTES = 226 * MiB
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class GpuDevice:
     # What cudaMemGetInfo reports as total; vLLM sizes from this. Below the NVML total
     # where ECC or the driver reserves memory (L40S: 44.42 GiB vs 46068 MiB).
     cuda_total_bytes: int | None = None
+    cuda_total_error_bytes: int = 0  # +/- on a catalog CUDA total (the spread of published totals); 0 measured
     compute_capability: tuple[int, int] | None = None
     mig_index: int | None = None  # set for a MIG instance
     mig_mode: bool | None = None  # MIG enabled on this (parent) GPU
@@ -58,14 +66,21 @@ class GpuDevice:
         """The total the engines size against: CUDA's view (cudaMemGetInfo).
 
         Known from the catalog, else NVML total less the driver's reserve (memory info v2),
-        else NVML total less 2 %: published CUDA totals sit 1.1-2.9 % under NVML's
-        (A100-80GB 79.15 of 80 GiB, RTX 3090 23.58 of 24, L40S 44.42 of 44.99, T4 14.56 of 15).
+        else NVML total less the typical reserve (`CUDA_RESERVE_BYTES`).
         """
         if self.cuda_total_bytes is not None:
             return self.cuda_total_bytes
         if self.reserved_bytes:
             return self.total_bytes - self.reserved_bytes
-        return int(self.total_bytes * (1 - CUDA_RESERVE_FRACTION))
+        return self.total_bytes - CUDA_RESERVE_BYTES
+
+    @property
+    def usable_total_error_bytes(self) -> int:
+        """+/- on `usable_total_bytes`: a catalog total's spread, 0 where NVML measured the reserve,
+        the spread of reserves seen where it is NVML less the typical reserve."""
+        if self.cuda_total_bytes is not None:
+            return self.cuda_total_error_bytes
+        return 0 if self.reserved_bytes else CUDA_RESERVE_ERROR_BYTES
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 from launcher.common.errors import Alternative, SafeServeError, UsageError, WontFit
 from launcher.engines import adapter
-from launcher.model.config import refuse_unsupported
 from launcher.model.gpu import GpuDevice
 from launcher.model.resolve import ResolvedModel
 from launcher.plan.search import largest_count
@@ -22,7 +21,6 @@ def make_plan(request: PlanRequest) -> Plan:
     """Plan a start, or raise `WontFit` with computed alternatives."""
     if request.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
-    refuse_unsupported(request.model.geometry)  # --trust-engine turns this into engine_decides()
     try:
         plan = _plan_once(request)
     except WontFit as failure:

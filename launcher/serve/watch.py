@@ -24,7 +24,7 @@ from launcher.common.devlock import DeviceLock
 from launcher.common.errors import ExitCode
 from launcher.common.vocab import DivergenceMode
 from launcher.engines import adapter
-from launcher.engines.events import EngineEvent
+from launcher.engines.events import MAX_RULE_BYTES, EngineEvent
 from launcher.plan.types import Calibration, Plan
 from launcher.serve import progress as live
 from launcher.supervise import EngineCommand, HealthCheck, Supervisor, SupervisorOptions, build_child_env
@@ -99,6 +99,7 @@ class Watch:
         self.failed = False  # a fatal error while serving; stop requested
         self.oom_recorded = False
         self.engine_phase = "starting"
+        self.reader = self.engine.log_reader(child_env(plan))  # the engine's records, in order, per start
         self.progress = live.Progress(plan.engine) if live.wanted() else None
         host, port = self.engine.health_address(plan.pinned)
         self.supervisor = Supervisor(
@@ -148,6 +149,7 @@ class Watch:
             self.kv, self.kv_accepted, self.healthy, self.ready = {}, False, False, False
             self.settled = self.failed = False
             self.engine_phase = "starting"
+            self.reader = self.engine.log_reader(child_env(self.plan))
 
     # ------------------------------------------------------------------ hooks
 
@@ -155,7 +157,8 @@ class Watch:
         self._sync()
         if self.settled and not self.ready:
             return
-        event = self.engine.parse_line(raw.decode("utf-8", errors="replace"))
+        # The rules read a bounded start of the line (the pass-through is whole): linear in any line.
+        event = self.reader.read(stream, raw[:MAX_RULE_BYTES].decode("utf-8", errors="replace"))
         if event is None:
             return
         if self.ready:

@@ -266,9 +266,19 @@ class Oracle:
             with self._cuda_view(case["cc"]):
                 self.CudaPlatform.check_if_supports_dtype.__func__(self.platform_cls, mc.dtype)
         elif group == "cpu-head":
+            # The kernel dispatch the first request meets: the ISA vLLM picks for the head size
+            # (v1/attention/backends/cpu_attn.py `_get_attn_isa`) and the C++ op that selects the
+            # compiled kernel (`torch.ops._C.get_scheduler_metadata`, csrc/cpu/cpu_attn.cpp), which
+            # raises "Unsupported CPU attention configuration: head_dim=N ..." for a size it lacks.
+            # (`CPUAttentionBackend.get_supported_head_sizes` is not what the engine enforces: 48 runs.)
+            import torch
+            from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
             head = mc.get_head_size()
-            if not self.CPUAttentionBackend.supports_head_size(head):
-                raise NotImplementedError(f"Unsupported CPU attention configuration: head_dim={head}")
+            isa = _get_attn_isa(torch.bfloat16, 128, head, None)
+            seq, starts = torch.tensor([8], dtype=torch.int32), torch.tensor([0, 8], dtype=torch.int32)
+            torch.ops._C.get_scheduler_metadata(1, 4, 2, head, seq, torch.bfloat16, starts, True, -1, isa, False,
+                                                None, "auto")
 
     @staticmethod
     def _ct_scheme(qc: Any) -> None:

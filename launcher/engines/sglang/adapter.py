@@ -14,7 +14,7 @@ from launcher.engines.sglang import architectures, logs, rules, runtime
 
 if TYPE_CHECKING:
     from launcher.common.errors import SafeServeError
-    from launcher.engines.events import EngineEvent
+    from launcher.engines.events import EngineEvent, LogReader
     from launcher.plan.types import PinnedValue, Plan, PlanRequest
 
 SPEC = EngineSpec(
@@ -58,6 +58,10 @@ class SglangAdapter(SpecAdapter):
     # watching
     def parse_line(self, line: str) -> EngineEvent | None:
         return logs.parse(line)
+
+    def log_reader(self, env: Mapping[str, str]) -> LogReader:
+        """A reader of one engine start's lines in order (traceback state per stream)."""
+        return logs.reader(env)
 
     def retuned_args(self, plan: Plan, args: Sequence[str], event: EngineEvent, *,
                      concurrency: int) -> list[str] | None:

@@ -22,6 +22,7 @@ from launcher.engines.sglang import budget as sb
 from launcher.engines.sglang import kv as sk
 from launcher.engines.sglang import rules as sr
 from launcher.engines.sglang.checks import start_checks
+from launcher.model.config import refuse_unsupported
 from launcher.model.gpu import GpuDevice
 from launcher.plan.budget import (
     not_modelled_warnings,
@@ -177,11 +178,13 @@ def _pool(request: PlanRequest, setup: _SglangSetup, budget: SglangBudget) -> tu
     tokens, pool_bytes = sb.pool_tokens(pre_load_bytes=budget.pre_load, after_load_bytes=budget.after_load,
                                         fraction_value=budget.fraction, cell_bytes=setup.cell, page_size=setup.page,
                                         max_total_tokens=max_total)
-    # The favourable end of the error band: our CUDA-context and loader estimates too high.
-    cal = request.calibration
+    # The favourable end of the error band: our CUDA-context and loader estimates too high, and on a
+    # catalog card (free = its CUDA total) the spread of the totals published for it.
+    cal, gpu = request.calibration, setup.gpu
+    context_error = sb.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0)
     overhead_error = 0 if cal and cal.load_overhead_bytes is not None else sb.LOAD_OVERHEAD_ERROR_BYTES
-    tokens_high, _ = sb.pool_tokens(pre_load_bytes=budget.pre_load + sb.CONTEXT_ERROR_BYTES,
-                                    after_load_bytes=budget.after_load + sb.CONTEXT_ERROR_BYTES + overhead_error,
+    tokens_high, _ = sb.pool_tokens(pre_load_bytes=budget.pre_load + context_error,
+                                    after_load_bytes=budget.after_load + context_error + overhead_error,
                                     fraction_value=budget.fraction, cell_bytes=setup.cell, page_size=setup.page,
                                     max_total_tokens=max_total)
     return tokens, tokens_high, pool_bytes
@@ -230,6 +233,7 @@ def plan(request: PlanRequest) -> Plan:
     request = request_with_cached_layers(request, sa.LAYER_PATTERNS)
     if request.device == "cpu":
         raise UsageError("SGLang on CPU is not planned yet: use --engine vllm --device cpu")
+    refuse_unsupported(request.model.geometry)  # SGLang's state pools are not sized yet; --trust-engine lets it decide
     setup = _sglang_setup(request)
     context, pre_load, weights, load_overhead, after_load = _baseline(request, setup)
     fraction = _fraction(request, setup, context, pre_load)

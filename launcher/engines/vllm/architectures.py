@@ -22,7 +22,8 @@ from typing import Any
 
 from launcher.engines.layers import LayerPattern
 from launcher.engines.layers import cached_layers as _bind
-from launcher.model.config import FULL, LINEAR, MLA, SLIDING, ModelGeometry
+from launcher.engines.vllm.hybrid import STATE_FAMILIES
+from launcher.model.config import FULL, LINEAR, MLA, NO_CACHE, SLIDING, ModelGeometry
 
 ENGINE_VERSION = "0.32.0"
 CHUNKED = "chunked"  # chunked local attention (Llama 4): ChunkedLocalAttentionSpec
@@ -54,6 +55,8 @@ REMOVED: Mapping[str, str] = {
     "JAISLMHeadModel": "0.22.0", "AquilaForCausalLM": "0.24.0", "AquilaModel": "0.24.0",
     "Grok1ForCausalLM": "0.24.0", "PersimmonForCausalLM": "0.25.0", "TeleChatForCausalLM": "0.25.0",
     "Plamo2ForCausalLM": "0.26.0", "Phi3SmallForCausalLM": "0.9.2",
+    "BambaForCausalLM": "0.23.0", "MiniMaxForCausalLM": "0.23.0", "MiniMaxText01ForCausalLM": "0.23.0",
+    "MiniMaxM1ForCausalLM": "0.23.0", "MiniMaxVL01ForConditionalGeneration": "0.23.0",
 }
 
 
@@ -106,11 +109,33 @@ class ArchitectureRow:
     engine: str = "vllm"
     engine_version: str = ENGINE_VERSION
 
+    @property
+    def switches(self) -> tuple[str, ...]:
+        """The layout switches (SWITCHES) this row is proven with: those its cases use, plus the
+        layer patterns a transformers config class turns into layer_types (PATTERN_SWITCHES)."""
+        return tuple(sorted(set(ROW_SWITCHES.get(self.architecture, ())) | set(PATTERN_SWITCHES.get(
+            self.architecture, ()))))
+
     def as_dict(self) -> dict[str, Any]:
         return {"architecture": self.architecture, "engine": self.engine, "engine_version": self.engine_version,
                 "vllm_model": self.vllm_model, "layers": self.layers, "heads": self.heads,
-                "kv_dtype_honoured": self.kv_dtype_honoured, "cases": list(self.cases)}
+                "kv_dtype_honoured": self.kv_dtype_honoured, "cases": list(self.cases),
+                "switches": list(self.switches)}
 
+
+# The switches each row's recorded runs use (tests/test_architectures.py recomputes them from the runs).
+ROW_SWITCHES: Mapping[str, tuple[str, ...]] = {
+    "MistralForCausalLM": ("sliding_window",), "Phi3ForCausalLM": ("sliding_window",),
+    "Starcoder2ForCausalLM": ("sliding_window",), "Gemma2ForCausalLM": ("layer_types",),
+    "Gemma3ForCausalLM": ("layer_types",), "Cohere2ForCausalLM": ("layer_types",), "Olmo3ForCausalLM": ("layer_types",),
+    "Exaone4ForCausalLM": ("layer_types",), "GptOssForCausalLM": ("layer_types",),
+    "Llama4ForCausalLM": ("attention_chunk_size",),
+}
+# A pattern the transformers config class turns into the layer_types vLLM reads (Gemma3TextConfig,
+# Cohere2Config, Olmo3Config: `(i + 1) % pattern`), the same rule launcher/model/config.py applies.
+PATTERN_SWITCHES: Mapping[str, tuple[str, ...]] = {
+    "Gemma3ForCausalLM": ("sliding_window_pattern",), "Cohere2ForCausalLM": ("sliding_window_pattern",),
+}
 
 _GQA = "num_key_value_heads (else num_attention_heads); head_dim (else hidden_size // heads)"
 _PLAIN = "every layer full attention"
@@ -225,6 +250,12 @@ VERIFIED: tuple[ArchitectureRow, ...] = (
                     "even layers slide with sliding_window (layer_types ignored), odd layers full", _GQA, True,
                     ("gpt_oss-base", "gpt_oss-mml8192")),
 )
+# Hybrid / state-space families served by the CPU engine at two settings (launcher.engines.vllm.hybrid):
+# their attention layers are plain GQA, their state layers sized as the table there says.
+VERIFIED += tuple(
+    ArchitectureRow(family.architecture, family.vllm_model, f"{family.mixer} state: {family.layers}",
+                    f"attention {_GQA}; state {family.shape}", True, family.cases)
+    for family in STATE_FAMILIES.values() if family.cases and family.cpu_failure is None)
 _BY_NAME: Mapping[str, ArchitectureRow] = {row.architecture: row for row in VERIFIED}
 
 
@@ -243,16 +274,58 @@ def architecture_status(geometry: ModelGeometry) -> tuple[bool, str]:
     The note is one line for the plan notes and JSON. Unverified architectures are planned
     with the generic rules; their KV figure may be wrong and deserves a wide uncertainty band.
     """
+    geometry = cached_layers(geometry)
     arch = geometry.architecture
     if arch in REMOVED:
         return False, (f"vLLM {ENGINE_VERSION} does not serve {arch} any more (removed in {REMOVED[arch]}): "
                        "the engine will refuse it at start")
     row = _BY_NAME.get(arch)
+    family = STATE_FAMILIES.get(arch)
+    if row is None and family is not None and family.golden:
+        return True, (f"verified architecture {arch}: its per-request state equals vLLM {ENGINE_VERSION}'s own "
+                      "classmethods (golden file tests/data/vllm_hybrid_golden.json, no CPU engine run serves it); "
+                      f"page unification and groups as proven on the CPU engine for the other hybrids "
+                      f"({family.vllm_model})")
     if row is None:
         return False, (f"unverified architecture {arch}: its KV layout in vLLM {ENGINE_VERSION} was not checked "
                        "against the engine; the KV figure may be wrong")
+    unproven = sorted(config_switches(geometry) - set(row.switches))
+    if unproven:
+        return False, (f"unverified for this config: {arch} is verified on {len(row.cases)} engine runs, but not "
+                       f"with {', '.join(unproven)} (this config turns it on); the KV figure may be wrong")
     return True, (f"verified architecture {arch}: KV layout equals vLLM {ENGINE_VERSION} on "
                   f"{len(row.cases)} recorded engine runs ({row.vllm_model})")
+
+
+# --------------------------------------------------------------------------- config switches
+
+# Switches a config can turn that change the layout vLLM builds. A row is verified only for the
+# switches its recorded engine runs used (`ArchitectureRow.switches`, checked against the runs by
+# tests/test_architectures.py); a config using another one is planned unverified, with the wide band.
+# Rope scaling changes the length, not the layout: its rules are proven for every architecture by
+# the engine's own length check (tests/data/vllm_checks_oracle.json, group "length").
+SWITCHES = ("use_sliding_window", "sliding_window", "layer_types", "sliding_window_pattern",
+            "attention_chunk_size", "kv_sharing", "per_layer_head_sizes")
+GLOBAL_SWITCHES = ("rope_scaling",)
+
+
+def config_switches(geometry: ModelGeometry) -> frozenset[str]:
+    """The layout switches this config turns (see SWITCHES)."""
+    geometry = cached_layers(geometry)
+    text = geometry.text_config
+    sliding = SLIDING in geometry.layer_kinds
+    on = {
+        "use_sliding_window": text.get("use_sliding_window") is True,
+        "sliding_window": sliding and not isinstance(text.get("layer_types"), list)
+        and text.get("use_sliding_window") is not True,
+        "layer_types": sliding and isinstance(text.get("layer_types"), list),
+        "sliding_window_pattern": sliding and text.get("sliding_window_pattern") is not None
+        and not isinstance(text.get("layer_types"), list),
+        "attention_chunk_size": bool(text.get("attention_chunk_size")),
+        "kv_sharing": isinstance(text.get("num_kv_shared_layers"), int) and text.get("num_kv_shared_layers", 0) > 0,
+        "per_layer_head_sizes": bool(text.get("per_layer_config") or text.get("global_head_dim")),
+    }
+    return frozenset(name for name, value in on.items() if value)
 
 
 # --------------------------------------------------------------------------- per-layer specs
@@ -273,23 +346,34 @@ def vllm_layer_specs(geometry: ModelGeometry) -> tuple[LayerSpec | None, ...]:
     kinds = geometry.layer_kinds
     if geometry.mla is not None and uses_mla(geometry):
         latent = LayerSpec(MLA, 1, geometry.mla.latent_dim, 0)
-        return tuple(None if kind == LINEAR else latent for kind in kinds)
+        return tuple(None if kind in (LINEAR, NO_CACHE) else latent for kind in kinds)
 
     heads, head = geometry.num_kv_heads, geometry.head_dim
     if model_type == "minicpm3" and geometry.mla is not None:
         # models/minicpm3.py:126-133: Attention(num_local_heads, qk_nope + qk_rope, num_kv_heads=num_local_heads).
         heads = geometry.num_attention_heads
         head = geometry.mla.qk_nope_head_dim + geometry.mla.qk_rope_head_dim
+    if model_type == "zamba2":
+        # models/zamba2.py:146-199: Attention(num_attention_heads, attention_head_dim), no KV-head grouping.
+        heads = geometry.num_attention_heads
+        attn_hidden = text.get("attention_hidden_size") or 2 * geometry.hidden_size  # Zamba2Config default
+        head = int(text.get("attention_head_dim") or attn_hidden // heads)
     # models/falcon.py:164-181 build Attention without cache_config: the cache stays "auto".
     honoured = model_type not in ("falcon", "RefinedWeb", "RefinedWebModel")
     window = geometry.sliding_window
     if model_type == "cohere2" and window is not None:
         window += 1  # models/commandr.py:237-244: the layer sees sliding_window + 1 tokens
 
+    shared_from = _first_kv_shared_layer(text, model_type, len(kinds))
     specs: list[LayerSpec | None] = []
     for i, kind in enumerate(kinds):
-        if kind == LINEAR:
-            specs.append(None)
+        if kind in (LINEAR, NO_CACHE) or i >= shared_from:
+            specs.append(None)  # no cache, a state instead, or the KV of an earlier layer (KV sharing)
+            continue
+        if model_type in ("gemma4", "gemma4_text"):
+            layer_heads, layer_head = _gemma4_layer(text, i, heads, head)
+            specs.append(LayerSpec(kind, layer_heads, layer_head, layer_head,
+                                   window if kind == SLIDING else None, honoured))
             continue
         if model_type == "gpt_oss":
             # models/gpt_oss.py:176: even layers slide, whatever layer_types says.
@@ -303,6 +387,33 @@ def vllm_layer_specs(geometry: ModelGeometry) -> tuple[LayerSpec | None, ...]:
         else:
             specs.append(LayerSpec(FULL, heads, head, head, None, honoured))
     return tuple(specs)
+
+
+def _first_kv_shared_layer(text: Mapping[str, Any], model_type: str, num_layers: int) -> int:
+    """Gemma 3n / Gemma 4: the last num_kv_shared_layers reuse an earlier layer's KV and cache nothing
+    (models/gemma3n.py:311-399, models/gemma4.py:403-495: kv_sharing_target_layer_name)."""
+    shared = text.get("num_kv_shared_layers")
+    if model_type in ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text") and isinstance(shared, int) \
+            and not isinstance(shared, bool) and 0 < shared < num_layers:
+        return num_layers - shared
+    return num_layers
+
+
+def _gemma4_layer(text: Mapping[str, Any], layer: int, heads: int, head: int) -> tuple[int, int]:
+    """(KV heads, head size) of one Gemma 4 layer: `per_layer_config` (Gemma4TextConfig.__post_init__
+    gives full-attention layers global_head_dim, default 512, and num_global_key_value_heads unless
+    attention_k_eq_v is false); vLLM builds each layer from it (models/gemma4.py:576-593)."""
+    per_layer = text.get("per_layer_config")
+    if isinstance(per_layer, Mapping):
+        entry = next((v for k, v in per_layer.items() if str(k).lstrip("0") == str(layer).lstrip("0")), None)
+        if isinstance(entry, Mapping):
+            return int(entry.get("num_key_value_heads") or heads), int(entry.get("head_dim") or head)
+        return heads, head
+    layer_types = text.get("layer_types")
+    if not isinstance(layer_types, list) or layer >= len(layer_types) or layer_types[layer] != "full_attention":
+        return heads, head
+    global_heads = text.get("num_global_key_value_heads") if text.get("attention_k_eq_v", True) else None
+    return int(global_heads or heads), int(text.get("global_head_dim") or 512)
 
 
 def _chunk(text: Mapping[str, Any]) -> int | None:
@@ -355,5 +466,13 @@ def cpu_unservable(geometry: ModelGeometry, *, kv_dtype_bytes: int, cpu_amx: boo
 
 def proof_summary() -> tuple[str, list[tuple[str, str]]]:
     """(how they were proven, [(architecture, its proof)]) for `safe-serve models --architectures`."""
-    return (f"vLLM {ENGINE_VERSION}: verified on the real engine (tests/data/vllm_cpu_truth.json)",
-            [(row.architecture, f"{len(row.cases)} engine runs, {row.vllm_model}") for row in verified_architectures()])
+    listed = [(row.architecture, f"engine run: {len(row.cases)} settings; switches: "
+                                 f"{', '.join(row.switches) or 'none'}; {row.vllm_model}")
+              for row in verified_architectures()]
+    for family in STATE_FAMILIES.values():
+        if family.golden:
+            cpu = f"refused, {family.cpu_failure}" if family.cpu_failure else "cannot load it without torchvision"
+            listed.append((family.architecture, "engine-code golden file (the model class's own state "
+                           f"classmethods); CPU engine: {cpu}; {family.vllm_model}"))
+    return (f"vLLM {ENGINE_VERSION}: verified on the real engine (tests/data/vllm_cpu_truth.json) or by its own "
+            "code (tests/data/vllm_hybrid_golden.json)", sorted(listed))

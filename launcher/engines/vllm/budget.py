@@ -41,13 +41,16 @@ CUDAGRAPH_BASE_BYTES = 256 * MiB
 CUDAGRAPH_PER_LAYER_BYTES = int(13.5 * MiB)
 
 
-# Expected errors of the estimates above (+/-), from the published logs behind each.
-# CUDA total where neither the catalog nor NVML's v2 reserve knows it: NVML total - 2 %
-# with published totals 1.1-2.9 % below NVML, so +/- 0.9 % of the NVML total.
-CUDA_TOTAL_ERROR_FRACTION = 0.009
+# Expected errors of the estimates above (+/-), from the published logs behind each. The CUDA
+# total's own error is the GPU's (`GpuDevice.usable_total_error_bytes`, launcher/model/gpu.py).
 NON_TORCH_ERROR_BYTES = 256 * MiB  # logs: 0.03-0.43 GiB against 0.16/0.39 GiB estimates
 CONTEXT_ERROR_BYTES = 128 * MiB  # CUDA context + torch before the snapshot: 0.45-0.62 GiB seen
 CUDAGRAPH_ERROR_FRACTION = 0.5  # vLLM measures its graphs when profiling; ours is a fit on few logs
+# ... and at least the farthest the formula is from what capture took in the published logs
+# ("Graph capturing finished ... took X GiB"): -0.18 to +1.27 GiB over the ten published captures
+# (vLLM 0.11-0.19), MoE models farthest (gpt-oss-20b 1.84 GiB for 0.57 estimated); the formula is
+# low on all eight vLLM 0.19 H100 sweep logs. tests/test_cudagraph_term.py.
+CUDAGRAPH_ERROR_FLOOR_BYTES = int(1.27 * GiB)
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,11 @@ def cudagraph_estimate_bytes(kv_layers_on_rank: int) -> int:
     return CUDAGRAPH_BASE_BYTES + CUDAGRAPH_PER_LAYER_BYTES * kv_layers_on_rank
 
 
+def cudagraph_error_bytes(estimate: int) -> int:
+    """+/- on the CUDA-graph estimate (0 when none is subtracted)."""
+    return max(int(estimate * CUDAGRAPH_ERROR_FRACTION), CUDAGRAPH_ERROR_FLOOR_BYTES) if estimate else 0
+
+
 def context_bytes(tp: int, pp: int) -> int:
     """Memory a worker holds before vLLM's init snapshot (outside the budget)."""
     return CUDA_CONTEXT_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
@@ -247,3 +255,59 @@ def utilization_for(room_bytes: int, cuda_total_bytes: int) -> float:
     while u > 0 and requested_bytes(cuda_total_bytes, u) > room_bytes:
         u = round(u - 0.0001, 4)
     return u
+
+
+# --------------------------------------------------------------------------- weights as loaded
+#
+# gpt-oss's MXFP4 experts on Hopper run the Triton kernels (the 0.19 logs: "Using 'TRITON' Mxfp4
+# MoE backend"), whose weights are swizzled after loading (vllm/model_executor/layers/fused_moe/
+# oracle/mxfp4.py:728-744 in 0.19.0, quantization/mxfp4.py:403-418 in 0.10.1): the values are
+# re-laid out with padding, the biases become fp32, and the block scales are copied into a padded
+# swizzled layout while, before 0.25, the loaded scales are kept too ("del layer.w13_weight_scale"
+# first appears in 0.25.0). vLLM's "Model loading took" - the weights its KV budget subtracts -
+# counts all of it: 13.64 GiB for gpt-oss-20b's 12.82 GiB checkpoint on vLLM 0.19 (this rule: 13.60).
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def mxfp4_repack_extra_bytes(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
+                             compute_capability: tuple[int, int] | None) -> tuple[int, str]:
+    """Bytes per rank the Triton MXFP4 experts hold beyond the checkpoint's share, and the rule."""
+    method = (geometry.quantization.method if geometry.quantization else "") or ""
+    if "mxfp4" not in method.lower() or not geometry.num_experts or compute_capability is None \
+            or compute_capability[0] != 9:
+        return 0, ""
+    experts, hidden = geometry.num_experts, geometry.hidden_size
+    moe = geometry.text_config.get("moe_intermediate_size") or geometry.intermediate_size
+    if not isinstance(moe, int) or moe <= 0:
+        return 0, ""
+    # The expert tensors are created with the intermediate size per rank rounded up to 64
+    # (mxfp4_round_up_hidden_size_and_intermediate_size, the Triton branch).
+    share = moe // max(tp, 1)
+    inter = _round_up(share, 64)
+    old_layout = _version(version) < (0, 22)  # third_party/triton_kernels hopper_value.py: pad to 64
+    scales_kept = _version(version) < (0, 25)
+
+    def values(rows: int, cols: int) -> int:  # u8 [rows, cols] after the transpose the swizzle takes
+        if old_layout:
+            return _round_up(rows, 64) * _round_up(cols, 64)
+        return _round_up(cols, 16) * _round_up(rows, 32)  # mT, then packs of 16 and 32 (0.22+)
+
+    loaded_values = values(hidden // 2, 2 * inter) + values(inter // 2, hidden)
+    checkpoint_values = (2 * share * hidden // 2) + (hidden * share // 2)
+    # Scales swizzled for Hopper (hopper_scale.py: rows padded to 2 x 8 warps x 2 x 8 = 256).
+    swizzled_scales = _round_up(2 * inter, 256) * (hidden // 32) + _round_up(hidden, 256) * _round_up(inter // 32, 2)
+    checkpoint_scales = 2 * share * (hidden // 32) + hidden * (share // 32)
+    loaded = loaded_values + swizzled_scales + (checkpoint_scales if scales_kept else 0) + 4 * (2 * inter + hidden)
+    checkpoint = checkpoint_values + checkpoint_scales + 2 * (2 * share + hidden)
+    layers = -(-geometry.num_layers // max(pp, 1))
+    extra = max(loaded - checkpoint, 0) * experts * layers
+    rule = ("MXFP4 experts swizzled for Hopper's Triton kernels: padded values and scales, fp32 biases"
+            + (", loaded scales kept (before 0.25)" if scales_kept else ""))
+    return extra, rule

@@ -34,7 +34,9 @@ from typing import Any
 
 from launcher.common.units import cdiv
 from launcher.engines.dtypes import auto_kv_bytes, kv_element_bytes
+from launcher.engines.vllm import hybrid
 from launcher.engines.vllm.architectures import CHUNKED, LayerSpec, cached_layers, uses_mla, vllm_layer_specs
+from launcher.engines.vllm.hybrid import MAMBA
 from launcher.engines.vllm.rules import VllmRules
 from launcher.model.config import FULL, MLA, SLIDING, ModelGeometry, kv_heads_per_rank
 from launcher.plan.search import largest_length
@@ -51,6 +53,7 @@ class KvGroup:
     num_layers: int  # real layers in this group (padding excluded)
     sliding_window: int | None = None  # the window (SLIDING) or the chunk (CHUNKED)
     block_size: int | None = None  # tokens per block when page unification changed it
+    fixed_blocks: int | None = None  # state layers (MAMBA): blocks a request holds whatever its length
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,9 @@ class KvLayout:
         total = 0
         for group in self.groups:
             block = group.block_size or self.block_size
-            if group.kind == SLIDING and group.sliding_window is not None:
+            if group.fixed_blocks is not None:
+                total += group.fixed_blocks
+            elif group.kind == SLIDING and group.sliding_window is not None:
                 held = min(group.sliding_window - 1 + in_flight_tokens, max_model_len)
                 total += cdiv(held, block) + 1
             elif group.kind == CHUNKED and group.sliding_window is not None:
@@ -86,6 +91,15 @@ class KvLayout:
             else:
                 total += cdiv(max_model_len, block)
         return total
+
+
+@dataclass(frozen=True)
+class StateCache:
+    """State layers (Mamba / GDN / short conv) in the KV pool: one page each, padded to the attention page."""
+
+    layers: int
+    page_bytes: int  # the padded page (the attention page), or the state itself when nothing attends
+    blocks_per_request: int  # 'align': 2 (+1 Mamba-2 checkpoint); otherwise 1
 
 
 @dataclass(frozen=True)
@@ -141,6 +155,7 @@ def kv_layout(
     pp: int = 1,
     hybrid_manager: bool = True,
     auto_dtype_bytes: int = 2,
+    state: StateCache | None = None,
 ) -> KvLayout:
     """Group the KV layers of one rank the way vLLM's KV cache manager does.
 
@@ -149,6 +164,11 @@ def kv_layout(
     the engine uses the smallest block count, so the stage with the largest block wins.
     """
     specs = vllm_layer_specs(geometry)
+    if state is not None:
+        # Hybrid and state-space models: the platform already raised the block (hybrid.py), the
+        # state layers join the same pool with their page padded to the attention page.
+        return _layout_for_specs(list(specs), block_size=block_size, kv_dtype_bytes=kv_dtype_bytes,
+                                 auto_dtype_bytes=auto_dtype_bytes, tp=tp, hybrid_manager=hybrid_manager, state=state)
     if pp > 1:
         stages = [
             _layout_for_specs([specs[i] for i in layers], block_size=block_size, kv_dtype_bytes=kv_dtype_bytes,
@@ -170,10 +190,13 @@ class _Layer:
 
 
 def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtype_bytes: int,
-                      auto_dtype_bytes: int, tp: int, hybrid_manager: bool) -> KvLayout:
+                      auto_dtype_bytes: int, tp: int, hybrid_manager: bool,
+                      state: StateCache | None = None) -> KvLayout:
     layers = [_Layer(s.kind, s.window, (s.num_kv_heads, s.head_size, s.head_size_v, s.kv_dtype_honoured),
                      block_size, _page(s, block_size, kv_dtype_bytes, auto_dtype_bytes, tp))
               for s in specs if s is not None]
+    if state is not None:
+        layers += [_Layer(MAMBA, None, (0, 0, 0, False), block_size, state.page_bytes)] * state.layers
     if not layers:  # attention-free: no KV cache at all
         return KvLayout(block_size=block_size, page_bytes=0, group_size=0, groups=(), kv_dtype_bytes=kv_dtype_bytes)
     kinds = {layer.kind for layer in layers}
@@ -182,10 +205,13 @@ def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtyp
         # --disable-hybrid-kv-cache-manager: local layers allocate like full attention.
         layers = [_Layer(FULL, None, layer.shape, layer.block, layer.page) if layer.kind in local else layer
                   for layer in layers]
+    fixed = state.blocks_per_request if state is not None else None
     if len({(la.kind, la.window, la.shape, la.page) for la in layers}) == 1:
         first = layers[0]
         return KvLayout(block_size=block_size, page_bytes=first.page, group_size=len(layers),
-                        groups=(KvGroup(first.kind, len(layers), first.window),), kv_dtype_bytes=kv_dtype_bytes)
+                        groups=(KvGroup(first.kind, len(layers), first.window,
+                                        fixed_blocks=fixed if first.kind == MAMBA else None),),
+                        kv_dtype_bytes=kv_dtype_bytes)
     if _one_type(layers):
         # UniformTypeKVCacheSpecs: one block table, one block spans every layer's own page.
         first = layers[0]
@@ -196,7 +222,8 @@ def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtyp
     largest_page = max(la.page for la in layers)
     layers = [la if la.page == largest_page else
               _Layer(la.kind, la.window, la.shape,
-                     la.block * (largest_page // la.page) if largest_page % la.page == 0 else la.block, largest_page)
+                     la.block * (largest_page // la.page) if largest_page % la.page == 0 and la.kind != MAMBA
+                     else la.block, largest_page)  # a state page is padded, never re-blocked
               for la in layers]
     buckets: dict[tuple[str, int | None, tuple[int, int, int, bool], int], int] = {}
     for la in layers:
@@ -209,7 +236,8 @@ def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtyp
         num_groups = cdiv(count, group_size)
         for i in range(num_groups):
             members = len(range(i, count, num_groups))  # layers[i::num_groups]
-            groups.append(KvGroup(kind, members, window, block if block != block_size else None))
+            groups.append(KvGroup(kind, members, window, block if block != block_size else None,
+                                  fixed_blocks=fixed if kind == MAMBA else None))
     return KvLayout(block_size=block_size, page_bytes=largest_page, group_size=group_size,
                     groups=tuple(groups), kv_dtype_bytes=kv_dtype_bytes)
 
@@ -327,3 +355,53 @@ def in_flight_tokens(*, batched_tokens: int, device: str, pp: int) -> int:
     """
     batches = 2 if device != "cpu" and pp <= 1 else max(pp, 1)
     return batches * batched_tokens
+
+
+# --------------------------------------------------------------------------- hybrid and state-space models
+
+
+@dataclass(frozen=True)
+class HybridSetup:
+    """A hybrid / state-space model's cache as vLLM sets it up (launcher.engines.vllm.hybrid)."""
+
+    layout: KvLayout
+    block: int
+    block_reason: str
+    notes: tuple[str, ...]
+
+
+# The smallest kernel block of the attention backend (`get_supported_kernel_block_sizes`):
+# CPU_ATTN MultipleOf(32) (v1/attention/backends/cpu_attn.py), FlashAttention / FlashInfer 16.
+_KERNEL_BLOCK = {"cpu": 32, "cuda": 16}
+
+
+def hybrid_layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, model_dtype_bytes: int, tp: int,
+                      device: str, pinned: Mapping[str, Any]) -> HybridSetup | None:
+    """The layout of a model with state layers, after the platform's page unification; None without them."""
+    layers = hybrid.state_layers(geometry, tp=tp)
+    if layers is None:
+        return None
+    dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=model_dtype_bytes, device=device, pinned=pinned)
+    state_bytes = layers.shape.bytes(dtypes.conv_bytes, dtypes.ssm_bytes)
+    mode = hybrid.mamba_cache_mode(pinned, attention_free=layers.attention_free)
+    per_request = hybrid.blocks_per_request(layers, mode)
+    notes = [f"{layers.count} state layers ({layers.family.mixer}) of {state_bytes:,} B each on a rank "
+             f"({dtypes.reason}); mamba cache mode '{mode}': {per_request} state block(s) per request"]
+    reason = "pinned --block-size" if pinned.get("--block-size") else "the backend's block"
+    if layers.attention_free:
+        page = state_bytes
+    else:
+        # The platform sizes the attention page from the model-level heads (`get_num_kv_heads`,
+        # `get_head_size`); the layers' own pages are unified afterwards (Zamba2's differ).
+        per_token = 2 * kv_heads_per_rank(geometry.num_kv_heads, tp) * geometry.head_dim * kv_bytes
+        raised = hybrid.aligned_block_size(block=block, attention_bytes_per_token=per_token, state_bytes=state_bytes,
+                                           kernel_block=_KERNEL_BLOCK.get(device, 16))
+        if raised != block:
+            reason = (f"raised from {block} so that one attention page ({per_token} B/token) holds a state of "
+                      f"{state_bytes:,} B (platforms/interface.py:1094-1100)")
+            notes.append(f"vLLM sets the attention block size to {raised} tokens for the state pages")
+        block, page = raised, raised * per_token
+    state = StateCache(layers=layers.count, page_bytes=page, blocks_per_request=per_request)
+    layout = kv_layout(geometry, block_size=block, kv_dtype_bytes=kv_bytes, tp=tp, state=state,
+                       hybrid_manager=not pinned.get("--disable-hybrid-kv-cache-manager", False))
+    return HybridSetup(layout, block, reason, tuple(notes))

@@ -1,60 +1,136 @@
-"""vLLM's startup log lines and fatal errors (0.32 formats, older variants tolerated).
+"""vLLM's log lines as its own records: startup figures, fatal start errors, crashes while serving.
 
-Match message substrings, never the `(EngineCore pid=N) INFO ...` prefix (older releases
-had none). Verbatim formats: vllm-memory.md §1 and §8, from vLLM 0.32.0's source.
+vLLM's logger format (vllm/logger.py:28 in 0.33.0, :22 in 0.19.0)::
+
+    {VLLM_LOGGING_PREFIX}(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s
+        [%(fileinfo)s:%(lineno)d] %(message)s          (one line)
+
+with ``datefmt="%m-%d %H:%M:%S"``. Before 0.32 the ``(Name pid=N) `` part is written by the
+stream wrapper of child processes (so raw child output carries it too) and the API server's
+records may have none. A multi-line message repeats the header on every line, after ``\\r\\n``
+(logging_utils/formatter.py:74, ``NewLineFormatter``); ``logger.exception`` therefore puts the
+header on every traceback line, at ERROR. With forced colour (``ColoredFormatter``) the header
+carries SGR codes, which the reader drops. uvicorn's own lines read ``INFO:     message``.
+
+Each rule's pattern is matched at the start of a record's message (events.LineRule); fatal and
+crash rules need an ERROR/CRITICAL record or a traceback's last line, and name the exception
+types vLLM raises them with. Request logs (entrypoints/serve/utils/request_logger.py:65 in
+0.32: ``Received request %s: params: %s``, prompts at DEBUG with ``%r``) are INFO/DEBUG records
+whose messages start with their own words, so the prompts they quote never match.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
-from launcher.engines.events import EngineEvent, LineRule, number, parse_line
+from launcher.engines.events import (
+    REQUEST_ERROR,
+    TRACEBACK,
+    WEB,
+    EngineEvent,
+    HeaderParser,
+    LineRule,
+    LogReader,
+    number,
+)
+
+_HEADER = re.compile(
+    r"(?:\([A-Za-z_][\w.:-]{0,63} pid=\d{1,10}\) )?"  # the process, when vLLM names it
+    r"(?:(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{1,6})? \[([^\]\s]{1,255}:\d{1,7})\] )?")
+_UVICORN = re.compile(r"(TRACE|DEBUG|INFO|WARNING|ERROR|CRITICAL):\s{1,16}")  # uvicorn/logging.py's levelprefix
+_TORCH_OOM = frozenset({"OutOfMemoryError", "RuntimeError"})  # torch.OutOfMemoryError, torch.cuda.OutOfMemoryError
 
 RULES = (
-    LineRule("kv", re.compile(r"([A-Z]+)(?: \+ host)? KV cache size: ([\d,]+) tokens"
-                              r"(?:, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x)?"),
+    # v1/core/kv_cache_utils.py:1148 (0.33.0); "GPU KV cache size: %s tokens" at :1319 (0.19.0)
+    LineRule("kv", re.compile(r"([A-Z]{1,16})(?: \+ host)? KV cache size: ([\d,]{1,32}) tokens"
+                              r"(?:, Maximum concurrency for ([\d,]{1,32}) tokens per request: ([\d.]{1,32})x)?"),
              lambda m: {"device": m.group(1), "tokens": int(number(m.group(2))),
                         "max_model_len": int(number(m.group(3))) if m.group(3) else None,
                         "concurrency": float(m.group(4)) if m.group(4) else None}),
-    LineRule("available_kv", re.compile(r"Available KV cache memory: (-?[\d.]+) GiB"),
+    # v1/worker/gpu_worker.py:773
+    LineRule("available_kv", re.compile(r"Available KV cache memory: (-?[\d.]{1,32}) GiB"),
              lambda m: {"gib": float(m.group(1))}),
-    LineRule("weights", re.compile(r"(?:Model loading|Loading model weights) took (-?[\d.]+) (?:GiB|GB)"),
-             lambda m: {"gib": float(m.group(1))}),
-    LineRule("fatal:startup_free", re.compile(
-        r"Free memory on device(?: \S+)? \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory "
-        r"utilization \(([\d.]+), ([\d.]+) GiB\)"),
-        lambda m: {"free_gib": float(m.group(1)), "total_gib": float(m.group(2)), "utilization": float(m.group(3))}),
+    LineRule("weights", re.compile(r"(?:Model loading|Loading model weights) took (-?[\d.]{1,32}) (?:GiB|GB)"),
+             lambda m: {"gib": float(m.group(1))}),  # v1/worker/gpu_model_runner.py:5089
+    LineRule("fatal:startup_free", re.compile(  # v1/worker/utils.py:763 (0.33.0), ValueError
+        r"Free memory on device(?: [^\s(]{1,64})? \(([\d.]{1,32})/([\d.]{1,32}) GiB\) on startup is less than desired "
+        r"GPU memory utilization \(([\d.]{1,32}), ([\d.]{1,32}) GiB\)"),
+        lambda m: {"free_gib": float(m.group(1)), "total_gib": float(m.group(2)), "utilization": float(m.group(3))},
+        raised=frozenset({"ValueError"})),
+    # v1/core/kv_cache_planning.py:78 (0.33.0), v1/core/kv_cache_utils.py:645 (0.19.0)
     LineRule("fatal:kv_too_small", re.compile(
-        r"max seq len \((\d+)\), \((-?[\d.]+) GiB KV cache is needed, which is larger than the available KV cache "
-        r"memory \((-?[\d.]+) GiB\)\."
-        r"(?: Based on the available memory, the estimated maximum model length is (\d+)\.)?"),
+        r"To serve at least one request with the models?'s max seq len \((\d{1,12})\), \((-?[\d.]{1,32}) GiB KV "
+        r"cache is needed, which is larger than the available KV cache memory \((-?[\d.]{1,32}) GiB\)\."
+        r"(?: Based on the available memory, the estimated maximum model length is (\d{1,12})\.)?"),
         lambda m: {"max_model_len": int(m.group(1)), "available_gib": float(m.group(3)),
-                   "estimated_max_model_len": int(m.group(4)) if m.group(4) else None}),
-    LineRule("fatal:kv_too_small_v0", re.compile(
-        r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)"),
-        lambda m: {"max_model_len": int(m.group(1)), "estimated_max_model_len": int(m.group(2))}),
-    LineRule("fatal:no_kv_memory", re.compile(r"No available memory for the cache blocks"), lambda m: {}),
-    LineRule("fatal:autofit", re.compile(r"Cannot auto-fit max_model_len"), lambda m: {}),
-    LineRule("fatal:cuda_oom", re.compile(r"CUDA out of memory|CUDA error: out of memory"), lambda m: {}),
-    LineRule("fatal:cpu_node_memory", re.compile(
-        r"Available memory on node \d+ \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired CPU memory"),
-        lambda m: {"free_gib": float(m.group(1)), "total_gib": float(m.group(2))}),
-    LineRule("ready", re.compile(r"Application startup complete\.|Starting vLLM (?:API )?server"), lambda m: {}),
-    # While serving (vLLM 0.32.0): the engine core's loop died (v1/engine/core.py:1512, :2663),
-    # the API server's EngineDeadError (v1/engine/exceptions.py:16) and its output handler
-    # (v1/engine/async_llm.py:906); NCCL (distributed/device_communicators/pynccl_wrapper.py:448,
-    # torch's ProcessGroupNCCL says "NCCL error in: ..."). vLLM then exits, often with code 0.
+                   "estimated_max_model_len": int(m.group(4)) if m.group(4) else None},
+        raised=frozenset({"ValueError"})),
+    LineRule("fatal:kv_too_small_v0", re.compile(  # V0 (before 0.10): vllm/worker/worker.py raise_if_cache_size_invalid
+        r"The model's max seq len \((\d{1,12})\) is larger than the maximum number of tokens that can be stored in "
+        r"KV cache \((\d{1,12})\)"),
+        lambda m: {"max_model_len": int(m.group(1)), "estimated_max_model_len": int(m.group(2))},
+        raised=frozenset({"ValueError"})),
+    LineRule("fatal:no_kv_memory", re.compile(r"No available memory for the cache blocks"), lambda m: {},
+             raised=frozenset({"ValueError"})),  # v1/core/kv_cache_planning.py:58
+    LineRule("fatal:autofit", re.compile(r"Cannot auto-fit max_model_len"), lambda m: {},
+             raised=frozenset({"ValueError"})),  # v1/core/kv_cache_planning.py:1382
+    LineRule("fatal:cuda_oom", re.compile(r"CUDA out of memory|CUDA error: out of memory"), lambda m: {},
+             raised=_TORCH_OOM, logged=False),  # torch's own exceptions, never a message vLLM logs
+    LineRule("fatal:cpu_node_memory", re.compile(  # v1/worker/cpu_worker.py:243 (0.33.0), ValueError
+        r"Available memory on node \d{1,4} \(([\d.]{1,32})/([\d.]{1,32}) GiB\) on startup is less than desired CPU "
+        r"memory"),
+        lambda m: {"free_gib": float(m.group(1)), "total_gib": float(m.group(2))},
+        raised=frozenset({"ValueError"})),
+    # uvicorn's "Application startup complete."; entrypoints/launchers/api_server/entry.py:139 (0.33.0)
+    LineRule("ready", re.compile(r"Application startup complete\.|Starting vLLM (?:API )?server"), lambda m: {},
+             web=True),
+    # While serving: the engine core's loop died (v1/engine/core.py:1586, :2806 in 0.33.0), the API
+    # server's EngineDeadError (v1/engine/exceptions.py:20) and its output handler
+    # (v1/engine/async_llm.py:943); NCCL (distributed/device_communicators/pynccl_wrapper.py:464,
+    # torch's DistBackendError says "NCCL error in: ..."). vLLM then exits, often with code 0.
     LineRule("crash:engine_core", re.compile(r"EngineCore encountered a fatal error\."), lambda m: {}),
     LineRule("crash:engine_dead", re.compile(
-        r"EngineDeadError|EngineCore encountered an issue\. See stack trace \(above\) for the root cause\."),
-        lambda m: {}),
+        r"EngineCore encountered an issue\. See stack trace \(above\) for the root cause\."), lambda m: {},
+        raised=frozenset({"EngineDeadError"}), logged=False),
     LineRule("crash:output_handler", re.compile(r"AsyncLLM output_handler failed\."), lambda m: {}),
-    LineRule("crash:nccl", re.compile(r"NCCL error"), lambda m: {}),
+    LineRule("crash:nccl", re.compile(r"NCCL error"), lambda m: {},
+             raised=frozenset({"RuntimeError", "DistBackendError"}), logged=False),
 )
 PREFILTER = ("KV cache", "took", "Free memory on device", "max seq len", "No available memory", "auto-fit",
              "out of memory", "Available memory on node", "Application startup complete", "Starting vLLM",
-             "EngineCore encountered", "EngineDeadError", "output_handler failed", "NCCL error")
+             "EngineCore encountered", "output_handler failed", "NCCL error", TRACEBACK, REQUEST_ERROR)
+
+
+# The request logger's records quote prompts, parameters and outputs: no rule reads them
+# (entrypoints/serve/utils/request_logger.py in 0.32+, entrypoints/logger.py before; a multi-line
+# record repeats its header, so even a raw newline in a prompt stays inside such records).
+QUOTING_SOURCES = frozenset({"request_logger.py", "logger.py"})
+
+
+def header_parser(prefix: str = "") -> HeaderParser:
+    """Split a line into (source, level, message) by vLLM's format; ``prefix`` is VLLM_LOGGING_PREFIX."""
+
+    def header(line: str) -> tuple[str, str | None, str]:
+        if prefix and line.startswith(prefix):
+            line = line[len(prefix):]
+        match = _HEADER.match(line)
+        assert match is not None  # every part is optional
+        if match.group(1):
+            return match.group(2), match.group(1), line[match.end():]
+        if match.end() == 0 and (web := _UVICORN.match(line)) is not None:
+            return WEB, web.group(1), line[web.end():]
+        return "", None, line[match.end():]  # raw output, maybe a child's "(Name pid=N) " in front
+
+    return header
+
+
+def reader(env: Mapping[str, str] | None = None) -> LogReader:
+    """A reader for one engine start; ``env`` is the engine's environment (its logging prefix)."""
+    prefix = (env or {}).get("VLLM_LOGGING_PREFIX", "")
+    return LogReader(RULES, PREFILTER, header_parser(prefix), quoting=QUOTING_SOURCES)
 
 
 def parse(line: str) -> EngineEvent | None:
-    return parse_line(RULES, PREFILTER, line)
+    """One line on its own (no traceback before it): the event its rule gives, or None."""
+    return reader().read("stdout", line)

@@ -14,15 +14,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.common.errors import SafeServeError, UsageError, WontFit
+from launcher.common.errors import SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.common.units import GiB, MiB, format_gib
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
+from launcher.engines.versions import version_key
 from launcher.engines.vllm import budget as vb
+from launcher.engines.vllm import hybrid
 from launcher.engines.vllm import kv as vk
 from launcher.engines.vllm import rules as vr
-from launcher.engines.vllm.architectures import LAYER_PATTERNS, architecture_status, cpu_unservable, uses_mla
+from launcher.engines.vllm.architectures import LAYER_PATTERNS, REMOVED, architecture_status, cpu_unservable, uses_mla
 from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
 from launcher.model.config import SLIDING, ModelGeometry
@@ -39,6 +41,7 @@ from launcher.plan.search import largest_length
 from launcher.plan.types import (
     CALIBRATED,
     CATALOG,
+    COMPUTED,
     ENGINE_DEFAULT,
     FORMULA,
     MEASURED,
@@ -78,6 +81,7 @@ class _VllmSetup:
     layout: KvLayout
     model_max_len: int
     model_max_len_reason: str
+    state_notes: tuple[str, ...] = ()
 
 
 def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None,
@@ -108,9 +112,36 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
                                         kv_cache_dtype=pinned.get("--kv-cache-dtype"))
     if request.device == "cpu":
         _refuse_cpu_combinations(request, geometry, block, kv_bytes, rules, pinned.get("--block-size"))
+    refuse_unsized_state(geometry, pp, rules.version)
+    model_bytes = vk.kv_dtype_bytes(None, dtype)[0]
+    state = vk.hybrid_layout_for(geometry, block=block, kv_bytes=kv_bytes, model_dtype_bytes=model_bytes, tp=tp,
+                                 device=request.device, pinned=pinned)
+    if state is not None:
+        return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, state.block,
+                          state.block_reason, state.layout, max_len, max_len_reason, state.notes)
     layout = vk.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
                       layout, max_len, max_len_reason)
+
+
+def refuse_unsized_state(geometry: ModelGeometry, pp: int, version: str) -> None:
+    """Hybrid models whose per-request state vLLM's table here does not size: refused, not guessed."""
+    if not geometry.has_linear_layers and hybrid.family_of(geometry) is None:
+        return
+    linear = hybrid.state_layer_count(geometry)
+    if geometry.architecture in REMOVED and version_key(version) >= version_key(REMOVED[geometry.architecture]):
+        raise WontFit(f"vLLM {version} no longer serves {geometry.architecture} (removed in "
+                      f"{REMOVED[geometry.architecture]}, model_executor/models/registry.py "
+                      "_PREVIOUSLY_SUPPORTED_MODELS): the engine refuses it at start",
+                      hint="use a vLLM release before the removal", rule="removed-architecture")
+    if hybrid.family_of(geometry) is None or pp > 1:
+        why = hybrid.UNSIZED.get(geometry.architecture, "safe-serve does not size that state yet")
+        if pp > 1:
+            why = "safe-serve does not size a state model's cache per pipeline stage yet"
+        raise UnsupportedModel(
+            f"{geometry.architecture} is a hybrid model ({linear} of {geometry.num_layers} layers keep a "
+            f"linear-attention/Mamba state per request); {why}",
+            hint="pin --kv-cache-memory-bytes, or pass --trust-engine")
 
 
 def refuse_what_vllm_refuses(rules: tuple[EngineRule, ...]) -> None:
@@ -135,6 +166,9 @@ def _refuse_cpu_combinations(request: PlanRequest, geometry: ModelGeometry, bloc
     unservable = cpu_unservable(geometry, kv_dtype_bytes=kv_bytes, cpu_amx=amx)  # MLA kernel limits
     if unservable:
         raise WontFit(unservable[0], hint=unservable[1], rule="cpu-kernel")
+    state_failure = hybrid.cpu_failure(geometry)  # state kernels: tests/data/vllm_cpu_truth.json
+    if state_failure:
+        raise WontFit(state_failure, hint="serve it on a GPU", rule="cpu-kernel")
     multiple = rules.cpu_block_multiple
     if block % multiple and not uses_mla(geometry) and SLIDING not in geometry.layer_kinds:
         raise WontFit(f"--block-size {block}: vLLM's CPU attention needs a multiple of {multiple} and stops after "
@@ -269,7 +303,7 @@ class VllmBudget:
     activation: int  # the profile run's peak plus the V2 runner's persistent state
     cudagraph: int
     kv: int
-    kv_error: int  # +/- on kv: the sum of the estimated terms' errors
+    kv_error: int  # +/- on kv: the sum of the estimated budget terms' errors (the layout does not enter)
 
 
 @dataclass(frozen=True)
@@ -285,6 +319,8 @@ class _Sizing:
     free_at_init: int
     requested: int
     weights: int
+    repack: int  # MXFP4 experts as loaded, beyond the checkpoint's share (in weights)
+    repack_rule: str
     non_torch: int
     non_torch_error: int
     cudagraph: int
@@ -330,15 +366,20 @@ class _Sizing:
     def available_error(self, length: int) -> int:
         """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
         return int(math.ceil(self.total_error * self.utilization) + self.non_torch_error
-                   + self.peak_at(length)[2].error_bytes + int(self.cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
+                   + self.peak_at(length)[2].error_bytes + vb.cudagraph_error_bytes(self.cudagraph))
 
-    def kv_error_at(self, length: int) -> int:
-        """+/- on the KV figure (0 when no term is estimated: pinned or calibrated)."""
+    def bytes_error_at(self, length: int) -> int:
+        """+/- on the KV bytes vLLM reports: the sum of the estimated budget terms' errors (0 when none
+        is estimated: pinned or calibrated). The KV layout does not enter: vLLM's figure is requested - non-KV."""
         if self.pinned_kv_bytes is not None or self.blocks_override is not None or self.calibrated_non_kv is not None:
             return 0
-        # An architecture whose layout is not proven: its bytes per token may be off as a whole.
+        return self.available_error(length)
+
+    def kv_error_at(self, length: int) -> int:
+        """+/- on what the KV bytes hold, in bytes of a proven layout: the budget's error, and for an
+        architecture whose layout is not proven a third of the bytes (its bytes per token may be off)."""
         unverified = 0 if self.verified else int(max(self.kv_at(length), 0) * UNVERIFIED_KV_ERROR_FRACTION)
-        return unverified + self.available_error(length)
+        return self.bytes_error_at(length) + unverified
 
     def capacity_for(self, length: int, kv_bytes: int) -> KvCapacity:
         batched = self.peak_at(length)[0]
@@ -355,7 +396,7 @@ class _Sizing:
     def budget_at(self, length: int) -> VllmBudget:
         return VllmBudget(total=self.total, requested=self.requested, weights=self.weights,
                           non_torch=self.non_torch, activation=self.activation_at(length),
-                          cudagraph=self.cudagraph, kv=self.kv_at(length), kv_error=self.kv_error_at(length))
+                          cudagraph=self.cudagraph, kv=self.kv_at(length), kv_error=self.bytes_error_at(length))
 
 
 def _batch_defaults(setup: _VllmSetup, gpu: GpuDevice) -> vb.BatchDefaults:
@@ -452,14 +493,17 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
         setup.layout.group_size * len(setup.layout.groups))
     cal = request.calibration
+    repack, repack_rule = vb.mxfp4_repack_extra_bytes(request.model.geometry, version=rules.version, tp=tp, pp=pp,
+                                                      compute_capability=gpu.compute_capability)
     return _Sizing(
         setup=setup, geometry=request.model.geometry, gpu_name=gpu.name, defaults=defaults, utilization=utilization,
         total=gpu.usable_total_bytes, free_at_init=(gpu.free_bytes or 0) - context,
         requested=vb.requested_bytes(gpu.usable_total_bytes, utilization),
-        weights=max(request.model.weight_bytes // (tp * pp) - offloaded, 0),
+        # vLLM's "Model loading took": the weights as its kernels hold them.
+        weights=max(request.model.weight_bytes // (tp * pp) - offloaded, 0) + repack, repack=repack,
+        repack_rule=repack_rule,
         non_torch=non_torch, non_torch_error=non_torch_error, cudagraph=cudagraph,
-        total_error=0 if gpu.cuda_total_bytes is not None or gpu.reserved_bytes else int(
-            gpu.total_bytes * vb.CUDA_TOTAL_ERROR_FRACTION),
+        total_error=gpu.usable_total_error_bytes,  # the spread of published totals, or of NVML's reserve
         verified=verified, calibrated_non_kv=cal.non_kv_bytes if cal is not None else None,
         pinned_kv_bytes=pinned.get("--kv-cache-memory-bytes"), blocks_override=pinned.get("--num-gpu-blocks-override"))
 
@@ -491,6 +535,9 @@ def plan_gpu(request: PlanRequest) -> Plan:
                                 doubt, "--kv-cache-memory-bytes" if sizing.pinned_kv_bytes is not None
                                 else "--num-gpu-blocks-override")
     budget = sizing.budget_at(length)
+    if not verified:
+        warnings.append(f"KV tokens +/- {UNVERIFIED_KV_ERROR_FRACTION:.0%} (the layout is not proven); the KV bytes "
+                        f"{format_gib(budget.kv)} +/- {format_gib(budget.kv_error)} do not depend on it")
     knob = (MemoryKnob("--kv-cache-memory-bytes", int(sizing.pinned_kv_bytes), "bytes",
                        f"--kv-cache-memory-bytes {format_gib(int(sizing.pinned_kv_bytes))} (pinned; utilization "
                        "ignored)", "pinned --kv-cache-memory-bytes")
@@ -535,6 +582,7 @@ def _gpu_args(pinned: Mapping[str, Any], utilization: float, length: int) -> lis
 
 def _gpu_notes(setup: _VllmSetup, cal: Calibration | None) -> list[str]:
     notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
+    notes += setup.state_notes
     if cal is not None and cal.non_kv_bytes is not None:
         notes.append(f"non-KV memory from an earlier start of the same configuration ({cal.key})")
     if setup.layout.padding_layers:
@@ -555,9 +603,12 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
                    "before vLLM's init snapshot; only tightens the startup check", bar="other"),
         BudgetItem("requested", f"requested = ceil(total x {utilization.value:g})", budget.requested,
                    utilization.source, utilization.detail),
-        BudgetItem("weights", "weights (per rank)", budget.weights, weights_source(model),
+        BudgetItem("weights", "weights (per rank)", budget.weights,
+                   COMPUTED if sizing.repack else weights_source(model),
                    model.weight_bytes_source + (f" / {setup.tp * setup.pp} ranks" if setup.tp * setup.pp > 1 else "")
-                   + _offload_detail(setup), bar="weights"),
+                   + _offload_detail(setup)
+                   + (f", + {format_gib(sizing.repack)} as loaded ({sizing.repack_rule})" if sizing.repack else ""),
+                   bar="weights"),
         _non_torch_item(sizing),
         _activation_item(sizing, length),
         _cudagraph_item(sizing),
@@ -578,9 +629,12 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
 
 def _total_item(gpu: GpuDevice, total: int, error: int) -> BudgetItem:
     return BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
-                      "cudaMemGetInfo total" + (" (catalog)" if gpu.cuda_total_bytes else
+                      "cudaMemGetInfo total" + (" (catalog: published totals for this card)"
+                                                if gpu.cuda_total_bytes and gpu.source == "catalog" else
+                                                "" if gpu.cuda_total_bytes else
                                                 " = NVML total - driver reserve" if gpu.reserved_bytes else
-                                                " ~ NVML total - 2 % (not measured for this GPU)"),
+                                                " ~ NVML total - the typical driver reserve (not measured for this "
+                                                "GPU)"),
                       error_bytes=error)
 
 
@@ -615,7 +669,7 @@ def _cudagraph_item(sizing: _Sizing) -> BudgetItem:
                       (f"not subtracted by vLLM {rules.version} (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off)"
                        if not cudagraph else
                        f"{vb.CUDAGRAPH_BASE_BYTES // MiB} MiB + {vb.CUDAGRAPH_PER_LAYER_BYTES / MiB:.1f} MiB x layers"),
-                      bar="graphs", error_bytes=int(cudagraph * vb.CUDAGRAPH_ERROR_FRACTION))
+                      bar="graphs", error_bytes=vb.cudagraph_error_bytes(cudagraph))
 
 
 def _kv_item(sizing: _Sizing, kv: int, capacity: KvCapacity) -> BudgetItem:
@@ -723,6 +777,7 @@ def plan_cpu(request: PlanRequest) -> Plan:
                    "host RAM not planned for", bar="free"),
     )
     notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.block_reason) if n]
+    notes += setup.state_notes
     verified, architecture_note = architecture_status(model.geometry)
     knob = (MemoryKnob("VLLM_CPU_KVCACHE_SPACE", space.gib, "GiB", f"VLLM_CPU_KVCACHE_SPACE={space.gib}",
                        space.detail) if space.gib is not None else

@@ -154,6 +154,10 @@ FLAGS = (
     FlagSpec("--host", str),
     FlagSpec("--cpu-offload-gb", float),
     FlagSpec("--no-enable-chunked-prefill", None),
+    FlagSpec("--no-enable-prefix-caching", None),
+    FlagSpec("--mamba-cache-mode", str),
+    FlagSpec("--mamba-cache-dtype", str),
+    FlagSpec("--mamba-ssm-cache-dtype", str),
     FlagSpec("--performance-mode", str),
     # Read only to say that the plan does not count what they add (NOT_MODELLED).
     FlagSpec("--speculative-config", str),

@@ -1,0 +1,332 @@
+"""The per-request state of vLLM 0.32's hybrid and state-space models, as the engine sizes it.
+
+A Mamba / GDN / short-conv layer keeps one fixed-size state per request beside (or instead of)
+the KV cache. vLLM puts these states in the same block pool as the KV cache:
+
+- the state of one layer: `MambaSpec.page_size_bytes`, the shapes and dtypes the model class
+  returns from `get_mamba_state_shape_from_config` / `get_mamba_state_dtype_from_config`
+  (model_executor/layers/mamba/mamba_utils.py `MambaStateShapeCalculator`, `MambaStateDtypeCalculator`);
+- the SSM state dtype: `--mamba-ssm-cache-dtype`, else the family's own reset
+  (NemotronH: the config's `mamba_ssm_cache_dtype` or float32, model_executor/models/config.py:713-732;
+  Qwen3.5: the config's `mamba_ssm_dtype`, :856-876), else the conv state's dtype; on a CPU with
+  AVX512-BF16 the engine resets it to float32 unless fp16/bf16 was asked for (platforms/cpu.py:301-320);
+- page unification: the attention block grows until one attention page holds a state
+  (`Platform._align_hybrid_block_size`, platforms/interface.py:939-1125):
+  `block = align * cdiv(state, align * attention bytes per token)`, `align = max(kernel block, block)`;
+  the state page is then padded to the attention page;
+- the mamba cache mode (`MambaModelConfig.verify_and_update_config`, models/config.py:672-710): 'align'
+  with prefix caching (the default), 'none' without; attention-free models run without prefix caching;
+- blocks a request holds (`MambaSpec.max_memory_usage_bytes`, v1/kv_cache_interface.py:1076-1082):
+  in 'align' 2 states, plus 1 prefill checkpoint for the Mamba-2 mixer (mamba_mixer2.py:1098-1108);
+  otherwise 1. `max_num_seqs` does not reserve state slots in 0.32: states come from the shared pool.
+
+`state_layers` returns the state layers of a model (None for a model without them); `STATE_FAMILIES`
+is the table `safe-serve models --architectures` lists. Paths cited are in the vLLM 0.32.0 package.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.common.errors import ModelConfigError
+from launcher.common.units import cdiv
+from launcher.model.config import FULL, LINEAR, ModelGeometry
+
+MAMBA = "mamba"  # a KV-cache group of state layers (MambaSpec)
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "fp16": 2, "fp32": 4}
+_CPU_GDN_HEAD_DIMS_FAILING = (32,)  # seen: "Unexpected head dim size, 32" on the first request
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """One layer's state: the tensors and which of them is the SSM / recurrent state."""
+
+    conv: tuple[int, ...]  # conv state (state_len, dim), dtype --mamba-cache-dtype
+    ssm: tuple[int, ...] | None  # temporal / recurrent state, dtype --mamba-ssm-cache-dtype; None: short conv
+
+    def bytes(self, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
+        ssm = math.prod(self.ssm) * ssm_dtype_bytes if self.ssm is not None else 0
+        return math.prod(self.conv) * conv_dtype_bytes + ssm
+
+
+@dataclass(frozen=True)
+class StateFamily:
+    """One architecture's state layers in vLLM 0.32 (a row of `safe-serve models --architectures`)."""
+
+    architecture: str
+    vllm_model: str  # where the model computes its state shape
+    mixer: str  # mamba1, mamba2, gdn, short_conv
+    layers: str  # which decoder layers keep a state, which attend
+    shape: str  # the formula, as the model class writes it
+    cases: tuple[str, ...] = ()  # ids in tests/data/vllm_cpu_truth.json
+    golden: bool = False  # proven from the engine's classmethods (tests/data/vllm_hybrid_golden.json)
+    cpu_failure: str | None = None  # the CPU engine sizes it and then fails the first request
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"architecture": self.architecture, "vllm_model": self.vllm_model, "mixer": self.mixer,
+                "layers": self.layers, "shape": self.shape, "cases": list(self.cases), "golden": self.golden,
+                "cpu_failure": self.cpu_failure}
+
+
+@dataclass(frozen=True)
+class StateLayers:
+    """The state layers of one model on one rank."""
+
+    family: StateFamily
+    count: int  # state layers (Falcon-H1: every layer, beside its attention)
+    shape: StateShape
+    attention_free: bool
+
+    @property
+    def checkpoint_blocks(self) -> int:
+        """Mamba-2 mixers keep one prefill checkpoint block in 'align' mode (mamba_mixer2.py:1098-1108)."""
+        return 1 if self.family.mixer == "mamba2" else 0
+
+
+def _i(text: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = text.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+        if default is not None and value is None:
+            return default
+        raise ModelConfigError(f"config.json: '{key}' must be a whole number (it sizes the per-request "
+                               f"state), not {str(value)[:40]}")
+    return int(value)
+
+
+def _shards(n: int, tp: int) -> int:
+    return max(1, n // tp)
+
+
+def _mamba2(text: Mapping[str, Any], tp: int, *, inter: int, groups: str, heads: str, head: str, state: str,
+            conv: str) -> StateShape:
+    """`mamba2_state_shape` (mamba_utils.py:195-220): groups are padded to a multiple of TP."""
+    n_groups = _i(text, groups)
+    if n_groups % tp:
+        n_groups = n_groups + tp - n_groups  # extra_groups_for_head_shards
+    d_state = _i(text, state)
+    conv_dim = inter + 2 * n_groups * d_state
+    return StateShape((_i(text, conv) - 1, conv_dim // tp), (_shards(_i(text, heads), tp), _i(text, head), d_state))
+
+
+def _mamba1(text: Mapping[str, Any], tp: int, *, inter: int, state: str, conv: str) -> StateShape:
+    """`mamba1_state_shape` (mamba_utils.py:180-192)."""
+    return StateShape((_i(text, conv) - 1, inter // tp), (inter // tp, _i(text, state)))
+
+
+def _gdn(text: Mapping[str, Any], tp: int) -> StateShape:
+    """`gated_delta_net_state_shape` (mamba_utils.py:280-301)."""
+    nk, nv = _i(text, "linear_num_key_heads"), _i(text, "linear_num_value_heads")
+    dk, dv = _i(text, "linear_key_head_dim"), _i(text, "linear_value_head_dim")
+    conv_dim = dk * nk * 2 + dv * nv
+    return StateShape((_i(text, "linear_conv_kernel_dim") - 1, conv_dim // tp), (_shards(nv, tp), dv, dk))
+
+
+def _short_conv(text: Mapping[str, Any], tp: int, width_key: str) -> StateShape:
+    """`short_conv_state_shape` (mamba_utils.py:257-266)."""
+    return StateShape((_i(text, "conv_L_cache") - 1, _i(text, width_key) // tp), None)
+
+
+def _nemotron_h(text: Mapping[str, Any], tp: int) -> StateShape:
+    inter = _i(text, "mamba_num_heads") * _i(text, "mamba_head_dim")
+    return _mamba2(text, tp, inter=inter, groups="n_groups", heads="mamba_num_heads", head="mamba_head_dim",
+                   state="ssm_state_size", conv="conv_kernel")
+
+
+def _granite(text: Mapping[str, Any], tp: int) -> StateShape:
+    inter = _i(text, "mamba_expand", 2) * _i(text, "hidden_size")
+    head = text.get("mamba_d_head")
+    fixed = dict(text)
+    if head in (None, "auto"):  # GraniteMoeHybridConfig: intermediate // heads
+        fixed["mamba_d_head"] = inter // _i(text, "mamba_n_heads")
+    return _mamba2(fixed, tp, inter=inter, groups="mamba_n_groups", heads="mamba_n_heads", head="mamba_d_head",
+                   state="mamba_d_state", conv="mamba_d_conv")
+
+
+def _falcon_h1(text: Mapping[str, Any], tp: int) -> StateShape:
+    d_ssm = text.get("mamba_d_ssm")
+    inter = _i(text, "mamba_d_ssm") if d_ssm is not None else int(text.get("mamba_expand", 2) * _i(text, "hidden_size"))
+    return _mamba2(text, tp, inter=inter, groups="mamba_n_groups", heads="mamba_n_heads", head="mamba_d_head",
+                   state="mamba_d_state", conv="mamba_d_conv")
+
+
+def _zamba2(text: Mapping[str, Any], tp: int) -> StateShape:
+    inter = _i(text, "mamba_expand", 2) * _i(text, "hidden_size")
+    return _mamba2(text, tp, inter=inter, groups="mamba_ngroups", heads="n_mamba_heads", head="mamba_headdim",
+                   state="mamba_d_state", conv="mamba_d_conv")
+
+
+def _pure_mamba2(text: Mapping[str, Any], tp: int) -> StateShape:
+    inter = _i(text, "expand", 2) * _i(text, "hidden_size")
+    return _mamba2(text, tp, inter=inter, groups="n_groups", heads="num_heads", head="head_dim",
+                   state="state_size", conv="conv_kernel")
+
+
+_GDN_LAYERS = "layer_types 'linear_attention' keep a GDN state, 'full_attention' attend"
+_SHAPE_GDN = "conv (k-1, (2 nk dk + nv dv)/tp); ssm (nv/tp, dv, dk)"
+_SHAPE_M2 = "conv (k-1, (inter + 2 groups state)/tp); ssm (heads/tp, head_dim, state)"
+_SHAPE_M1 = "conv (k-1, inter/tp); ssm (inter/tp, state)"
+_MAMBA1_CPU = ("the CPU engine sizes Mamba-1 layers and then fails the first request "
+               "('IndexError: Dimension out of range (expected to be in range of [-2, 1], but got 2)')")
+
+# (family row, shape of one state layer)
+_FAMILIES: tuple[tuple[StateFamily, Callable[[Mapping[str, Any], int], StateShape]], ...] = (
+    (StateFamily("Qwen3NextForCausalLM", "models/qwen3_next.py get_mamba_state_shape_from_config", "gdn",
+                 _GDN_LAYERS + " (else every full_attention_interval-th layer, default 4)", _SHAPE_GDN,
+                 ("qwen3_next-base", "qwen3_next-noprefix")), _gdn),
+    (StateFamily("Qwen3_5ForCausalLM", "models/qwen3_5.py get_mamba_state_shape_from_config", "gdn",
+                 _GDN_LAYERS + "; ssm dtype from mamba_ssm_dtype", _SHAPE_GDN, golden=True), _gdn),
+    (StateFamily("Qwen3_5MoeForCausalLM", "models/qwen3_5.py (Qwen3_5MoeForCausalLM)", "gdn",
+                 _GDN_LAYERS + "; ssm dtype from mamba_ssm_dtype", _SHAPE_GDN), _gdn),
+    # The VL wrappers: their text state equals the golden file too, but the vision encoder's share
+    # of the profile run is not sized here, so the wrapper stays unverified.
+    (StateFamily("Qwen3_5ForConditionalGeneration", "models/qwen3_5.py (text_config)", "gdn",
+                 _GDN_LAYERS + " (text_config); ssm dtype from mamba_ssm_dtype", _SHAPE_GDN), _gdn),
+    (StateFamily("Qwen3_5MoeForConditionalGeneration", "models/qwen3_5.py (text_config)", "gdn",
+                 _GDN_LAYERS + " (text_config); ssm dtype from mamba_ssm_dtype", _SHAPE_GDN), _gdn),
+    (StateFamily("OlmoHybridForCausalLM", "models/olmo_hybrid.py get_mamba_state_shape_from_config", "gdn",
+                 _GDN_LAYERS, _SHAPE_GDN), _gdn),
+    (StateFamily("NemotronHForCausalLM", "models/nemotron_h.py:795-822", "mamba2",
+                 "hybrid_override_pattern 'M' Mamba-2, '*' attention, '-'/'E' MLP/MoE (no cache); ssm dtype "
+                 "mamba_ssm_cache_dtype or float32", "inter = mamba_num_heads x mamba_head_dim; " + _SHAPE_M2,
+                 ("nemotron_h-base", "nemotron_h-noprefix")), _nemotron_h),
+    (StateFamily("GraniteMoeHybridForCausalLM", "models/granitemoehybrid.py:630-647", "mamba2",
+                 "layer_types 'mamba' Mamba-2, 'attention' attend", "inter = mamba_expand x hidden; " + _SHAPE_M2,
+                 ("granitemoehybrid-base", "granitemoehybrid-noprefix")), _granite),
+    (StateFamily("FalconH1ForCausalLM", "models/falcon_h1.py:551-573", "mamba2",
+                 "every layer attends and keeps a Mamba-2 state (parallel hybrid)",
+                 "inter = mamba_d_ssm (else mamba_expand x hidden); " + _SHAPE_M2,
+                 ("falcon_h1-base", "falcon_h1-noprefix")), _falcon_h1),
+    (StateFamily("Zamba2ForCausalLM", "models/zamba2.py:883-901", "mamba2",
+                 "every layer keeps a Mamba-2 state; 'hybrid' layers also attend (shared block, own KV cache)",
+                 "inter = mamba_expand x hidden; " + _SHAPE_M2, ("zamba2-base", "zamba2-noprefix")), _zamba2),
+    (StateFamily("Mamba2ForCausalLM", "models/mamba2.py:198-215", "mamba2", "every layer Mamba-2, no attention",
+                 "inter = expand x hidden; " + _SHAPE_M2, ("mamba2-base", "mamba2-noprefix")), _pure_mamba2),
+    (StateFamily("MambaForCausalLM", "models/mamba.py:234-246", "mamba1", "every layer Mamba-1, no attention",
+                 _SHAPE_M1, ("mamba-base", "mamba-noprefix"), golden=True, cpu_failure=_MAMBA1_CPU),
+     lambda t, tp: _mamba1(t, tp, inter=_i(t, "intermediate_size"), state="state_size", conv="conv_kernel")),
+    (StateFamily("FalconMambaForCausalLM", "models/mamba.py (MambaForCausalLM)", "mamba1",
+                 "every layer Mamba-1, no attention", _SHAPE_M1, cpu_failure=_MAMBA1_CPU),
+     lambda t, tp: _mamba1(t, tp, inter=_i(t, "intermediate_size"), state="state_size", conv="conv_kernel")),
+    (StateFamily("JambaForCausalLM", "models/jamba.py:472-485", "mamba1",
+                 "attention where layer % attn_layer_period == attn_layer_offset, else Mamba-1",
+                 "inter = mamba_expand x hidden; " + _SHAPE_M1, ("jamba-base",), golden=True,
+                 cpu_failure=_MAMBA1_CPU),
+     lambda t, tp: _mamba1(t, tp, inter=_i(t, "mamba_expand", 2) * _i(t, "hidden_size"), state="mamba_d_state",
+                           conv="mamba_d_conv")),
+    (StateFamily("Lfm2ForCausalLM", "models/lfm2.py:441-452", "short_conv",
+                 "layer_types 'conv' keep a short-conv state, 'full_attention' attend", "conv (L_cache-1, conv_dim/tp)",
+                 ("lfm2-base", "lfm2-noprefix")), lambda t, tp: _short_conv(t, tp, "conv_dim")),
+    (StateFamily("Lfm2MoeForCausalLM", "models/lfm2_moe.py:556-567", "short_conv",
+                 "layer_types 'conv' keep a short-conv state, 'full_attention' attend",
+                 "conv (L_cache-1, hidden/tp)"), lambda t, tp: _short_conv(t, tp, "hidden_size")),
+)
+STATE_FAMILIES: Mapping[str, StateFamily] = {family.architecture: family for family, _ in _FAMILIES}
+_SHAPES: Mapping[str, Callable[[Mapping[str, Any], int], StateShape]] = {f.architecture: s for f, s in _FAMILIES}
+# Hybrid classes whose state safe-serve does not size (refused with this reason).
+UNSIZED: Mapping[str, str] = {
+    "KimiLinearForCausalLM": "Kimi-Linear's KDA state beside MLA (vllm/models/kimi_k3) is not sized by safe-serve yet",
+}
+
+
+def family_of(geometry: ModelGeometry) -> StateFamily | None:
+    return STATE_FAMILIES.get(geometry.architecture)
+
+
+def state_layer_count(geometry: ModelGeometry) -> int:
+    """Decoder layers that keep a state: LINEAR layers, or every layer for the parallel hybrids."""
+    if geometry.architecture in ("FalconH1ForCausalLM", "Zamba2ForCausalLM"):
+        return geometry.num_layers
+    return sum(1 for kind in geometry.layer_kinds if kind == LINEAR)
+
+
+def state_layers(geometry: ModelGeometry, *, tp: int = 1) -> StateLayers | None:
+    """The state layers of this model on one rank, or None (no state, or a family not in the table)."""
+    family = STATE_FAMILIES.get(geometry.architecture)
+    if family is None:
+        return None
+    count = state_layer_count(geometry)
+    if count == 0:
+        return None
+    shape = _SHAPES[family.architecture](geometry.text_config, tp)
+    attention_free = all(kind == LINEAR for kind in geometry.layer_kinds) and family.architecture not in (
+        "FalconH1ForCausalLM", "Zamba2ForCausalLM")
+    return StateLayers(family, count, shape, attention_free)
+
+
+@dataclass(frozen=True)
+class StateDtypes:
+    conv_bytes: int
+    ssm_bytes: int
+    reason: str
+
+
+def state_dtypes(geometry: ModelGeometry, *, model_dtype_bytes: int, device: str,
+                 pinned: Mapping[str, Any]) -> StateDtypes:
+    """Conv and SSM state dtypes as the engine resets them (see the module docstring)."""
+    conv_flag = pinned.get("--mamba-cache-dtype")
+    conv = _DTYPE_BYTES.get(str(conv_flag), model_dtype_bytes) if conv_flag not in (None, "auto") else model_dtype_bytes
+    ssm_flag = pinned.get("--mamba-ssm-cache-dtype")
+    text = geometry.text_config
+    if ssm_flag not in (None, "auto"):
+        name, reason = str(ssm_flag), "pinned --mamba-ssm-cache-dtype"
+    elif geometry.model_type == "nemotron_h":
+        name = str(text.get("mamba_ssm_cache_dtype") or "float32")
+        reason = "NemotronH: config mamba_ssm_cache_dtype, else float32 (models/config.py:713-732)"
+    elif isinstance(text.get("mamba_ssm_dtype"), str) and geometry.model_type.startswith("qwen3_5"):
+        name, reason = str(text["mamba_ssm_dtype"]), "Qwen3.5: config mamba_ssm_dtype (models/config.py:856-876)"
+    else:
+        name, reason = "auto", "the conv state's dtype (mamba_ssm_cache_dtype auto)"
+    if device == "cpu" and name not in ("float16", "bfloat16"):
+        # platforms/cpu.py:301-320 (AVX512-BF16 hosts, the engine's accelerated state kernels).
+        name, reason = "float32", "reset to float32 by vLLM's CPU backend (platforms/cpu.py:301-320)"
+    ssm = conv if name == "auto" else _DTYPE_BYTES.get(name, 4)
+    return StateDtypes(conv, ssm, reason)
+
+
+def mamba_cache_mode(pinned: Mapping[str, Any], *, attention_free: bool) -> str:
+    """'align' with prefix caching (vLLM's default), 'none' without (models/config.py:684-710)."""
+    if attention_free or pinned.get("--no-enable-prefix-caching"):
+        return "none"
+    asked = pinned.get("--mamba-cache-mode")
+    return str(asked) if asked not in (None, "none") else "align"
+
+
+def blocks_per_request(layers: StateLayers, mode: str) -> int:
+    """`MambaSpec.max_memory_usage_bytes` / page (v1/kv_cache_interface.py:1076-1082)."""
+    return 2 + layers.checkpoint_blocks if mode == "align" else 1
+
+
+def aligned_block_size(*, block: int, attention_bytes_per_token: int, state_bytes: int,
+                       kernel_block: int) -> int:
+    """`_align_hybrid_block_size`: the smallest aligned block whose attention page holds one state."""
+    if attention_bytes_per_token <= 0 or state_bytes <= 0:
+        return block
+    align = max(kernel_block, block)
+    needed = align * cdiv(state_bytes, align * attention_bytes_per_token)
+    needed = kernel_block * cdiv(needed, kernel_block)
+    return max(block, needed)
+
+
+def cpu_failure(geometry: ModelGeometry) -> str | None:
+    """Why the CPU engine sizes this model's state and then fails the first request, if it does."""
+    family = family_of(geometry)
+    if family is None:
+        return None
+    if family.cpu_failure:
+        return family.cpu_failure
+    if family.mixer == "gdn":
+        text = geometry.text_config
+        for key in ("linear_key_head_dim", "linear_value_head_dim"):
+            if text.get(key) in _CPU_GDN_HEAD_DIMS_FAILING:
+                return (f"vLLM's CPU GDN kernel fails the first request for {key} {text.get(key)} "
+                        f"('Unexpected head dim size, {text.get(key)}'); 128 serves")
+    return None
+
+
+__all__ = ["FULL", "MAMBA", "STATE_FAMILIES", "StateDtypes", "StateFamily", "StateLayers", "StateShape", "UNSIZED",
+           "aligned_block_size", "blocks_per_request", "cpu_failure", "family_of", "mamba_cache_mode",
+           "state_dtypes", "state_layer_count", "state_layers"]

@@ -1,0 +1,183 @@
+"""Hybrid and state-space models planned as vLLM 0.32 sizes them (launcher/engines/vllm/hybrid.py).
+
+Two kinds of proof, both recorded as data so these tests run in a second:
+- the real CPU engine (tests/data/vllm_cpu_truth.json, tiny random checkpoints from
+  tests/tinymodels.py): every served family's printed tokens and concurrency equal the plan at
+  two settings (prefix caching on: mamba cache mode 'align'; off: 'none'); what the engine sizes
+  and then fails is refused before launch with the engine's reason;
+- the engine's own classmethods (tests/data/vllm_hybrid_golden.json, built by
+  tests/oracles/vllm_hybrid_oracle.py): the state each request holds, per family, TP and SSM
+  dtype, for the real configs in tests/data/configs/ and the tiny ones, including the families the
+  CPU engine cannot run (Qwen3.5 needs torchvision, Mamba-1 / Jamba fail their first request).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.common.errors import UnsupportedModel, WontFit
+from launcher.common.units import GiB
+from launcher.engines.vllm import hybrid
+from launcher.engines.vllm.architectures import architecture_status
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.config import FULL, LINEAR, NO_CACHE, geometry_from_config
+from launcher.model.gpu import HostMemory
+from launcher.model.resolve import ResolvedModel
+from launcher.plan.planner import make_plan
+from launcher.plan.types import PlanRequest
+
+DATA = Path(__file__).parent / "data"
+TRUTH = json.loads((DATA / "vllm_cpu_truth.json").read_text())
+BY_ID = {c["id"]: c for c in TRUTH["cases"]}
+GOLDEN = json.loads((DATA / "vllm_hybrid_golden.json").read_text())
+CONFIGS = {f"configs/{p.name}": {k: v for k, v in json.loads(p.read_text()).items() if not k.startswith("_")}
+           for p in sorted((DATA / "configs").glob("*.json"))}
+FAMILY_CASES = [(family.architecture, cid) for family in hybrid.STATE_FAMILIES.values() for cid in family.cases]
+
+
+def _config(name: str) -> dict[str, Any]:
+    if name.startswith("tiny/"):
+        return next(c["config"] for c in TRUTH["cases"] if c["kind"] == name.removeprefix("tiny/"))
+    return CONFIGS[name]
+
+
+def _model(config: dict[str, Any], name: str = "m") -> ResolvedModel:
+    return ResolvedModel(name=name, source="local", geometry=geometry_from_config(config), weight_bytes=10 * 2**20,
+                         weight_bytes_source="tiny test model", config=config)
+
+
+def _plan_cpu(case: dict[str, Any]) -> Any:
+    request = PlanRequest(model=_model(case["config"], case["kind"]), engine="vllm", device="cpu",
+                          host=HostMemory(total_bytes=24 * GiB, available_bytes=20 * GiB,
+                                          cpu_amx=TRUTH["meta"]["versions"]["amx"]),
+                          engine_args=tuple(case["args"]), engine_env=case["env"], engine_version="0.32.0")
+    return make_plan(request)
+
+
+@pytest.mark.parametrize(("architecture", "case_id"), FAMILY_CASES, ids=[cid for _, cid in FAMILY_CASES])
+def test_recorded_engine_runs_equal_the_plan(architecture: str, case_id: str) -> None:
+    """Tokens, concurrency and blocks as the CPU engine printed them; unservable ones refused."""
+    case = BY_ID[case_id]
+    assert case["config"]["architectures"][0] == architecture
+    assert case["tokens"] is not None, f"{case_id}: the engine printed no KV line"
+    if not (case["ok"] and case["completion_ok"]):
+        with pytest.raises(WontFit):
+            _plan_cpu(case)
+        return
+    plan = _plan_cpu(case)
+    assert (plan.kv_cache_tokens, f"{plan.max_concurrency:.2f}", plan.num_blocks) == (
+        case["tokens"], case["concurrency_str"], case["num_blocks"])
+
+
+@pytest.mark.parametrize("family", [f for f in hybrid.STATE_FAMILIES.values() if f.cases],
+                         ids=lambda f: f.architecture)
+def test_engine_proven_families_have_two_settings_and_serve(family: hybrid.StateFamily) -> None:
+    cases = [BY_ID[cid] for cid in family.cases]
+    served = [c for c in cases if c["ok"] and c["completion_ok"]]
+    if family.cpu_failure is None:
+        assert len({tuple(c["args"]) for c in served}) >= 2, family.architecture
+    else:
+        assert not served and family.golden, family.architecture  # refused on CPU, proven by the golden file
+
+
+def test_page_unification_raises_the_block_as_the_engine_logged() -> None:
+    """'Setting attention block size to 640 tokens' (Qwen3-Next), 256 (Granite, Falcon-H1, Nemotron-H)."""
+    for cid in ("qwen3_next-base", "granitemoehybrid-base", "falcon_h1-base"):
+        case = BY_ID[cid]
+        logged = next(line for line in case["relevant_lines"] if "Setting attention block size to" in line)
+        assert f"to {_plan_cpu(case).block_size} tokens" in logged, cid
+
+
+def _golden_id(record: dict[str, Any]) -> str:
+    return f"{record['name']}-tp{record['tp']}-{record['mamba_ssm_cache_dtype_flag']}"
+
+
+@pytest.mark.parametrize("record", GOLDEN["records"], ids=_golden_id)
+def test_state_equals_the_engines_classmethods(record: dict[str, Any]) -> None:
+    geometry = geometry_from_config(_config(record["name"]))
+    layers = hybrid.state_layers(geometry, tp=record["tp"])
+    listed = record["layer_types"]
+    parallel = geometry.architecture in ("FalconH1ForCausalLM", "Zamba2ForCausalLM")  # state beside attention
+    if listed is not None and not parallel and not any(t in ("linear_attention", "mamba", "conv") for t in listed):
+        assert layers is None  # Granite 4.0 micro: a hybrid class with attention layers only
+        return
+    assert layers is not None
+    flag = record["mamba_ssm_cache_dtype_flag"]
+    dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cuda",
+                                 pinned={} if flag == "auto" else {"--mamba-ssm-cache-dtype": flag})
+    shapes = [list(layers.shape.conv)] + ([list(layers.shape.ssm)] if layers.shape.ssm else [])
+    assert shapes == record["shapes"]
+    assert layers.shape.bytes(dtypes.conv_bytes, dtypes.ssm_bytes) == record["page_size_bytes"]
+    if listed is not None and not parallel:
+        assert layers.count == sum(1 for t in listed if t in ("linear_attention", "mamba", "conv"))
+
+
+def test_every_golden_family_has_golden_records() -> None:
+    proven = {r["architecture"] for r in GOLDEN["records"]}
+    for family in hybrid.STATE_FAMILIES.values():
+        if family.golden:
+            assert family.architecture in proven, family.architecture
+            ok, note = architecture_status(geometry_from_config(next(
+                _config(r["name"]) for r in GOLDEN["records"] if r["architecture"] == family.architecture)))
+            assert ok and "golden file" in note
+
+
+def test_qwen3_next_counts_every_fourth_layer_as_attention() -> None:
+    """full_attention_interval 4 (Qwen3NextConfig): 12 attention, 36 GDN layers of 48 (was '0 of 48')."""
+    geometry = geometry_from_config(CONFIGS["configs/qwen3-next-80b-a3b-instruct.json"])
+    assert geometry.layer_kinds.count(FULL) == 12 and geometry.layer_kinds.count(LINEAR) == 36
+    assert hybrid.state_layer_count(geometry) == 36
+
+
+def test_nemotron_h_pattern_and_ssm_dtype() -> None:
+    geometry = geometry_from_config(CONFIGS["configs/nvidia-nemotron-nano-9b-v2.json"])
+    assert len(geometry.layer_kinds) == 56 and geometry.layer_kinds.count(FULL) == 4
+    assert geometry.layer_kinds.count(NO_CACHE) == 25 and hybrid.state_layer_count(geometry) == 27
+    dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cuda", pinned={})
+    assert (dtypes.conv_bytes, dtypes.ssm_bytes) == (2, 4)  # NemotronH: float32 SSM state by default
+
+
+def test_qwen3_next_on_h100_tp4_raises_the_block_to_hold_one_state() -> None:
+    """GPU: FlashAttention's kernel block 16; per rank 1 KV head x 256 x 2 x 2 B = 1024 B/token.
+    GDN state per rank: conv (3, (2x16x128 + 32x128)/4 = 2048) bf16 = 12,288 B + (8, 128, 128) bf16
+    = 262,144 B -> 274,432 B; block = 16 x cdiv(274432, 16 x 1024) = 272."""
+    config = CONFIGS["configs/qwen3-next-80b-a3b-instruct.json"]
+    model = _model(config)
+    request = PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["4x h100-80gb"]),
+                          engine_args=("--tensor-parallel-size", "4", "--max-model-len", "32768"))
+    plan = make_plan(request)
+    assert plan.block_size == 272
+    # 12 attention layers and 36 states of one 272-token page each: groups of 12 (36 states in 3 groups).
+    assert any("272 tokens" in note for note in plan.notes)
+
+
+def test_hybrids_the_table_does_not_size_are_refused_with_the_right_count() -> None:
+    kimi = geometry_from_config(CONFIGS["configs/kimi-linear-48b-a3b-instruct.json"])
+    assert kimi.layer_kinds.count(LINEAR) == 20
+    with pytest.raises(UnsupportedModel, match="20 of 27 layers"):
+        make_plan(PlanRequest(model=_model(CONFIGS["configs/kimi-linear-48b-a3b-instruct.json"]), engine="vllm",
+                              gpus=hypothetical_gpus(["8x h200"]), engine_args=("--tensor-parallel-size", "8")))
+
+
+def test_removed_linear_attention_models_are_refused_with_the_engines_reason() -> None:
+    with pytest.raises(WontFit, match="removed in 0.23.0"):
+        make_plan(PlanRequest(model=_model(CONFIGS["configs/minimax-text-01.json"]), engine="vllm",
+                              gpus=hypothetical_gpus(["8x h200"]), engine_args=("--tensor-parallel-size", "8")))
+
+
+def test_sglang_still_refuses_hybrids_it_does_not_size() -> None:
+    with pytest.raises(UnsupportedModel, match="36 of 48 layers"):
+        make_plan(PlanRequest(model=_model(CONFIGS["configs/qwen3-next-80b-a3b-instruct.json"]), engine="sglang",
+                              gpus=hypothetical_gpus(["4x h100-80gb"]), engine_args=("--tp", "4")))
+
+
+def test_cpu_ssm_state_is_float32_unless_asked_for_16_bits() -> None:
+    geometry = geometry_from_config(BY_ID["qwen3_next-base"]["config"])
+    assert hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cpu", pinned={}).ssm_bytes == 4
+    assert hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cpu",
+                               pinned={"--mamba-ssm-cache-dtype": "bfloat16"}).ssm_bytes == 2
+    assert hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cuda", pinned={}).ssm_bytes == 2
