@@ -13,7 +13,7 @@ lives in `launcher.model.resolve`; this module does no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -348,7 +348,8 @@ def _hybrid_pattern(text: Mapping[str, Any]) -> list[str] | None:
 
 def _hybrid_layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: int,
                         is_mla: bool) -> tuple[str, ...] | None:
-    """Layer kinds of the hybrid families whose configs do not say them with `layer_types`."""
+    """Layer kinds of the hybrid families whose configs do not say them with `layer_types`: each
+    family's config class reads its own keys (`_HYBRID_READERS`)."""
     pattern = _hybrid_pattern(text)
     if pattern is not None:
         unknown = sorted({p for p in pattern if p not in _PATTERN_KINDS})
@@ -356,33 +357,60 @@ def _hybrid_layer_kinds(text: Mapping[str, Any], model_type: str, num_layers: in
             raise ModelConfigError(f"config.json: Nemotron-H layer pattern must name {num_layers} layers with "
                                    f"M, *, - or E, not {_short(pattern)}")
         return tuple(_PATTERN_KINDS[p] for p in pattern)
-    if model_type == "jamba":
-        period, offset = _opt_int(text, "attn_layer_period") or 8, _opt_int(text, "attn_layer_offset") or 0
-        return tuple(FULL if i % period == offset else LINEAR for i in range(num_layers))
-    if model_type == "zamba2":
-        hybrid = text.get("hybrid_layer_ids")
-        listed = text.get("layers_block_type")
-        if isinstance(listed, list) and len(listed) == num_layers:
-            return tuple(FULL if entry == "hybrid" else LINEAR for entry in listed)
-        if isinstance(hybrid, list):
-            return tuple(FULL if i in hybrid else LINEAR for i in range(num_layers))
-    if model_type == "qwen3_next" and text.get("layer_types") is None:
-        interval = _opt_int(text, "full_attention_interval") or 4  # Qwen3NextConfig.__post_init__
-        return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers))
-    if model_type == "lfm2" and text.get("layer_types") is None:
-        full = text.get("full_attn_idxs")
-        idxs = full if isinstance(full, list) else list(range(num_layers))  # Lfm2Config.__post_init__
-        return tuple(FULL if i in idxs else LINEAR for i in range(num_layers))
-    linear_cfg = text.get("linear_attn_config")
-    if model_type == "kimi_linear" and isinstance(linear_cfg, Mapping):
-        kda = linear_cfg.get("kda_layers")  # 1-based layer numbers
-        if isinstance(kda, list):
-            return tuple(LINEAR if i + 1 in kda else (MLA if is_mla else FULL) for i in range(num_layers))
-    attn_types = text.get("attn_type_list")
-    if model_type in ("minimax", "minimax_text_01", "minimax_m1") and isinstance(attn_types, list) \
-            and len(attn_types) == num_layers:
-        return tuple(FULL if entry == 1 else LINEAR for entry in attn_types)  # 0: lightning (linear) attention
+    reader = _HYBRID_READERS.get(model_type)
+    return reader(text, num_layers, is_mla) if reader is not None else None
+
+
+def _jamba_kinds(text: Mapping[str, Any], num_layers: int, is_mla: bool) -> tuple[str, ...] | None:
+    period, offset = _opt_int(text, "attn_layer_period") or 8, _opt_int(text, "attn_layer_offset") or 0
+    return tuple(FULL if i % period == offset else LINEAR for i in range(num_layers))
+
+
+def _zamba2_kinds(text: Mapping[str, Any], num_layers: int, is_mla: bool) -> tuple[str, ...] | None:
+    hybrid = text.get("hybrid_layer_ids")
+    listed = text.get("layers_block_type")
+    if isinstance(listed, list) and len(listed) == num_layers:
+        return tuple(FULL if entry == "hybrid" else LINEAR for entry in listed)
+    if isinstance(hybrid, list):
+        return tuple(FULL if i in hybrid else LINEAR for i in range(num_layers))
     return None
+
+
+def _qwen3_next_kinds(text: Mapping[str, Any], num_layers: int, is_mla: bool) -> tuple[str, ...] | None:
+    if text.get("layer_types") is not None:
+        return None
+    interval = _opt_int(text, "full_attention_interval") or 4  # Qwen3NextConfig.__post_init__
+    return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers))
+
+
+def _lfm2_kinds(text: Mapping[str, Any], num_layers: int, is_mla: bool) -> tuple[str, ...] | None:
+    if text.get("layer_types") is not None:
+        return None
+    full = text.get("full_attn_idxs")
+    idxs = full if isinstance(full, list) else list(range(num_layers))  # Lfm2Config.__post_init__
+    return tuple(FULL if i in idxs else LINEAR for i in range(num_layers))
+
+
+def _kimi_linear_kinds(text: Mapping[str, Any], num_layers: int, is_mla: bool) -> tuple[str, ...] | None:
+    linear_cfg = text.get("linear_attn_config")
+    kda = linear_cfg.get("kda_layers") if isinstance(linear_cfg, Mapping) else None  # 1-based layer numbers
+    if not isinstance(kda, list):
+        return None
+    return tuple(LINEAR if i + 1 in kda else (MLA if is_mla else FULL) for i in range(num_layers))
+
+
+def _minimax_kinds(text: Mapping[str, Any], num_layers: int, is_mla: bool) -> tuple[str, ...] | None:
+    attn_types = text.get("attn_type_list")
+    if not isinstance(attn_types, list) or len(attn_types) != num_layers:
+        return None
+    return tuple(FULL if entry == 1 else LINEAR for entry in attn_types)  # 0: lightning (linear) attention
+
+
+_HYBRID_READERS: Mapping[str, Callable[[Mapping[str, Any], int, bool], tuple[str, ...] | None]] = {
+    "jamba": _jamba_kinds, "zamba2": _zamba2_kinds, "qwen3_next": _qwen3_next_kinds, "lfm2": _lfm2_kinds,
+    "kimi_linear": _kimi_linear_kinds, "minimax": _minimax_kinds, "minimax_text_01": _minimax_kinds,
+    "minimax_m1": _minimax_kinds,
+}
 
 
 def _config_dtype(config: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
