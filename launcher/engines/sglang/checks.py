@@ -111,6 +111,23 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             f"{_SRC['kv_dtype']} (SGLang {read_from} and later)",
             hint="--kv-cache-dtype fp8_e4m3" if "fp8" in inp.kv_cache_dtype else "--kv-cache-dtype auto"))
 
+    out.extend(_quant_rules(inp))
+
+    pinned = inp.max_model_len
+    if pinned is not None and pinned > inp.model_max_len and not inp.allow_long_max_model_len:
+        out.append(EngineRule(
+            "context-length",
+            f"Warning: User-specified context_length ({pinned}) is greater than the derived context_length "
+            f"({inp.model_max_len}). This may lead to incorrect model outputs or CUDA errors. Note that the derived "
+            "context_length may differ from max_position_embeddings in the model's config. To allow overriding "
+            "this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
+            _src("context"), hint=f"--context-length {inp.model_max_len}"))
+    return tuple(out)
+
+
+def _quant_rules(inp: CheckInput) -> list[EngineRule]:
+    """The quantization method against the GPU's compute capability and the model dtype."""
+    out: list[EngineRule] = []
     method = resolved_quant_method(inp)
     cc = inp.compute_capability
     if method is not None and inp.device == "cuda" and cc is not None:
@@ -137,14 +154,4 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
                     "quant-act-dtype",
                     f"torch.{inp.dtype} is not supported for quantization method {method}. Supported dtypes: "
                     f"[{', '.join('torch.' + d for d in acts)}]", _src("quant_act"), hint=f"--dtype {acts[0]}"))
-
-    pinned = inp.max_model_len
-    if pinned is not None and pinned > inp.model_max_len and not inp.allow_long_max_model_len:
-        out.append(EngineRule(
-            "context-length",
-            f"Warning: User-specified context_length ({pinned}) is greater than the derived context_length "
-            f"({inp.model_max_len}). This may lead to incorrect model outputs or CUDA errors. Note that the derived "
-            "context_length may differ from max_position_embeddings in the model's config. To allow overriding "
-            "this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
-            _src("context"), hint=f"--context-length {inp.model_max_len}"))
-    return tuple(out)
+    return out

@@ -414,9 +414,15 @@ def _quant_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version:
 def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
     """Every vLLM start-time rule this configuration breaks; empty means vLLM accepts it."""
     version, lines = lines_for(_LINES, inp.engine_version)
+    return (*_parallel_rules(inp, lines, version), *_dtype_rules(inp, lines, version),
+            *_kv_dtype_rules(inp, lines, version), *_quant_rules(inp, lines, version),
+            *_length_rules(inp, lines, version))
+
+
+def _parallel_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
+    """Tensor and pipeline ranks against the heads and the GPUs."""
     geo = inp.geometry
     out: list[EngineRule] = []
-
     # Parallelism: ModelConfig.verify_with_parallel_config, then QKVParallelLinear at load.
     heads, tp = geo.num_attention_heads, inp.tp
     good_tp = tp_sizes_for_heads(geo, inp.gpu_count)
@@ -436,7 +442,13 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             "If this is intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.\n"
             "- multiprocessing, set '--nnodes' appropriately.",
             _src(lines, version, "world"), hint=tp_hint))
+    return out
 
+
+def _dtype_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
+    """The model dtype as vLLM resolves and checks it."""
+    geo = inp.geometry
+    out: list[EngineRule] = []
     # dtype: _get_and_verify_dtype, then the GPU worker's check_if_supports_dtype.
     if inp.pinned_dtype is not None and inp.pinned_dtype.lower() not in DTYPE_NAMES:
         out.append(EngineRule("dtype-unknown", f"Unknown dtype: {inp.pinned_dtype.lower()!r}",
@@ -457,7 +469,12 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             f"Your {inp.gpu_name or 'NVIDIA'} GPU has compute capability {cc[0]}.{cc[1]}. "
             "You can use float16 instead by explicitly setting the `dtype` flag in CLI, for example: --dtype=half.",
             _src(lines, version, "bf16"), hint="--dtype half"))
+    return out
 
+
+def _kv_dtype_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
+    """The KV cache dtype, then the attention backends that take it."""
+    out: list[EngineRule] = []
     # KV cache dtype: CacheConfig.cache_dtype is a Literal (argparse choices).
     if inp.kv_cache_dtype is not None and inp.kv_cache_dtype not in CACHE_DTYPES:
         out.append(EngineRule(
@@ -467,9 +484,12 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             _src(lines, version, "kv_dtype"), hint="--kv-cache-dtype auto or fp8"))
     else:
         out.extend(_attention_rules(inp, lines, version))
+    return out
 
-    out.extend(_quant_rules(inp, lines, version))
 
+def _length_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
+    """The pinned length against the one vLLM derives from the config."""
+    out: list[EngineRule] = []
     # Length: _get_and_verify_max_len (-1 asks vLLM to fit the length to memory). vLLM prints the
     # derived length as a float: it is multiplied by the rope factor (1.0 when none applies).
     pinned = inp.max_model_len
@@ -490,4 +510,6 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
                 "uses absolute position encoding, positions exceeding derived_max_model_len will cause a CUDA "
                 "array out-of-bounds error.",
                 _src(lines, version, "max_len"), hint=f"--max-model-len {inp.model_max_len}"))
-    return tuple(out)
+    return out
+
+
