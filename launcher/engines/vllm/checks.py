@@ -307,56 +307,67 @@ def _backend_reasons(inp: CheckInput, cc: tuple[int, int], block: int) -> dict[s
 def _attention_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
     geo = inp.geometry
     kv = inp.kv_cache_dtype or "auto"
-    out: list[EngineRule] = []
     if inp.device == "cpu":
-        if geo.mla is not None:
-            return out  # CPU_MLA / AMX_MLA: block size forced to 16, no head-size list
-        if geo.head_dim not in CPU_HEAD_SIZES:
-            fits = [h for h in CPU_HEAD_SIZES if h >= geo.head_dim][:1]
-            out.append(EngineRule(
-                "cpu-attn-head-size",
-                f"Unsupported CPU attention configuration: head_dim={geo.head_dim}",
-                _src(lines, version, "cpu_head") + " + the kernels compiled into vllm/_C*.abi3.so",
-                hint=f"CPU attention supports head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; "
-                     "serve this model on a GPU" + (f" (nearest supported {fits[0]})" if fits else "")))
-        elif kv.startswith("fp8") and geo.head_dim % 32 and geo.head_dim % 16 == 0:
-            out.append(EngineRule(
-                "cpu-fp8-kv-head-size", "FP8 KV cache requires head_size divisible by 32 on CPU.",
-                _src(lines, version, "cpu_fp8_head"), hint="--kv-cache-dtype auto"))
-        return out
+        return _cpu_attention_rules(inp, lines, version, kv)
     if inp.compute_capability is None or geo.mla is not None or kv.startswith(("turboquant", "ultraquant")):
-        return out  # MLA/sparse and TurboQuant selection not modelled; see module docstring
+        return []  # MLA/sparse and TurboQuant selection not modelled; see module docstring
     cc = inp.compute_capability
     block = inp.block_size or 16
     reasons = _backend_reasons(inp, cc, block)
     order = ["FLASHINFER", "FLASH_ATTN"] if cc[0] == 10 else ["FLASH_ATTN", "FLASHINFER"]
     order += ["TRITON_ATTN", "FLEX_ATTENTION"]
     chosen = next((name for name in order if not reasons[name]), None)
-    cap_str = f"{cc[0]}.{cc[1]}"
-    dev = inp.gpu_name or "NVIDIA GPU"
     if chosen is None:
         reasons_str = "{" + ", ".join(f"{name}: [{', '.join(reasons[name])}]" for name in order) + "}"
-        out.append(EngineRule(
+        return [EngineRule(
             "attention-backend",
             f"No valid attention backend found for cuda with AttentionSelectorConfig(head_size={geo.head_dim}, "
             f"dtype={_torch(inp.dtype)}, kv_cache_dtype={kv}, block_size={block}, use_mla=False). "
             f"Reasons: {reasons_str}.",
             _src(lines, version, "no_backend"),
-            hint="--block-size 16" if block % 16 else "--kv-cache-dtype auto"))
-    elif chosen == "TRITON_ATTN":
-        if kv.startswith("fp8") and cc < (8, 9):
-            suggested = "float16" if cc < (8, 0) else "bfloat16"
-            out.append(EngineRule(
-                "fp8-kv-capability",
-                f"FP8 KV cache is not supported by the Triton attention backend on {dev} (compute capability "
-                f"{cap_str}); native FP8 (fp8e4nv) requires SM89+. Re-run with --kv-cache-dtype {suggested}.",
-                _src(lines, version, "triton_fp8"), hint=f"--kv-cache-dtype {suggested}"))
-        if kv == "bfloat16" and cc < (8, 0):
-            out.append(EngineRule(
-                "bf16-kv-capability",
-                f"bfloat16 KV cache is not supported on {dev} (compute capability {cap_str}); bfloat16 "
-                "requires SM80+. Re-run with --kv-cache-dtype float16.",
-                _src(lines, version, "triton_bf16"), hint="--kv-cache-dtype float16"))
+            hint="--block-size 16" if block % 16 else "--kv-cache-dtype auto")]
+    return _triton_rules(inp, lines, version, kv, cc) if chosen == "TRITON_ATTN" else []
+
+
+def _cpu_attention_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str,
+                         kv: str) -> list[EngineRule]:
+    geo = inp.geometry
+    if geo.mla is not None:
+        return []  # CPU_MLA / AMX_MLA: block size forced to 16, no head-size list
+    if geo.head_dim not in CPU_HEAD_SIZES:
+        fits = [h for h in CPU_HEAD_SIZES if h >= geo.head_dim][:1]
+        return [EngineRule(
+            "cpu-attn-head-size",
+            f"Unsupported CPU attention configuration: head_dim={geo.head_dim}",
+            _src(lines, version, "cpu_head") + " + the kernels compiled into vllm/_C*.abi3.so",
+            hint=f"CPU attention supports head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; "
+                 "serve this model on a GPU" + (f" (nearest supported {fits[0]})" if fits else ""))]
+    if kv.startswith("fp8") and geo.head_dim % 32 and geo.head_dim % 16 == 0:
+        return [EngineRule(
+            "cpu-fp8-kv-head-size", "FP8 KV cache requires head_size divisible by 32 on CPU.",
+            _src(lines, version, "cpu_fp8_head"), hint="--kv-cache-dtype auto")]
+    return []
+
+
+def _triton_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str, kv: str,
+                  cc: tuple[int, int]) -> list[EngineRule]:
+    """The Triton backend's KV dtypes by compute capability."""
+    out: list[EngineRule] = []
+    cap_str = f"{cc[0]}.{cc[1]}"
+    dev = inp.gpu_name or "NVIDIA GPU"
+    if kv.startswith("fp8") and cc < (8, 9):
+        suggested = "float16" if cc < (8, 0) else "bfloat16"
+        out.append(EngineRule(
+            "fp8-kv-capability",
+            f"FP8 KV cache is not supported by the Triton attention backend on {dev} (compute capability "
+            f"{cap_str}); native FP8 (fp8e4nv) requires SM89+. Re-run with --kv-cache-dtype {suggested}.",
+            _src(lines, version, "triton_fp8"), hint=f"--kv-cache-dtype {suggested}"))
+    if kv == "bfloat16" and cc < (8, 0):
+        out.append(EngineRule(
+            "bf16-kv-capability",
+            f"bfloat16 KV cache is not supported on {dev} (compute capability {cap_str}); bfloat16 "
+            "requires SM80+. Re-run with --kv-cache-dtype float16.",
+            _src(lines, version, "triton_bf16"), hint="--kv-cache-dtype float16"))
     return out
 
 
