@@ -69,8 +69,8 @@ def activation_peak() -> str:
         "",
         f"Median of `logged - shapes` over the {len(rows)} logs: {median / GiB:.3f} GiB; the code's fitted constant",
         f"`PROFILE_CONSTANT_BYTES` is {vb.PROFILE_CONSTANT_BYTES / GiB:.3f} GiB. The two multimodal models (their own",
-        "vision towers run in the profile) sit above the text-only ones; `tests/test_profile_peak.py` refits the",
-        "constant with each log held out.",
+        "vision towers run in the profile) sit above the text-only ones;",
+        "`tests/engines/vllm/test_budget_profile_peak.py` refits the constant with each log held out.",
         "",
     ])
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.test_probe import StubLibs, _fixture, dead_pid, sleeper, stub_libs  # noqa: F401 (fixtures)
+from tests.probe.test_probe import StubLibs, _fixture, dead_pid, sleeper, stub_libs  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))

@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.edge.cli import main
-from tests.test_model import QWEN25_7B, _write_safetensors
+from tests.model.test_config import QWEN25_7B, _write_safetensors
 
 DOCUMENTED = {0, 2, 65, 66, 69, 75, 78}
 HANG_S = 10  # far above a plan (milliseconds in-process): only a hang reaches it

@@ -208,7 +208,7 @@ KINDS = tuple(KIND_CONFIGS)
 
 
 # --------------------------------------------------------------------------- more families
-# Tiny configs of further architectures vLLM 0.32 serves (tests/test_architectures.py).
+# Tiny configs of further architectures vLLM 0.32 serves (tests/engines/vllm/test_architectures.py).
 # Keys are each family's own spelling (n_embd, n_head, attn_config.kv_n_heads, ...), as
 # in the real checkpoints, because that is what the geometry parser must read.
 _TOK = {"vocab_size": VOCAB_SIZE, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}

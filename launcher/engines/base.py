@@ -17,7 +17,7 @@ An adapter is an `EngineSpec` (the engine's names and flag spellings, as data) w
 `SpecAdapter`, which does what every engine does the same way (parse, set and drop flags,
 the health address), plus the methods only the engine knows, written in its `adapter.py`.
 `ADAPTER: EngineAdapter = ...` there lets mypy say what a new engine still lacks, and
-tests/test_engine_layout.py lists it.
+tests/engines/test_layout.py lists it.
 """
 
 from __future__ import annotations

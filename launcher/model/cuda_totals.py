@@ -3,7 +3,7 @@
 The engines size against cudaMemGetInfo's total, which sits a driver reserve below NVML's. The
 catalog (profiles/gpus.yaml) carries, per card with observations, the median of the Linux
 totals printed for it and the largest distance of any of them from that median (the band);
-`derive` is that rule, and tests/test_cuda_totals.py holds the catalog to it. Observations a
+`derive` is that rule, and tests/model/test_cuda_totals.py holds the catalog to it. Observations a
 source marks as doubtful, and Windows/WSL2 (WDDM prints round totals), unified-memory and vGPU
 hosts, are left out: they are not the card's total on a Linux server.
 

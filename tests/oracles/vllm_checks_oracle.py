@@ -7,7 +7,7 @@ Runs in the vLLM CPU venv (vLLM 0.32.0):
 
 Each case writes a config.json (no weights) into a temp dir and asks vLLM's code whether it
 accepts the configuration; the record holds "accept" or "refuse" and vLLM's exact message.
-`tests/test_vllm_checks.py` replays every record through `launcher.engines.vllm.checks`.
+`tests/engines/vllm/test_checks.py` replays every record through `launcher.engines.vllm.checks`.
 
 What runs for real, and what is patched (the CPU build reports no GPU):
   * heads vs TP, max_model_len, float16-unsupported models, unknown quantization methods:

@@ -8,7 +8,7 @@ KV cache manager does.
 `VERIFIED` is the table of architectures whose layout was checked against the real vLLM
 0.32 CPU engine: each row names the cases in `tests/data/vllm_cpu_truth.json` (tiny random
 checkpoints from `tests/tinymodels.py`, started by `tests/engine_harness.py`) that prove it,
-and `tests/test_architectures.py` replays them. Any other architecture is planned with the
+and `tests/engines/vllm/test_architectures.py` replays them. Any other architecture is planned with the
 generic rules and marked unverified by `architecture_status`.
 
 Paths cited are inside the vLLM 0.32.0 package (`vllm/...`).
@@ -123,7 +123,7 @@ class ArchitectureRow:
                 "switches": list(self.switches)}
 
 
-# The switches each row's recorded runs use (tests/test_architectures.py recomputes them from the runs).
+# The switches each row's recorded runs use (tests/engines/vllm/test_architectures.py recomputes them from the runs).
 ROW_SWITCHES: Mapping[str, tuple[str, ...]] = {
     "MistralForCausalLM": ("sliding_window",), "Phi3ForCausalLM": ("sliding_window",),
     "Starcoder2ForCausalLM": ("sliding_window",), "Gemma2ForCausalLM": ("layer_types",),
@@ -301,7 +301,7 @@ def architecture_status(geometry: ModelGeometry) -> tuple[bool, str]:
 
 # Switches a config can turn that change the layout vLLM builds. A row is verified only for the
 # switches its recorded engine runs used (`ArchitectureRow.switches`, checked against the runs by
-# tests/test_architectures.py); a config using another one is planned unverified, with the wide band.
+# tests/engines/vllm/test_architectures.py); a config using another one is planned unverified, with the wide band.
 # Rope scaling changes the length, not the layout: its rules are proven for every architecture by
 # the engine's own length check (tests/data/vllm_checks_oracle.json, group "length").
 SWITCHES = ("use_sliding_window", "sliding_window", "layer_types", "sliding_window_pattern",

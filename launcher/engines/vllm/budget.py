@@ -49,7 +49,7 @@ CUDAGRAPH_ERROR_FRACTION = 0.5  # vLLM measures its graphs when profiling; ours 
 # ... and at least the farthest the formula is from what capture took in the published logs
 # ("Graph capturing finished ... took X GiB"): -0.18 to +1.27 GiB over the ten published captures
 # (vLLM 0.11-0.19), MoE models farthest (gpt-oss-20b 1.84 GiB for 0.57 estimated); the formula is
-# low on all eight vLLM 0.19 H100 sweep logs. tests/test_cudagraph_term.py.
+# low on all eight vLLM 0.19 H100 sweep logs. tests/engines/vllm/test_budget_cudagraph.py.
 CUDAGRAPH_ERROR_FLOOR_BYTES = int(1.27 * GiB)
 
 

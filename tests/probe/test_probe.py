@@ -26,7 +26,7 @@ from launcher.common.units import GiB
 from launcher.edge.gpus_view import inventory_to_json, render_inventory
 from launcher.model.gpu import GpuDevice, GpuInventory, GpuProcess, HostMemory
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[1].parent
 STUB_DIR = REPO / "tests" / "nvml_stub"
 FIXTURES = STUB_DIR / "fixtures"
 BUILD = REPO / "tests" / "_build" / "nvml_stub"

@@ -14,7 +14,7 @@ from launcher.model import cuda_totals as ct
 from launcher.model.catalog import find, hypothetical_gpus, load_catalog
 from launcher.model.gpu import CUDA_RESERVE_BYTES, CUDA_RESERVE_ERROR_BYTES, GpuDevice
 
-DATA = Path(__file__).resolve().parent / "data" / "cuda-totals.yaml"
+DATA = Path(__file__).resolve().parents[1] / "data" / "cuda-totals.yaml"
 OBSERVATIONS = ct.load(DATA)
 CATALOG = load_catalog()
 

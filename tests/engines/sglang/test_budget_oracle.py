@@ -19,7 +19,7 @@ from launcher.engines import sglang as sg
 from launcher.engines.versions import version_key
 from launcher.model.config import geometry_from_config
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 ORACLE = json.loads((DATA / "sglang_oracle.json").read_text())
 CONFIGS = {p.stem: json.loads(p.read_text()) for p in (DATA / "configs").glob("*.json")}
 GEOMETRIES = {name: geometry_from_config(config) for name, config in CONFIGS.items()}

@@ -13,7 +13,7 @@ import pytest
 from launcher.common.devlock import DeviceLock, default_lock_dir, lock_path
 from launcher.common.errors import ExitCode, TemporarilyUnavailable
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[1].parent
 
 _HOLDER = """\
 import sys, time

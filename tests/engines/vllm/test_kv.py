@@ -7,7 +7,7 @@ import pytest
 from launcher.common.units import GiB, MiB
 from launcher.engines.vllm.kv import kv_capacity, kv_layout, pp_partitions
 from launcher.model.config import geometry_from_config
-from tests.test_model import LLAMA_8B
+from tests.model.test_config import LLAMA_8B
 
 
 def _geometry(**overrides: object):

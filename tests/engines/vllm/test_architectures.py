@@ -34,7 +34,7 @@ from launcher.model.resolve import ResolvedModel
 from launcher.plan.planner import make_plan
 from launcher.plan.types import PlanRequest
 
-TRUTH = json.loads((Path(__file__).parent / "data" / "vllm_cpu_truth.json").read_text())
+TRUTH = json.loads((Path(__file__).resolve().parents[2] / "data" / "vllm_cpu_truth.json").read_text())
 BY_ID = {c["id"]: c for c in TRUTH["cases"]}
 AMX = TRUTH["meta"]["versions"]["amx"]
 ROW_CASES = [(row.architecture, cid) for row in VERIFIED for cid in row.cases]

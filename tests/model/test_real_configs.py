@@ -22,7 +22,7 @@ from launcher.model.resolve import ResolvedModel
 from launcher.plan.planner import make_plan
 from launcher.plan.types import PlanRequest
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 FILES = sorted(p for p in CONFIGS.glob("*.json"))
 _EIGHT_H200 = ("8x h200",)
 

@@ -12,7 +12,7 @@ from launcher.common.units import GiB
 from launcher.engines.vllm import budget as vb
 from launcher.model.config import geometry_from_config
 
-DATA = Path(__file__).resolve().parent / "data" / "startup-logs"
+DATA = Path(__file__).resolve().parents[2] / "data" / "startup-logs"
 
 
 def _residuals() -> dict[str, float]:

@@ -15,7 +15,7 @@ from launcher.model.resolve import resolve_model
 from launcher.plan.planner import make_plan
 from launcher.plan.types import COMPUTED, PlanRequest
 
-MODELS = Path(__file__).resolve().parent / "data" / "startup-logs" / "models"
+MODELS = Path(__file__).resolve().parents[2] / "data" / "startup-logs" / "models"
 
 
 def _geometry(name: str):  # type: ignore[no-untyped-def]

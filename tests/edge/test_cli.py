@@ -68,7 +68,7 @@ def test_bad_input_is_one_line_and_a_documented_code(argv: list[str], code: int,
 
 def test_malformed_index_is_exit_65(tmp_path) -> None:
     """A broken safetensors index is a data error (65) naming the file, not a traceback."""
-    from tests.test_model import QWEN25_7B
+    from tests.model.test_config import QWEN25_7B
 
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
     (tmp_path / "model.safetensors.index.json").write_text("{not json")

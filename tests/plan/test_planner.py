@@ -15,7 +15,7 @@ from launcher.model.gpu import GpuDevice, GpuProcess, HostMemory
 from launcher.model.resolve import resolve_model
 from launcher.plan.planner import make_plan
 from launcher.plan.types import PlanRequest
-from tests.test_model import LLAMA_8B
+from tests.model.test_config import LLAMA_8B
 
 
 def request(model: str = "llama-3.1-8b", gpu: str = "24576MiB", **changes: object) -> PlanRequest:

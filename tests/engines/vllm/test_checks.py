@@ -16,7 +16,7 @@ from launcher.engines.vllm import RULES, derived_max_model_len
 from launcher.engines.vllm.checks import start_checks
 from launcher.model.config import ModelGeometry, geometry_from_config
 
-GOLDEN = Path(__file__).parent / "data" / "vllm_checks_oracle.json"
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "vllm_checks_oracle.json"
 DOC = json.loads(GOLDEN.read_text())
 CONFIGS: dict[str, dict[str, Any]] = DOC["header"]["configs"]
 

@@ -17,9 +17,9 @@ import pytest
 
 from launcher.common.errors import ExitCode, ModelConfigError, ModelNotFound, SafeServeError
 from launcher.model.resolve import is_repo_id, resolve_model, safetensors_tensor_bytes
-from tests.test_model import QWEN25_7B, _write_safetensors
+from tests.model.test_config import QWEN25_7B, _write_safetensors
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[1].parent
 INDEX = "model.safetensors.index.json"
 
 

@@ -19,7 +19,7 @@ from launcher.edge.cli_hints import (
 )
 from launcher.engines import adapter
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[1].parent
 # What the CLI passes: every flag the engine adapters know.
 ENGINE_FLAGS = adapter("vllm").flag_names | adapter("sglang").flag_names
 

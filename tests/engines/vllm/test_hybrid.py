@@ -30,7 +30,7 @@ from launcher.model.resolve import ResolvedModel
 from launcher.plan.planner import make_plan
 from launcher.plan.types import PlanRequest
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 TRUTH = json.loads((DATA / "vllm_cpu_truth.json").read_text())
 BY_ID = {c["id"]: c for c in TRUTH["cases"]}
 GOLDEN = json.loads((DATA / "vllm_hybrid_golden.json").read_text())

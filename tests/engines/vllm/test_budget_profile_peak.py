@@ -20,7 +20,7 @@ from launcher.engines import vllm as vl
 from launcher.engines.vllm import budget as vb
 from launcher.model.config import geometry_from_config
 
-DATA = Path(__file__).resolve().parent / "data" / "startup-logs"
+DATA = Path(__file__).resolve().parents[2] / "data" / "startup-logs"
 
 
 def _cases() -> list[dict[str, Any]]:
