@@ -73,6 +73,15 @@ class VllmRules:
     # its kernels take blocks in multiples of 16 before 0.29 and of 32 from 0.29; sliding-window
     # layers pick the smallest kernel block (16, then 32) before 0.30 and max(32, block // 32 * 32)
     # from 0.30; MLA runs on CPU from 0.29.
+    # Before 0.9.0 a bf16 checkpoint on a GPU without bf16 is refused, not run in fp16 (0.9.0
+    # vllm/config.py:3084-3099 "Falling back to %s for compatibility", PR #17265; 0.8.5
+    # vllm/v1/worker/gpu_worker.py:345 raises), and float32 checkpoints run in fp16 (0.8.5 config.py:2904).
+    bf16_fallback: bool = True
+    # compressed-tensors get_min_capability(): CompressedTensorsWNA16 (W4A16/W8A16 int) 80 before
+    # 0.12.0 (schemes/compressed_tensors_wNa16.py:71 in 0.11.0, :83 returns 75 in 0.12.0) and
+    # CompressedTensorsW8A16Fp8 80 before 0.16.0 (compressed_tensors_w8a16_fp8.py:38 in 0.15.0, :51 in 0.16.0).
+    ct_wna16_min_capability: int = 75
+    ct_w8a16_fp8_min_capability: int = 75
     cpu_block_multiple: int = 32
     cpu_sliding_block: int | None = None  # None: max(32, block // 32 * 32)
     cpu_mla: bool = True
@@ -86,8 +95,16 @@ def _cpu_before_029(rules: VllmRules) -> VllmRules:
 
 
 RULES: tuple[VllmRules, ...] = (
-    # Older than 0.19: the rules the project was first built on (V0-era logs).
-    _cpu_before_029(VllmRules("0.10.0", 0.90, False, True, sorting_sampler=True)),
+    # Older than 0.19: the rules the project was first built on (V0-era logs), and what differs
+    # between 0.8.5 and 0.18 at start, read from each wheel (the fields' comments cite the lines).
+    _cpu_before_029(VllmRules("0.8.5", 0.90, False, True, sorting_sampler=True, bf16_fallback=False,
+                              ct_wna16_min_capability=80, ct_w8a16_fp8_min_capability=80)),
+    _cpu_before_029(VllmRules("0.9.0", 0.90, False, True, sorting_sampler=True, ct_wna16_min_capability=80,
+                              ct_w8a16_fp8_min_capability=80)),
+    _cpu_before_029(VllmRules("0.10.0", 0.90, False, True, sorting_sampler=True, ct_wna16_min_capability=80,
+                              ct_w8a16_fp8_min_capability=80)),
+    _cpu_before_029(VllmRules("0.12.0", 0.90, False, True, sorting_sampler=True, ct_w8a16_fp8_min_capability=80)),
+    _cpu_before_029(VllmRules("0.16.0", 0.90, False, True, sorting_sampler=True)),
     # 0.19.1 vllm/config/cache.py:56 (0.9); vllm/envs.py:1655 estimate default "0".
     _cpu_before_029(VllmRules("0.19.0", 0.90, False, True, tokens_from_concurrency=False)),
     # 0.20.0 vllm/config/cache.py (0.92) and vllm/envs.py:1725 estimate default "1"; tokens as 0.19.

@@ -224,6 +224,12 @@ def cudagraph_estimate_bytes(kv_layers_on_rank: int) -> int:
     return CUDAGRAPH_BASE_BYTES + CUDAGRAPH_PER_LAYER_BYTES * kv_layers_on_rank
 
 
+def cudagraph_outside_bytes(kv_layers_on_rank: int) -> int:
+    """The graphs' unfavourable end, where a version captures them outside the budget."""
+    estimate = cudagraph_estimate_bytes(kv_layers_on_rank)
+    return estimate + cudagraph_error_bytes(estimate)
+
+
 def cudagraph_error_bytes(estimate: int) -> int:
     """+/- on the CUDA-graph estimate (0 when none is subtracted)."""
     return max(int(estimate * CUDAGRAPH_ERROR_FRACTION), CUDAGRAPH_ERROR_FLOOR_BYTES) if estimate else 0

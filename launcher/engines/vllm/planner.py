@@ -86,6 +86,7 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     geometry = request.model.geometry
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=compute_capability,
                                            device=request.device, pinned=pinned.get("--dtype"))
+    dtype, dtype_reason = _without_fallback(rules, geometry, dtype, dtype_reason, pinned.get("--dtype"))
     # The engine's own start-time rules first: what it refuses is its refusal (exit 78).
     max_len, max_len_reason = vl.derived_max_model_len(geometry, rules=rules)
     refuse_what_vllm_refuses(start_checks(CheckInput(
@@ -136,6 +137,20 @@ def refuse_unsized_state(geometry: ModelGeometry, pp: int, version: str) -> None
             f"{geometry.architecture} is a hybrid model ({linear} of {geometry.num_layers} layers keep a "
             f"linear-attention/Mamba state per request); {why}",
             hint="pin --kv-cache-memory-bytes, or pass --trust-engine")
+
+
+def _without_fallback(rules: vl.VllmRules, geometry: ModelGeometry, dtype: str, reason: str,
+                      pinned: str | None) -> tuple[str, str]:
+    """Before 0.9.0 (`bf16_fallback` False) vLLM keeps a bf16 checkpoint's dtype on a GPU without bf16,
+    and its start-time check refuses it; float32 checkpoints run in float16."""
+    if rules.bf16_fallback or (pinned and pinned != "auto"):
+        return dtype, reason
+    config = geometry.config_dtype or "float32"
+    if config in ("bfloat16", "bf16") and dtype != "bfloat16":
+        return "bfloat16", f"config.json dtype bfloat16: vLLM {rules.version} has no fp16 fallback (added in 0.9.0)"
+    if config in ("float32", "float") and dtype != "float16":
+        return "float16", f"config dtype float32 runs in float16 on vLLM {rules.version} (vllm/config.py:2904)"
+    return dtype, reason
 
 
 def refuse_what_vllm_refuses(rules: tuple[EngineRule, ...]) -> None:
@@ -306,10 +321,14 @@ def plan_gpu(request: PlanRequest) -> Plan:
     repack, repack_rule = vb.mxfp4_repack_extra_bytes(geometry, version=rules.version, tp=tp, pp=pp,
                                                       compute_capability=gpu.compute_capability)
     weights += repack  # vLLM's "Model loading took": the weights as its kernels hold them
-    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=rules.version != "0.10.0",
+    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=version_key(rules.version) >= (0, 19),
                                                     compute_capability=gpu.compute_capability)
     eager = pinned.get("--enforce-eager", False)
     cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
+        setup.layout.group_size * len(setup.layout.groups))
+    # Where the estimate is not subtracted, the graphs are captured after the KV cache from what vLLM
+    # did not request (gpu_worker.py compile_or_warm_up_model): keep their band's unfavourable end out.
+    graphs_outside = 0 if eager or rules.cudagraph_estimate_subtracted else vb.cudagraph_outside_bytes(
         setup.layout.group_size * len(setup.layout.groups))
     defaults = vb.batch_defaults(nvml_total_bytes=gpu.total_bytes, gpu_name=gpu.name, device="cuda",
                                  world_size=tp * pp, b200_tier=rules.b200_tier)
@@ -339,11 +358,14 @@ def plan_gpu(request: PlanRequest) -> Plan:
         room = free_at_init - request.margin_bytes
         if request.max_gpu_memory_bytes is not None:
             room = min(room, request.max_gpu_memory_bytes - context)
+        room -= graphs_outside
         utilization = min(rules.default_utilization, vl.utilization_for(max(room, 0), total))
         util_source = ENGINE_DEFAULT if utilization == rules.default_utilization else FORMULA
         util_detail = (f"vLLM {rules.version} default" if util_source == ENGINE_DEFAULT
                        else f"free {format_gib(free)} - context {format_gib(context)} - margin "
                             f"{format_gib(request.margin_bytes)}"
+                            + (f" - CUDA graphs captured outside the request (up to {format_gib(graphs_outside)})"
+                               if graphs_outside else "")
                             + (f" (capped at {format_gib(request.max_gpu_memory_bytes)}: --max-gpu-memory or preset)"
                                if request.max_gpu_memory_bytes else ""))
         if headroom:
@@ -375,6 +397,10 @@ def plan_gpu(request: PlanRequest) -> Plan:
         startup_doubt = (f"--gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)} is "
                          f"above the ~{format_gib(free_at_init)} free at start by less than the CUDA context's "
                          "error: vLLM may refuse to start")
+    elif graphs_outside > free_at_init - requested:
+        startup_doubt = (f"vLLM {rules.version} captures CUDA graphs after sizing the KV cache, from the "
+                         f"~{format_gib(free_at_init - requested)} it did not request; they may take up to "
+                         f"{format_gib(graphs_outside)}: capture may run out of memory (--enforce-eager avoids it)")
 
     def peak_at(length: int) -> tuple[int, int, vb.ProfilePeak]:
         batched, seqs = vb.resolve_batch(defaults=defaults, max_model_len=length,
