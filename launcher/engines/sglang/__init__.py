@@ -19,7 +19,7 @@ from typing import Any
 from launcher.common.units import GiB
 from launcher.engines.dtypes import auto_kv_bytes, kv_element_bytes
 from launcher.engines.flags import FlagSpec, fraction, parse_pinned, positive_int
-from launcher.model.config import ModelGeometry, kv_heads_per_rank
+from launcher.model.config import ModelGeometry
 
 NAME = "sglang"
 NEWEST = "0.5.23"
@@ -142,6 +142,12 @@ FLAGS = (
     FlagSpec("--language-only", None),
     FlagSpec("--disable-hybrid-swa-memory", None),
     FlagSpec("--swa-full-tokens-ratio", float),
+    # Hybrid state models (arg_groups/fields/schedule.py:216-227, exec_.py:490-518, memory).
+    FlagSpec("--mamba-full-memory-ratio", float),
+    FlagSpec("--mamba-ssm-dtype", str),
+    FlagSpec("--max-mamba-cache-size", positive_int),
+    FlagSpec("--disable-radix-cache", None),
+    FlagSpec("--disable-overlap-schedule", None),
     # Read only to say that the plan does not count what they add (NOT_MODELLED).
     FlagSpec("--speculative-algorithm", str),
     FlagSpec("--enable-lora", None),
@@ -164,8 +170,12 @@ AS_WRITTEN: dict[tuple[str, Any], str] = {}
 
 
 def verified_architectures() -> tuple[str, list[tuple[str, str]]]:
-    return (f"SGLang {NEWEST}: verified against its own pool code (tests/data/sglang_oracle.json)",
-            [(name, "cell size and pool from SGLang's code") for name in sorted(VERIFIED_ARCHITECTURES)])
+    from launcher.engines.sglang import architectures
+
+    return (f"SGLang {architectures.ENGINE_VERSION}: cell size and pool equal SGLang's own ModelConfig and pool "
+            f"code ({architectures.GOLDEN})",
+            [(row.architecture, f"{row.layers}; golden: {', '.join(row.models)}")
+             for row in architectures.verified_architectures()])
 
 
 def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
@@ -328,6 +338,7 @@ def derived_context_length(geometry: ModelGeometry) -> tuple[int, str]:
             break
     else:
         return 2048, "no length key in config.json (SGLang assumes 2048)"
+    from launcher.engines.sglang import architectures
     from launcher.model.config import rope_scaling_entries
 
     factor = 1.0
@@ -335,7 +346,8 @@ def derived_context_length(geometry: ModelGeometry) -> tuple[int, str]:
         rope_type = entry.get("rope_type") or entry.get("type")
         # transformers 5 fills original_max_position_embeddings into YaRN configs that lack it,
         # so YaRN never multiplies (oracle: "rope-yarn-4-no-original" stays 4096).
-        if "original_max_position_embeddings" in entry or rope_type in ("llama3", "yarn"):
+        if "original_max_position_embeddings" in entry or rope_type in ("llama3", "yarn") \
+                or not architectures.rope_factor_applies(geometry):
             continue
         if isinstance(entry.get("factor"), (int, float)):
             factor = float(entry["factor"])
@@ -362,48 +374,13 @@ def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str, geometry: Model
     return size, f"kv-cache-dtype {value}"
 
 
-# `is_hybrid_swa_model` (configs/model_config.py): these get a separate, smaller sliding-window
-# pool. Gemma 2/3 are not on it (SGLang sizes all their layers as full attention).
-HYBRID_SWA_ARCHITECTURES = frozenset({
-    "GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "IQuestQ1ForCausalLM",
-    "BeamForCausalLM", "Llama4ForConditionalGeneration", "DeepseekV4ForCausalLM", "MiMoV2ForCausalLM",
-    "MiMoV2FlashForCausalLM", "Step3p5ForCausalLM", "Step3p7ForConditionalGeneration", "Gemma4ForCausalLM",
-    "Gemma4ForConditionalGeneration", "LagunaForCausalLM", "MellumForCausalLM",
-})
-DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8  # --swa-full-tokens-ratio
-
-
-def is_hybrid_swa(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> bool:
-    return (geometry.architecture in HYBRID_SWA_ARCHITECTURES and geometry.sliding_window is not None
-            and not pinned.get("--disable-hybrid-swa-memory", False))
-
-
-def stage_layers(num_layers: int, pp: int) -> list[range]:
-    """Layers per pipeline stage: SGLang gives the remainder to the last stages (13 + 14 for 27 on 2)."""
-    base, extra = divmod(num_layers, pp)
-    sizes = [base + (1 if rank >= pp - extra else 0) for rank in range(pp)]
-    starts = [sum(sizes[:rank]) for rank in range(pp)]
-    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-
-
 def cell_size_bytes(geometry: ModelGeometry, *, kv_bytes: int, tp: int, pp: int,
                     pinned: Mapping[str, Any] | None = None) -> float:
-    """Bytes one token takes in the pool on the fullest pipeline stage (all of its layers).
+    """Bytes one token takes in the pool on the fullest pipeline stage (`architectures.cell_size_bytes`)."""
+    from launcher.engines.sglang import architectures
 
-    Hybrid SWA models count their sliding layers at `--swa-full-tokens-ratio` (a float,
-    as in SGLang's HybridSWAPoolConfigurator).
-    """
-    pinned = pinned or {}
-    layers = max(stage_layers(geometry.num_layers, pp), key=len)
-    kinds = [geometry.layer_kinds[i] for i in layers]
-    if geometry.mla is not None:
-        return geometry.mla.latent_dim * len(kinds) * kv_bytes
-    per_layer = kv_heads_per_rank(geometry.num_kv_heads, tp) * (geometry.head_dim + geometry.v_head_dim) * kv_bytes
-    if not is_hybrid_swa(geometry, pinned):
-        return per_layer * len(kinds)
-    ratio = float(pinned.get("--swa-full-tokens-ratio", DEFAULT_SWA_FULL_TOKENS_RATIO))
-    sliding = sum(1 for kind in kinds if kind == "sliding")
-    return per_layer * (len(kinds) - sliding) + ratio * per_layer * sliding
+    return architectures.cell_size_bytes(architectures.layout(geometry), kv_bytes=kv_bytes, kv_fp8=kv_bytes == 1,
+                                         tp=tp, pp=pp, pinned=pinned)
 
 
 def pool_tokens(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: float, cell_bytes: float,
@@ -449,24 +426,3 @@ CONTEXT_ERROR_BYTES = 128 * 1024**2
 LOAD_OVERHEAD_ERROR_BYTES = 96 * 1024**2
 # SGLANG_VLM_CACHE_SIZE_MB: kept out of the KV budget for multimodal models.
 MULTIMODAL_RESERVE_BYTES = 100 * 1024**2
-
-
-# Architectures whose KV cell size and pool SGLang's own code computed for us (the model ids in
-# tests/data/sglang_oracle.json, every supported version): gemma-2-9b, llama-3.1-8b, qwen2.5-7b,
-# qwen2.5-vl-7b, gpt-oss-20b, deepseek-v2-lite.
-VERIFIED_ARCHITECTURES = frozenset({
-    "Gemma2ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen2_5_VLForConditionalGeneration",
-    "GptOssForCausalLM", "DeepseekV2ForCausalLM",
-})
-
-
-UNVERIFIED_KV_ERROR_FRACTION = 0.33  # as for vLLM: a layout not proven may be off as a whole
-
-
-def architecture_status(geometry: ModelGeometry) -> tuple[bool, str]:
-    """(verified, note) for SGLang's KV layout of this architecture."""
-    arch = geometry.architecture
-    if arch in VERIFIED_ARCHITECTURES:
-        return True, f"verified architecture {arch}: SGLang's own pool code agrees (tests/data/sglang_oracle.json)"
-    return False, (f"unverified architecture {arch}: its KV cell size in SGLang was not checked against "
-                   "SGLang's code; the pool figure may be wrong")

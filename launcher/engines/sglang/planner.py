@@ -8,11 +8,15 @@ SGLang sizes its pool from the free memory it saw before loading (P) and after (
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from launcher.common.errors import SafeServeError, UsageError, WontFit
 from launcher.common.units import MiB, floor_to, format_gib
 from launcher.engines import sglang as sg
 from launcher.engines.checks_common import CheckInput
 from launcher.engines.dtypes import resolve_dtype
+from launcher.engines.sglang import architectures as layouts
 from launcher.engines.sglang.checks import start_checks
 from launcher.model.config import refuse_unsupported
 from launcher.plan.budget import (
@@ -43,6 +47,9 @@ def plan(request: PlanRequest) -> Plan:
     refuse_unsupported(geometry)  # SGLang's state pools are not sized yet; --trust-engine lets it decide
     rules, rules_note = sg.rules_for(request.engine_version)
     pinned = sg.pinned_flags(request.engine_args)
+    layout = layouts.layout(geometry)  # SGLang's own config classes may refuse the config
+    # SGLang runs some wrappers text-only unless --enable-multimodal (configs/model_config.py:690-717).
+    geometry = dataclasses.replace(geometry, is_multimodal=layouts.multimodal(geometry, pinned))
     tp, pp = sg.ranks(pinned)
     devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=sg.TP_FLAG)
     gpu = tightest(devices)
@@ -73,8 +80,11 @@ def plan(request: PlanRequest) -> Plan:
         kv_elem, kv_reason = sg.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    cell = sg.cell_size_bytes(geometry, kv_bytes=kv_elem, tp=tp, pp=pp, pinned=pinned)
+    cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=tp, pp=pp, pinned=pinned)
     page, page_reason = sg.default_page_size(geometry, gpu.compute_capability)
+    if layouts.dsa_page_size(geometry) is not None:
+        page = layouts.dsa_page_size(geometry) or page
+        page_reason = f"DeepSeek DSA pages of {page} tokens (arg_groups/model_overrides/deepseek_v2.py:161-173)"
     if "--page-size" in pinned:
         page, page_reason = pinned["--page-size"], "pinned --page-size"
     if geometry.is_multimodal and not pinned.get("--language-only", False):
@@ -113,16 +123,23 @@ def plan(request: PlanRequest) -> Plan:
                     f"{derivation.fraction:g} leaves on an idle card"
                     + (" + margin for other tenants" if tenants else "")
                     + f", out of {format_gib(pre_load)} free")
-    tokens, budget = sg.pool_tokens(pre_load_bytes=pre_load, after_load_bytes=after_load, fraction_value=fraction_value,
-                                    cell_bytes=cell, page_size=page, max_total_tokens=pinned.get("--max-total-tokens"))
+    state_slot = _state_slot(layout, pinned, tp=tp, pp=pp)
+    state_ratio = float(pinned.get("--mamba-full-memory-ratio", layouts.DEFAULT_MAMBA_FULL_MEMORY_RATIO))
+
+    def sized(pre: int, after: int) -> layouts.PoolSizing:
+        return layouts.pool(pre_load_bytes=pre, after_load_bytes=after, fraction_value=fraction_value,
+                            cell_bytes=cell, page_size=page, max_total_tokens=pinned.get("--max-total-tokens"),
+                            state_slot=state_slot, state_ratio=state_ratio)
+
+    central = sized(pre_load, after_load)
+    tokens, budget = central.tokens, central.budget_bytes
     # The favourable end of the error band: our CUDA-context and loader estimates too high, and on a
     # catalog card (free = its CUDA total) the spread of the totals published for it.
     context_error = sg.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0)
     overhead_error = 0 if cal and cal.load_overhead_bytes is not None else sg.LOAD_OVERHEAD_ERROR_BYTES
-    tokens_high, _ = sg.pool_tokens(pre_load_bytes=pre_load + context_error,
-                                    after_load_bytes=after_load + context_error + overhead_error,
-                                    fraction_value=fraction_value, cell_bytes=cell, page_size=page,
-                                    max_total_tokens=pinned.get("--max-total-tokens"))
+    tokens_high = sized(pre_load + context_error, after_load + context_error + overhead_error).tokens
+    request_cap = _state_request_cap(central, layout, geometry.architecture, pinned, pp=pp,
+                                     concurrency=request.concurrency)
     doubt = None
     tokens_central = tokens
     if tokens <= 0:
@@ -177,17 +194,19 @@ def plan(request: PlanRequest) -> Plan:
                    bar="activations"),
         BudgetItem("kv", "KV pool", kv, FORMULA,
                    f"{tokens} tokens x {cell:g} B/token (page {page}); budget {format_gib(budget)}", bar="kv"),
+        *_state_items(central, state_slot, layout, geometry.architecture, pinned, pp=pp),
     )
     notes = [n for n in (rules_note, dtype_reason, kv_reason, page_reason) if n]
-    verified, architecture_note = sg.architecture_status(geometry)
-    unverified_error = 0 if verified else int(kv * sg.UNVERIFIED_KV_ERROR_FRACTION)
+    verified, architecture_note = layouts.architecture_status(geometry)
+    unverified_error = 0 if verified else int(kv * layouts.UNVERIFIED_KV_ERROR_FRACTION)
     notes.append(f"default fraction {derivation.fraction:g}: chunked prefill {derivation.chunked_prefill_size}, "
                  f"decode graph bs {derivation.decode_max_bs}, {derivation.prefill_buckets} prefill buckets"
                  + (", 10 GiB floor" if derivation.floor_applied else ""))
     return Plan(
         engine="sglang", engine_version=request.engine_version or sg.NEWEST, rules_version=rules.version,
         device="cuda", model=model.name, max_model_len=length, max_model_len_source=length_reason,
-        kv_cache_bytes=kv, kv_cache_tokens=tokens, max_concurrency=round(tokens / length, 2) if length else 0.0,
+        kv_cache_bytes=kv, kv_cache_tokens=tokens,
+        max_concurrency=min(round(tokens / length, 2) if length else 0.0, request_cap or float("inf")),
         budget=items, engine_args=tuple(args), engine_env={}, pinned=dict(pinned), tp=tp, pp=pp,
         mem_fraction_static=fraction_value, memory_knob=f"--mem-fraction-static {fraction_value:g}",
         block_size=page, gpu_name=gpu.name, gpu_count=len(devices),
@@ -210,3 +229,40 @@ def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     rules, _ = sg.rules_for(request.engine_version)
     return unplanned(request, refusal, newest=sg.NEWEST, rules_version=rules.version, pinned=pinned,
                      length=pinned.get("--context-length") or 0, tp=sg.ranks(pinned)[0], block=None)
+
+
+def _state_slot(layout: layouts.SglangLayout, pinned: dict[str, Any], *, tp: int, pp: int) -> int | None:
+    """Bytes of one request's linear/Mamba state on the fullest stage, or None without state layers."""
+    if layout.state is None or not layout.state.layers:
+        return None
+    return layouts.state_slot_bytes(layout.state, tp=tp, ssm_dtype=pinned.get("--mamba-ssm-dtype"), pp=pp,
+                                    num_layers=layout.num_layers)
+
+
+def _state_request_cap(sizing: layouts.PoolSizing, layout: layouts.SglangLayout, architecture: str,
+                       pinned: dict[str, Any], *, pp: int, concurrency: int) -> int | None:
+    """Requests the state pool lets SGLang run at once (`resolve_max_num_reqs`, kv_cache_configurator.py:3119-3170)."""
+    if sizing.state_slots is None:
+        return None
+    per_request = layouts.state_slots_per_request(architecture, pinned, pp=pp)
+    cap = sizing.state_slots // per_request
+    if cap <= 0:
+        raise WontFit(f"SGLang will fail: its state pool holds {sizing.state_slots} slots, {per_request} per request "
+                      "('Hybrid (mamba/linear-attention) state cache is too small to serve any requests')",
+                      hint="raise --mem-fraction-static or --mamba-full-memory-ratio, or use tensor parallel")
+    if cap < concurrency:
+        raise WontFit(f"SGLang's state pool runs {cap} request(s) at once ({sizing.state_slots} slots, {per_request} "
+                      f"per request), fewer than the {concurrency} asked for",
+                      hint="raise --mamba-full-memory-ratio, use --mamba-ssm-dtype bfloat16, or use tensor parallel")
+    return cap
+
+
+def _state_items(sizing: layouts.PoolSizing, slot: int | None, layout: layouts.SglangLayout, architecture: str,
+                 pinned: dict[str, Any], *, pp: int) -> tuple[BudgetItem, ...]:
+    if sizing.state_slots is None or slot is None or layout.state is None:
+        return ()
+    per_request = layouts.state_slots_per_request(architecture, pinned, pp=pp)
+    return (BudgetItem("state", "state pool (mamba / linear attention)", sizing.state_bytes, FORMULA,
+                       f"{sizing.state_slots} + 1 slots x {slot} B ({len(layout.state.layers)} state layers, "
+                       f"{per_request} slots per request; {layout.state.config_class}.mamba2_cache_params)",
+                       bar="kv"),)
