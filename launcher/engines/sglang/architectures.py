@@ -56,7 +56,9 @@ QWEN3_NEXT_FAMILY = frozenset({"Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qw
 # `_MAMBA_RADIX_CACHE_ARCHS` with extra-buffer support on the triton linear-attention backend
 # (arg_groups/overrides.py:369-450): two tracking slots per request beside the base three.
 EXTRA_BUFFER_ARCHITECTURES = QWEN3_NEXT_FAMILY | {"NemotronHForCausalLM", "FalconH1ForCausalLM",
-                                                  "GraniteMoeHybridForCausalLM"}
+                                                  "GraniteMoeHybridForCausalLM", "KimiLinearForCausalLM"}
+# Pure state-space models: no attention at all (ModelConfig PURE_SSM_ARCHITECTURES, head_dim 0).
+PURE_SSM = frozenset({"MambaForCausalLM", "FalconMambaForCausalLM"})
 MAMBA_BASE_SLOTS = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO (mem_cache/kv_cache_configurator.py:228)
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # arg_groups/fields/schedule.py:220-227 (fallback)
 UNVERIFIED_KV_ERROR_FRACTION = 0.33  # as for vLLM: a layout not proven may be off as a whole
@@ -77,6 +79,9 @@ class StateLayout:
     conv_kernel: int
     heads_follow_tp: bool = True  # LFM2 passes num_heads = tp (one conv per rank, no SSM state)
     ssm_dtype: str = "float32"  # mamba2_state_dtype: default, else config mamba_ssm_dtype
+    # "mamba2" (Mamba2StateShape.create), "full_rank" (Mamba-1: create_full_rank, mamba_utils.py:247-290)
+    # or "kda" (Kimi Delta Attention: KimiLinearStateShape.create, q/k/v short convs and a D x D state).
+    kind: str = "mamba2"
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,11 @@ def layout(geometry: ModelGeometry) -> SglangLayout:
     v_head = _int(text, "v_head_dim") or head
     return SglangLayout(attention="MHA", num_kv_heads=geometry.num_kv_heads, head_dim=head, v_head_dim=v_head,
                         num_layers=n, full_layers=full, swa_layers=swa, state=state)
+
+
+# Hybrid state models SGLang 0.5.23 has no model class for (no srt/models entry): its Transformers
+# fallback sizes every layer as attention and keeps no state. Refused, as the generic rule does.
+NO_SGLANG_CLASS = frozenset({"JambaForCausalLM", "Zamba2ForCausalLM", "BambaForCausalLM"})
 
 
 def is_hybrid_swa(lay: SglangLayout, pinned: Mapping[str, Any]) -> bool:
@@ -254,7 +264,18 @@ def _state_full_layers(geometry: ModelGeometry) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(_layer_types(text, n)) if t == "attention")
     if arch == "Lfm2ForCausalLM":  # configs/lfm2.py:42-45
         return tuple(i for i, t in enumerate(_layer_types(text, n)) if t == "full_attention")
+    if arch == "KimiLinearForCausalLM":  # configs/kimi_linear.py:158-171: kda_layers are 1-based
+        kda = set(_kimi_kda_layers(text))
+        return tuple(i for i in range(n) if i not in kda)
+    if arch in PURE_SSM:
+        return ()
     return tuple(range(n))
+
+
+def _kimi_kda_layers(text: Mapping[str, Any]) -> tuple[int, ...]:
+    linear = text.get("linear_attn_config")
+    layers = linear.get("kda_layers") if isinstance(linear, Mapping) else None
+    return tuple(i - 1 for i in layers if isinstance(i, int)) if isinstance(layers, list) else ()
 
 
 def _ssm_dtype(text: Mapping[str, Any]) -> str:
@@ -288,6 +309,16 @@ def _state_layout(geometry: ModelGeometry) -> StateLayout | None:
                            _int(text, "mamba_d_conv", 4), ssm_dtype=dtype)
     if arch == "GraniteMoeHybridForCausalLM":  # configs/granitemoehybrid.py:239-252, :279-310
         return _granite_state(geometry, dtype)
+    if arch == "KimiLinearForCausalLM":  # configs/kimi_linear.py:173-185
+        linear = text.get("linear_attn_config")
+        linear = linear if isinstance(linear, Mapping) else {}
+        heads, head = _int(linear, "num_heads", 32), _int(linear, "head_dim", 128)
+        return StateLayout("KimiLinearConfig", _kimi_kda_layers(text), heads * head, 0, heads, head, head,
+                           _int(linear, "short_conv_kernel_size", 4), ssm_dtype=dtype, kind="kda")
+    if arch in PURE_SSM:  # configs/mamba.py: Mamba-1 mixers, create_full_rank
+        inner = _int(text, "intermediate_size") or _int(text, "expand", 2) * geometry.hidden_size
+        return StateLayout("MambaConfig", tuple(range(n)), inner, 1, inner, 1, _int(text, "state_size", 16),
+                           _int(text, "conv_kernel", 4), ssm_dtype=dtype, kind="full_rank")
     if arch == "Lfm2ForCausalLM":  # configs/lfm2.py:59-98: a short conv over hidden_size, no SSM state
         conv = tuple(i for i, t in enumerate(_layer_types(text, n)) if t in ("conv", "short_conv"))
         return StateLayout("Lfm2Config", conv, geometry.hidden_size, 1, 1, geometry.hidden_size, 0,
@@ -317,19 +348,28 @@ def state_slot_bytes(state: StateLayout, *, tp: int, ssm_dtype: str | None = Non
     """Bytes of one state slot on the fullest stage: `mamba_cache_per_req` x the stage's share
     (`_handle_max_mamba_cache`, kv_cache_configurator.py:3229-3260). conv state in bfloat16
     (SGLANG_MAMBA_CONV_DTYPE default), SSM state in `--mamba-ssm-dtype`, else the config's, else float32."""
-    groups = state.n_groups
-    if groups % tp:
-        groups += tp - groups  # extra_groups_for_head_shards (configs/mamba_utils.py:29-38)
-    conv_dim = state.intermediate_size + 2 * groups * state.state_size
-    heads = state.num_heads if state.heads_follow_tp else tp
-    conv = conv_dim // tp * (state.conv_kernel - 1)
-    temporal = heads // tp * state.head_dim * state.state_size
+    conv, temporal = _state_elements(state, tp)
     per_layer = conv * 2 + temporal * _STATE_DTYPE_BYTES[ssm_dtype or state.ssm_dtype]
     total = per_layer * len(state.layers)
     if pp > 1 and state.layers:
         most = max(sum(1 for i in state.layers if i in stage) for stage in stage_layers(num_layers, pp))
         return int(total * (most / len(state.layers)))
     return total
+
+
+def _state_elements(state: StateLayout, tp: int) -> tuple[int, int]:
+    """(conv, SSM) elements of one layer's state on one rank, as the shape classes build them."""
+    if state.kind == "kda":  # q, k and v short convs over heads x head_dim, a head_dim x head_dim state per head
+        return 3 * state.intermediate_size // tp * (state.conv_kernel - 1), \
+            state.num_heads // tp * state.head_dim * state.state_size
+    if state.kind == "full_rank":  # conv over intermediate only; (intermediate, 1, state) SSM state
+        return state.intermediate_size // tp * (state.conv_kernel - 1), state.intermediate_size // tp * state.state_size
+    groups = state.n_groups
+    if groups % tp:
+        groups += tp - groups  # extra_groups_for_head_shards (configs/mamba_utils.py:29-38)
+    conv_dim = state.intermediate_size + 2 * groups * state.state_size
+    heads = state.num_heads if state.heads_follow_tp else tp
+    return conv_dim // tp * (state.conv_kernel - 1), heads // tp * state.head_dim * state.state_size
 
 
 def state_slots_per_request(arch: str, pinned: Mapping[str, Any], *, pp: int) -> int:
@@ -399,6 +439,8 @@ VERIFIED: tuple[ArchitectureRow, ...] = _rows((
     ("Gemma2ForCausalLM", _MHA_SW, ("gemma-2-9b",)),
     ("Gemma3ForCausalLM", _MHA_SW, ("gemma-3-1b",)),
     ("Gemma3ForConditionalGeneration", _MHA_SW + _VL, ("gemma-3-12b-it", "gemma-3-27b")),
+    ("Gemma3nForConditionalGeneration", _MHA + " (KV-shared layers still get their own cache)" + _VL,
+     ("gemma-3n-e4b-it",)),
     ("GemmaForCausalLM", _MHA, ("gemma-7b",)),
     ("Glm4ForCausalLM", _MHA, ("glm-4-9b-0414",)),
     ("Glm4MoeForCausalLM", _MHA, ("glm-4.5-air", "glm-4.6")),
@@ -410,6 +452,8 @@ VERIFIED: tuple[ArchitectureRow, ...] = _rows((
     ("GraniteMoeHybridForCausalLM", "layer_types attention / mamba; " + _STATE, ("granite-4.0-h-small",)),
     ("HunYuanDenseV1ForCausalLM", _MHA, ("hunyuan-7b",)),
     ("KimiVLForConditionalGeneration", _MLA + _VL, ("kimi-vl-a3b-instruct",)),
+    ("KimiLinearForCausalLM", "MLA on the full_attn_layers; q/k/v short convs + a head_dim^2 KDA state per "
+     "request on kda_layers", ("kimi-linear-48b-a3b-instruct",)),
     ("Lfm2ForCausalLM", "layer_types full_attention / conv; short-conv state per request", ("lfm2-1.2b",)),
     ("Llama4ForConditionalGeneration", "hybrid SWA: every 4th layer full, the rest sliding at 0.8 per token",
      ("llama-4-scout",)),
@@ -419,12 +463,15 @@ VERIFIED: tuple[ArchitectureRow, ...] = _rows((
     ("MiniMaxM2ForCausalLM", _MHA, ("minimax-m2",)),
     ("Mistral3ForConditionalGeneration", _MHA + _VL, ("mistral-small-3.1-24b-instruct-2503",)),
     ("MistralForCausalLM", _MHA_SW, ("mistral-7b-v0.3", "mistral-small-24b-2501", "mistral-7b-v0.1-swa")),
+    ("MambaForCausalLM", "pure SSM: no KV pool (tokens = context length); conv + (intermediate, 1, state) SSM "
+     "state per request", ("mamba-2.8b-hf",)),
     ("MixtralForCausalLM", _MHA, ("mixtral-8x7b",)),
     ("MllamaForConditionalGeneration", _MHA + " (cross-attention layers included)" + _VL,
      ("llama-3.2-11b-vision",)),
     ("NemotronHForCausalLM", "hybrid_override_pattern '*' attention, 'M' mamba; " + _STATE,
      ("nemotron-nano-9b-v2",)),
     ("Olmo2ForCausalLM", _MHA, ("olmo-2-7b",)),
+    ("Olmo3ForCausalLM", _MHA_SW, ("olmo-3-7b-instruct",)),
     ("OlmoForCausalLM", _MHA, ("olmo-7b",)),
     ("OlmoeForCausalLM", _MHA, ("olmoe-1b-7b",)),
     ("Phi3ForCausalLM", _MHA_SW, ("phi-4", "phi-4-mini")),
@@ -437,6 +484,10 @@ VERIFIED: tuple[ArchitectureRow, ...] = _rows((
     ("Qwen3MoeForCausalLM", _MHA, ("qwen3-30b-a3b", "qwen3-235b-a22b")),
     ("Qwen3NextForCausalLM", "every full_attention_interval-th layer full; " + _STATE, ("qwen3-next-80b-a3b",)),
     ("Qwen3VLForConditionalGeneration", _MHA + _VL, ("qwen3-vl-8b",)),
+    ("Qwen3_5ForConditionalGeneration", "layer_types full_attention / linear_attention (GDN); " + _STATE + _VL,
+     ("qwen3.5-27b", "qwen3.6-27b")),
+    ("Qwen3_5MoeForConditionalGeneration", "layer_types full_attention / linear_attention (GDN); " + _STATE + _VL,
+     ("qwen3.5-35b-a3b", "qwen3.5-397b-a17b")),
     ("Qwen3VLMoeForConditionalGeneration", _MHA + _VL, ("qwen3-vl-30b-a3b",)),
     ("SeedOssForCausalLM", _MHA, ("seed-oss-36b",)),
     ("SmolLM3ForCausalLM", _MHA, ("smollm3-3b",)),
@@ -474,7 +525,7 @@ class PoolSizing:
 
 def pool(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: float, cell_bytes: float, page_size: int,
          max_total_tokens: int | None, state_slot: int | None = None,
-         state_ratio: float = DEFAULT_MAMBA_FULL_MEMORY_RATIO) -> PoolSizing:
+         state_ratio: float = DEFAULT_MAMBA_FULL_MEMORY_RATIO, context_len: int = 0) -> PoolSizing:
     """`_profile_available_bytes` then the configurator, in SGLang's GiB floats
     (kv_cache_configurator.py:2990-3060): rest = A - P x (1 - f), the state pool carved out first."""
     rest_gib = after_load_bytes / (1 << 30) - pre_load_bytes / (1 << 30) * (1 - fraction_value)
@@ -483,6 +534,10 @@ def pool(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: float, c
         slots, state_bytes = state_pool(int(rest_gib * (1 << 30)), state_slot, state_ratio)
         rest_gib -= state_bytes / (1 << 30)
     budget = int(rest_gib * (1 << 30))
+    if cell_bytes <= 0 and budget > 0:
+        # No KV layer on this stage (pure SSM): the token pool is --max-total-tokens or the context
+        # length (DefaultPoolConfigurator._zero_kv_max_tokens, pool_configurator.py:244-251).
+        return PoolSizing((max_total_tokens or context_len) // page_size * page_size, budget, slots, state_bytes)
     if budget <= 0 or cell_bytes <= 0:
         return PoolSizing(0, budget, slots, state_bytes)
     tokens = int(budget // cell_bytes) // page_size * page_size

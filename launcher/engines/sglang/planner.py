@@ -129,7 +129,8 @@ def plan(request: PlanRequest) -> Plan:
     def sized(pre: int, after: int) -> layouts.PoolSizing:
         return layouts.pool(pre_load_bytes=pre, after_load_bytes=after, fraction_value=fraction_value,
                             cell_bytes=cell, page_size=page, max_total_tokens=pinned.get("--max-total-tokens"),
-                            state_slot=state_slot, state_ratio=state_ratio)
+                            state_slot=state_slot, state_ratio=state_ratio,
+                            context_len=pinned.get("--context-length") or derived_len)
 
     central = sized(pre_load, after_load)
     tokens, budget = central.tokens, central.budget_bytes
