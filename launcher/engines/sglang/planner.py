@@ -18,7 +18,6 @@ from launcher.engines.checks_common import CheckInput
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.sglang import architectures as layouts
 from launcher.engines.sglang.checks import start_checks
-from launcher.model.config import refuse_unsupported
 from launcher.plan.budget import (
     not_modelled_warnings,
     rank_devices,
@@ -44,10 +43,11 @@ def plan(request: PlanRequest) -> Plan:
     if request.device == "cpu":
         raise UsageError("SGLang on CPU is not planned yet: use --engine vllm --device cpu")
     model, geometry = request.model, request.model.geometry
-    refuse_unsupported(geometry)  # SGLang's state pools are not sized yet; --trust-engine lets it decide
     rules, rules_note = sg.rules_for(request.engine_version)
     pinned = sg.pinned_flags(request.engine_args)
-    layout = layouts.layout(geometry)  # SGLang's own config classes may refuse the config
+    # SGLang's own config classes may refuse the config; state families it has no model class for are
+    # refused there too (--trust-engine lets SGLang decide).
+    layout = layouts.layout(geometry)
     # SGLang runs some wrappers text-only unless --enable-multimodal (configs/model_config.py:690-717).
     geometry = dataclasses.replace(geometry, is_multimodal=layouts.multimodal(geometry, pinned))
     tp, pp = sg.ranks(pinned)
