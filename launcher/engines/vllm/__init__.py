@@ -175,6 +175,10 @@ FLAGS = (
     FlagSpec("--mamba-cache-dtype", str),
     FlagSpec("--mamba-ssm-cache-dtype", str),
     FlagSpec("--performance-mode", str),
+    # Multimodal profiling (config/multimodal.py:304, :695-708; multimodal/encoder_budget.py:72-90).
+    FlagSpec("--language-model-only", None),
+    FlagSpec("--limit-mm-per-prompt", str),
+    FlagSpec("--skip-mm-profiling", None),
     # Read only to say that the plan does not count what they add (NOT_MODELLED).
     FlagSpec("--speculative-config", str),
     FlagSpec("--enable-lora", None),

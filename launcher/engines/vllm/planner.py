@@ -408,7 +408,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
                                          pinned_num_seqs=pinned.get("--max-num-seqs"),
                                          chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
         peak = vb.profile_peak(geometry, rules=rules, batched_tokens=batched, num_seqs=seqs, tp=tp,
-                               gpu_name=gpu.name, language_only=bool(pinned.get("--language-model-only")))
+                               gpu_name=gpu.name, language_only=not vb.encoder_profiled(geometry, pinned))
         return batched, seqs, peak
 
     def budget_at(length: int) -> tuple[int, int, int]:
