@@ -38,9 +38,8 @@ ARCH_OF = {c["model"]: _geometry(c).architecture for c in RESULTS if "error" not
 # Sized by SGLang's resolution but refused by the plan: no SGLang model class (its Transformers
 # fallback keeps no state for these hybrids).
 REFUSED = arch.NO_SGLANG_CLASS
-# Sized by SGLang, planned unverified (generic layout, wide band): Gemma 4's per-layer head sizes
-# (global 512, sliding 256) come from SGLang's Gemma 4 config handling, not modelled yet.
-UNVERIFIED = frozenset({"Gemma4ForConditionalGeneration"})
+# Sized by SGLang but planned unverified (generic layout, wide band): none at present.
+UNVERIFIED: frozenset[str] = frozenset()
 OK = [c for c in RESULTS if _ok(c) and ARCH_OF[c["model"]] not in REFUSED | UNVERIFIED]
 
 

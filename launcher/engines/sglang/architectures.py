@@ -100,6 +100,8 @@ class SglangLayout:
     dsa_index_head_dim: int | None = None
     dsa_index_kpool: int = 1
     state: StateLayout | None = None
+    swa_kv_heads: int | None = None  # sliding layers' own shape (swa_num_key_value_heads, swa_head_dim)
+    swa_head_dim: int | None = None
 
 
 def layout(geometry: ModelGeometry) -> SglangLayout:
@@ -132,8 +134,31 @@ def layout(geometry: ModelGeometry) -> SglangLayout:
     # A config with kv_lora_rank outside the MLA list caches plain K/V of head_dim (MHA).
     head = _int(text, "head_dim") or geometry.head_dim
     v_head = _int(text, "v_head_dim") or head
+    if arch in GEMMA4:
+        full_head, full_kv = _gemma4_full_shape(text, head, geometry.num_kv_heads, full)
+        return SglangLayout(attention="MHA", num_kv_heads=full_kv, head_dim=full_head, v_head_dim=full_head,
+                            num_layers=n, full_layers=full, swa_layers=swa, state=state,
+                            swa_kv_heads=geometry.num_kv_heads, swa_head_dim=head)
     return SglangLayout(attention="MHA", num_kv_heads=geometry.num_kv_heads, head_dim=head, v_head_dim=v_head,
                         num_layers=n, full_layers=full, swa_layers=swa, state=state)
+
+
+GEMMA4 = frozenset({"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"})
+
+
+def _gemma4_full_shape(text: Mapping[str, Any], head: int, kv_heads: int,
+                       full: tuple[int, ...]) -> tuple[int, int]:
+    """(head_dim, KV heads) of Gemma 4's full-attention layers as SGLang flattens them
+    (utils/hf_transformers/config.py:117-143): the per_layer_config override of a full layer, or
+    what transformers builds it from (configuration_gemma4.py:210-223: global_head_dim, default 512)."""
+    per_layer = text.get("per_layer_config")
+    if isinstance(per_layer, Mapping) and full:
+        overrides = per_layer.get(f"{full[0]:02d}", per_layer.get(str(full[0]), {}))
+        overrides = overrides if isinstance(overrides, Mapping) else {}
+        return _int(overrides, "head_dim", head) or head, _int(overrides, "num_key_value_heads", kv_heads) or kv_heads
+    global_kv = _int(text, "num_global_key_value_heads")
+    return _int(text, "global_head_dim", 512) or 512, global_kv if global_kv and text.get("attention_k_eq_v") \
+        else kv_heads
 
 
 # Hybrid state models SGLang 0.5.23 has no model class for (no srt/models entry): its Transformers
@@ -192,9 +217,13 @@ def cell_size_bytes(lay: SglangLayout, *, kv_bytes: int, kv_fp8: bool, tp: int, 
             cell = float(per_layer * full + _dsa_index_bytes(lay) * full)
         else:
             per_layer = kv_heads_per_rank(lay.num_kv_heads, tp) * (lay.head_dim + lay.v_head_dim) * kv_bytes
-            cell = per_layer * full + (ratio * per_layer * sliding if sliding else 0.0)
+            swa_layer = per_layer if lay.swa_head_dim is None else \
+                kv_heads_per_rank(lay.swa_kv_heads or lay.num_kv_heads, tp) * 2 * lay.swa_head_dim * kv_bytes
+            if not hybrid and lay.swa_head_dim is not None:  # one pool of the full shape (swa-off)
+                swa_layer = per_layer
+            cell = per_layer * full + (ratio * swa_layer * sliding if sliding else 0.0)
             if hybrid and full == 0:
-                cell = float(per_layer * sliding)  # all-SWA: no ratio (:787-795)
+                cell = float(swa_layer * sliding)  # all-SWA: no ratio (:787-795)
         best = max(best, cell)
     return best
 
@@ -441,6 +470,8 @@ VERIFIED: tuple[ArchitectureRow, ...] = _rows((
     ("Gemma3ForConditionalGeneration", _MHA_SW + _VL, ("gemma-3-12b-it", "gemma-3-27b")),
     ("Gemma3nForConditionalGeneration", _MHA + " (KV-shared layers still get their own cache)" + _VL,
      ("gemma-3n-e4b-it",)),
+    ("Gemma4ForConditionalGeneration", "hybrid SWA by layer_types: full layers at the global head size "
+     "(per_layer_config / global_head_dim), sliding layers at head_dim, 0.8 per token" + _VL, ("gemma-4-e2b-it",)),
     ("GemmaForCausalLM", _MHA, ("gemma-7b",)),
     ("Glm4ForCausalLM", _MHA, ("glm-4-9b-0414",)),
     ("Glm4MoeForCausalLM", _MHA, ("glm-4.5-air", "glm-4.6")),
