@@ -213,6 +213,7 @@ class Fit:
     applies: Callable[[Mapping[str, Any]], bool]
     term: str  # the budget row holding it
     reference: str  # where the planner states it
+    band: str = ""  # the planner's +/- on the term (an attribute of the same module)
 
     def residual(self, case: Mapping[str, Any], plan: Plan) -> float:
         """Bytes the constant must be for this log: logged - (row - constant)."""
@@ -233,13 +234,13 @@ def _observed(case: Mapping[str, Any], key: str) -> bool:
 FITS = (
     Fit("profile-run constant (V1)", vb, "PROFILE_CONSTANT_BYTES", "peak_torch_memory_gib",
         lambda c: _observed(c, "peak_torch_memory_gib") and (0, 19) <= _version(c) < (0, 29), "activation",
-        "launcher/engines/vllm/budget.py PROFILE_CONSTANT_BYTES"),
+        "launcher/engines/vllm/budget.py PROFILE_CONSTANT_BYTES", "V1_PEAK_ERROR_BYTES"),
     Fit("non-torch, one rank (0.19+)", vb, "NON_TORCH_BYTES_TP1_V019", "non_torch_memory_gib",
         lambda c: _observed(c, "non_torch_memory_gib") and _version(c) >= (0, 19) and _tp(c) * _pp(c) == 1,
-        "non_torch", "launcher/engines/vllm/budget.py NON_TORCH_BYTES_TP1_V019"),
+        "non_torch", "launcher/engines/vllm/budget.py NON_TORCH_BYTES_TP1_V019", "NON_TORCH_ERROR_BYTES"),
     Fit("non-torch, parallel ranks (0.19+, sm90/100)", vb, "NON_TORCH_BYTES_TP_V019", "non_torch_memory_gib",
         lambda c: _observed(c, "non_torch_memory_gib") and _version(c) >= (0, 19) and _tp(c) * _pp(c) > 1,
-        "non_torch", "launcher/engines/vllm/budget.py NON_TORCH_BYTES_TP_V019"),
+        "non_torch", "launcher/engines/vllm/budget.py NON_TORCH_BYTES_TP_V019", "NON_TORCH_TP_ERROR_BYTES"),
 )
 
 
@@ -430,9 +431,12 @@ def print_fits(scoring: Scoring) -> None:
             others = [r for s, r in by_source.items() if s != source]
             loo.append(value - statistics.median(others) if others else float("nan"))
         worst = max((abs(x) for x in loo), default=float("nan"))
+        band = int(getattr(fit.module, fit.band)) if fit.band else 0
+        covers = "covers them" if band >= worst else "does NOT cover them"
         print(f"  {fit.name}: shipped {shipped / GiB:.3f} GiB, median of {len(by_source)} logs "
               f"{every / GiB:.3f} GiB; held-out residuals " + ", ".join(f"{x / GiB:+.3f}" for x in loo)
-              + f" GiB; largest {worst / GiB:.3f} GiB ({fit.reference})")
+              + f" GiB; largest {worst / GiB:.3f} GiB; the plan's band +/- {band / GiB:.3f} GiB {covers} "
+              f"({fit.reference})")
 
 
 def print_terms(scoring: Scoring) -> None:

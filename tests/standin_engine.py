@@ -83,6 +83,7 @@ More steps::
     {fail: {type: torch.OutOfMemoryError, message: "..."}}   # any error, reported as the engine does
     {serve: starting}                    # /health answers 503 (SGLang before warmup) ...
     {healthy: true}                      # ... and 200 from here on
+    {healthy: trickle}                   # 200, one byte a second (a stuck server that never times out)
 
 A failure is reported the engine's way: vLLM logs ``EngineCore failed to start.`` with the
 traceback on stdout (``\\r\\n``-joined, one prefix per line), prints the same traceback on
@@ -422,6 +423,7 @@ class StandinEngine:
         elif "healthy" in step:
             if self.health is not None:
                 self.health.status = 200 if step["healthy"] else 503
+                self.health.trickle = step["healthy"] == "trickle"
         elif "fatal" in step:
             return self._fatal(step["fatal"])
         elif "check" in step:
@@ -574,12 +576,23 @@ _PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
 class _Health(http.server.ThreadingHTTPServer):
     status = 200  # what GET /health answers; 503 while "starting"
+    trickle = False  # answer one byte a second
+    daemon_threads = True
 
 
 class _HealthHandler(http.server.BaseHTTPRequestHandler):
     server: _Health
 
     def do_GET(self) -> None:  # http.server's naming
+        if self.server.trickle:
+            try:
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n":
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(1.0)
+            except OSError:
+                pass  # the prober gave up and closed: keep stderr exact
+            return
         self.send_response(self.server.status if self.path == "/health" else 404)
         self.send_header("Content-Length", "0")
         self.end_headers()

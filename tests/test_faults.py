@@ -210,24 +210,27 @@ def finished(served: Run, code: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the engine dies
 
 
-@pytest.mark.parametrize(("steps", "code", "engine_phase"), [
-    pytest.param([{"crash": "SIGKILL"}], 137, "starting", id="sigkill-before-any-line"),
+@pytest.mark.parametrize(("steps", "returncode", "engine_phase"), [
+    pytest.param([{"crash": "SIGKILL"}], -9, "starting", id="sigkill-before-any-line"),
     pytest.param([{"exit": 3}], 3, "starting", id="exit-3-before-any-line"),
-    pytest.param([*loading(), {"crash": "SIGSEGV"}], 139, "weights loaded", id="sigsegv-loading"),
+    pytest.param([*loading(), {"crash": "SIGSEGV"}], -11, "weights loaded", id="sigsegv-loading"),
     pytest.param([*loading(), *kv(), {"exit": 1}], 1, "KV cache sized", id="exit-1-after-kv"),
-    pytest.param([*loading(), *kv(), {"crash": "SIGKILL"}], 137, "KV cache sized", id="sigkill-after-kv"),
-    pytest.param([*serving(), go(), {"crash": "SIGABRT"}], 134, "serving", id="sigabrt-after-ready"),
+    pytest.param([*loading(), *kv(), {"crash": "SIGKILL"}], -9, "KV cache sized", id="sigkill-after-kv"),
+    pytest.param([*serving(), go(), {"crash": "SIGABRT"}], -6, "serving", id="sigabrt-after-ready"),
     pytest.param([*serving(), go(), {"exit": 2}], 2, "serving", id="exit-2-after-ready"),
+    pytest.param([*serving(), go(), {"exit": 78}], 78, "serving", id="exit-78-after-ready"),
 ])
-def test_engine_death_gives_its_code(run: Callable[..., Run], steps: list[dict[str, Any]], code: int,
-                                     engine_phase: str) -> None:
-    """An engine that dies by itself: its code, or 128+N for signal N, in every phase."""
+def test_engine_death_is_70_whatever_its_code(run: Callable[..., Run], steps: list[dict[str, Any]], returncode: int,
+                                              engine_phase: str) -> None:
+    """An engine that dies by itself, in every phase: 70, never its own code (1 is our internal error, 2 a bad
+    command line, 78 "will not fit"); its code or signal is in the exit event, logged at error."""
     served = run(scenario(steps))
     if any("await_file" in step for step in steps):
         served.wait_ready()
         served.go.touch()
-    final = finished(served, code)
+    final = finished(served, 70)
     assert final["engine_phase"] == engine_phase and final["restarts"] == 0
+    assert final["engine_returncode"] == returncode and final["level"] == "error"
 
 
 @pytest.mark.parametrize(("steps", "ready"), [
@@ -349,10 +352,11 @@ def test_stalled_stdout_reader_does_not_block_signals(run: Callable[..., Run]) -
 # --------------------------------------------------------------------------- stopping
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT],
+                         ids=lambda s: s.name)
 @pytest.mark.parametrize("phase", ["loading", "kv-seen", "ready"])
 def test_stop_signal_in_each_phase_is_0(run: Callable[..., Run], signum: signal.Signals, phase: str) -> None:
-    """SIGTERM/SIGINT/SIGHUP to safe-serve while loading, after the KV line or while serving: a clean 0."""
+    """SIGTERM/SIGINT/SIGHUP/SIGQUIT to safe-serve while loading, after the KV line or while serving: a clean 0."""
     steps = {"loading": [*loading(), {"hang": True}], "kv-seen": [*loading(), *kv(), {"hang": True}],
              "ready": [*serving(), {"hang": True}]}[phase]
     served = run(scenario(steps, grandchild=True))
@@ -390,11 +394,11 @@ def test_workers_are_stopped_with_the_engine(run: Callable[..., Run], extra: dic
 
 
 def test_forked_orphan_and_crash_leave_nothing(run: Callable[..., Run]) -> None:
-    """A double-forked helper and a worker, then the engine crashes: nothing survives, 139."""
+    """A double-forked helper and a worker, then the engine crashes: nothing survives, 70."""
     served = run(scenario([{"orphan": 0.5}, *serving(), go(), {"crash": "SIGSEGV"}], grandchild=True))
     served.wait_ready()
     served.go.touch()
-    finished(served, 139)
+    finished(served, 70)
 
 
 def test_second_sigint_kills_at_once(run: Callable[..., Run]) -> None:
@@ -566,3 +570,150 @@ def test_prompts_quoting_fatal_words_stop_nothing(run: Callable[..., Run]) -> No
     calibration = served.state / "calibration.json"
     entries = json.loads(calibration.read_text())["entries"] if calibration.exists() else {}
     assert not any(entry.get("runtime_oom_count") for entry in entries.values())
+
+
+# --------------------------------------------------------------------------- signals in every phase
+
+
+def _waiting_for_the_lock(run: Callable[..., Run], tmp_path: Path) -> tuple[Run, Run]:
+    """A first CPU launch holds the host lock while it loads; a second one waits for it."""
+    locks = str(tmp_path / "shared-locks")
+    first = run(scenario([*loading(), go(), *kv(), *healthy(), {"hang": True}]), env={"SAFE_SERVE_LOCK_DIR": locks})
+    first.wait_line(b"Model loading took")
+    second = run(scenario(serving()), env={"SAFE_SERVE_LOCK_DIR": locks}, options=("--lock-timeout", "60"))
+    time.sleep(2.0)  # planned and polling the lock (an engine would have written its argv by now)
+    assert second.proc.poll() is None and not second.marker.exists()
+    return first, second
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT], ids=lambda s: s.name)
+def test_stop_signal_while_waiting_for_the_start_lock_is_0(run: Callable[..., Run], tmp_path: Path,
+                                                          signum: signal.Signals) -> None:
+    """SIGTERM/SIGHUP/SIGQUIT during the lock wait: one line and 0, as in every other phase (was 143/129/131)."""
+    first, second = _waiting_for_the_lock(run, tmp_path)
+    second.signal(signum)
+    assert second.wait() == 0, second.tail()
+    err = second.err.read_bytes().decode()
+    assert f"stopped on {signum.name} before the engine started" in err and "Traceback" not in err
+    first.go.touch()
+    first.wait_ready()
+    first.signal(signal.SIGTERM)
+    finished(first, 0)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM], ids=lambda s: s.name)
+@pytest.mark.parametrize("phase", ["lock-wait", "loading", "ready", "stopping"])
+def test_other_signals_are_ignored_in_every_phase(run: Callable[..., Run], tmp_path: Path, signum: signal.Signals,
+                                                  phase: str) -> None:
+    """SIGUSR1/SIGUSR2/SIGALRM never end safe-serve (their default action would, silently, leaving the ready
+    file behind): said and ignored; the serve goes on and a later SIGTERM is still a clean 0."""
+    first = None
+    if phase == "lock-wait":
+        first, served = _waiting_for_the_lock(run, tmp_path)
+    else:
+        served = run(scenario([*loading(), go(), *kv(), *healthy(), {"hang": True}],
+                              on_sigterm="ignore" if phase == "stopping" else "exit"),
+                     options=("--grace", "3"))
+        served.wait_line(b"Model loading took")
+    if phase in ("ready", "stopping"):
+        served.go.touch()
+        served.wait_ready()
+    if phase == "stopping":
+        served.signal(signal.SIGTERM)
+        served.wait_for(lambda: bool(served.events("forwarding signal to the engine's process group")))
+    served.signal(signum)
+    time.sleep(0.5)
+    if phase != "stopping":
+        assert served.proc.poll() is None, served.tail()
+        assert served.ready_file.exists() == (phase == "ready")
+    if first is not None:
+        first.go.touch()
+        first.wait_ready()
+        first.signal(signal.SIGTERM)
+        finished(first, 0)
+    if phase == "stopping":
+        finished(served, 137)  # the engine ignores SIGTERM: SIGKILLed after the grace, as without the signal
+    else:
+        if phase == "lock-wait":
+            served.wait_ready()
+        served.signal(signal.SIGTERM)
+        finished(served, 0)
+    assert any(e.get("signal") == signum.name for e in served.events("signal ignored: it does not stop safe-serve"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_second_stop_signal_while_stopping_keeps_the_stop(run: Callable[..., Run], signum: signal.Signals) -> None:
+    """Another stop signal while the engine shuts down: still the one clean stop, 0."""
+    served = run(scenario(serving(), sigterm_exit_delay=1.0))
+    served.wait_ready()
+    served.signal(signal.SIGTERM)
+    served.wait_for(lambda: bool(served.events("forwarding signal to the engine's process group")))
+    served.signal(signum)
+    final = finished(served, 0)
+    assert "stopped on SIGTERM" in final["reason"]
+
+
+# --------------------------------------------------------------------------- stalled reader, liveness
+
+
+def test_sigterm_with_a_stalled_stdout_reader_exits_within_grace_plus_flush(run: Callable[..., Run]) -> None:
+    """Nobody ever reads our stdout again: after SIGTERM safe-serve still exits within --grace plus the bounded
+    flush (5 s), saying how many bytes could not be written."""
+    served = run(scenario([*serving(), go(), {"flood": 300_000, "width": 120}, {"hang": True}]), stdout_pipe=True)
+    assert served.proc.stdout is not None
+    reader = served.proc.stdout
+    os.set_blocking(reader.fileno(), False)
+    deadline = time.monotonic() + TIMEOUT
+    while not served.ready_file.exists() and time.monotonic() < deadline:
+        reader.read()
+        time.sleep(0.02)
+    served.go.touch()
+    served.wait_for(lambda: bool(served.events("our output is not being read: pausing the engine's output until it "
+                                               "is (back-pressure; nothing is dropped)")))
+    started = time.monotonic()
+    served.signal(signal.SIGTERM)
+    assert served.wait(timeout=2 + 5 + 6) == 0, served.tail()  # --grace 2, flush 5, drain and slack
+    took = time.monotonic() - started
+    dropped = served.events("engine output dropped: our output was not read in time (bytes that could not be "
+                            "written)")
+    assert dropped and dropped[0]["stdout_bytes"] > 0, served.tail()
+    assert took < 2 + 5 + 6
+    reader.close()
+
+
+def test_trickling_health_counts_as_failing_and_stops_the_watchdog(run: Callable[..., Run], tmp_path: Path) -> None:
+    """A /health that answers one byte a second fails each probe at its total deadline: WATCHDOG=1 stops, and
+    after --health-failures probes the engine is stopped with 70."""
+    import threading
+
+    address = str(tmp_path / "notify")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(address)
+    sock.settimeout(0.05)
+    messages: list[str] = []
+    done = threading.Event()
+
+    def receive() -> None:  # as systemd does: always reading
+        while not done.is_set():
+            try:
+                messages.append(sock.recv(4096).decode())
+            except (TimeoutError, BlockingIOError):
+                pass
+
+    receiver = threading.Thread(target=receive, daemon=True)
+    receiver.start()
+    served = run(scenario([*serving(), go(), {"healthy": "trickle"}, {"hang": True}]),
+                 env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"}, options=("--health-failures", "2"))
+    served.wait_ready()
+    served.go.touch()
+    final = finished(served, 70)
+    time.sleep(0.2)
+    done.set()
+    receiver.join()
+    sock.close()
+    assert "/health failed 2 times in a row" in final["reason"]
+    failed = [e for e in served.events("engine health check failed")]
+    assert len(failed) == 2
+    last_ping = len(messages) - 1 - messages[::-1].index("WATCHDOG=1")
+    assert not any(m == "WATCHDOG=1" for m in messages[last_ping + 1:]) and "STOPPING=1" in "".join(
+        messages[last_ping + 1:])

@@ -641,31 +641,34 @@ def test_sglang_pool_smaller_than_planned_context_caps_it(serve: Callable[..., S
 # --------------------------------------------------------------------------- crashes
 
 
-def test_crash_before_any_log_line_exits_137(serve: Callable[..., Served]) -> None:
-    """An engine SIGKILLed before it logged anything: safe-serve exits 128+9, phase STARTING, no restart."""
+def test_crash_before_any_log_line_exits_70(serve: Callable[..., Served]) -> None:
+    """An engine SIGKILLed before it logged anything: safe-serve exits 70 (the engine ended unasked; its
+    signal in the reason), phase STARTING, no restart."""
     served = serve("vllm-crash-before-logs.yaml")
-    final = assert_clean_exit(served, 137)
+    final = assert_clean_exit(served, 70)
     assert final["phase"] == "STARTING" and final["engine_phase"] == "starting" and final["restarts"] == 0
     assert "SIGKILL" in final["reason"] and len(served.starts()) == 1
     assert not served.events("abort") and not served.events("retune")
 
 
-def test_crash_during_weight_load_exits_139(serve: Callable[..., Served]) -> None:
-    """SGLang dying of SIGSEGV while loading weights: safe-serve exits 139 and names the phase."""
+def test_crash_during_weight_load_exits_70(serve: Callable[..., Served]) -> None:
+    """SGLang dying of SIGSEGV while loading weights: safe-serve exits 70 and names the signal and the phase."""
     plan = plan_json("llama-3.1-8b", "sglang", "h100")
     served = serve("sglang-crash-loading.yaml", model="llama-3.1-8b", engine="sglang", gpu="h100",
                    sets=sglang_agrees(plan))
-    final = assert_clean_exit(served, 139)
+    final = assert_clean_exit(served, 70)
     assert final["phase"] == "STARTING" and final["engine_phase"] == "loading weights"
     assert "SIGSEGV" in final["reason"]
     assert served.err.read_bytes().count(b"Loading safetensors checkpoint shards:") == 2
 
 
-def test_unknown_error_after_the_kv_line_exits_with_the_engines_code(serve: Callable[..., Served]) -> None:
-    """An error no rule knows, after the KV line: safe-serve exits 1 like vLLM and names the phase."""
+def test_unknown_error_after_the_kv_line_exits_70(serve: Callable[..., Served]) -> None:
+    """An error no rule knows, after the KV line: safe-serve exits 70 (vLLM's own 1 is in the reason, never
+    our exit code, which would read as safe-serve's internal error) and names the phase."""
     plan = plan_json("qwen2.5-7b", "vllm", "rtx4090")
     served = serve("vllm-crash-after-kv.yaml", sets=vllm_agrees(plan))
-    final = assert_clean_exit(served, 1)
+    final = assert_clean_exit(served, 70)
+    assert "exited with code 1" in final["reason"]
     assert final["phase"] == "STARTING" and final["engine_phase"] == "KV cache sized"
     assert not served.events("abort") and len(served.starts()) == 1
     stderr = served.err.read_bytes()
@@ -673,14 +676,14 @@ def test_unknown_error_after_the_kv_line_exits_with_the_engines_code(serve: Call
     assert b"RuntimeError: Engine core initialization failed. See root cause above." in stderr
 
 
-def test_crash_after_ready_exits_134(serve: Callable[..., Served], tmp_path: Path) -> None:
-    """An engine that aborts (SIGABRT) while serving: safe-serve exits 134, phase READY, ready file gone."""
+def test_crash_after_ready_exits_70(serve: Callable[..., Served], tmp_path: Path) -> None:
+    """An engine that aborts (SIGABRT) while serving: safe-serve exits 70, phase READY, ready file gone."""
     plan = plan_json("qwen2.5-7b", "vllm", "rtx4090")
     go = tmp_path / "go"
     served = serve("vllm-crash-after-ready.yaml", sets={**vllm_agrees(plan), "vars.go": str(go)})
     served.wait_ready()
     go.touch()
-    final = assert_clean_exit(served, 134)
+    final = assert_clean_exit(served, 70)
     assert final["phase"] == "READY" and final["engine_phase"] == "serving" and "SIGABRT" in final["reason"]
 
 

@@ -25,3 +25,14 @@ def test_sglang_reproduces_the_golden_file() -> None:
         capture_output=True, text=True, timeout=600, cwd=HERE.parent,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+@pytest.mark.skipif(not ORACLE_PYTHON, reason="SAFE_SERVE_SGLANG_PYTHON is not set (see .ci/run)")
+def test_sglang_reproduces_the_layouts_golden_file() -> None:
+    """SGLang's ModelConfig and pool code, run now over every config, give the committed layouts (~30 s)."""
+    run = subprocess.run(
+        [ORACLE_PYTHON, str(HERE / "oracles" / "sglang_layouts.py"), "--compare",
+         str(HERE / "data" / "sglang_layouts.json")],
+        capture_output=True, text=True, timeout=600, cwd=HERE.parent,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

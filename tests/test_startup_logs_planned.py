@@ -80,3 +80,15 @@ def test_readme_quotes_the_bench(bench: ModuleType, scored: tuple, capsys: pytes
     start = readme.index("    engine  version  GPU class")
     quoted = [line[4:].rstrip() for line in readme[start:].split("\n\n")[0].splitlines()]
     assert quoted and all(line in printed for line in quoted), [q for q in quoted if q not in printed]
+
+
+def test_each_fitted_terms_band_covers_its_held_out_residuals(bench: ModuleType, scored: tuple) -> None:
+    """A band from errors on data not fitted: every log's residual against the constant refitted
+    without it lies inside the band the plan states for that term."""
+    _, _, scoring = scored
+    for fit, by_source in scoring.residuals.items():
+        band = getattr(fit.module, fit.band)
+        for source, value in by_source.items():
+            others = [r for s, r in by_source.items() if s != source]
+            if others:
+                assert abs(value - statistics.median(others)) <= band, (fit.name, source)

@@ -288,12 +288,12 @@ class TestSignals:
         [
             pytest.param(signal.SIGINT, 0, 0, id="SIGINT-graceful"),
             pytest.param(signal.SIGHUP, 0, -signal.SIGHUP, id="SIGHUP-default-death-is-clean"),
-            pytest.param(signal.SIGQUIT, 128 + signal.SIGQUIT, -signal.SIGQUIT, id="SIGQUIT-passes-through"),
+            pytest.param(signal.SIGQUIT, 0, -signal.SIGQUIT, id="SIGQUIT-default-death-is-clean"),
         ],
     )
     def test_other_stop_signals_are_forwarded(self, tmp_path: Path, cleanup: list[int], signum: int, exit_code: int,
                                               engine_returncode: int) -> None:
-        """SIGINT, SIGHUP and SIGQUIT reach the engine's group; death by a forwarded INT/HUP counts as clean."""
+        """SIGINT, SIGHUP and SIGQUIT reach the engine's group; death by a forwarded INT/HUP/QUIT counts as clean."""
         _engine, driver, pids = self._serving(tmp_path, cleanup)
         driver.proc.send_signal(signum)
         assert exit_code == driver.wait()
@@ -366,7 +366,8 @@ class TestSignals:
 
 class TestExitCodes:
     def test_engine_error_exit_code_and_traceback_pass_through(self, tmp_path: Path) -> None:
-        """A vLLM-like startup error (traceback on stderr, exit 1) makes us exit 1 with the text intact."""
+        """A vLLM-like startup error (traceback on stderr, exit 1) makes us exit 70 (never the engine's 1, our
+        internal error) with the text intact."""
         scenario = graceful(
             steps=[
                 {"text": VLLM_CORE_FAILED},
@@ -375,10 +376,10 @@ class TestExitCodes:
         )
         engine = Engine(tmp_path, "engine", scenario)
         driver = Driver(tmp_path, engine)
-        assert 1 == driver.wait()
+        assert 70 == driver.wait()
         assert f"ValueError: {VLLM_FREE_MEMORY}\n".encode() in driver.stderr()
         assert driver.stderr().startswith(b"Traceback (most recent call last):\n")
-        assert "engine exited with code 1" == driver.result()["outcome"]["reason"]
+        assert driver.result()["outcome"]["reason"].startswith("engine exited with code 1 unasked")
 
     @pytest.mark.parametrize(
         ("steps", "phase"),
@@ -387,11 +388,11 @@ class TestExitCodes:
             pytest.param([*serving_steps(), {"delay": 1.0, "crash": "SIGSEGV"}], "ready", id="after-ready"),
         ],
     )
-    def test_engine_killed_by_sigsegv_gives_139(self, tmp_path: Path, steps: list[dict[str, Any]], phase: str) -> None:
-        """Death by signal 11 gives exit code 128+11, names the signal and the phase reached."""
+    def test_engine_killed_by_sigsegv_is_70(self, tmp_path: Path, steps: list[dict[str, Any]], phase: str) -> None:
+        """Death by signal 11 unasked gives 70, names the signal and the phase reached."""
         engine = Engine(tmp_path, "engine", graceful(steps=steps), port=free_port())
         driver = Driver(tmp_path, engine)
-        assert 139 == driver.wait()
+        assert 70 == driver.wait()
         outcome = driver.result()["outcome"]
         assert ("SIGSEGV", -11, phase) == (outcome["signal_name"], outcome["engine_returncode"], outcome["phase"])
 
@@ -414,7 +415,7 @@ class TestExitCodes:
         driver = Driver(tmp_path, engine)
         pids = engine.pids()
         cleanup += [pids["engine"], pids["grandchild"], driver.proc.pid]
-        assert 3 == driver.wait(10)
+        assert 70 == driver.wait(10)
         assert gone(pids["grandchild"])
 
     def test_exception_in_a_hook_stops_the_engine_and_propagates(self, tmp_path: Path) -> None:
@@ -505,7 +506,7 @@ class TestRestart:
         second = Engine(tmp_path, "second", graceful(steps=[{"exit": 4}]))
         driver = Driver(tmp_path, first, on_exit_restart=second.argv)
         cleanup.append(driver.proc.pid)
-        assert 4 == driver.wait()
+        assert 70 == driver.wait()
         result = driver.result()
         assert ([-11, 4], 1) == (result["exits_seen"], result["outcome"]["restarts"])
 

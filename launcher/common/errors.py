@@ -17,10 +17,13 @@ class ExitCode(enum.IntEnum):
     DATA = 65  # EX_DATAERR: a model config or checkpoint we cannot read
     NO_INPUT = 66  # EX_NOINPUT: model, file or directory not found
     UNAVAILABLE = 69  # EX_UNAVAILABLE: no GPU / NVML to probe, engine not installed
-    SOFTWARE = 70  # EX_SOFTWARE: the engine ended by itself with code 0, unasked (a supervised server must not)
+    SOFTWARE = 70  # EX_SOFTWARE: the engine ended unasked (any code or signal) or failed while serving
     TEMPFAIL = 75  # EX_TEMPFAIL: GPU busy, lock timeout: try again later
     CONFIG = 78  # EX_CONFIG: will not fit as configured (RestartPreventExitStatus=78)
+    IO_ERROR = 74  # EX_IOERR: our own output cannot be written (a full disk, /dev/full)
     INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C before the engine ran (quiet, no traceback)
+    KILLED_AFTER_GRACE = 137  # 128 + SIGKILL: the engine did not stop within --grace (or a second Ctrl-C)
+    BROKEN_PIPE = 141  # 128 + SIGPIPE: whoever read our output went away (`safe-serve models | head -1`)
 
 
 class SafeServeError(Exception):

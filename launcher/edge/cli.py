@@ -10,15 +10,16 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from launcher.common import inputs
+from launcher.common import inputs, stopsignals
 from launcher.common.errors import ExitCode, SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.common.vocab import Device, DivergenceMode
 from launcher.edge import cli_hints
@@ -300,7 +301,14 @@ def models_command(architectures: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI; expected failures print one line and exit with their documented code."""
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="safe-serve", standalone_mode=False)
+        stdout = sys.stdout
+        try:
+            cli.main(args=list(argv) if argv is not None else None, prog_name="safe-serve", standalone_mode=False)
+        except SystemExit as done:
+            if done.code == 1 and sys.stdout is not stdout:  # click swallowed an EPIPE (core.py, main: exit 1)
+                raise BrokenPipeError(errno.EPIPE, "the reader of our output went away") from None
+            raise
+        sys.stdout.flush()  # a full disk or a closed pipe is said here, not at interpreter exit
     except WontFit as exc:
         click.echo(f"safe-serve: will not fit: {exc}", err=True)
         for alternative in exc.alternatives:
@@ -324,10 +332,42 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(int(ExitCode.INTERRUPTED))
+    except stopsignals.StopSignal as stop:  # before the engine started (lock wait, probe, plan)
+        click.echo(f"safe-serve: stopped on {stop.name} before the engine started", err=True)
+        sys.exit(stopsignals.exit_code(stop))
+    except OSError as exc:
+        if exc.errno not in OUTPUT_ERRNOS:
+            _internal_error(exc)
+        sys.exit(_output_failed(exc))
     except Exception as exc:  # a bug of ours: still one line, and the traceback on request
-        if os.environ.get("SAFE_SERVE_DEBUG"):
-            raise
-        click.echo(f"safe-serve: internal error: {type(exc).__name__}: {str(exc)[:300]} "
-                   "(SAFE_SERVE_DEBUG=1 shows the traceback; please report it)", err=True)
-        sys.exit(int(ExitCode.FAILURE))
+        _internal_error(exc)
     sys.exit(0)
+
+
+# Errors writing our own output: the reader went away (EPIPE), or the file cannot grow.
+OUTPUT_ERRNOS = frozenset({errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def _output_failed(exc: OSError) -> int:
+    """Our stdout failed: quiet 141 for a reader that left (`| head -1`), one line and 74 otherwise."""
+    try:  # what is still buffered must not fail again at interpreter exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    if exc.errno == errno.EPIPE:
+        return int(ExitCode.BROKEN_PIPE)
+    try:
+        click.echo(f"safe-serve: cannot write the output: {exc.strerror or exc}", err=True)
+    except OSError:
+        pass
+    return int(ExitCode.IO_ERROR)
+
+
+def _internal_error(exc: BaseException) -> NoReturn:
+    if os.environ.get("SAFE_SERVE_DEBUG"):
+        raise exc
+    click.echo(f"safe-serve: internal error: {type(exc).__name__}: {str(exc)[:300]} "
+               "(SAFE_SERVE_DEBUG=1 shows the traceback; please report it)", err=True)
+    sys.exit(int(ExitCode.FAILURE))

@@ -130,8 +130,9 @@ class Watch:
         finally:
             structlog.configure(logger_factory=old["logger_factory"])
             self.lock.release()
-        log.info("exit", code=outcome.exit_code, reason=outcome.reason, phase=outcome.phase.name,
-                 engine_phase=self.engine_phase, restarts=outcome.restarts)
+        say = log.info if outcome.exit_code == 0 else log.error  # the level follows the outcome
+        say("exit", code=outcome.exit_code, reason=outcome.reason, phase=outcome.phase.name,
+            engine_phase=self.engine_phase, restarts=outcome.restarts, engine_returncode=outcome.engine_returncode)
         return outcome.exit_code
 
     def _argv_for(self, flags: Sequence[str]) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from launcher.common import stopsignals
 from launcher.common.errors import ExitCode
 from launcher.supervise.events import (
     EventQueue,
@@ -56,6 +57,7 @@ log = structlog.get_logger("safe_serve.supervisor")
 READ_CHUNK = 1 << 20  # bytes per os.read
 DRAIN_AFTER_EXIT_S = 2.0  # how long to read pipes that outlive the engine's group
 TICK_S = 1.0  # reconcile steps run at least this often
+STOP_FLUSH_S = 5.0  # after a requested stop, the engine's last output gets this long beyond its exit
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ class SupervisorOptions:
     extend_by_s: float = EXTEND_BY_S
     max_line_bytes: int = MAX_LINE_BYTES
     line_filter: tuple[bytes, ...] | None = None  # on_line gets only lines holding one of these
-    output_flush_s: float = 30.0  # at exit, how long a stalled reader may keep us waiting
+    output_flush_s: float = 30.0  # after the engine ended unasked, how long a stalled reader may keep us waiting
+    stop_flush_s: float = STOP_FLUSH_S  # ... and after a stop we were asked for (systemd waits on us)
 
 
 class Supervisor:
@@ -147,6 +150,7 @@ class Supervisor:
             signal.SIGQUIT: self._on_stop_signal,
             signal.SIGINT: self._on_sigint,
             signal.SIGCHLD: self._on_sigchld,
+            **{signum: self._on_not_a_stop for signum in stopsignals.NOT_STOPS},
         }
         self._request_table: dict[type, Callable[[Any], None]] = {
             StopRequest: self._on_stop_request,
@@ -226,6 +230,9 @@ class Supervisor:
         self._streams.open(lambda: self._events.post(OutputDrained()))  # called from the writer threads
         try:
             with self._signals():
+                stopsignals.supervised()  # a stop signal from now on is ours to handle
+                for name in stopsignals.take_noted():
+                    log.warning("signal ignored: it does not stop safe-serve", signal=name)
                 self._state = State.RUNNING
                 self._spawn(self._command)
                 while self._state is not State.FINISHED:
@@ -285,7 +292,7 @@ class Supervisor:
         if self._stop.deadline is not None and now >= self._stop.deadline:
             self._escalate(f"the engine did not stop within the {self._opts.grace_s:g} s grace period")
         self._check_watches(now)
-        alive = self._liveness.passing and engine.phase is Phase.READY and self._state is State.RUNNING
+        alive = self._liveness.passing(now) and engine.phase is Phase.READY and self._state is State.RUNNING
         self._keepalive.tick(now, loading=self._state is not State.STOPPING, alive=alive)
 
     def _reconcile_exited(self, engine: Engine, now: float) -> None:
@@ -294,7 +301,7 @@ class Supervisor:
             if engine.kill_stragglers():
                 log.warning("killed processes left in the engine's process group", pgid=engine.pgid)
             self._drain_deadline = now + DRAIN_AFTER_EXIT_S
-            self._drain_limit = now + DRAIN_AFTER_EXIT_S + self._opts.output_flush_s
+            self._drain_limit = now + DRAIN_AFTER_EXIT_S + self._flush_budget_s()
         if self._streams.paused and self._drain_limit is not None:
             # a slow reader, not a process outliving the group, keeps the pipes open
             self._drain_deadline = min(max(self._drain_deadline, now + DRAIN_AFTER_EXIT_S), self._drain_limit)
@@ -344,8 +351,14 @@ class Supervisor:
     def _on_output_drained(self, _event: OutputDrained) -> None:
         self._streams.resume_drained(self._selector)
 
+    def _flush_budget_s(self) -> float:
+        asked = self._stop.signal is not None or self._stop.request is not None
+        return self._opts.stop_flush_s if asked else self._opts.output_flush_s
+
     def _flush_output(self) -> None:
-        self._streams.flush(self._opts.output_flush_s)
+        """What is queued goes out, within the same bound as the drain (from the engine's exit)."""
+        limit = self._drain_limit if self._drain_limit is not None else time.monotonic() + self._flush_budget_s()
+        self._streams.flush(max(limit - time.monotonic(), 0.0))
 
     # ------------------------------------------------------------------ dispatch targets
 
@@ -366,6 +379,10 @@ class Supervisor:
             self._escalate("second SIGINT")
         else:
             self._on_stop_signal(signum)
+
+    def _on_not_a_stop(self, signum: int) -> None:
+        """SIGUSR1, SIGUSR2, SIGALRM: their default action would end us silently; said and ignored."""
+        log.warning("signal ignored: it does not stop safe-serve", signal=signal_name(signum))
 
     def _on_sigchld(self, signum: int) -> None:
         self._reap()
@@ -413,6 +430,7 @@ class Supervisor:
         if event.generation != engine.generation or self._state is not State.RUNNING:
             return
         engine.phase = max(engine.phase, Phase.HEALTHY)
+        self._liveness.healthy(time.monotonic())
         if self._on_ready is not None:
             self._on_ready()
         else:
@@ -422,7 +440,7 @@ class Supervisor:
         engine = self._current()
         if event.generation != engine.generation or self._state is not State.RUNNING:
             return
-        why = self._liveness.result(event.healthy)
+        why = self._liveness.result(event.healthy, time.monotonic())
         if why is not None:
             self.request_stop(why, self._opts.liveness_exit_code)
 
@@ -441,7 +459,7 @@ class Supervisor:
             self._stop.forwarded.add(signum)
         self._current().signal_group(signum)
         if state is State.STOPPING:
-            self._keepalive.stopping(self._opts.grace_s + DRAIN_AFTER_EXIT_S + 5.0)
+            self._keepalive.stopping(self._opts.grace_s + DRAIN_AFTER_EXIT_S + self._opts.stop_flush_s + 5.0)
         elif state is State.RESTARTING:
             self._keepalive.restarting()
 

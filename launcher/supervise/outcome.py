@@ -1,12 +1,14 @@
 """How a supervision ended: the phases, the stop book and the exit-code rules.
 
 * ``request_stop(reason, code)`` wins: ``code``, however the engine ended;
-* a stop asked for by SIGTERM, SIGINT or SIGHUP: 0 if the engine exited 0 or died of the
-  signal we forwarded; otherwise as below (e.g. 137 when it had to be SIGKILLed);
-* the engine ended by itself with code 0, unasked: 70 (``EX_SOFTWARE``): a supervised server
-  that stops serving has failed, whatever its own code says (vLLM exits 0 after
-  ``EngineDeadError``), so ``Restart=on-failure`` restarts it;
-* otherwise the engine's own exit status, or 128+N when it died of signal N.
+* a stop asked for by SIGTERM, SIGINT, SIGHUP or SIGQUIT: 0 if the engine exited 0 or died of
+  the signal we forwarded; 137 when it had to be SIGKILLed (the grace ran out, a second
+  SIGINT); 70 when it failed otherwise while stopping;
+* the engine ended by itself, unasked: 70 (``EX_SOFTWARE``) whatever its own code or signal: a
+  supervised server that stops serving has failed (vLLM exits 0 after ``EngineDeadError``), so
+  ``Restart=on-failure`` restarts it, and the engine's code never poses as one of ours (its
+  exit 1, 2 or 78 would read as our internal error, bad command line or "will not fit"). The
+  engine's own code or signal is in the reason and in ``engine_returncode``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from dataclasses import dataclass, field
 
 from launcher.common.errors import ExitCode
 
-STOP_SIGNALS_CLEAN = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+STOP_SIGNALS_CLEAN = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+KILLED_AFTER_GRACE = 128 + signal.SIGKILL  # the engine had to be SIGKILLed while it was being stopped
 
 
 class Phase(enum.IntEnum):
@@ -57,7 +60,7 @@ class StopBook:
 
     request: tuple[str, int] | None = None  # (reason, exit code) from request_stop
     signal: int | None = None  # first stop signal received
-    forwarded: set[int] = field(default_factory=set)  # SIGTERM/SIGINT/SIGHUP we forwarded
+    forwarded: set[int] = field(default_factory=set)  # SIGTERM/SIGINT/SIGHUP/SIGQUIT we forwarded
     deadline: float | None = None  # monotonic time of the SIGKILL escalation
     escalation: str | None = None  # why we SIGKILLed, if we did
     sigints: int = 0
@@ -86,11 +89,13 @@ def decide_outcome(returncode: int, phase: Phase, restarts: int, stop: StopBook)
     if stop.request is not None:
         code, reason = stop.request[1], f"{stop.request[0]}; engine {how}"
     elif stop.signal is not None:
-        clean = returncode == 0 or -returncode in stop.forwarded
-        code = 0 if clean else exit_code_for(returncode)
+        if returncode == 0 or -returncode in stop.forwarded:
+            code = 0
+        elif stop.escalation and returncode == -signal.SIGKILL:
+            code = KILLED_AFTER_GRACE
+        else:
+            code = int(ExitCode.SOFTWARE)
         reason = f"stopped on {signal_name(stop.signal)}; engine {how}"
-    elif returncode == 0:
-        code, reason = int(ExitCode.SOFTWARE), f"engine {how} unasked (a server must not stop by itself)"
     else:
-        code, reason = exit_code_for(returncode), f"engine {how}"
+        code, reason = int(ExitCode.SOFTWARE), f"engine {how} unasked (a server must not stop by itself)"
     return SupervisorOutcome(code, returncode, sig, reason, phase, restarts)

@@ -9,10 +9,10 @@ systemd's watchdog while the engine answers.
 
 from __future__ import annotations
 
-import http.client
 import os
+import socket
 import threading
-import urllib.request
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,8 @@ from pathlib import Path
 import structlog
 
 log = structlog.get_logger("safe_serve.supervisor")
+
+MAX_STATUS_LINE = 4096  # bytes read for the status line
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,9 @@ class HealthCheck:
     port: int
     path: str = "/health"
     interval_s: float = 1.0  # while starting
-    timeout_s: float = 2.0
+    timeout_s: float = 2.0  # in all, per probe: connect, send and every read together
     live_interval_s: float = 0.0  # after the first 200; 0: stop polling (no liveness check)
-    live_timeout_s: float = 5.0  # a busy engine may answer slowly while serving
+    live_timeout_s: float = 5.0  # a busy engine may answer slowly while serving (in all, per probe)
     failures: int = 3  # this many failed probes in a row after ready: the engine is gone
 
     @property
@@ -42,6 +44,36 @@ class HealthCheck:
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         return f"http://{host}:{self.port}{self.path}"
+
+
+def probe(check: HealthCheck, timeout_s: float) -> bool:
+    """One GET of the health path: True on a 200 status line within ``timeout_s`` in all.
+
+    The deadline covers connect, send and every read together (a server that trickles one byte
+    a second fails like one that does not answer); only the status line is read. Plain sockets
+    to the engine's own address: never a proxy.
+    """
+    deadline = time.monotonic() + timeout_s
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(check.host, check.host)
+    try:
+        with socket.create_connection((host, check.port), timeout=timeout_s) as sock:
+            netloc = f"[{host}]:{check.port}" if ":" in host else f"{host}:{check.port}"
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.sendall(f"GET {check.path} HTTP/1.1\r\nHost: {netloc}\r\nConnection: close\r\n\r\n".encode())
+            head = b""
+            while b"\r\n" not in head and len(head) < MAX_STATUS_LINE:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                sock.settimeout(left)
+                chunk = sock.recv(MAX_STATUS_LINE)
+                if not chunk:
+                    break
+                head += chunk
+    except (OSError, ValueError):
+        return False  # refused while loading, timeouts, resets
+    parts = head.split(b"\r\n", 1)[0].split(b" ", 2)
+    return len(parts) >= 2 and parts[0].startswith(b"HTTP/1.") and parts[1] == b"200"
 
 
 class HealthPoller:
@@ -60,18 +92,13 @@ class HealthPoller:
     def stop(self) -> None:
         self._stopped.set()
 
-    def _probe(self, opener: urllib.request.OpenerDirector, timeout: float) -> bool:
-        try:
-            with opener.open(self._check.url, timeout=timeout) as response:
-                return bool(response.status == 200)
-        except (OSError, http.client.HTTPException, ValueError):
-            return False  # refused while loading, 503 while starting, timeouts
+    def _probe(self, timeout: float) -> bool:
+        return probe(self._check, timeout)
 
     def _run(self) -> None:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
         check = self._check
         while not self._stopped.wait(check.interval_s):
-            if self._probe(opener, check.timeout_s) and not self._stopped.is_set():
+            if self._probe(check.timeout_s) and not self._stopped.is_set():
                 self._on_healthy()
                 break
         else:
@@ -79,28 +106,42 @@ class HealthPoller:
         if check.live_interval_s <= 0:
             return
         while not self._stopped.wait(check.live_interval_s):
-            healthy = self._probe(opener, check.live_timeout_s)
+            healthy = self._probe(check.live_timeout_s)
             if self._stopped.is_set():
                 return
             self._on_live(healthy)
 
 
 class Liveness:
-    """Liveness after ready: failed probes in a row; ``check.failures`` of them end the engine."""
+    """Liveness after ready: failed probes in a row (``check.failures`` of them end the engine), and
+    whether the last probe passed recently enough to feed systemd's watchdog."""
+
+    SLACK_S = 1.0
 
     def __init__(self, check: HealthCheck | None) -> None:
         self.check = check
         self.failures = 0
+        self._fresh_until: float | None = None  # a passing probe is this recent; None: not probed after ready
 
-    @property
-    def passing(self) -> bool:
-        """No probe failed since the last one that passed (the watchdog may be fed)."""
-        return self.failures == 0
+    def passing(self, now: float) -> bool:
+        """No probe failed since the last one that passed, and the poller is still reporting (each
+        probe has a total deadline: a silent poller is a stuck one)."""
+        return self.failures == 0 and (self._fresh_until is None or now <= self._fresh_until)
 
     def reset(self) -> None:
         self.failures = 0
+        self._fresh_until = None
 
-    def result(self, healthy: bool) -> str | None:
+    def _passed(self, now: float) -> None:
+        check = self.check
+        if check is not None and check.live_interval_s > 0:
+            self._fresh_until = now + 2 * (check.live_interval_s + check.live_timeout_s) + self.SLACK_S
+
+    def healthy(self, now: float) -> None:
+        """The first 200: probing for liveness starts."""
+        self._passed(now)
+
+    def result(self, healthy: bool, now: float) -> str | None:
         """Count one probe; returns why the engine must stop, or None."""
         check = self.check
         if check is None:
@@ -109,6 +150,7 @@ class Liveness:
             if self.failures:
                 log.info("engine health answers again", failures=self.failures)
             self.failures = 0
+            self._passed(now)
             return None
         self.failures += 1
         log.warning("engine health check failed", url=check.url, failures=self.failures, limit=check.failures)

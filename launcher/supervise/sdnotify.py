@@ -36,13 +36,15 @@ def notify(state: str, env: Mapping[str, str] | None = None) -> bool:
         env: where to look up ``NOTIFY_SOCKET`` (default: ``os.environ``).
 
     Returns:
-        False when ``NOTIFY_SOCKET`` is unset or anything fails; never raises.
+        False when ``NOTIFY_SOCKET`` is unset or anything fails (a full receiver queue too: the
+        datagram is dropped rather than block); never raises.
     """
     address = socket_address(env)
     if address is None:
         return False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.setblocking(False)  # a receiver whose queue is full must never block the loop: dropped
             sock.connect(address)
             sock.sendall(state.encode("utf-8", errors="replace"))
     except OSError:

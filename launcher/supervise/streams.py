@@ -143,6 +143,7 @@ class Streams:
         self.flush(flush_s)
         dropped = {name: writer.close() for name, writer in self.writers.items()}
         if any(dropped.values()):
-            log.warning("engine output dropped: our output was not read in time",
+            log.warning("engine output dropped: our output was not read in time (bytes that could not be written)",
                         **{f"{name}_bytes": count for name, count in dropped.items() if count})
         return dropped
+

@@ -249,6 +249,25 @@ def _patched_env(env: dict):
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def _device_capability(facts):
+    """Some model hooks ask torch itself (arg_groups/model_hook.py: DeepSeek V3.2's DSA
+    backend pick calls ``torch.cuda.get_device_capability()``); under a platform preset
+    it answers the preset's capability, as that card would."""
+    cap = (facts or {}).get("device_capability")
+    if cap is None:
+        yield
+        return
+    import torch
+
+    saved = torch.cuda.get_device_capability
+    torch.cuda.get_device_capability = lambda *a, **k: tuple(cap)
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = saved
+
+
 def _err(e: BaseException) -> dict:
     return {"type": type(e).__name__, "message": str(e)}
 
@@ -421,6 +440,7 @@ class Oracle:
         with (
             _patched_env(case.get("env", {})),
             override_platform(**facts) if facts else contextlib.nullcontext(),
+            _device_capability(facts),
         ):
             err_sink = io.StringIO()
             try:
@@ -659,6 +679,8 @@ class Oracle:
             torch.distributed.all_reduce = orig_ar
             kvcm.gc = orig_gc
         res["max_total_num_tokens"] = cfg.max_total_num_tokens
+        if kvc.mambaish_config is not None:
+            res["mamba"] = self._mamba_summary(kvc)
         res["max_running_requests"] = cfg.max_running_requests
         if cfg.full_max_total_num_tokens is not None:
             res["full_max_total_num_tokens"] = cfg.full_max_total_num_tokens
@@ -862,6 +884,30 @@ class Oracle:
         tokens = tokens // sa.page_size * sa.page_size
         res["max_total_num_tokens"] = tokens
         return res
+
+    @staticmethod
+    def _mamba_summary(kvc) -> dict:
+        """The per-request state pool of a hybrid (mamba / linear-attention) model as
+        KVCacheConfigurator._handle_max_mamba_cache sized it: the state shapes and dtypes
+        of one request (mamba2_cache_params), the slots it allocated and the ratios."""
+        from sglang.srt.runtime_context import get_exec, get_schedule
+
+        cp = kvc.mambaish_config.mamba2_cache_params
+        sched = get_schedule()
+        return {
+            "config_class": type(kvc.mambaish_config).__name__,
+            "state_layers": len(cp.layers),
+            "full_attention_layers": len(kvc.mambaish_config.full_attention_layer_ids),
+            "conv_shapes": [list(s) for s in cp.shape.conv],
+            "temporal_shape": list(cp.shape.temporal),
+            "conv_dtype": str(cp.dtype.conv).replace("torch.", ""),
+            "temporal_dtype": str(cp.dtype.temporal).replace("torch.", ""),
+            "cache_per_req": int(cp.mamba_cache_per_req),
+            "mamba_full_memory_ratio": sched.mamba_full_memory_ratio,
+            "max_mamba_cache_size": sched.max_mamba_cache_size,
+            "slots_per_request": kvc._calculate_mamba_ratio(),
+            "extra_buffer": bool(get_exec().mamba.enable_mamba_extra_buffer),
+        }
 
     @staticmethod
     def _sliding_window(mc):

@@ -12,12 +12,10 @@ This module only re-exports (the planner is imported on first plan, by the adapt
 """
 
 from launcher.engines.sglang.architectures import (
-    DEFAULT_SWA_FULL_TOKENS_RATIO,
-    HYBRID_SWA_ARCHITECTURES,
     UNVERIFIED_KV_ERROR_FRACTION,
-    VERIFIED_ARCHITECTURES,
     architecture_status,
     is_hybrid_swa,
+    stage_layers,
 )
 from launcher.engines.sglang.budget import (
     CONTEXT_ERROR_BYTES,
@@ -38,7 +36,6 @@ from launcher.engines.sglang.kv import (
     cell_size_bytes,
     default_page_size,
     kv_dtype_bytes,
-    stage_layers,
 )
 from launcher.engines.sglang.rules import (
     ALLOW_LONG_ENV,
@@ -61,10 +58,10 @@ from launcher.engines.sglang.rules import (
 
 __all__ = [
     "ALLOW_LONG_ENV", "AS_WRITTEN", "CALIBRATION_KEY_FLAGS", "CONTEXT_ERROR_BYTES", "CUDA_CONTEXT_BYTES",
-    "DEFAULT_SWA_FULL_TOKENS_RATIO", "ENV_KEYS", "FLAGS", "HYBRID_SWA_ARCHITECTURES", "KV_CACHE_DTYPES",
+    "ENV_KEYS", "FLAGS", "KV_CACHE_DTYPES",
     "LOAD_OVERHEAD_BYTES", "LOAD_OVERHEAD_ERROR_BYTES", "MEMORY_FLAGS", "MULTIMODAL_RESERVE_BYTES", "NCCL_BYTES",
     "NEWEST", "NOT_MODELLED", "OTHER_FLAGS", "RULES", "TP_FLAG", "UNVERIFIED_KV_ERROR_FRACTION",
-    "VERIFIED_ARCHITECTURES", "FractionDerivation", "SglangRules", "architecture_status", "cell_size_bytes",
+    "FractionDerivation", "SglangRules", "architecture_status", "cell_size_bytes",
     "default_fraction", "default_page_size", "derived_context_length", "is_hybrid_swa", "kv_dtype_bytes",
     "max_running_requests", "pinned_flags", "pool_tokens", "prefill_graph_buckets", "ranks", "rules_for",
     "stage_layers", "tier_defaults",

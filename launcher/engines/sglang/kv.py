@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from launcher.engines.dtypes import auto_kv_bytes, kv_element_bytes
-from launcher.engines.sglang.architectures import DEFAULT_SWA_FULL_TOKENS_RATIO, cached_layers, is_hybrid_swa
-from launcher.model.config import ModelGeometry, kv_heads_per_rank
+from launcher.engines.sglang import architectures
+from launcher.model.config import ModelGeometry
 
 # The `--kv-cache-dtype` values safe-serve sizes, as SGLang's model runner stores them.
 KV_CACHE_DTYPES = {
@@ -32,33 +32,11 @@ def kv_dtype_bytes(kv_cache_dtype: str | None, model_dtype: str, geometry: Model
     return size, f"kv-cache-dtype {value}"
 
 
-def stage_layers(num_layers: int, pp: int) -> list[range]:
-    """Layers per pipeline stage: SGLang gives the remainder to the last stages (13 + 14 for 27 on 2)."""
-    base, extra = divmod(num_layers, pp)
-    sizes = [base + (1 if rank >= pp - extra else 0) for rank in range(pp)]
-    starts = [sum(sizes[:rank]) for rank in range(pp)]
-    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-
-
 def cell_size_bytes(geometry: ModelGeometry, *, kv_bytes: int, tp: int, pp: int,
                     pinned: Mapping[str, Any] | None = None) -> float:
-    """Bytes one token takes in the pool on the fullest pipeline stage (all of its layers).
-
-    Hybrid SWA models count their sliding layers at `--swa-full-tokens-ratio` (a float,
-    as in SGLang's HybridSWAPoolConfigurator).
-    """
-    pinned = pinned or {}
-    geometry = cached_layers(geometry)
-    layers = max(stage_layers(geometry.num_layers, pp), key=len)
-    kinds = [geometry.layer_kinds[i] for i in layers]
-    if geometry.mla is not None:
-        return geometry.mla.latent_dim * len(kinds) * kv_bytes
-    per_layer = kv_heads_per_rank(geometry.num_kv_heads, tp) * (geometry.head_dim + geometry.v_head_dim) * kv_bytes
-    if not is_hybrid_swa(geometry, pinned):
-        return per_layer * len(kinds)
-    ratio = float(pinned.get("--swa-full-tokens-ratio", DEFAULT_SWA_FULL_TOKENS_RATIO))
-    sliding = sum(1 for kind in kinds if kind == "sliding")
-    return per_layer * (len(kinds) - sliding) + ratio * per_layer * sliding
+    """Bytes one token takes in the pool on the fullest pipeline stage (`architectures.cell_size_bytes`)."""
+    return architectures.cell_size_bytes(architectures.layout(geometry), kv_bytes=kv_bytes, kv_fp8=kv_bytes == 1,
+                                         tp=tp, pp=pp, pinned=pinned)
 
 
 def default_page_size(geometry: ModelGeometry, compute_capability: tuple[int, int] | None) -> tuple[int, str]:

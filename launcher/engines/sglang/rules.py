@@ -133,6 +133,12 @@ FLAGS = (
     FlagSpec("--language-only", None),
     FlagSpec("--disable-hybrid-swa-memory", None),
     FlagSpec("--swa-full-tokens-ratio", float),
+    # Hybrid state models (arg_groups/fields/schedule.py:216-227, exec_.py:490-518, memory).
+    FlagSpec("--mamba-full-memory-ratio", float),
+    FlagSpec("--mamba-ssm-dtype", str),
+    FlagSpec("--max-mamba-cache-size", positive_int),
+    FlagSpec("--disable-radix-cache", None),
+    FlagSpec("--disable-overlap-schedule", None),
     # Read only to say that the plan does not count what they add (NOT_MODELLED).
     FlagSpec("--speculative-algorithm", str),
     FlagSpec("--enable-lora", None),
@@ -176,6 +182,7 @@ def derived_context_length(geometry: ModelGeometry) -> tuple[int, str]:
             break
     else:
         return 2048, "no length key in config.json (SGLang assumes 2048)"
+    from launcher.engines.sglang import architectures
     from launcher.model.config import rope_scaling_entries
 
     factor = 1.0
@@ -183,7 +190,8 @@ def derived_context_length(geometry: ModelGeometry) -> tuple[int, str]:
         rope_type = entry.get("rope_type") or entry.get("type")
         # transformers 5 fills original_max_position_embeddings into YaRN configs that lack it,
         # so YaRN never multiplies (oracle: "rope-yarn-4-no-original" stays 4096).
-        if "original_max_position_embeddings" in entry or rope_type in ("llama3", "yarn"):
+        if "original_max_position_embeddings" in entry or rope_type in ("llama3", "yarn") \
+                or not architectures.rope_factor_applies(geometry):
             continue
         if isinstance(entry.get("factor"), (int, float)):
             factor = float(entry["factor"])

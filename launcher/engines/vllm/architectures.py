@@ -16,6 +16,7 @@ Paths cited are inside the vLLM 0.32.0 package (`vllm/...`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -268,7 +269,54 @@ def verified_row(architecture: str) -> ArchitectureRow | None:
     return _BY_NAME.get(architecture)
 
 
+# Multimodal wrappers whose language model vLLM 0.32 builds from `text_config` as a registered text
+# architecture (the KV layers are that backbone's; the vision tower caches nothing). A wrapper is
+# verified where its backbone row is verified for this config's switches. The backbone: a fixed
+# class, or None for "text_config's own architecture" (by its model_type where it names none).
+WRAPPERS: Mapping[str, tuple[str | None, str]] = {
+    "Gemma3ForConditionalGeneration": ("Gemma3ForCausalLM", "models/gemma3_mm.py:561-565"),
+    "Mistral3ForConditionalGeneration": (None, "models/mistral3.py:485-489"),
+    "LlavaForConditionalGeneration": (None, "models/llava.py:569-573"),
+    "KimiVLForConditionalGeneration": ("DeepseekV2ForCausalLM", "models/kimi_vl.py:336-340"),
+    "Qwen2VLForConditionalGeneration": ("Qwen2ForCausalLM", "models/qwen2_vl.py:1422-1425"),
+    "Qwen2_5_VLForConditionalGeneration": ("Qwen2ForCausalLM", "models/qwen2_5_vl.py:1444-1447"),
+    "Qwen3VLForConditionalGeneration": ("Qwen3ForCausalLM", "models/qwen3_vl.py:2043-2046"),
+    "Qwen3VLMoeForConditionalGeneration": ("Qwen3MoeForCausalLM", "models/qwen3_vl_moe.py:285-288"),
+    "Llama4ForConditionalGeneration": ("Llama4ForCausalLM", "models/mllama4.py:780-786"),
+}
+_TEXT_ARCHITECTURE_BY_MODEL_TYPE = {"mistral": "MistralForCausalLM", "llama": "LlamaForCausalLM",
+                                    "qwen2": "Qwen2ForCausalLM"}
+
+
+def wrapper_backbone(geometry: ModelGeometry) -> tuple[str, str] | None:
+    """(text architecture, where vLLM builds it) for a known multimodal wrapper, else None."""
+    entry = WRAPPERS.get(geometry.architecture)
+    if entry is None:
+        return None
+    backbone, source = entry
+    if backbone is None:
+        # The merged text config keeps text_config's own "architectures" where it has one.
+        named = geometry.text_config.get("architectures")
+        own = named[0] if isinstance(named, list) and named and isinstance(named[0], str) else None
+        backbone = own if own and own != geometry.architecture else \
+            _TEXT_ARCHITECTURE_BY_MODEL_TYPE.get(geometry.model_type)
+    return (backbone, source) if backbone else None
+
+
 def architecture_status(geometry: ModelGeometry) -> tuple[bool, str]:
+    """(verified, note); a multimodal wrapper is read through to its text backbone's row."""
+    wrapped = wrapper_backbone(geometry)
+    if wrapped is None:
+        return _own_status(geometry)
+    backbone, source = wrapped
+    verified, note = _own_status(dataclasses.replace(geometry, architecture=backbone))
+    if not verified:
+        return False, f"{geometry.architecture} wraps {backbone} ({source}): {note}"
+    return True, (f"verified wrapper {geometry.architecture}: vLLM builds its language model as {backbone} from "
+                  f"text_config ({source}); {note}")
+
+
+def _own_status(geometry: ModelGeometry) -> tuple[bool, str]:
     """(verified, note): whether vLLM 0.32's KV layout for this architecture is proven.
 
     The note is one line for the plan notes and JSON. Unverified architectures are planned

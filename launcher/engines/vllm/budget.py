@@ -14,8 +14,11 @@ startup check. The constants below are estimates; each names where it comes from
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from launcher.common.units import GiB, MiB, format_gib
 from launcher.engines.vllm.rules import VllmRules, uses_v2_runner
@@ -163,6 +166,47 @@ def moe_workspace_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int
     return 2 * batched_tokens * topk * (max(n // 2, h) + max(n, h))
 
 
+# The modalities each wrapper's processor supports (`supported_mm_limits` of its processing info);
+# a modality left out of --limit-mm-per-prompt keeps vLLM's default of 999 items.
+MM_MODALITIES: Mapping[str, frozenset[str]] = {
+    **dict.fromkeys(("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+                     "Llama4ForConditionalGeneration", "KimiVLForConditionalGeneration",
+                     "LlavaForConditionalGeneration", "PixtralForConditionalGeneration"), frozenset({"image"})),
+    **dict.fromkeys(("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                     "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                     "Glm4vForConditionalGeneration"), frozenset({"image", "video"})),
+    "Gemma3nForConditionalGeneration": frozenset({"image", "audio"}),
+}
+ALL_MODALITIES = frozenset({"image", "video", "audio"})
+
+
+def encoder_profiled(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> bool:
+    """Whether vLLM's profile run runs the vision/audio encoder and holds its outputs
+    (gpu_model_runner.py `profile_run`: skipped with --skip-mm-profiling, with
+    --language-model-only, or when --limit-mm-per-prompt sets every supported modality to 0:
+    multimodal/encoder_budget.py:72-90 keeps only modalities with a limit > 0)."""
+    if not geometry.is_multimodal or pinned.get("--language-model-only") or pinned.get("--skip-mm-profiling"):
+        return False
+    raw = pinned.get("--limit-mm-per-prompt")
+    if not isinstance(raw, str):
+        return True
+    try:
+        limits = json.loads(raw)
+    except ValueError:
+        return True  # the engine's own parser decides; keep the term
+    if not isinstance(limits, Mapping):
+        return True
+    supported = MM_MODALITIES.get(geometry.architecture, ALL_MODALITIES)
+    return any(_mm_count(limits.get(modality, 999)) > 0 for modality in supported)
+
+
+def _mm_count(value: Any) -> int:
+    """A limit is a count or {"count": n, ...} (config/multimodal.py `limit_per_prompt`)."""
+    if isinstance(value, Mapping):
+        value = value.get("count", 999)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 999
+
+
 def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: int, num_seqs: int, tp: int,
                  gpu_name: str = "", act_dtype_bytes: int = 2, language_only: bool = False) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
@@ -220,6 +264,12 @@ def cpu_activation_peak_bytes(geometry: ModelGeometry, *, batched_tokens: int, n
 
 def cudagraph_estimate_bytes(kv_layers_on_rank: int) -> int:
     return CUDAGRAPH_BASE_BYTES + CUDAGRAPH_PER_LAYER_BYTES * kv_layers_on_rank
+
+
+def cudagraph_outside_bytes(kv_layers_on_rank: int) -> int:
+    """The graphs' unfavourable end, where a version captures them outside the budget."""
+    estimate = cudagraph_estimate_bytes(kv_layers_on_rank)
+    return estimate + cudagraph_error_bytes(estimate)
 
 
 def cudagraph_error_bytes(estimate: int) -> int:

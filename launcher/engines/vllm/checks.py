@@ -13,6 +13,7 @@ backends on CUDA, TurboQuant/NVFP4 KV dtypes, the CPU ISA needed for an fp8 KV c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from launcher.engines.checks_common import (
@@ -27,6 +28,7 @@ from launcher.engines.checks_common import (
     tp_sizes_for_heads,
 )
 from launcher.engines.versions import version_key
+from launcher.engines.vllm.rules import rules_for
 from launcher.model.config import MAX_LEN_KEYS
 
 # Line numbers of each message, per vLLM release (file, line).
@@ -194,8 +196,27 @@ CPU_HEAD_SIZES = (32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 FLASHINFER_HEAD_SIZES = (64, 128, 256, 512)  # flashinfer.py:568
 
 
-def _src(lines: Mapping[str, tuple[str, int]], version: str, key: str) -> str:
+# Where releases before 0.19 raise the messages read from their wheels (the rest cite 0.32's lines).
+_CT = "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py"
+_OLD_LINES: tuple[tuple[str, Mapping[str, tuple[str, int]]], ...] = (
+    ("0.8.5", {"bf16": ("vllm/v1/worker/gpu_worker.py", 345), "ct_scheme": (_CT, 452)}),
+    ("0.9.0", {"ct_scheme": (_CT, 472)}),
+    ("0.11.0", {"ct_scheme": (_CT, 626)}),
+    ("0.12.0", {"ct_scheme": (_CT, 739)}),
+    ("0.13.0", {"ct_scheme": (_CT, 760)}),
+    ("0.14.0", {"ct_scheme": (_CT, 756)}),
+    ("0.15.0", {"ct_scheme": (_CT, 784)}),
+    ("0.16.0", {"ct_scheme": (_CT, 757)}),
+    ("0.17.0", {"ct_scheme": (_CT, 758)}),
+)
+
+
+def _src(lines: Mapping[str, tuple[str, int]], version: str, key: str, asked: str | None = None) -> str:
     path, line = lines[key]
+    if asked is not None and version_key(asked) < (0, 19):
+        older, table = lines_for(_OLD_LINES, asked)
+        if key in table and version_key(older) <= version_key(asked):
+            (path, line), version = table[key], asked
     return f"{path}:{line} (vLLM {version})"
 
 
@@ -248,8 +269,13 @@ def _override_method(inp: CheckInput) -> str | None:
 CT_SCHEME_MINIMUMS = CtSchemeMinimums(w4a4_fp4=75, w8a8_fp8=89, w8a16_fp8=75, wna16=75, w8a8_int8=75)
 
 
-def _ct_scheme_min_capability(qc: Mapping[str, object], cc: int) -> tuple[str, int] | None:
-    return ct_scheme_min_capability(qc, cc, CT_SCHEME_MINIMUMS)
+def _ct_scheme_min_capability(qc: Mapping[str, object], cc: int,
+                              version: str | None = None) -> tuple[str, int] | None:
+    """The scheme and its minimum for this release (WNA16 and W8A16-FP8 needed 80 before 0.12/0.16)."""
+    rules, _ = rules_for(version)
+    minimums = dataclasses.replace(CT_SCHEME_MINIMUMS, wna16=rules.ct_wna16_min_capability,
+                                   w8a16_fp8=rules.ct_w8a16_fp8_min_capability)
+    return ct_scheme_min_capability(qc, cc, minimums)
 
 
 def _backend_reasons(inp: CheckInput, cc: tuple[int, int], block: int) -> dict[str, list[str]]:
@@ -411,13 +437,13 @@ def _quant_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version:
             _src(lines, version, "quant_act"), hint=f"--dtype {acts[0]}"))
     if method == "compressed-tensors" and inp.device == "cuda" and cc is not None and not out:
         cap = cc[0] * 10 + cc[1]
-        scheme = _ct_scheme_min_capability(quant_config(inp.geometry), cap)
+        scheme = _ct_scheme_min_capability(quant_config(inp.geometry), cap, inp.engine_version)
         if scheme is not None and cap < scheme[1]:
             out.append(EngineRule(
                 "quant-scheme-capability",
                 f"Quantization scheme is not supported for the current GPU. Min capability: {scheme[1]}. "
                 f"Current capability: {cap}.",
-                _src(lines, version, "ct_scheme"),
+                _src(lines, version, "ct_scheme", inp.engine_version),
                 hint=f"{scheme[0]} needs compute capability {scheme[1] // 10}.{scheme[1] % 10}"))
     return out
 
@@ -479,7 +505,7 @@ def _dtype_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version:
             "Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
             f"Your {inp.gpu_name or 'NVIDIA'} GPU has compute capability {cc[0]}.{cc[1]}. "
             "You can use float16 instead by explicitly setting the `dtype` flag in CLI, for example: --dtype=half.",
-            _src(lines, version, "bf16"), hint="--dtype half"))
+            _src(lines, version, "bf16", inp.engine_version), hint="--dtype half"))
     return out
 
 

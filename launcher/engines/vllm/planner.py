@@ -92,6 +92,7 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     geometry = request.model.geometry
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=compute_capability,
                                            device=request.device, pinned=pinned.get("--dtype"))
+    dtype, dtype_reason = _without_fallback(rules, geometry, dtype, dtype_reason, pinned.get("--dtype"))
     # The engine's own start-time rules first: what it refuses is its refusal (exit 78).
     max_len, max_len_reason = vr.derived_max_model_len(geometry, rules=rules)
     refuse_what_vllm_refuses(start_checks(CheckInput(
@@ -142,6 +143,20 @@ def refuse_unsized_state(geometry: ModelGeometry, pp: int, version: str) -> None
             f"{geometry.architecture} is a hybrid model ({linear} of {geometry.num_layers} layers keep a "
             f"linear-attention/Mamba state per request); {why}",
             hint="pin --kv-cache-memory-bytes, or pass --trust-engine")
+
+
+def _without_fallback(rules: vr.VllmRules, geometry: ModelGeometry, dtype: str, reason: str,
+                      pinned: str | None) -> tuple[str, str]:
+    """Before 0.9.0 (`bf16_fallback` False) vLLM keeps a bf16 checkpoint's dtype on a GPU without bf16,
+    and its start-time check refuses it; float32 checkpoints run in float16."""
+    if rules.bf16_fallback or (pinned and pinned != "auto"):
+        return dtype, reason
+    config = geometry.config_dtype or "float32"
+    if config in ("bfloat16", "bf16") and dtype != "bfloat16":
+        return "bfloat16", f"config.json dtype bfloat16: vLLM {rules.version} has no fp16 fallback (added in 0.9.0)"
+    if config in ("float32", "float") and dtype != "float16":
+        return "float16", f"config dtype float32 runs in float16 on vLLM {rules.version} (vllm/config.py:2904)"
+    return dtype, reason
 
 
 def refuse_what_vllm_refuses(rules: tuple[EngineRule, ...]) -> None:
@@ -339,7 +354,7 @@ class _Sizing:
                                          chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
         peak = vb.profile_peak(self.geometry, rules=self.setup.rules, batched_tokens=batched, num_seqs=seqs,
                                tp=self.setup.tp, gpu_name=self.gpu_name,
-                               language_only=bool(pinned.get("--language-model-only")))
+                               language_only=not vb.encoder_profiled(self.geometry, pinned))
         return batched, seqs, peak
 
     def activation_at(self, length: int) -> int:
@@ -420,6 +435,14 @@ def _queued_beyond_max_num_seqs(request: PlanRequest, setup: _VllmSetup, default
     return dataclasses.replace(request, concurrency=running)
 
 
+def _graphs_outside(setup: _VllmSetup) -> int:
+    """Where the estimate is not subtracted, the graphs are captured after the KV cache from what vLLM
+    did not request (gpu_worker.py compile_or_warm_up_model): keep their band's unfavourable end out."""
+    if setup.pinned.get("--enforce-eager", False) or setup.rules.cudagraph_estimate_subtracted:
+        return 0
+    return vb.cudagraph_outside_bytes(setup.layout.group_size * len(setup.layout.groups))
+
+
 def _utilization(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, context: int,
                  warnings: list[str]) -> _Utilization:
     """Pinned, or the most we can request from *free* memory (other tenants make vLLM refuse to
@@ -435,11 +458,15 @@ def _utilization(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, contex
     room = free - context - request.margin_bytes
     if request.max_gpu_memory_bytes is not None:
         room = min(room, request.max_gpu_memory_bytes - context)
+    graphs_outside = _graphs_outside(setup)
+    room -= graphs_outside
     value = min(rules.default_utilization, vb.utilization_for(max(room, 0), total))
     source = ENGINE_DEFAULT if value == rules.default_utilization else FORMULA
     detail = (f"vLLM {rules.version} default" if source == ENGINE_DEFAULT
               else f"free {format_gib(free)} - context {format_gib(context)} - margin "
                    f"{format_gib(request.margin_bytes)}"
+                   + (f" - CUDA graphs captured outside the request (up to {format_gib(graphs_outside)})"
+                      if graphs_outside else "")
                    + (f" (capped at {format_gib(request.max_gpu_memory_bytes)}: --max-gpu-memory or preset)"
                       if request.max_gpu_memory_bytes else ""))
     if headroom:
@@ -466,7 +493,8 @@ def _refuse_no_room(request: PlanRequest, gpu: GpuDevice, context: int) -> None:
                            "max_gpu_memory_bytes": request.max_gpu_memory_bytes})
 
 
-def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_init: int) -> str | None:
+def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_init: int,
+                   setup: _VllmSetup) -> str | None:
     """vLLM refuses to start when it requests more than is free at init: refused beyond the
     CUDA context's error, doubted inside it."""
     total = gpu.usable_total_bytes
@@ -479,6 +507,11 @@ def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_i
         return (f"--gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)} is "
                 f"above the ~{format_gib(free_at_init)} free at start by less than the CUDA context's "
                 "error: vLLM may refuse to start")
+    graphs_outside = _graphs_outside(setup)
+    if graphs_outside > free_at_init - requested:
+        return (f"vLLM {setup.rules.version} captures CUDA graphs after sizing the KV cache, from the "
+                f"~{format_gib(free_at_init - requested)} it did not request; they may take up to "
+                f"{format_gib(graphs_outside)}: capture may run out of memory (--enforce-eager avoids it)")
     return None
 
 
@@ -487,7 +520,7 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
     pinned, rules, tp, pp = setup.pinned, setup.rules, setup.tp, setup.pp
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
-    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=rules.version != "0.10.0",
+    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=version_key(rules.version) >= (0, 19),
                                                     compute_capability=gpu.compute_capability)
     eager = pinned.get("--enforce-eager", False)
     cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
@@ -525,7 +558,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
         _refuse_no_room(request, gpu, context)
     verified, architecture_note = architecture_status(request.model.geometry)
     sizing = _gpu_sizing(request, setup, gpu, defaults, utilization.value, context, verified)
-    startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init)
+    startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup)
     if not verified:
         warnings.append(architecture_note)
     length, length_reason, capacity, doubt = _vllm_length(

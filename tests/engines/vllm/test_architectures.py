@@ -192,4 +192,6 @@ def test_models_architectures_lists_what_is_verified_per_engine() -> None:
     lines = result.stdout.splitlines()
     assert lines[0].startswith("vLLM 0.32.0: verified on the real engine") and lines[0].endswith("60 architectures")
     assert any(line.split()[0] == "Cohere2ForCausalLM" for line in lines if line.startswith("  "))
-    assert any(line.startswith("SGLang ") and line.endswith("6 architectures") for line in lines)
+    assert any(line.startswith("SGLang ") and line.endswith("62 architectures") for line in lines)
+    sglang_rows = lines[next(i for i, line in enumerate(lines) if line.startswith("SGLang ")):]
+    assert any(line.split()[0] == "Qwen3NextForCausalLM" for line in sglang_rows if line.startswith("  "))

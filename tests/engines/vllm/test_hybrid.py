@@ -169,9 +169,18 @@ def test_removed_linear_attention_models_are_refused_with_the_engines_reason() -
                               gpus=hypothetical_gpus(["8x h200"]), engine_args=("--tensor-parallel-size", "8")))
 
 
-def test_sglang_still_refuses_hybrids_it_does_not_size() -> None:
-    with pytest.raises(UnsupportedModel, match="36 of 48 layers"):
-        make_plan(PlanRequest(model=_model(CONFIGS["configs/qwen3-next-80b-a3b-instruct.json"]), engine="sglang",
+def test_sglang_plans_its_state_pool_and_refuses_hybrids_it_has_no_class_for() -> None:
+    """SGLang sizes Qwen3-Next's GDN state itself (engines/sglang/architectures.py, golden
+    tests/data/sglang_layouts.json); Jamba has no SGLang model class and stays refused."""
+    plan = make_plan(PlanRequest(model=_model(CONFIGS["configs/qwen3-next-80b-a3b-instruct.json"]), engine="sglang",
+                                 gpus=hypothetical_gpus(["4x h100-80gb"]), engine_args=("--tp", "4")))
+    state = {item.key: item for item in plan.budget}["state"]
+    assert plan.architecture_verified and state.bytes > 0
+    assert "36 state layers, 5 slots per request" in state.detail
+    assert plan.kv_cache_bytes_low is not None and plan.kv_cache_bytes_high is not None
+    assert plan.kv_cache_bytes_high - plan.kv_cache_bytes_low < 0.05 * plan.kv_cache_bytes
+    with pytest.raises(UnsupportedModel, match="linear-attention/Mamba state"):
+        make_plan(PlanRequest(model=_model(CONFIGS["configs/jamba-mini-1.7.json"]), engine="sglang",
                               gpus=hypothetical_gpus(["4x h100-80gb"]), engine_args=("--tp", "4")))
 
 
