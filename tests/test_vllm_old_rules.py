@@ -94,7 +94,8 @@ def test_graphs_captured_outside_the_request_on_085() -> None:
     pinned = _moe_plan("0.8.5", "--gpu-memory-utilization", "0.9")
     assert pinned.may_not_fit is not None and "captures CUDA graphs after sizing the KV cache" in pinned.may_not_fit
     chosen = _moe_plan("0.8.5")
-    assert chosen.gpu_memory_utilization is not None and chosen.gpu_memory_utilization < 0.9
+    assert chosen.engine_figures["gpu_memory_utilization"] is not None
+    assert chosen.engine_figures["gpu_memory_utilization"] < 0.9
     assert chosen.may_not_fit is None
     assert _moe_plan("0.8.5", "--gpu-memory-utilization", "0.9", "--enforce-eager").may_not_fit is None
     # From 0.20 the estimate is subtracted inside the request: no doubt about capture.

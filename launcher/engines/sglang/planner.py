@@ -14,11 +14,13 @@ from typing import Any
 
 from launcher.common.errors import SafeServeError, UsageError, WontFit
 from launcher.common.units import MiB, floor_to, format_gib
-from launcher.engines import sglang as sg
 from launcher.engines.checks_common import CheckInput
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
 from launcher.engines.sglang import architectures as layouts
+from launcher.engines.sglang import budget as sb
+from launcher.engines.sglang import kv as sk
+from launcher.engines.sglang import rules as sr
 from launcher.engines.sglang.checks import start_checks
 from launcher.plan.budget import (
     not_modelled_warnings,
@@ -47,29 +49,29 @@ def plan(request: PlanRequest) -> Plan:
     if request.device == "cpu":
         raise UsageError("SGLang on CPU is not planned yet: use --engine vllm --device cpu")
     model, geometry = request.model, request.model.geometry
-    rules, rules_note = sg.rules_for(request.engine_version)
+    rules, rules_note = sr.rules_for(request.engine_version)
     pinned = request.pinned.values
     # SGLang's own config classes may refuse the config; state families it has no model class for are
     # refused there too (--trust-engine lets SGLang decide).
     layout = layouts.layout(geometry)
     # SGLang runs some wrappers text-only unless --enable-multimodal (configs/model_config.py:690-717).
     geometry = dataclasses.replace(geometry, is_multimodal=layouts.multimodal(geometry, pinned))
-    tp, pp = sg.ranks(pinned)
-    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=sg.TP_FLAG)
+    tp, pp = sr.ranks(pinned)
+    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=sr.TP_FLAG)
     gpu = tightest(devices)
     # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
     gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB
-    derivation = sg.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules)
-    context = sg.CUDA_CONTEXT_BYTES + (sg.NCCL_BYTES if tp * pp > 1 else 0)
+    derivation = sb.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules)
+    context = sb.CUDA_CONTEXT_BYTES + (sb.NCCL_BYTES if tp * pp > 1 else 0)
     pre_load = min(d.free_bytes or 0 for d in devices) - context  # P: min over ranks
     cal = request.calibration
-    load_overhead = cal.load_overhead_bytes if cal and cal.load_overhead_bytes is not None else sg.LOAD_OVERHEAD_BYTES
+    load_overhead = cal.load_overhead_bytes if cal and cal.load_overhead_bytes is not None else sb.LOAD_OVERHEAD_BYTES
     weights = model.weight_bytes // (tp * pp)
     after_load = pre_load - weights - load_overhead  # A
 
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=gpu.compute_capability, device="cuda",
                                            pinned=pinned.get("--dtype"))
-    derived_len, derived_reason = sg.derived_context_length(geometry)
+    derived_len, derived_reason = sr.derived_context_length(geometry)
     refusals = start_checks(CheckInput(
         geometry=geometry, device="cuda", compute_capability=gpu.compute_capability, gpu_count=len(request.gpus),
         tp=tp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"), block_size=pinned.get("--page-size"),
@@ -81,23 +83,23 @@ def plan(request: PlanRequest) -> Plan:
         raise WontFit(f"SGLang refuses this at start: {' '.join(first.message.split())} [{first.source}]",
                       hint=first.hint, rule=first.rule, source=first.source)
     try:  # after the engine's own checks: what it refuses is its refusal, not our sizing gap
-        kv_elem, kv_reason = sg.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
+        kv_elem, kv_reason = sk.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=tp, pp=pp, pinned=pinned)
-    page, page_reason = sg.default_page_size(geometry, gpu.compute_capability)
+    page, page_reason = sk.default_page_size(geometry, gpu.compute_capability)
     if layouts.dsa_page_size(geometry) is not None:
         page = layouts.dsa_page_size(geometry) or page
         page_reason = f"DeepSeek DSA pages of {page} tokens (arg_groups/model_overrides/deepseek_v2.py:161-173)"
     if "--page-size" in pinned:
         page, page_reason = pinned["--page-size"], "pinned --page-size"
     if geometry.is_multimodal and not pinned.get("--language-only", False):
-        after_load -= sg.MULTIMODAL_RESERVE_BYTES
+        after_load -= sb.MULTIMODAL_RESERVE_BYTES
     # Above the derived length is start_checks' to decide (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN).
     context_len_pinned = pinned.get("--context-length")
 
     def req_to_token_bytes(tokens: int, length: int) -> int:
-        mrr = sg.max_running_requests(max(tokens, 2), length, pinned.get("--max-running-requests"))
+        mrr = sb.max_running_requests(max(tokens, 2), length, pinned.get("--max-running-requests"))
         return (mrr + 1) * (length + 4) * 4
 
     # Fraction: pinned, or keep SGLang's absolute slack (its own reserve) against *free*
@@ -140,8 +142,8 @@ def plan(request: PlanRequest) -> Plan:
     tokens, budget = central.tokens, central.budget_bytes
     # The favourable end of the error band: our CUDA-context and loader estimates too high, and on a
     # catalog card (free = its CUDA total) the spread of the totals published for it.
-    context_error = sg.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0)
-    overhead_error = 0 if cal and cal.load_overhead_bytes is not None else sg.LOAD_OVERHEAD_ERROR_BYTES
+    context_error = sb.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0)
+    overhead_error = 0 if cal and cal.load_overhead_bytes is not None else sb.LOAD_OVERHEAD_ERROR_BYTES
     tokens_high = sized(pre_load + context_error, after_load + context_error + overhead_error).tokens
     request_cap = _state_request_cap(central, layout, geometry.architecture, pinned, pp=pp,
                                      concurrency=request.concurrency)
@@ -208,7 +210,7 @@ def plan(request: PlanRequest) -> Plan:
                  f"decode graph bs {derivation.decode_max_bs}, {derivation.prefill_buckets} prefill buckets"
                  + (", 10 GiB floor" if derivation.floor_applied else ""))
     return Plan(
-        engine="sglang", engine_version=request.engine_version or sg.NEWEST, rules_version=rules.version,
+        engine="sglang", engine_version=request.engine_version or sr.NEWEST, rules_version=rules.version,
         device="cuda", model=model.name, max_model_len=length, max_model_len_source=length_reason,
         kv_cache_bytes=kv, kv_cache_tokens=tokens,
         max_concurrency=min(round(tokens / length, 2) if length else 0.0, request_cap or float("inf")),
@@ -220,7 +222,7 @@ def plan(request: PlanRequest) -> Plan:
         notes=tuple(notes),
         engine_version_assumed=request.engine_version_assumed,
         architecture_verified=verified,
-        warnings=(*not_modelled_warnings(pinned, sg.NOT_MODELLED), *(() if verified else (architecture_note,))),
+        warnings=(*not_modelled_warnings(pinned, sr.NOT_MODELLED), *(() if verified else (architecture_note,))),
         kv_cache_bytes_low=max(int(max(tokens_central, 0) * cell) - int(max(tokens_high - tokens, 0) * cell)
                                - unverified_error, 0),
         kv_cache_bytes_high=int(max(tokens_high, tokens) * cell) + unverified_error,
@@ -234,9 +236,9 @@ def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     """`--trust-engine`: launch with the operator's flags only; SGLang sizes itself."""
     request = request_with_cached_layers(request, layouts.LAYER_PATTERNS)
     pinned = request.pinned.values
-    rules, _ = sg.rules_for(request.engine_version)
-    return unplanned(request, refusal, newest=sg.NEWEST, rules_version=rules.version, pinned=pinned,
-                     length=pinned.get("--context-length") or 0, tp=sg.ranks(pinned)[0], block=None)
+    rules, _ = sr.rules_for(request.engine_version)
+    return unplanned(request, refusal, newest=sr.NEWEST, rules_version=rules.version, pinned=pinned,
+                     length=pinned.get("--context-length") or 0, tp=sr.ranks(pinned)[0], block=None)
 
 
 def _state_slot(layout: layouts.SglangLayout, pinned: Mapping[str, Any], *, tp: int, pp: int) -> int | None:
