@@ -11,7 +11,7 @@ pool configurator divides the budget by (`model_executor/pool_configurator.py`),
 `VERIFIED` is the table of architectures whose layout equals SGLang's own code on every
 case of tests/data/sglang_layouts.json (tests/oracles/sglang_layouts.py runs SGLang's
 ModelConfig, pool configurators and KVCacheConfigurator without a GPU);
-tests/test_sglang_layouts.py replays them. Paths are inside the sglang 0.5.23 wheel.
+tests/engines/sglang/test_architectures.py replays them. Paths are inside the sglang 0.5.23 wheel.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from launcher.model.resolve import ResolvedModel
 from launcher.plan.planner import make_plan
 from launcher.plan.types import PlanRequest
 
-LLAMA = Path(__file__).resolve().parent / "data" / "startup-logs" / "models" / "llama-3.1-8b-instruct"
+LLAMA = Path(__file__).resolve().parents[2] / "data" / "startup-logs" / "models" / "llama-3.1-8b-instruct"
 
 
 def _model(quantization: dict[str, Any] | None = None, weight_gib: float = 5.0) -> ResolvedModel:
@@ -75,7 +75,7 @@ def test_rule_sets_before_019() -> None:
     assert not vl.rules_for("0.8.5")[0].bf16_fallback and vl.rules_for("0.9.2")[0].bf16_fallback
 
 
-QWEN3_MOE = Path(__file__).resolve().parent / "data" / "startup-logs" / "models" / "qwen3-30b-a3b"
+QWEN3_MOE = Path(__file__).resolve().parents[2] / "data" / "startup-logs" / "models" / "qwen3-30b-a3b"
 
 
 def _moe_plan(version: str, *args: str) -> Any:

@@ -20,7 +20,7 @@ from launcher.engines import sglang as sg
 from launcher.engines.sglang import architectures as arch
 from launcher.model.config import geometry_from_config
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[2]
 GOLDEN = json.loads((TESTS / "data" / "sglang_layouts.json").read_text())
 RESULTS = GOLDEN["results"]
 SCENARIO = GOLDEN["meta"]["kv_scenario"]

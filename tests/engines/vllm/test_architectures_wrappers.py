@@ -17,7 +17,7 @@ from launcher.model.resolve import ResolvedModel
 from launcher.plan.planner import make_plan
 from launcher.plan.types import PlanRequest
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "data" / "configs"
 
 
 def _geometry(name: str):  # type: ignore[no-untyped-def]
