@@ -523,7 +523,11 @@ ARCH_SECOND: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
     # Hybrid state models: prefix caching on (the default: mamba cache mode 'align') and off ('none').
     **{k: (("noprefix", ("--max-model-len", "4096", "--no-enable-prefix-caching"),
             "prefix caching off: mamba cache mode 'none', one state block per request"),)
-       for k in ("qwen3_next", "nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2", "mamba", "lfm2", "zamba2")},
+       for k in ("qwen3_next", "granitemoehybrid", "falcon_h1", "mamba2", "mamba", "lfm2", "zamba2")},
+    "nemotron_h": (("noprefix", ("--max-model-len", "4096", "--no-enable-prefix-caching"),
+                    "prefix caching off: mamba cache mode 'none', one state block per request"),
+                   ("mns2", ("--max-model-len", "4096", "--max-num-seqs", "2"),
+                    "max_num_seqs reserves no state slots in 0.32: the same blocks as the base run")),
     "qwen3_next_gdn32": (("mml2048", ("--max-model-len", "2048"), "GDN heads of 32: the CPU kernel refuses"),),
     "qwen3_5_text": (("mml2048", ("--max-model-len", "2048"), "Qwen3_5ForCausalLM"),),
     "jamba": (("mml2048", ("--max-model-len", "2048"), "Mamba-1 with attention every 4th layer"),),

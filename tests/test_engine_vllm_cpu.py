@@ -44,6 +44,11 @@ CASES = [
                  {"VLLM_CPU_KVCACHE_SPACE": "1"}, id="cohere2-window-plus-one"),
     pytest.param("falcon", ["--max-model-len", "4096", "--kv-cache-dtype", "fp8"], {"VLLM_CPU_KVCACHE_SPACE": "1"},
                  id="falcon-fp8-ignored"),
+    # Hybrid state models (launcher/engines/vllm/hybrid.py): GDN states with prefix caching (mode
+    # 'align', block raised to 640), Mamba-2 states without (mode 'none').
+    pytest.param("qwen3_next", ["--max-model-len", "4096"], {"VLLM_CPU_KVCACHE_SPACE": "1"}, id="qwen3-next-gdn"),
+    pytest.param("nemotron_h", ["--max-model-len", "4096", "--no-enable-prefix-caching"],
+                 {"VLLM_CPU_KVCACHE_SPACE": "1"}, id="nemotron-h-mamba2"),
 ]
 
 

@@ -809,3 +809,19 @@ def test_second_launch_measures_free_memory_after_the_lock(serve: Callable[..., 
     code = second.wait()
     assert not second.starts(), "the second launch started an engine planned from the stale reading"
     assert code == 78 and b"will not fit" in second.err.read_bytes()
+
+
+def test_sglang_prompts_quoting_fatal_words_stop_nothing(serve: Callable[..., Served], tmp_path: Path) -> None:
+    """SGLang request logs (its own format) quoting every fatal and crash message while serving: the server keeps
+    serving and SIGTERM stops it cleanly (tests/scenarios/sglang-prompts-quote-errors.yaml)."""
+    plan = plan_json("llama-3.1-8b", "sglang", "h100")
+    go = tmp_path / "go"
+    served = serve("sglang-prompts-quote-errors.yaml", model="llama-3.1-8b", engine="sglang", gpu="h100",
+                   sets={**sglang_agrees(plan), "vars.go": str(go)})
+    served.wait_ready()
+    go.touch()
+    served.wait_for(lambda: b"quoted-prompts-done" in served.err.read_bytes())
+    time.sleep(0.5)
+    assert served.proc.poll() is None and not served.events("engine-failure") and not served.events("abort")
+    assert served.stop() == 0
+    assert not served.survivors() and not served.ready_file.exists()

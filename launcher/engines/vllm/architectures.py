@@ -130,7 +130,8 @@ ROW_SWITCHES: Mapping[str, tuple[str, ...]] = {
     "Starcoder2ForCausalLM": ("sliding_window",), "Gemma2ForCausalLM": ("layer_types",),
     "Gemma3ForCausalLM": ("layer_types",), "Cohere2ForCausalLM": ("layer_types",), "Olmo3ForCausalLM": ("layer_types",),
     "Exaone4ForCausalLM": ("layer_types",), "GptOssForCausalLM": ("layer_types",),
-    "Llama4ForCausalLM": ("attention_chunk_size",),
+    "Llama4ForCausalLM": ("attention_chunk_size",), "Qwen2MoeForCausalLM": ("layer_types", "use_sliding_window"),
+    "Gemma4ForCausalLM": ("layer_types", "per_layer_head_sizes"),
 }
 # A pattern the transformers config class turns into the layer_types vLLM reads (Gemma3TextConfig,
 # Cohere2Config, Olmo3Config: `(i + 1) % pattern`), the same rule launcher/model/config.py applies.
@@ -153,8 +154,9 @@ VERIFIED: tuple[ArchitectureRow, ...] = (
                     ("qwen3-base", "qwen3-kv-fp8")),
     ArchitectureRow("Qwen3MoeForCausalLM", "models/qwen3_moe.py:315-323", _PLAIN, _GQA, True,
                     ("qwen3_moe-base", "qwen3_moe-kv-fp8")),
-    ArchitectureRow("Qwen2MoeForCausalLM", "models/qwen2_moe.py:262-270", _PLAIN, _GQA, True,
-                    ("qwen2_moe-base", "qwen2_moe-bs64")),
+    ArchitectureRow("Qwen2MoeForCausalLM", "models/qwen2_moe.py:262-270",
+                    _PLAIN + " (use_sliding_window is ignored: no per-layer window is passed)", _GQA, True,
+                    ("qwen2_moe-base", "qwen2_moe-bs64", "qwen2_moe_sw-base", "qwen2_moe_sw-mml1024")),
     ArchitectureRow("MistralForCausalLM", "models/mistral.py (LlamaForCausalLM)", _ALL_SW, _GQA, True,
                     ("mistral-base", "mistral-mnbt512", "mistral-mml1024", "mistral-bs64", "mistral-bs16")),
     ArchitectureRow("MixtralForCausalLM", "models/mixtral.py:202-210", _ALL_SW + "; null window: full", _GQA, True,
@@ -247,6 +249,10 @@ VERIFIED: tuple[ArchitectureRow, ...] = (
     ArchitectureRow("MiniMaxM2ForCausalLM", "models/minimax_m2.py:204-210",
                     _PLAIN + " (attn_window_size is never passed); CPU: sigmoid routing refused", _GQA, True,
                     ("minimax_m2-base", "minimax_m2-mml2048", "minimax_m2_softmax-base", "minimax_m2_softmax-kv-fp8")),
+    ArchitectureRow("Gemma4ForCausalLM", "models/gemma4.py:403-509, :576-593",
+                    _BY_TYPES + "; full layers take per_layer_config's head (global_head_dim, default 512) and "
+                    "KV heads; the last num_kv_shared_layers cache nothing", _GQA + " per layer", True,
+                    ("gemma4_text-base", "gemma4_text-mml1024")),
     ArchitectureRow("GptOssForCausalLM", "models/gpt_oss.py:170-188",
                     "even layers slide with sliding_window (layer_types ignored), odd layers full", _GQA, True,
                     ("gpt_oss-base", "gpt_oss-mml8192")),
@@ -423,6 +429,10 @@ def vllm_layer_specs(geometry: ModelGeometry) -> tuple[LayerSpec | None, ...]:
             specs.append(LayerSpec(kind, layer_heads, layer_head, layer_head,
                                    window if kind == SLIDING else None, honoured))
             continue
+        if model_type == "qwen2_moe":
+            # models/qwen2_moe.py:262-270 pass no per-layer window: every layer is full attention even
+            # with use_sliding_window (cases qwen2_moe_sw-*: the engine prints the all-full figure).
+            kind = FULL
         if model_type == "gpt_oss":
             # models/gpt_oss.py:176: even layers slide, whatever layer_types says.
             kind = SLIDING if i % 2 == 0 and window else FULL

@@ -192,7 +192,7 @@ _FAMILIES: tuple[tuple[StateFamily, Callable[[Mapping[str, Any], int], StateShap
     (StateFamily("NemotronHForCausalLM", "models/nemotron_h.py:795-822", "mamba2",
                  "hybrid_override_pattern 'M' Mamba-2, '*' attention, '-'/'E' MLP/MoE (no cache); ssm dtype "
                  "mamba_ssm_cache_dtype or float32", "inter = mamba_num_heads x mamba_head_dim; " + _SHAPE_M2,
-                 ("nemotron_h-base", "nemotron_h-noprefix")), _nemotron_h),
+                 ("nemotron_h-base", "nemotron_h-noprefix", "nemotron_h-mns2")), _nemotron_h),
     (StateFamily("GraniteMoeHybridForCausalLM", "models/granitemoehybrid.py:630-647", "mamba2",
                  "layer_types 'mamba' Mamba-2, 'attention' attend", "inter = mamba_expand x hidden; " + _SHAPE_M2,
                  ("granitemoehybrid-base", "granitemoehybrid-noprefix")), _granite),

@@ -174,13 +174,32 @@ def test_each_row_lists_the_switches_its_runs_used() -> None:
 
 
 def test_a_switch_the_row_was_not_proven_with_is_unverified() -> None:
-    """Qwen2-MoE with use_sliding_window: true (the rows were proven without it)."""
-    config = {**BY_ID["qwen2_moe-base"]["config"], "use_sliding_window": True, "sliding_window": 256,
+    """Qwen2 (dense) with use_sliding_window: true: its rows were proven without the switch."""
+    config = {**BY_ID["qwen2-base"]["config"], "use_sliding_window": True, "sliding_window": 256,
               "max_window_layers": 2}
     ok, note = architecture_status(geometry_from_config(config))
     assert not ok and "use_sliding_window" in note
-    ok, _ = architecture_status(geometry_from_config(BY_ID["qwen2_moe-base"]["config"]))
+    ok, _ = architecture_status(geometry_from_config(BY_ID["qwen2-base"]["config"]))
     assert ok
+
+
+def test_qwen2_moe_ignores_use_sliding_window_as_the_engine_does() -> None:
+    """Planned +11.6 % / +61.2 % over the engine before (layers from max_window_layers slid)."""
+    for cid in ("qwen2_moe_sw-base", "qwen2_moe_sw-mml1024"):
+        geometry = geometry_from_config(BY_ID[cid]["config"])
+        assert geometry.text_config["use_sliding_window"] is True
+        assert all(spec is not None and spec.kind == FULL for spec in vllm_layer_specs(geometry))
+        assert architecture_status(geometry)[0]
+
+
+def test_gemma4_full_layers_take_the_global_head() -> None:
+    """+24 % / +48 % tokens over the engine before (one head size for every layer)."""
+    geometry = geometry_from_config(BY_ID["gemma4_text-base"]["config"])
+    specs = vllm_layer_specs(geometry)
+    assert [(s.kind, s.head_size) for s in specs if s is not None] == [(SLIDING, 32)] * 3 + [(FULL, 64)]
+    shared = {**BY_ID["gemma4_text-base"]["config"], "num_kv_shared_layers": 1}
+    assert vllm_layer_specs(geometry_from_config(shared))[-1] is None
+    assert not architecture_status(geometry_from_config(shared))[0]  # KV sharing: not proven on the engine
 
 
 def test_models_architectures_lists_what_is_verified_per_engine() -> None:
@@ -190,7 +209,7 @@ def test_models_architectures_lists_what_is_verified_per_engine() -> None:
     result = subprocess.run([sys.executable, "-m", "launcher", "models", "--architectures"], capture_output=True,
                             text=True, timeout=60, check=True)
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("vLLM 0.32.0: verified on the real engine") and lines[0].endswith("60 architectures")
+    assert lines[0].startswith("vLLM 0.32.0: verified on the real engine") and lines[0].endswith("61 architectures")
     assert any(line.split()[0] == "Cohere2ForCausalLM" for line in lines if line.startswith("  "))
     assert any(line.startswith("SGLang ") and line.endswith("62 architectures") for line in lines)
     sglang_rows = lines[next(i for i, line in enumerate(lines) if line.startswith("SGLang ")):]
