@@ -65,6 +65,7 @@ class PlanRequest:
     # Smaller checkpoints of the same model (resolved by the caller) to offer when nothing fits.
     variants: tuple[ResolvedModel, ...] = ()
     notes: tuple[str, ...] = ()  # from the edge (preset, WSL2): shown first in the plan's notes
+    warnings: tuple[str, ...] = ()  # from the edge (a calibration file ignored): shown first in the plan's warnings
 
 
 @dataclass(frozen=True)
