@@ -63,6 +63,7 @@ class EngineAdapter(Protocol):
     def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
                     engine_cmd: str | None) -> list[str]: ...
     def health_address(self, passthrough: Sequence[str]) -> tuple[str, int]: ...
+    def shown_argv(self, argv: Sequence[str]) -> list[str]: ...
 
     # watching
     def parse_line(self, line: str) -> EngineEvent | None: ...
@@ -169,6 +170,13 @@ class PackageAdapter:
     def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
                     engine_cmd: str | None) -> list[str]:
         return list(self._runtime.engine_argv(plan, model_ref, passthrough, engine_cmd))
+
+    def shown_argv(self, argv: Sequence[str]) -> list[str]:
+        """`argv` as logs, tables, JSON and --dry-run show it: secret flag values and secret
+        environment words masked (`launcher.common.shown`); the engine gets `argv` itself."""
+        from launcher.engines.flags import mask_secret_flags
+
+        return mask_secret_flags(argv, self._rules.SECRET_FLAGS, frozenset(self._rules.PLAIN_FLAGS_LIKE_SECRETS))
 
     def health_address(self, passthrough: Sequence[str]) -> tuple[str, int]:
         pinned = self.pinned_flags(passthrough)
