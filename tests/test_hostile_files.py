@@ -140,31 +140,43 @@ class TestForeignOwners:
         assert ("raised", "LockDirUnusable", 69) == (kind, name, code)
         assert "cannot create the start lock" in message and "Permission denied" in message
 
-    def test_configured_directory_world_writable_by_another_user_is_69(self, public_tmp: Path) -> None:
-        planted = shared_dir(public_tmp, "planted", mode=0o1777, uid=NOBODY)
-        with pytest.raises(LockDirUnusable, match="world-writable and owned by another user") as info:
-            default_lock_dir({"SAFE_SERVE_LOCK_DIR": str(planted)})
-        assert ExitCode.UNAVAILABLE == info.value.exit_code
+    def test_configured_directory_of_another_user_is_used_but_its_links_are_not(self, public_tmp: Path) -> None:
+        """SAFE_SERVE_LOCK_DIR names the systemd unit's RuntimeDirectory (the service user's, 1777):
+        the operator vouches for its owner; what stands in it is still checked."""
+        planted = shared_dir(public_tmp, "run-lock", mode=0o1777, uid=NOBODY)
+        assert planted == default_lock_dir({"SAFE_SERVE_LOCK_DIR": str(planted)})
+        victim = _victim(public_tmp)
+        lock_path(planted, devlock.HOST).symlink_to(victim)
+        with pytest.raises(TemporarilyUnavailable, match="is a symbolic link"):
+            host_lock(lock_dir=planted).acquire()
+        assert VICTIM_TEXT == victim.read_text()
 
-    def test_default_directory_planted_by_another_user_is_skipped(
+    def test_default_directory_planted_by_another_user_is_69(
             self, public_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Before: /run/lock/safe-serve created first by another user was used as it stood."""
+        """Before: /run/lock/safe-serve created first by another user was used as it stood. Now it
+        is refused, and not by falling back to the next directory (that would split the lock)."""
         planted = shared_dir(public_tmp, "run-lock-safe-serve", mode=0o1777, uid=NOBODY)
         fallback = public_tmp / "tmp-safe-serve-locks"
         monkeypatch.setattr(devlock, "_CANDIDATE_DIRS", (planted, fallback))
-        assert fallback == default_lock_dir({})
-        assert 0o1777 == stat.S_IMODE(fallback.stat().st_mode) and 0 == fallback.stat().st_uid
+        with pytest.raises(LockDirUnusable, match="world-writable and owned by another user") as info:
+            host_lock().acquire()
+        assert ExitCode.UNAVAILABLE == info.value.exit_code and not fallback.exists()
 
-    def test_no_usable_default_directory_is_69(self, public_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        planted = shared_dir(public_tmp, "planted", mode=0o1777, uid=NOBODY)
+    def test_default_directory_that_is_another_users_link_is_69(
+            self, public_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         link = public_tmp / "link"
         link.symlink_to(public_tmp)
         os.lchown(link, NOBODY, NOBODY)
-        monkeypatch.setattr(devlock, "_CANDIDATE_DIRS", (planted, link))
-        with pytest.raises(LockDirUnusable) as info:
+        monkeypatch.setattr(devlock, "_CANDIDATE_DIRS", (link,))
+        with pytest.raises(LockDirUnusable, match="symbolic link owned by another user"):
             default_lock_dir({})
-        assert "symbolic link owned by another user" in str(info.value)
-        assert "world-writable and owned by another user" in str(info.value)
+
+    def test_default_directory_we_cannot_create_falls_back(self, public_tmp: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        closed = shared_dir(public_tmp, "closed", mode=0o755)
+        fallback = shared_dir(public_tmp, "open", mode=0o1777)
+        monkeypatch.setattr(devlock, "_CANDIDATE_DIRS", (closed / "safe-serve", fallback / "safe-serve"))
+        assert ("ok", str(fallback / "safe-serve")) == as_user(NOBODY, lambda: str(default_lock_dir({})))
 
     def test_world_writable_directory_without_sticky_bit_is_refused(self, public_tmp: Path) -> None:
         open_dir = shared_dir(public_tmp, "open", mode=0o777)

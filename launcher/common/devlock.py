@@ -12,11 +12,16 @@ Lock directory: ``$SAFE_SERVE_LOCK_DIR``, else ``/run/lock/safe-serve``, else
 different users sharing a GPU meet on the same files.
 
 The directory and the files in it are shared with other users, so nothing in them is trusted
-(`launcher.common.safefile`): a directory that is world-writable and owned by another user is
-refused; lock files are opened without following links and used only when they are regular
-files with one link; a file we may not write is locked read-only (``flock`` needs no write
-access) and carries no pid. Every problem is one line: exit 75 for what stands at a lock path
-(it may be gone later), 69 for a lock directory that cannot be used (configuration).
+(`launcher.common.safefile`): a default directory that another user made world-writable is
+refused (anyone could have made ``/run/lock/safe-serve`` first), one named in
+``$SAFE_SERVE_LOCK_DIR`` may belong to another user (the operator vouches for it: systemd makes
+the unit's ``RuntimeDirectory=`` the service user's), a world-writable one without the sticky
+bit never; lock files are opened without following links and used only when they are regular
+files with one link; a file we may not write (another user's 0644) is locked read-only
+(``flock`` needs no write access) and carries no pid. The wait polls, so signals and
+``--lock-timeout`` are honoured whatever stands at the path. Every problem is one line: exit 75
+for what stands at a lock path (it may be gone later), 69 for a lock directory that cannot be
+used (configuration).
 """
 
 from __future__ import annotations
@@ -60,22 +65,40 @@ def default_lock_dir(env: Mapping[str, str] | None = None) -> Path:
     Raises:
         LockDirUnusable: ``$SAFE_SERVE_LOCK_DIR`` cannot be used, or no default one can.
     """
+    return _lock_dir_choice(env)[0]
+
+
+def _lock_dir_choice(env: Mapping[str, str] | None) -> tuple[Path, bool]:
+    """(the lock directory, whether its owner is trusted because the operator named it).
+
+    A directory named in ``$SAFE_SERVE_LOCK_DIR`` may belong to another user (systemd makes the
+    unit's ``RuntimeDirectory=`` the service user's, mode 1777). A default directory anyone
+    could have made first must be root's or ours; one that exists and is not is refused
+    outright: falling back to the next would split the lock between launches.
+    """
     configured = (os.environ if env is None else env).get(LOCK_DIR_ENV)
     if configured:
         path = Path(configured)
         try:
-            os.close(open_dir(path, create_mode=0o755, parents=True))
+            os.close(open_dir(path, create_mode=0o755, parents=True, trust_owner=True))
         except OSError as exc:
             raise LockDirUnusable(f"{LOCK_DIR_ENV}={configured}: {_why(exc)}",
                                   hint="point it at a directory root or this user owns") from None
         _check_writable(path, f"{LOCK_DIR_ENV}={configured}")
-        return path
+        return path, True
     reasons = []
     for path in _CANDIDATE_DIRS:
-        reason = _shared_dir_problem(path)
-        if reason is None:
-            return path
-        reasons.append(reason)
+        try:
+            os.close(open_dir(path, create_mode=_SHARED_DIR_MODE))
+        except UnsafeFile as exc:
+            raise LockDirUnusable(f"start lock directory {exc}",
+                                  hint=f"remove it, or set {LOCK_DIR_ENV} to a directory you trust") from None
+        except OSError as exc:
+            reasons.append(f"{path}: {exc.strerror or exc}")
+            continue
+        if os.access(path, os.W_OK | os.X_OK):
+            return path, False
+        reasons.append(f"{path}: not writable by this user")
     raise LockDirUnusable(
         "no usable directory for the start lock: " + "; ".join(reasons),
         hint=f"set {LOCK_DIR_ENV} to a directory root or this user owns",
@@ -135,12 +158,13 @@ class DeviceLock:
             TemporarilyUnavailable: a lock is still held by another process at the deadline
                 (exit code 75); the message names the GPU and the holder's pid.
         """
-        lock_dir = self._lock_dir or default_lock_dir()
+        lock_dir, trusted = (self._lock_dir, True) if self._lock_dir else _lock_dir_choice(None)
         deadline = time.monotonic() + self.timeout_s
         try:
             for uuid in self.uuids:
                 if uuid not in self._fds:
-                    self._fds[uuid] = _lock_one(lock_path(lock_dir, uuid), uuid, deadline, self.poll_s, self.timeout_s)
+                    self._fds[uuid] = _lock_one(lock_path(lock_dir, uuid), uuid, deadline, self.poll_s, self.timeout_s,
+                                                trusted=trusted)
         except BaseException:
             self.release()
             raise
@@ -168,13 +192,13 @@ class DeviceLock:
         self.release()
 
 
-def _lock_one(path: Path, uuid: str, deadline: float, poll_s: float, timeout_s: float) -> int:
+def _lock_one(path: Path, uuid: str, deadline: float, poll_s: float, timeout_s: float, *, trusted: bool) -> int:
     """Open and flock one lock file, polling until ``deadline``; return the open fd.
 
     The wait is a poll (non-blocking ``flock`` and short sleeps), so a signal handler runs
     within ``poll_s`` and ``--lock-timeout`` is honoured whatever stands at the path.
     """
-    fd, writable = _open_shared(path)
+    fd, writable = _open_shared(path, trusted=trusted)
     try:
         while True:
             try:
@@ -199,7 +223,7 @@ def _lock_one(path: Path, uuid: str, deadline: float, poll_s: float, timeout_s: 
     return fd
 
 
-def _open_shared(path: Path) -> tuple[int, bool]:
+def _open_shared(path: Path, *, trusted: bool) -> tuple[int, bool]:
     """Open a lock file that other users may have created: (fd, whether we may write the pid).
 
     Relative to the directory's descriptor, never through a link, regular files with one link
@@ -212,7 +236,7 @@ def _open_shared(path: Path) -> tuple[int, bool]:
         LockDirUnusable: the directory itself cannot be used (exit 69).
     """
     try:
-        dir_fd = open_dir(path.parent)
+        dir_fd = open_dir(path.parent, trust_owner=trusted)
     except OSError as exc:
         raise LockDirUnusable(f"start lock directory {_why(exc)}" if isinstance(exc, UnsafeFile)
                               else f"start lock directory {path.parent}: {exc.strerror or exc}",
@@ -263,16 +287,3 @@ def _describe_holder(fd: int) -> str:
     except OSError:
         text = ""
     return f"pid {text}" if text.isdigit() else "another process (pid not written)"
-
-
-def _shared_dir_problem(path: Path) -> str | None:
-    """Create ``path`` as a sticky world-writable directory if needed; None if usable, else why not."""
-    try:
-        os.close(open_dir(path, create_mode=_SHARED_DIR_MODE))
-    except UnsafeFile as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"{path}: {exc.strerror or exc}"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"{path}: not writable by this user"
-    return None

@@ -38,17 +38,18 @@ class UnsafeFile(OSError):
         return self.message
 
 
-def check_dir(st: os.stat_result, path: Path | str) -> None:
+def check_dir(st: os.stat_result, path: Path | str, *, trust_owner: bool = False) -> None:
     """Refuse a directory that another user could use to swap our files.
 
-    World-writable is fine only with the sticky bit and an owner we trust (root or us), like
-    ``/tmp`` or ``/run/lock``: its owner can rename anyone's files in it, and without the sticky
-    bit so can everybody.
+    World-writable is fine only with the sticky bit and an owner we trust (root or us, or any
+    owner with ``trust_owner``: a directory the operator named), like ``/tmp`` or
+    ``/run/lock``: its owner can rename anyone's files in it, and without the sticky bit so can
+    everybody.
     """
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeFile(f"{path} is not a directory", errno.ENOTDIR)
     if st.st_mode & stat.S_IWOTH:
-        if st.st_uid not in (0, os.geteuid()):
+        if st.st_uid not in (0, os.geteuid()) and not trust_owner:
             raise UnsafeFile(f"{path} is world-writable and owned by another user (uid {st.st_uid}); "
                              "refusing to use it")
         if not st.st_mode & stat.S_ISVTX:
@@ -56,11 +57,11 @@ def check_dir(st: os.stat_result, path: Path | str) -> None:
                              f"{stat.S_IMODE(st.st_mode):04o}); refusing to use it")
 
 
-def open_dir(path: Path, *, create_mode: int | None = None, parents: bool = False) -> int:
+def open_dir(path: Path, *, create_mode: int | None = None, parents: bool = False, trust_owner: bool = False) -> int:
     """Open ``path`` as a directory (not through a link at its last component) and check it.
 
     With ``create_mode`` a missing directory is created with exactly that mode (the umask
-    undone on the descriptor, never through the path). Returns the descriptor; raises
+    undone on the descriptor, never through the path). ``trust_owner``: see `check_dir`. Returns the descriptor; raises
     `UnsafeFile` for a directory we must not use and `OSError` for the rest.
     """
     created = False
@@ -79,7 +80,7 @@ def open_dir(path: Path, *, create_mode: int | None = None, parents: bool = Fals
                 and stat.S_IMODE(st.st_mode) != create_mode:
             os.fchmod(fd, create_mode)  # undo the umask on what we just made
             st = os.fstat(fd)
-        check_dir(st, path)
+        check_dir(st, path, trust_owner=trust_owner)
     except BaseException:
         os.close(fd)
         raise

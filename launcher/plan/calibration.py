@@ -46,7 +46,7 @@ SCHEMA_FAMILY = "safe-serve.calibration/"
 MAX_FILE_BYTES = 1 << 20  # a few hundred setups take ~100 KiB
 MAX_ENTRIES = 512
 MAX_KEY_CHARS = 2048
-LOCK_WAIT_S = 10.0  # another start writing; the poll keeps signals and the deadline honoured
+LOCK_WAIT_S = 2.0  # another start writing (each holds it for milliseconds); the serve loop waits on this
 _LOCK_POLL_S = 0.02
 # Each figure an entry may hold: its inclusive range. Bytes are also capped by the device's
 # memory where the caller knows it (`read_calibration(max_bytes=)`).
@@ -236,11 +236,11 @@ def _update(state_dir: Path, key: str, change: Callable[[dict[str, Any]], dict[s
             there (`CalibrationNotSaved`, `UnsafeFile`); nothing is left behind.
     """
     if len(key) > MAX_KEY_CHARS:
-        raise CalibrationNotSaved(f"calibration key of {len(key)} characters not saved")
+        raise CalibrationNotSaved(f"a calibration key of {len(key)} characters")
     try:
         dir_fd = open_dir(state_dir, create_mode=0o755, parents=True)
     except OSError as exc:
-        raise CalibrationNotSaved(f"calibration not saved in {state_dir}: {_why(exc)}") from None
+        raise CalibrationNotSaved(f"{state_dir}: {_why(exc)}") from None
     try:
         with _locked(dir_fd, state_dir):
             doc = _read(dir_fd, state_dir)
@@ -287,8 +287,8 @@ def _locked(dir_fd: int, where: Path) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise CalibrationNotSaved(f"calibration not saved: {where / LOCK_NAME} held by another "
-                                              f"start for {LOCK_WAIT_S:g} s") from None
+                    raise CalibrationNotSaved(f"{where / LOCK_NAME} held by another start for "
+                                              f"{LOCK_WAIT_S:g} s") from None
                 time.sleep(_LOCK_POLL_S)
         yield
     finally:
