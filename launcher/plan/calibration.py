@@ -251,7 +251,7 @@ def _update(state_dir: Path, key: str, change: Callable[[dict[str, Any]], dict[s
                 _set_aside(dir_fd)
             entry = {**change(doc.entries.get(key, {})), "recorded_at": int(time.time())}
             doc.entries[key] = entry
-            atomic_write(dir_fd, FILE_NAME, _serialize(doc), mode=0o644)
+            atomic_write(dir_fd, FILE_NAME, _serialize(doc, keep_first=key), mode=0o644)
             return entry
     finally:
         os.close(dir_fd)
@@ -263,9 +263,11 @@ def _set_aside(dir_fd: int) -> None:
         os.replace(FILE_NAME, FILE_NAME + ".corrupt", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
-def _serialize(doc: _Document) -> bytes:
-    """The document as JSON, the oldest entries dropped beyond `MAX_ENTRIES` or `MAX_FILE_BYTES`."""
-    entries = dict(sorted(doc.entries.items(), key=lambda item: item[1].get("recorded_at", 0), reverse=True))
+def _serialize(doc: _Document, *, keep_first: str) -> bytes:
+    """The document as JSON, the oldest entries dropped beyond `MAX_ENTRIES` or `MAX_FILE_BYTES`
+    (never `keep_first`, the entry just written: recorded_at has whole seconds, so ties happen)."""
+    entries = dict(sorted(doc.entries.items(), key=lambda item: (item[0] == keep_first,
+                                                                 item[1].get("recorded_at", 0)), reverse=True))
     keep = list(entries)[:MAX_ENTRIES]
     while True:
         data = {**doc.extra, "schema": SCHEMA, "entries": {k: entries[k] for k in sorted(keep)}}
