@@ -35,11 +35,11 @@ def _reopen_closed_std_fds() -> None:
 
 
 def main() -> None:
-    _reopen_closed_std_fds()
     from launcher.common import stopsignals  # signal and types only: light
 
     serving = not (len(sys.argv) > 1 and sys.argv[1] in OTHER_COMMANDS)  # `safe-serve MODEL` is serve
     stopsignals.install(serving=serving)  # from here on a stop signal is never a death by default action
+    _reopen_closed_std_fds()  # before anything opens a file that stays open (the import's files are closed)
     try:
         from launcher.edge.cli import main as cli_main
     except KeyboardInterrupt:
