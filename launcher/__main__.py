@@ -13,11 +13,33 @@ import sys
 OTHER_COMMANDS = ("plan", "fit", "gpus", "models", "--help", "-h", "--version")
 
 
+def _reopen_closed_std_fds() -> None:
+    """Descriptors 0-2 on /dev/null where the caller closed them, before anything else opens a
+    file: otherwise the first file opened (the start lock) becomes stdout and gets the engine's
+    output, and a closed stderr turns every clean stop into an error."""
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        name = ("stdin", "stdout", "stderr")[fd]
+        if getattr(sys, name) is None:  # Python found it closed at start-up and set None
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
+
+
 def main() -> None:
     from launcher.common import stopsignals  # signal and types only: light
 
     serving = not (len(sys.argv) > 1 and sys.argv[1] in OTHER_COMMANDS)  # `safe-serve MODEL` is serve
     stopsignals.install(serving=serving)  # from here on a stop signal is never a death by default action
+    _reopen_closed_std_fds()  # before anything opens a file that stays open (the import's files are closed)
     try:
         from launcher.edge.cli import main as cli_main
     except KeyboardInterrupt:

@@ -4,8 +4,11 @@ the pids a test started, killed after it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +32,14 @@ def _cleanup() -> Iterator[list[int]]:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, TypeError):
             pass
+
+
+@pytest.fixture(name="public_tmp")
+def _public_tmp() -> Iterator[Path]:
+    """A fresh directory under /tmp that every user can reach (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="safe-serve-hostile-", dir="/tmp"))
+    os.chmod(path, 0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -10,6 +10,18 @@ so that a waiter can say who holds it.
 Lock directory: ``$SAFE_SERVE_LOCK_DIR``, else ``/run/lock/safe-serve``, else
 ``/tmp/safe-serve-locks``. Created world-writable with the sticky bit (like ``/tmp``) so that
 different users sharing a GPU meet on the same files.
+
+The directory and the files in it are shared with other users, so nothing in them is trusted
+(`launcher.common.safefile`): a default directory that another user made world-writable is
+refused (anyone could have made ``/run/lock/safe-serve`` first), one named in
+``$SAFE_SERVE_LOCK_DIR`` may belong to another user (the operator vouches for it: systemd makes
+the unit's ``RuntimeDirectory=`` the service user's), a world-writable one without the sticky
+bit never; lock files are opened without following links and used only when they are regular
+files with one link; a file we may not write (another user's 0644) is locked read-only
+(``flock`` needs no write access) and carries no pid. The wait polls, so signals and
+``--lock-timeout`` are honoured whatever stands at the path. Every problem is one line: exit 75
+for what stands at a lock path (it may be gone later), 69 for a lock directory that cannot be
+used (configuration).
 """
 
 from __future__ import annotations
@@ -24,12 +36,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from launcher.common.errors import TemporarilyUnavailable
+from launcher.common.errors import ExitCode, SafeServeError, TemporarilyUnavailable
+from launcher.common.safefile import UnsafeFile, open_dir, open_regular
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["HOST", "DeviceLock", "default_lock_dir", "host_lock", "lock_path"]
+__all__ = ["HOST", "DeviceLock", "LockDirUnusable", "default_lock_dir", "host_lock", "lock_path"]
 
 LOCK_DIR_ENV = "SAFE_SERVE_LOCK_DIR"
 _CANDIDATE_DIRS = (Path("/run/lock/safe-serve"), Path("/tmp/safe-serve-locks"))
@@ -40,20 +53,66 @@ _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 HOST = "host-memory"
 
 
+class LockDirUnusable(SafeServeError):
+    """No lock directory can be used as configured (exit 69): fix the directory or the setting."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
 def default_lock_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Return the first usable lock directory, creating it if needed."""
+    """Return the first usable lock directory, creating it if needed.
+
+    Raises:
+        LockDirUnusable: ``$SAFE_SERVE_LOCK_DIR`` cannot be used, or no default one can.
+    """
+    return _lock_dir_choice(env)[0]
+
+
+def _lock_dir_choice(env: Mapping[str, str] | None) -> tuple[Path, bool]:
+    """(the lock directory, whether its owner is trusted because the operator named it).
+
+    A directory named in ``$SAFE_SERVE_LOCK_DIR`` may belong to another user (systemd makes the
+    unit's ``RuntimeDirectory=`` the service user's, mode 1777). A default directory anyone
+    could have made first must be root's or ours; one that exists and is not is refused
+    outright: falling back to the next would split the lock between launches.
+    """
     configured = (os.environ if env is None else env).get(LOCK_DIR_ENV)
     if configured:
         path = Path(configured)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        try:
+            os.close(open_dir(path, create_mode=0o755, parents=True, trust_owner=True))
+        except OSError as exc:
+            raise LockDirUnusable(f"{LOCK_DIR_ENV}={configured}: {_why(exc)}",
+                                  hint="point it at a directory root or this user owns") from None
+        _check_writable(path, f"{LOCK_DIR_ENV}={configured}")
+        return path, True
+    reasons = []
     for path in _CANDIDATE_DIRS:
-        if _ensure_shared_dir(path):
-            return path
-    raise TemporarilyUnavailable(
-        "no writable lock directory for the per-GPU start lock",
-        hint=f"set {LOCK_DIR_ENV} to a writable directory",
+        try:
+            os.close(open_dir(path, create_mode=_SHARED_DIR_MODE))
+        except UnsafeFile as exc:
+            raise LockDirUnusable(f"start lock directory {exc}",
+                                  hint=f"remove it, or set {LOCK_DIR_ENV} to a directory you trust") from None
+        except OSError as exc:
+            reasons.append(f"{path}: {exc.strerror or exc}")
+            continue
+        if os.access(path, os.W_OK | os.X_OK):
+            return path, False
+        reasons.append(f"{path}: not writable by this user")
+    raise LockDirUnusable(
+        "no usable directory for the start lock: " + "; ".join(reasons),
+        hint=f"set {LOCK_DIR_ENV} to a directory root or this user owns",
     )
+
+
+def _why(exc: OSError) -> str:
+    return str(exc) if isinstance(exc, UnsafeFile) else f"{exc.strerror or exc}"
+
+
+def _check_writable(path: Path, shown: str) -> None:
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise LockDirUnusable(f"{shown}: the directory is not writable by this user",
+                              hint=f"make it writable, or set {LOCK_DIR_ENV} to another directory")
 
 
 def host_lock(*, timeout_s: float = 0.0, lock_dir: Path | None = None) -> DeviceLock:
@@ -99,12 +158,13 @@ class DeviceLock:
             TemporarilyUnavailable: a lock is still held by another process at the deadline
                 (exit code 75); the message names the GPU and the holder's pid.
         """
-        lock_dir = self._lock_dir or default_lock_dir()
+        lock_dir, trusted = (self._lock_dir, True) if self._lock_dir else _lock_dir_choice(None)
         deadline = time.monotonic() + self.timeout_s
         try:
             for uuid in self.uuids:
                 if uuid not in self._fds:
-                    self._fds[uuid] = _lock_one(lock_path(lock_dir, uuid), uuid, deadline, self.poll_s, self.timeout_s)
+                    self._fds[uuid] = _lock_one(lock_path(lock_dir, uuid), uuid, deadline, self.poll_s, self.timeout_s,
+                                                trusted=trusted)
         except BaseException:
             self.release()
             raise
@@ -132,9 +192,13 @@ class DeviceLock:
         self.release()
 
 
-def _lock_one(path: Path, uuid: str, deadline: float, poll_s: float, timeout_s: float) -> int:
-    """Open and flock one lock file, polling until ``deadline``; return the open fd."""
-    fd = _open_shared(path)
+def _lock_one(path: Path, uuid: str, deadline: float, poll_s: float, timeout_s: float, *, trusted: bool) -> int:
+    """Open and flock one lock file, polling until ``deadline``; return the open fd.
+
+    The wait is a poll (non-blocking ``flock`` and short sleeps), so a signal handler runs
+    within ``poll_s`` and ``--lock-timeout`` is honoured whatever stands at the path.
+    """
+    fd, writable = _open_shared(path, trusted=trusted)
     try:
         while True:
             try:
@@ -150,34 +214,70 @@ def _lock_one(path: Path, uuid: str, deadline: float, poll_s: float, timeout_s: 
                         hint="try again when that launch has allocated its KV cache",
                     ) from None
                 time.sleep(min(poll_s, remaining))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if writable:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def _open_shared(path: Path) -> int:
-    """Open a lock file that other users may have created.
+def _open_shared(path: Path, *, trusted: bool) -> tuple[int, bool]:
+    """Open a lock file that other users may have created: (fd, whether we may write the pid).
 
-    Opens without O_CREAT first: with ``fs.protected_regular`` the kernel refuses O_CREAT on
-    another user's file in a sticky world-writable directory.
+    Relative to the directory's descriptor, never through a link, regular files with one link
+    only. Opens without O_CREAT first: with ``fs.protected_regular`` the kernel refuses O_CREAT
+    on another user's file in a sticky world-writable directory. A file we may not write (another
+    user's 0644) is locked read-only.
+
+    Raises:
+        TemporarilyUnavailable: what stands at the path is not a lock file we can use (exit 75).
+        LockDirUnusable: the directory itself cannot be used (exit 69).
     """
-    while True:
+    try:
+        dir_fd = open_dir(path.parent, trust_owner=trusted)
+    except OSError as exc:
+        raise LockDirUnusable(f"start lock directory {_why(exc)}" if isinstance(exc, UnsafeFile)
+                              else f"start lock directory {path.parent}: {exc.strerror or exc}",
+                              hint=f"set {LOCK_DIR_ENV} to a directory root or this user owns") from None
+    try:
+        return _open_in(dir_fd, path)
+    except UnsafeFile as exc:
+        raise TemporarilyUnavailable(f"start lock: {exc}", hint="remove it, or set "
+                                     f"{LOCK_DIR_ENV} to another directory") from None
+    finally:
+        os.close(dir_fd)
+
+
+def _open_in(dir_fd: int, path: Path) -> tuple[int, bool]:
+    for _ in range(100):  # a file removed between our opens: try again, a bounded number of times
+        for flags, writable in ((os.O_RDWR, True), (os.O_RDONLY, False)):
+            try:
+                return open_regular(path.name, flags, dir_fd=dir_fd, where=path.parent), writable
+            except FileNotFoundError:
+                break
+            except UnsafeFile as exc:
+                if writable and exc.errno in (errno.EACCES, errno.EPERM):
+                    continue  # not ours to write: lock it read-only
+                raise
         try:
-            return os.open(path, os.O_RDWR)
-        except FileNotFoundError:
-            pass
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, _SHARED_FILE_MODE)
+            fd = open_regular(path.name, os.O_RDWR | os.O_CREAT | os.O_EXCL, dir_fd=dir_fd, where=path.parent,
+                              mode=_SHARED_FILE_MODE)
         except FileExistsError:
             continue  # someone created it between our two opens
+        except UnsafeFile as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise LockDirUnusable(f"cannot create the start lock {path}: {exc}",
+                                      hint=f"make {path.parent} writable, or set {LOCK_DIR_ENV}") from None
+            raise
         try:
             os.fchmod(fd, _SHARED_FILE_MODE)  # undo the umask
         except OSError:
             pass
-        return fd
+        return fd, True
+    raise TemporarilyUnavailable(f"start lock {path} keeps disappearing while it is opened",
+                                 hint="another process is removing it")
 
 
 def _describe_holder(fd: int) -> str:
@@ -186,18 +286,4 @@ def _describe_holder(fd: int) -> str:
         text = os.pread(fd, 64, 0).decode("ascii", errors="replace").strip()
     except OSError:
         text = ""
-    return f"pid {text}" if text.isdigit() else "another process (pid not yet written)"
-
-
-def _ensure_shared_dir(path: Path) -> bool:
-    """Create ``path`` as a sticky world-writable directory if needed; True if usable."""
-    try:
-        path.mkdir(mode=_SHARED_DIR_MODE)
-        os.chmod(path, _SHARED_DIR_MODE)  # undo the umask
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        if exc.errno not in (errno.EACCES, errno.EROFS, errno.ENOENT, errno.EPERM):
-            raise
-        return False
-    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+    return f"pid {text}" if text.isdigit() else "another process (pid not written)"

@@ -165,15 +165,18 @@ def serve_command(**opts: Any) -> None:
         plan = engine_decides(request, refusal)
     model_ref = request.model.path or request.model.name  # a local directory, else the repo id
     argv = adapter(plan.engine).engine_argv(plan, model_ref, request.engine_args, opts.get("engine_cmd"))
+    shown = adapter(plan.engine).shown_argv(argv)  # secrets masked; the engine gets argv
     if opts["dry_run"]:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.engine_env.items())
+        from launcher.common.shown import shown_env
+
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown_env(plan.engine_env).items())
         if opts["as_json"]:
-            click.echo(json.dumps(plan_to_json(plan, argv, given=request.gpus), indent=2))
+            click.echo(json.dumps(plan_to_json(plan, shown, given=request.gpus), indent=2))
         else:
             click.echo(render_plan(plan, given=request.gpus))
-            click.echo(("\n" + env + " " if env else "\n") + shlex.join(argv))
+            click.echo(("\n" + env + " " if env else "\n") + shlex.join(shown))
         return
-    click.echo(render_plan(plan, argv, given=request.gpus), err=True)
+    click.echo(render_plan(plan, shown, given=request.gpus), err=True)
     serve_options = ServeOptions(engine_cmd=opts.get("engine_cmd"), on_divergence=opts["on_divergence"],
                                  tolerance=opts["tolerance"], max_retunes=opts["max_retunes"],
                                  watch_timeout_s=opts["watch_timeout"], grace_s=opts["grace"],
@@ -315,7 +318,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             click.echo(f"  would fit: {alternative}", err=True)
         sys.exit(int(exc.exit_code))
     except SafeServeError as exc:
-        click.echo(f"safe-serve: {exc}", err=True)
+        from launcher.common.shown import printable
+
+        click.echo(f"safe-serve: {printable(str(exc))}", err=True)  # paths and names in it: one line
         sys.exit(int(exc.exit_code))
     except click.exceptions.Abort:
         click.echo("safe-serve: interrupted", err=True)
@@ -326,7 +331,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             from launcher.engines import ENGINES, adapter
 
             known = frozenset().union(*(adapter(name).flag_names for name in ENGINES))
-            hint = cli_hints.usage_hint(exc, list(argv) if argv is not None else sys.argv[1:], known)
+            typed = list(argv) if argv is not None else sys.argv[1:]
+            for name in ENGINES:  # the hint repeats the command line: secret values stay masked
+                typed = adapter(name).shown_argv(typed)
+            hint = cli_hints.usage_hint(exc, typed, known)
             if hint:
                 click.echo(f"hint: {hint}", err=True)
         sys.exit(int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.common.shown import printable
 from launcher.common.units import format_gib
 from launcher.engines import adapter, figure_keys
 from launcher.model.gpu import GpuDevice
@@ -143,7 +144,7 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None, *,
         lines.append(f"  {item.label[:34]:34} {column}  {item.source:14} {item.detail}")
         if item.key == "total":
             lines += _total_rows(plan, facts)
-    lines += ["", budget_bar(plan), ""]
+    lines += ["", *budget_bar(plan).split("\n"), ""]
     lines.append(f"  memory knob    {plan.memory_knob}")
     lines.append(f"  max length     {plan.max_model_len:,} ({plan.max_model_len_source})")
     lines.append(f"  KV cache       {format_gib(plan.kv_cache_bytes)} = {plan.kv_cache_tokens:,} tokens"
@@ -171,7 +172,7 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None, *,
         lines.append(f"  note: {note}")
     if command:
         lines += ["", "  command: " + shlex.join(command)]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # one element, one line: names cannot forge lines
 
 
 def plan_to_json(plan: Plan, command: Sequence[str] | None = None, *,
@@ -289,7 +290,7 @@ def inverse_text(gpu_name: str, workload: Any, inverse: tuple[int, int]) -> str:
 
 def render_fit(results: Sequence[Any], workload: Any, model: str, engine: str,
                inverse: tuple[int, int] | None, *, geometry: Any = None) -> str:
-    lines = [f"safe-serve fit: {model} on {engine}, {_plural(workload.concurrency, 'request')} x "
+    lines = [f"safe-serve fit: {printable(model)} on {engine}, {_plural(workload.concurrency, 'request')} x "
              f"{workload.tokens:,} tokens",
              "", f"  {'GPU':34} {'needs':26} {'KV tokens':>11} {'headroom':>9}  flags / why not"]
     need = workload.concurrency * workload.tokens

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from launcher.common.errors import SafeServeError
     from launcher.engines.events import EngineEvent, LogReader
-    from launcher.engines.flags import FlagSpec
+    from launcher.engines.flags import FlagSpec, SecretFlag
     from launcher.plan.types import Calibration, PinnedFlags, PinnedValue, Plan, PlanRequest
 
 
@@ -74,6 +74,7 @@ class EngineAdapter(Protocol):
     def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
                     engine_cmd: str | None) -> list[str]: ...
     def health_address(self, pinned: Mapping[str, PinnedValue]) -> tuple[str, int]: ...
+    def shown_argv(self, argv: Sequence[str]) -> list[str]: ...
 
     # watching
     def parse_line(self, line: str) -> EngineEvent | None: ...
@@ -109,6 +110,8 @@ class EngineSpec:
     temporary_fatal: frozenset[str]
     figure_keys: tuple[str, ...]
     kv_dtype_flag: str = "--kv-cache-dtype"
+    secret_flags: tuple[SecretFlag, ...] = ()  # credentials: masked wherever a command is shown
+    plain_flags_like_secrets: frozenset[str] = frozenset()  # flags that are prefixes of secret ones
     flag_names: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -147,6 +150,13 @@ class SpecAdapter:
         from launcher.engines.flags import set_flag
 
         return set_flag(args, flag, value, self.spec.flags)
+
+    def shown_argv(self, argv: Sequence[str]) -> list[str]:
+        """`argv` as logs, tables, JSON and --dry-run show it: secret flag values and secret
+        environment words masked (`launcher.common.shown`); the engine gets `argv` itself."""
+        from launcher.engines.flags import mask_secret_flags
+
+        return mask_secret_flags(argv, self.spec.secret_flags, self.spec.plain_flags_like_secrets)
 
     def drop_flag(self, args: Sequence[str], flag: str) -> list[str]:
         from launcher.engines.flags import drop_flag

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,17 @@ class FlagSpec:
     aliases: tuple[str, ...] = ()
 
 
-def _spellings(spec: FlagSpec) -> list[str]:
+@dataclass(frozen=True)
+class SecretFlag:
+    """An engine flag whose value is a credential; `nargs` as the engine's argparse reads it:
+    "1" one value, "?" an optional value (a bare flag means True), "+" one or more values."""
+
+    name: str
+    nargs: str = "1"
+    aliases: tuple[str, ...] = ()
+
+
+def _spellings(spec: FlagSpec | SecretFlag) -> list[str]:
     names = [spec.name, *spec.aliases]
     # argparse in both engines accepts the underscore spelling too (--tp_size).
     return names + [n.replace("-", "_").replace("__", "--", 1) for n in names]
@@ -141,3 +151,45 @@ def split_engine_cmd(engine_cmd: str) -> list[str]:
         return shlex.split(engine_cmd)
     except ValueError as exc:
         raise UsageError(f"--engine-cmd {engine_cmd!r}: {exc}", hint="quote it as one shell word") from None
+
+
+def mask_secret_flags(argv: Sequence[str], secrets: Sequence[SecretFlag], plain: frozenset[str] = frozenset()
+                      ) -> list[str]:
+    """`argv` as it may be shown: the values of `secrets` (and of secret environment words) replaced.
+
+    Both engines' parsers are argparse with abbreviations allowed (vLLM's FlexibleArgumentParser,
+    SGLang's ArgumentParser in srt/server_args.py), so `--api-k X` is `--api-key X` to the
+    engine: a prefix of a secret flag's spelling is masked too, unless it is itself a flag named
+    in `plain` (SGLang's `--ssl-keyfile` is a path, `--ssl-keyfile-password` a secret).
+    """
+    from launcher.common.shown import REDACTED, shown_assignments
+
+    spellings = {spelling: spec for spec in secrets for spelling in _spellings(spec)}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        name, eq, _ = word.partition("=")
+        spec = _secret_for(name, spellings, plain) if word.startswith("--") else None
+        i += 1
+        if spec is None:
+            out.append(word)
+            continue
+        if eq:
+            out.append(f"{name}={REDACTED}")
+            continue
+        out.append(word)
+        while i < len(argv) and not argv[i].startswith("-"):  # argparse never takes a `-x` word as a value
+            out.append(REDACTED)
+            i += 1
+            if spec.nargs != "+":
+                break
+    return shown_assignments(out)
+
+
+def _secret_for(name: str, spellings: Mapping[str, SecretFlag], plain: frozenset[str]) -> SecretFlag | None:
+    if name in spellings:
+        return spellings[name]
+    if len(name) < 5 or name in plain:  # `--a`: too short to mean anything to argparse
+        return None
+    return next((spec for spelling, spec in spellings.items() if spelling.startswith(name)), None)

@@ -186,8 +186,15 @@ def _from_local_dir(path: Path, text: str) -> ResolvedModel:
     weight_bytes, source = weight_bytes_in_dir(path)
     return ResolvedModel(
         name=text, source="local", geometry=_geometry(config, config_path), weight_bytes=weight_bytes,
-        weight_bytes_source=source, config=config, path=str(path),
+        weight_bytes_source=source, config=config, path=engine_path(path),
     )
+
+
+def engine_path(path: Path) -> str:
+    """The directory as the engine gets it: absolute, or `./`-prefixed, so that no directory name
+    (`./--served-model-name`) can reach the engine's parser as a flag."""
+    text = str(path)
+    return text if path.is_absolute() else f".{os.sep}{text}"
 
 
 def _geometry(config: Mapping[str, Any], where: Path) -> ModelGeometry:

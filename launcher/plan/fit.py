@@ -67,7 +67,7 @@ def try_option(base: PlanRequest, workload: Workload, gpu: GpuDevice, count: int
     length_flag = adapter(base.engine).length_flag
     request = configuration_request(dataclasses.replace(base, concurrency=workload.concurrency), gpu, count,
                                     kv_dtype, checkpoint, [*base.engine_args, length_flag, str(workload.tokens)])
-    args = request.engine_args
+    args = adapter(base.engine).shown_argv(request.engine_args)  # shown in the table and JSON: secrets masked
     label = checkpoint.alias or checkpoint.name
     quantized = checkpoint is not base.model
     try:

@@ -27,7 +27,7 @@ def make_plan(request: PlanRequest) -> Plan:
         raise WontFit(failure.message, hint=failure.hint, alternatives=alternatives_for(request), rule=failure.rule,
                       source=failure.source, figures=failure.figures) from None
     _, rules_note = adapter(request.engine).rules_version(request.engine_version)
-    warnings = (rules_note,) if rules_note and "newer than" in rules_note else ()
+    warnings = (*request.warnings, *((rules_note,) if rules_note and "newer than" in rules_note else ()))
     if request.notes or warnings:
         plan = dataclasses.replace(plan, notes=(*request.notes, *plan.notes), warnings=(*warnings, *plan.warnings))
     return plan
@@ -115,8 +115,9 @@ class _Alternatives:
               gpu_count: int | None = None) -> None:
         self.found.append(Alternative(
             f"{text}: {plan.kv_cache_tokens:,} KV tokens, {self.engine.length_flag} {plan.max_model_len}",
-            engine_args=tuple(engine_args), kv_cache_tokens=plan.kv_cache_tokens, max_model_len=plan.max_model_len,
-            model=model, gpu_count=gpu_count))
+            # An alternative is shown and printed as JSON: the operator's secret flags stay masked.
+            engine_args=tuple(self.engine.shown_argv(engine_args)), kv_cache_tokens=plan.kv_cache_tokens,
+            max_model_len=plan.max_model_len, model=model, gpu_count=gpu_count))
 
     def longest_length(self) -> None:
         if self.free_len == self.args and self.request.concurrency <= 1:
@@ -187,7 +188,8 @@ class _Alternatives:
                                                    if count > len(request.gpus) else "")]
                 if checkpoint is not request.model:
                     what.append(f"quantized checkpoint {checkpoint.alias or checkpoint.name}")
-                self.offer(", ".join(what) + " " + " ".join(changed.engine_args), plan, changed.engine_args,
+                shown = " ".join(self.engine.shown_argv(changed.engine_args))
+                self.offer(", ".join(what) + " " + shown, plan, changed.engine_args,
                            model=None if checkpoint is request.model else checkpoint.repo_id or checkpoint.name,
                            gpu_count=count)
                 return

@@ -69,10 +69,12 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
     variants = tuple(model_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
     gpus, host = _devices(options, env)
     version = options.engine_version or installed_version(options.engine)
-    calibration = None
+    calibration: Calibration | None = None
+    calibration_warnings: tuple[str, ...] = ()
     if options.use_calibration:
-        calibration = _load_calibration(env, calibration_key_for(options.engine, version, gpus, model.name,
-                                                                 options.pinned))
+        device_bytes = max((g.usable_total_bytes for g in gpus), default=host.total_bytes if host else None)
+        calibration, calibration_warnings = _load_calibration(
+            env, calibration_key_for(options.engine, version, gpus, model.name, options.pinned), device_bytes)
     settings = _preset_settings(options, gpus, model.geometry.text_config)
     pinned = options.pinned
     preset_length = presets.length_value(settings, model_max_len=_model_max_len(model.geometry.text_config))
@@ -84,7 +86,7 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
         engine_args=pinned.argv, pinned=pinned, engine_env={k: env[k] for k in engine.env_keys if k in env},
         concurrency=settings.concurrency, max_gpu_memory_bytes=settings.max_gpu_memory_bytes,
         margin_bytes=settings.margin_bytes, trust_engine=options.trust_engine, variants=variants,
-        calibration=calibration, notes=settings.notes,
+        calibration=calibration, notes=settings.notes, warnings=calibration_warnings,
         allow_long_max_model_len=env.get(engine.allow_long_env, "").strip().lower() in ("1", "true"),
     )
 
@@ -140,11 +142,13 @@ def _devices(options: PlanOptions, env: Mapping[str, str]) -> tuple[tuple[GpuDev
     return inventory.visible, inventory.host
 
 
-def _load_calibration(env: Mapping[str, str], key: str) -> Calibration | None:
+def _load_calibration(env: Mapping[str, str], key: str, device_bytes: int | None
+                      ) -> tuple[Calibration | None, tuple[str, ...]]:
+    """The checked calibration of `key` and at most one warning about what in the file was ignored."""
     from launcher.common.paths import state_dir
-    from launcher.plan.calibration import load
+    from launcher.plan.calibration import read_calibration
 
-    return load(state_dir(env), key)
+    return read_calibration(state_dir(env), key, max_bytes=device_bytes)
 
 
 def calibration_key_for(engine: str, version: str | None, gpus: Sequence[GpuDevice], model: str,

@@ -92,6 +92,7 @@ class PlanRequest:
     # Smaller checkpoints of the same model (resolved by the caller) to offer when nothing fits.
     variants: tuple[ResolvedModel, ...] = ()
     notes: tuple[str, ...] = ()  # from the edge (preset, WSL2): shown first in the plan's notes
+    warnings: tuple[str, ...] = ()  # from the edge (a calibration file ignored): shown first in the plan's warnings
 
     def __post_init__(self) -> None:
         if self.pinned.argv != self.engine_args:

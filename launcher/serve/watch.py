@@ -141,7 +141,7 @@ class Watch:
     def _command_for(self, flags: Sequence[str]) -> EngineCommand:
         argv = self._argv_for(flags)
         self.tried.add(argv)
-        return EngineCommand(argv=argv, env=child_env(self.plan))
+        return EngineCommand(argv=argv, env=child_env(self.plan), shown=tuple(self.engine.shown_argv(argv)))
 
     def _sync(self) -> None:
         """A new engine generation starts with nothing verified."""
@@ -235,7 +235,8 @@ class Watch:
             command = self._command_for(new_args)  # never the same flags twice
             self.retunes += 1
             self.args = new_args
-            log.warning("retune", reason=why, attempt=self.retunes, engine_args=new_args, **event.values)
+            log.warning("retune", reason=why, attempt=self.retunes, engine_args=self.engine.shown_argv(new_args),
+                        **event.values)
             self.supervisor.request_restart(command, reason=why)
             self.settled = True
             return False

@@ -524,7 +524,7 @@ class Supervisor:
             self._health = HealthPoller(self._opts.health, lambda: self._events.post(Healthy(generation)),
                                         lambda healthy: self._events.post(HealthResult(generation, healthy)))
             self._health.start()
-        log.info("engine started", pid=popen.pid, argv=list(command.argv), restarts=self._restarts)
+        log.info("engine started", pid=popen.pid, argv=list(command.shown or command.argv), restarts=self._restarts)
         self._keepalive.starting(popen.pid, now)
 
     def _close_pipe(self, fd: int, *, hook: bool = True) -> None:

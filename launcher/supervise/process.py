@@ -48,6 +48,7 @@ class EngineCommand:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     cwd: str | None = None
+    shown: tuple[str, ...] | None = None  # argv as logged, secrets masked (the adapter's shown_argv); None: argv
 
     def __post_init__(self) -> None:
         if not self.argv:

@@ -166,12 +166,18 @@ class ReadyFile:
         self.path = path
 
     def write(self, pid: int) -> None:
+        """Atomically, through a random temporary in the file's own directory: never written
+        through a link planted at the path or at a temporary's name (launcher.common.safefile)."""
         if self.path is None:
             return
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        from launcher.common.safefile import atomic_write, open_dir
+
         try:
-            tmp.write_text(f"{pid}\n")
-            os.replace(tmp, self.path)  # a probe never sees a half-written file
+            dir_fd = open_dir(self.path.parent)
+            try:
+                atomic_write(dir_fd, self.path.name, f"{pid}\n".encode())
+            finally:
+                os.close(dir_fd)
         except OSError as exc:
             log.warning("cannot write the ready file", path=str(self.path), error=str(exc))
 

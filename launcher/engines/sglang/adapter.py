@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 SPEC = EngineSpec(
     name="sglang", newest=rules.NEWEST, distributions=("sglang",), length_flag=rules.LENGTH_FLAG,
     tp_flag=rules.TP_FLAG, pp_flag=rules.PP_FLAG, fp8_kv_dtype=rules.FP8_KV, default_port=rules.DEFAULT_PORT,
-    flags=rules.FLAGS, parse=rules.pinned_flags, other_flags=rules.OTHER_FLAGS, as_written=rules.AS_WRITTEN,
+    flags=rules.FLAGS, parse=rules.pinned_flags, other_flags=rules.OTHER_FLAGS,
+    secret_flags=rules.SECRET_FLAGS, plain_flags_like_secrets=rules.PLAIN_FLAGS_LIKE_SECRETS,
+    as_written=rules.AS_WRITTEN,
     memory_flags=rules.MEMORY_FLAGS, calibration_key_flags=rules.CALIBRATION_KEY_FLAGS, env_keys=rules.ENV_KEYS,
     allow_long_env=rules.ALLOW_LONG_ENV, log_prefilter=logs.PREFILTER, temporary_fatal=runtime.TEMPORARY_FATAL,
     figure_keys=("mem_fraction_static",),  # Plan.engine_figures

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.engines.flags import FlagSpec, fraction, parse_pinned, positive_int
+from launcher.engines.flags import FlagSpec, SecretFlag, fraction, parse_pinned, positive_int
 from launcher.model.config import ModelGeometry
 
 NEWEST = "0.5.23"
@@ -157,6 +157,14 @@ NOT_MODELLED = {
 ENV_KEYS: tuple[str, ...] = ()
 ALLOW_LONG_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # srt/configs/model_config.py
 OTHER_FLAGS = frozenset({"--served-model-name", "--trust-remote-code", "--api-key", "--chat-template"})
+# Flags whose values are credentials: masked wherever safe-serve shows a command (the engine
+# gets them as given). SGLang 0.5.23: `--api-key`, `--admin-api-key`, `--ssl-keyfile-password`
+# (srt/arg_groups/fields/serving.py:148-166), and `--watermark-config`, whose inline JSON holds
+# the watermark keys (srt/arg_groups/fields/exec_.py:78; SGLang redacts it in its own launch
+# command, srt/server_args.py:715). `--ssl-keyfile` is a path, though a prefix of a secret flag.
+SECRET_FLAGS = (SecretFlag("--api-key"), SecretFlag("--admin-api-key"), SecretFlag("--ssl-keyfile-password"),
+                SecretFlag("--watermark-config"))
+PLAIN_FLAGS_LIKE_SECRETS = frozenset({"--ssl-keyfile", "--ssl_keyfile"})
 AS_WRITTEN: dict[tuple[str, bool | int | float | str], str] = {}
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from launcher.engines.flags import (
     FlagSpec,
+    SecretFlag,
     fraction,
     human_int,
     human_int_or_auto,
@@ -204,6 +205,12 @@ NOT_MODELLED = {
 }
 # Engine flags people give without `--` by mistake, beyond the ones we read.
 OTHER_FLAGS = frozenset({"--served-model-name", "--trust-remote-code", "--api-key", "--chat-template"})
+# Flags whose values are credentials: masked wherever safe-serve shows a command (the engine
+# gets them as given). vLLM 0.32: `--api-key` is `list[str]`, so nargs "+"
+# (vllm/entrypoints/launchers/cli_args.py:325, vllm/engine/arg_utils.py:252); `--hf-token` is
+# `bool | str`, nargs "?" (vllm/engine/arg_utils.py:616, :373-376).
+SECRET_FLAGS = (SecretFlag("--api-key", "+"), SecretFlag("--hf-token", "?"))
+PLAIN_FLAGS_LIKE_SECRETS: frozenset[str] = frozenset()  # none of vLLM's flags is a prefix of a secret one
 # Sentinels vLLM stores for what the operator typed: `--max-model-len auto` parses to -1
 # (vllm/engine/arg_utils.py human_readable_int_or_auto).
 AS_WRITTEN: dict[tuple[str, bool | int | float | str], str] = {("--max-model-len", -1): "auto"}
