@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from launcher.engines import adapter
-from tests.test_model import QWEN25_7B, _write_safetensors
+from tests.model.test_config import QWEN25_7B, _write_safetensors
 from tests.test_serve_standin import SCENARIOS, STANDIN, VLLM, nvml_fixture_for, plan_json, vllm_agrees
 
 REPO = Path(__file__).resolve().parent.parent
