@@ -23,13 +23,7 @@ from launcher.common import inputs, stopsignals
 from launcher.common.errors import ExitCode, SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.edge import cli_hints
 from launcher.plan import presets
-from launcher.plan.request import (
-    PlanOptions,
-    build_request,
-    calibration_key_for,
-    engine_args_after_dashes,
-    lock_live_devices,
-)
+from launcher.plan.request import PlanOptions, build_request, engine_args_after_dashes
 
 
 class DefaultToServe(click.Group):
@@ -135,12 +129,10 @@ def plan_command(**opts: Any) -> None:
 @click.option("--log-format", type=click.Choice(["console", "json"]), default=None)
 def serve_command(**opts: Any) -> None:
     """Plan, then start the engine with the planned flags and watch it."""
-    import shlex
-
-    from launcher.edge.render import plan_to_json, render_plan
-    from launcher.engines import adapter
-    from launcher.plan.planner import engine_decides, make_plan
-    from launcher.serve import ServeOptions, run_serve
+    from launcher.edge.render import render_plan
+    from launcher.serve import ServeOptions
+    from launcher.serve.logsetup import configure_logging
+    from launcher.serve.start import dry_run_output, launch, prepare, take_start_lock
 
     options = plan_options_from(opts)
     for name in ("watch_timeout", "grace", "lock_timeout"):
@@ -150,65 +142,19 @@ def serve_command(**opts: Any) -> None:
     if options.gpu_specs and not opts["dry_run"]:
         raise UsageError("--gpu plans for a hypothetical GPU: serve launches on the real one",
                          hint="add --dry-run to see the plan and command for that GPU, or drop --gpu")
-    _configure_logging(opts.get("log_format"))
-    lock = None if opts["dry_run"] else lock_live_devices(options, opts["lock_timeout"])
-    request = build_request(options, os.environ)
-    try:
-        plan = make_plan(request)
-    except (WontFit, UnsupportedModel) as refusal:
-        if not request.trust_engine:
-            raise
-        plan = engine_decides(request, refusal)
-    model_ref = request.model.path or request.model.name  # a local directory, else the repo id
-    argv = adapter(plan.engine).engine_argv(plan, model_ref, request.engine_args, opts.get("engine_cmd"))
+    configure_logging(opts.get("log_format"))
+    lock = None if opts["dry_run"] else take_start_lock(options, opts["lock_timeout"])
+    prepared = prepare(options, os.environ, engine_cmd=opts.get("engine_cmd"))
     if opts["dry_run"]:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.engine_env.items())
-        if opts["as_json"]:
-            click.echo(json.dumps(plan_to_json(plan, argv, given=request.gpus), indent=2))
-        else:
-            click.echo(render_plan(plan, given=request.gpus))
-            click.echo(("\n" + env + " " if env else "\n") + shlex.join(argv))
+        click.echo(dry_run_output(prepared, as_json=opts["as_json"]))
         return
-    click.echo(render_plan(plan, argv, given=request.gpus), err=True)
+    click.echo(render_plan(prepared.plan, list(prepared.argv), given=prepared.request.gpus), err=True)
     serve_options = ServeOptions(engine_cmd=opts.get("engine_cmd"), on_divergence=opts["on_divergence"],
                                  tolerance=opts["tolerance"], max_retunes=opts["max_retunes"],
                                  watch_timeout_s=opts["watch_timeout"], grace_s=opts["grace"],
                                  lock_timeout_s=opts["lock_timeout"], ready_file=opts.get("ready_file"),
                                  health_failures=opts["health_failures"], health_interval_s=opts["health_interval"])
-    from launcher.common.paths import state_dir
-    from launcher.plan.calibration import record, record_runtime_oom
-
-    key = calibration_key_for(plan.engine, request.engine_version, request.gpus, request.model.name,
-                              request.engine_args)
-
-    def on_measured(measured: Any) -> None:
-        try:
-            record(state_dir(os.environ), key, measured)
-        except OSError as exc:  # a read-only state dir must not stop the engine
-            click.echo(f"safe-serve: calibration not saved: {exc}", err=True)
-
-    def on_runtime_oom() -> Any:  # a CUDA OOM while serving: more headroom for the next start
-        try:
-            return record_runtime_oom(state_dir(os.environ), key)
-        except OSError as exc:
-            click.echo(f"safe-serve: calibration not saved: {exc}", err=True)
-            return None
-
-    code = run_serve(plan, model=model_ref, passthrough=request.engine_args, options=serve_options,
-                     concurrency=request.concurrency, lock=lock, on_measured=on_measured,
-                     on_runtime_oom=on_runtime_oom)
-    sys.exit(code)
-
-
-def _configure_logging(log_format: str | None) -> None:
-    """structlog: readable on a TTY, JSON lines otherwise or with --log-format json."""
-    import structlog
-
-    as_json = log_format == "json" or (log_format is None and not sys.stderr.isatty())
-    renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
-    structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
-                                    renderer],
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    sys.exit(launch(prepared, serve_options, lock, os.environ, warn=lambda line: click.echo(line, err=True)))
 
 
 @cli.command("fit")
@@ -225,7 +171,7 @@ def fit_command(**opts: Any) -> None:
     """The smallest configuration per GPU type that carries N requests of L tokens."""
     from launcher.edge.render import fit_to_json, render_fit
     from launcher.model.catalog import hypothetical_gpus, load_catalog
-    from launcher.plan.fit import Workload, fit, largest_concurrency, longest_length
+    from launcher.plan.fit import Workload, fit_report
 
     inputs.check_concurrency(opts["concurrency"])
     inputs.check_tokens(opts["tokens"])
@@ -233,29 +179,18 @@ def fit_command(**opts: Any) -> None:
     gpus = tuple(hypothetical_gpus([spec])[0] for spec in specs)  # one device per GPU type: fit sets counts
     base = build_request(dataclasses.replace(plan_options_from({**opts, "gpu_specs": (specs[0],)}),
                                              use_calibration=False), os.environ)
-    workload = Workload(opts["concurrency"], opts["tokens"])
-    results = fit(base, workload, gpus)
-    inverse = None
-    if len(opts["gpu_specs"]) == 1:
-        inverse = (largest_concurrency(base, workload.tokens), longest_length(base, workload.concurrency))
-    refusal = None
-    if not any(result.best for result in results):
-        misses = "; ".join(f"{r.gpu_name}: {r.closest_miss.shortfall}" for r in results
-                           if r.closest_miss and r.closest_miss.shortfall)
-        refusal = WontFit(f"no configuration of {', '.join(specs)} (up to 8 GPUs, fp8 KV, quantized checkpoints) "
-                          f"carries {workload.concurrency} x {workload.tokens} tokens", rule="fit",
-                          figures={"concurrency": workload.concurrency, "tokens": workload.tokens,
-                                   "misses": misses})
+    report = fit_report(base, Workload(opts["concurrency"], opts["tokens"]), gpus, asked=specs,
+                        inverse=len(opts["gpu_specs"]) == 1)
     if opts["as_json"]:
-        doc = fit_to_json(results, workload, base.model.name, base.engine, inverse)
-        if refusal is not None:
-            doc["refusal"] = refusal.to_json()
+        doc = fit_to_json(report.results, report.workload, base.model.name, base.engine, report.inverse)
+        if report.refusal is not None:
+            doc["refusal"] = report.refusal.to_json()
         click.echo(json.dumps(doc, indent=2))
     else:
-        click.echo(render_fit(results, workload, base.model.name, base.engine, inverse,
+        click.echo(render_fit(report.results, report.workload, base.model.name, base.engine, report.inverse,
                               geometry=base.model.geometry))
-    if refusal is not None:
-        raise refusal
+    if report.refusal is not None:
+        raise report.refusal
 
 
 @cli.command("gpus")
