@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if isinstance(exc, click.UsageError):
             from launcher.engines import ENGINES, adapter
 
-            known = frozenset().union(*(adapter(name).flag_names for name in ENGINES))
+            known = frozenset().union(*(adapter(name).accepted_flag_names() for name in ENGINES))
             hint = cli_hints.usage_hint(exc, list(argv) if argv is not None else sys.argv[1:], known)
             if hint:
                 click.echo(f"hint: {hint}", err=True)

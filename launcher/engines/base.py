@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from launcher.common.errors import SafeServeError
+    from launcher.engines.accepted_flags import AcceptedFlags
     from launcher.engines.events import EngineEvent, LogReader
     from launcher.plan.types import Calibration, Plan, PlanRequest
 
@@ -49,6 +50,8 @@ class EngineAdapter(Protocol):
     allow_long_env: str  # the engine's switch for a length above the model's maximum
 
     # planning
+    def check_engine_args(self, engine_args: Sequence[str], version: str | None) -> tuple[str, ...]: ...
+    def accepted_flag_names(self) -> frozenset[str]: ...
     def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]: ...
     def set_flag(self, args: Sequence[str], flag: str, value: str) -> list[str]: ...
     def drop_flag(self, args: Sequence[str], flag: str) -> list[str]: ...
@@ -96,6 +99,24 @@ class PackageAdapter:
     _logs: Any  # parse(line)
     _runtime: Any  # engine_argv, retuned_args, kv_shortfall, measurements_for
     _planner_module: str  # imported on first plan (keeps `safe-serve gpus` light)
+    _accepted_module: str  # the engine's argparse by release (`accepted.ACCEPTED`), imported when checked
+
+    def _accepted(self) -> AcceptedFlags:
+        import importlib
+
+        table: AcceptedFlags = importlib.import_module(self._accepted_module).ACCEPTED
+        return table
+
+    def check_engine_args(self, engine_args: Sequence[str], version: str | None) -> tuple[str, ...]:
+        """UsageError (exit 2) for a flag the engine's argparse does not take or a second model;
+        warnings where our table cannot vouch for `version` (launcher/engines/accepted_flags.py)."""
+        from launcher.engines.accepted_flags import check_engine_args
+
+        return check_engine_args(self._accepted(), version, engine_args)
+
+    def accepted_flag_names(self) -> frozenset[str]:
+        """Every option string any release we read takes (for the CLI's `--` hint)."""
+        return frozenset().union(*self._accepted().versions.values())
 
     def pinned_flags(self, engine_args: Sequence[str]) -> dict[str, Any]:
         return dict(self._rules.pinned_flags(engine_args))

@@ -53,10 +53,11 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
     from launcher.model.resolve import load_profile, model_from_profile, resolve_model
 
     engine = adapter(options.engine)
+    version = options.engine_version or installed_version(options.engine)
+    flag_warnings = engine.check_engine_args(options.engine_args, version)  # exit 2 before any Hub lookup
     model = resolve_model(options.model, env=env)
     variants = tuple(model_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
     gpus, host = _devices(options, env)
-    version = options.engine_version or installed_version(options.engine)
     calibration = None
     if options.use_calibration:
         calibration = _load_calibration(env, calibration_key_for(options.engine, version, gpus, model.name,
@@ -71,7 +72,7 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
         engine_args=engine_args, engine_env={k: env[k] for k in engine.env_keys if k in env},
         concurrency=settings.concurrency, max_gpu_memory_bytes=settings.max_gpu_memory_bytes,
         margin_bytes=settings.margin_bytes, trust_engine=options.trust_engine, variants=variants,
-        calibration=calibration, notes=settings.notes,
+        calibration=calibration, notes=(*settings.notes, *flag_warnings),
         allow_long_max_model_len=env.get(engine.allow_long_env, "").strip().lower() in ("1", "true"),
     )
 

@@ -19,6 +19,7 @@ class SglangAdapter(PackageAdapter):
     temporary_fatal = runtime.TEMPORARY_FATAL
     _rules, _logs, _runtime = rules, logs, runtime
     _planner_module = "launcher.engines.sglang.planner"
+    _accepted_module = "launcher.engines.sglang.accepted"
 
 
 ADAPTER = SglangAdapter()

@@ -19,6 +19,7 @@ class VllmAdapter(PackageAdapter):
     temporary_fatal = runtime.TEMPORARY_FATAL
     _rules, _logs, _runtime = rules, logs, runtime
     _planner_module = "launcher.engines.vllm.planner"
+    _accepted_module = "launcher.engines.vllm.accepted"
 
 
 ADAPTER = VllmAdapter()
