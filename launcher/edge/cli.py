@@ -14,58 +14,98 @@ import errno
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from launcher.common import inputs, stopsignals
 from launcher.common.errors import ExitCode, SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.edge import cli_hints
+from launcher.engines import ENGINES
 from launcher.plan import presets
 from launcher.plan.request import PlanOptions, build_request, engine_args_after_dashes
 
+ENV_PREFIX = "SAFE_SERVE_"
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 class DefaultToServe(click.Group):
-    """`safe-serve MODEL ...` means `safe-serve serve MODEL ...`."""
+    """`safe-serve MODEL ...` means `safe-serve serve MODEL ...` (and `safe-serve --config F` too)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and not args[0].startswith("-"):
+        if args and args[0] not in self.commands and (not args[0].startswith("-") or
+                                                      args[0].partition("=")[0] == "--config"):
             args = ["serve", *args]
         return super().parse_args(ctx, args)
 
 
 @click.group(cls=DefaultToServe, context_settings={"help_option_names": ["-h", "--help"]}, epilog=cli_hints.EPILOG)
-@click.version_option(package_name="safe-serve", prog_name="safe-serve")
+@click.version_option(None, "-V", "--version", package_name="safe-serve", prog_name="safe-serve")
 def cli() -> None:
     """Start vLLM or SGLang so that it fits in GPU memory, every time, and say why."""
+
+
+def option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
+    """click.option with its SAFE_SERVE_* variable (named after the long flag) shown in --help."""
+    long = next(d for d in decls if d.startswith("--"))
+    kwargs.setdefault("envvar", ENV_PREFIX + long[2:].replace("-", "_").upper())
+    kwargs.setdefault("show_envvar", True)
+    return click.option(*decls, **kwargs)
+
+
+def choice(values: Sequence[str]) -> click.Choice[str]:
+    return click.Choice(list(values), case_sensitive=False)
+
+
+def config_option(func: Any) -> Any:
+    """--config FILE: the command's options as YAML keys (as vLLM's --config), below the command
+    line and the SAFE_SERVE_* variables."""
+    return click.option("--config", "config_file", type=click.Path(dir_okay=False), is_eager=True,
+                        expose_value=False, callback=_load_config, envvar=ENV_PREFIX + "CONFIG", show_envvar=True,
+                        help="YAML file of this command's options (max-gpu-memory: 40GiB, engine-args: [...]); "
+                             "the command line and SAFE_SERVE_* variables win.")(func)
+
+
+def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) -> None:
+    if not path:
+        return
+    from launcher.edge.config_file import load_config
+
+    names = [p.name for p in ctx.command.params if p.name and p.name != "config_file"]
+    ctx.default_map = {**(ctx.default_map or {}), **load_config(path, names)}
 
 
 def plan_options(func: Any) -> Any:
     options = [
         click.argument("model"),
-        click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True),
-        click.option("--gpu", "gpu_specs", multiple=True,
-                     help="Plan for a hypothetical GPU: catalog name (rtx4090, a100-80gb), size (24GiB) "
-                          "or count (2xH100)."),
-        click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True),
-        click.option("--concurrency", type=int, default=None,
-                     help="Requests of the chosen length that must fit at once (default 1, or the preset's)."),
-        click.option("--preset", type=click.Choice(presets.names()), default=None, help=presets.help_text()),
-        click.option("--max-gpu-memory", "max_gpu_memory", default=None,
-                     help="Cap what this server takes (e.g. 40GiB) so several can share a GPU."),
-        click.option("--margin", default=None,
-                     help="Headroom left for other tenants (default 256MiB, or the preset's)."),
-        click.option("--engine-version", default=None, help="Plan for this engine version (default: installed)."),
-        click.option("--trust-engine", is_flag=True,
-                     help="Plan even where the geometry is unknown; the engine decides."),
-        click.option("--json", "as_json", is_flag=True, help="Print JSON (schema safe-serve.plan/1)."),
-        click.option("--no-calibration", is_flag=True, help="Ignore what earlier starts measured."),
+        option("--engine", type=choice(ENGINES), default="vllm", show_default=True,
+               help="The engine to plan for and start."),
+        option("--gpu", "gpu_specs", multiple=True,
+               help="Plan for a hypothetical GPU: catalog name (rtx4090, a100-80gb), size (24GiB) "
+                    "or count (2xH100)."),
+        option("--device", type=choice(["cuda", "cpu"]), default="cuda", show_default=True,
+               help="cuda: the GPUs NVML shows; cpu: vLLM's CPU backend on this host's memory."),
+        option("--concurrency", type=int, default=None,
+               help="Requests of the chosen length that must fit at once (default 1, or the preset's)."),
+        option("--preset", type=choice(presets.names()), default=None, help=presets.help_text()),
+        option("--max-gpu-memory", "max_gpu_memory", default=None,
+               help="Cap what this server takes, as a size (40GiB, 40Gi) or a share of the GPU (50%), "
+                    "so several can share a GPU."),
+        option("--margin", default=None,
+               help="Headroom left for other tenants, as a size (1GiB, 512Mi) or a share of the GPU (5%) "
+                    "(default 256MiB, or the preset's)."),
+        option("--engine-version", default=None, help="Plan for this engine version (default: installed)."),
+        option("--trust-engine", is_flag=True,
+               help="Plan even where the geometry is unknown; the engine decides."),
+        option("--json", "as_json", is_flag=True,
+               help="Print JSON: the plan (safe-serve.plan/1), or on any failure one safe-serve.error/1 object."),
+        option("--no-calibration", is_flag=True, help="Ignore what earlier starts measured."),
         click.argument("engine_args", nargs=-1, type=click.UNPROCESSED),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    for decorator in reversed(options):
+        func = decorator(func)
+    return config_option(func)
 
 
 def plan_options_from(opts: Mapping[str, Any]) -> PlanOptions:
@@ -78,6 +118,9 @@ def plan_options_from(opts: Mapping[str, Any]) -> PlanOptions:
     if opts.get("concurrency") is not None:
         inputs.check_concurrency(opts["concurrency"])
     inputs.check_device_and_gpus(opts.get("device") or "cuda", tuple(opts.get("gpu_specs") or ()))
+    for option in ("margin", "max_gpu_memory"):
+        if opts.get(option):
+            inputs.check_size("--" + option.replace("_", "-"), opts[option])
     return PlanOptions(
         model=opts["model"], engine=opts.get("engine") or "vllm", gpu_specs=tuple(opts.get("gpu_specs") or ()),
         device=opts.get("device") or "cuda", concurrency=opts.get("concurrency"),
@@ -112,21 +155,32 @@ def plan_command(**opts: Any) -> None:
 
 @cli.command("serve")
 @plan_options
-@click.option("--engine-cmd", default=None,
-              help='Replace the engine executable, e.g. "python -m vllm.entrypoints.openai.api_server".')
-@click.option("--dry-run", is_flag=True, help="Print the plan and the exact command line, then exit 0.")
-@click.option("--on-divergence", type=click.Choice(["retune", "abort", "warn"]), default="retune", show_default=True)
-@click.option("--tolerance", type=float, default=0.02, show_default=True)
-@click.option("--max-retunes", type=int, default=2, show_default=True)
-@click.option("--watch-timeout", type=float, default=1800.0, show_default=True)
-@click.option("--grace", type=float, default=30.0, show_default=True)
-@click.option("--lock-timeout", type=float, default=300.0, show_default=True)
-@click.option("--ready-file", default=None)
-@click.option("--health-failures", type=click.IntRange(min=0), default=3, show_default=True,
-              help="After ready, this many failed /health probes in a row stop the engine (exit 70); 0: no check.")
-@click.option("--health-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds between /health probes after ready.")
-@click.option("--log-format", type=click.Choice(["console", "json"]), default=None)
+@option("--engine-cmd", default=None,
+        help='Replace the engine executable, e.g. "python -m vllm.entrypoints.openai.api_server".')
+@option("--dry-run", is_flag=True, help="Print the plan and the exact command line, then exit 0.")
+@option("--on-divergence", type=choice(["retune", "abort", "warn"]), default="retune", show_default=True,
+        help="When the engine's KV cache differs from the plan: restart with recomputed flags, stop (78), "
+             "or only warn.")
+@option("--tolerance", type=float, default=0.02, show_default=True,
+        help="Relative KV-token difference from the plan that still counts as agreeing.")
+@option("--max-retunes", type=int, default=2, show_default=True,
+        help="Restarts with recomputed flags before giving up.")
+@option("--watch-timeout", type=float, default=1800.0, show_default=True,
+        help="Seconds to wait for the engine's KV report (retunes included); then exit 75.")
+@option("--grace", type=float, default=30.0, show_default=True,
+        help="Seconds between SIGTERM and SIGKILL when stopping the engine.")
+@option("--lock-timeout", type=float, default=300.0, show_default=True,
+        help="Seconds to wait for another start on the same GPU; then exit 75.")
+@option("--ready-file", default=None,
+        help="Written once the engine is verified and healthy (a startup probe's file); its directory "
+             "must exist and be writable (checked at start, exit 2).")
+@option("--health-failures", type=click.IntRange(min=0), default=3, show_default=True,
+        help="After ready, this many failed /health probes in a row stop the engine (exit 70); 0: no check.")
+@option("--health-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+        help="Seconds between /health probes after ready.")
+@option("--log-format", type=choice(["console", "json"]), default=None,
+        help="safe-serve's own log lines: console (colour only on a terminal, never with NO_COLOR) or "
+             "json (default off a terminal); under journald each line carries its syslog priority.")
 def serve_command(**opts: Any) -> None:
     """Plan, then start the engine with the planned flags and watch it."""
     from launcher.edge.render import render_plan
@@ -142,6 +196,8 @@ def serve_command(**opts: Any) -> None:
     if options.gpu_specs and not opts["dry_run"]:
         raise UsageError("--gpu plans for a hypothetical GPU: serve launches on the real one",
                          hint="add --dry-run to see the plan and command for that GPU, or drop --gpu")
+    if opts.get("ready_file") and not opts["dry_run"]:
+        inputs.check_ready_file(opts["ready_file"])
     configure_logging(opts.get("log_format"))
     lock = None if opts["dry_run"] else take_start_lock(options, opts["lock_timeout"])
     prepared = prepare(options, os.environ, engine_cmd=opts.get("engine_cmd"))
@@ -159,14 +215,16 @@ def serve_command(**opts: Any) -> None:
 
 @cli.command("fit")
 @click.argument("model")
-@click.option("--concurrency", type=int, required=True, help="Requests that must run at once.")
-@click.option("--tokens", type=int, required=True, help="Tokens per request (prompt + output).")
-@click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True)
-@click.option("--gpu", "gpu_specs", multiple=True, help="GPU types to consider (default: the whole catalog).")
-@click.option("--engine-version", default=None)
-@click.option("--margin", default=None, help="Headroom left for other tenants (default 256MiB).")
-@click.option("--json", "as_json", is_flag=True)
+@option("--concurrency", type=int, required=True, help="Requests that must run at once.")
+@option("--tokens", type=int, required=True, help="Tokens per request (prompt + output).")
+@option("--engine", type=choice(ENGINES), default="vllm", show_default=True, help="The engine to plan for.")
+@option("--gpu", "gpu_specs", multiple=True, help="GPU types to consider (default: the whole catalog).")
+@option("--engine-version", default=None, help="Plan for this engine version (default: installed).")
+@option("--margin", default=None, help="Headroom left for other tenants, as a size or a share (default 256MiB).")
+@option("--json", "as_json", is_flag=True,
+        help="Print JSON (safe-serve.fit/1), or on any failure one safe-serve.error/1 object.")
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
+@config_option
 def fit_command(**opts: Any) -> None:
     """The smallest configuration per GPU type that carries N requests of L tokens."""
     from launcher.edge.render import fit_to_json, render_fit
@@ -194,7 +252,8 @@ def fit_command(**opts: Any) -> None:
 
 
 @cli.command("gpus")
-@click.option("--json", "as_json", is_flag=True, help="Print the probe object the planner consumes.")
+@option("--json", "as_json", is_flag=True,
+        help="Print the probe object the planner consumes (safe-serve.gpus/1), or one safe-serve.error/1.")
 def gpus_command(as_json: bool) -> None:
     """What the probe sees: GPUs, free memory and the processes holding it."""
     from launcher.edge.gpus_view import inventory_to_json, render_inventory
@@ -204,8 +263,28 @@ def gpus_command(as_json: bool) -> None:
     click.echo(json.dumps(inventory_to_json(inventory), indent=2) if as_json else render_inventory(inventory))
 
 
+@cli.command("help")
+@click.argument("command", required=False)
+@click.pass_context
+def help_command(ctx: click.Context, command: str | None) -> None:
+    """Show the help of safe-serve or of one COMMAND (`safe-serve help plan`)."""
+    parent = ctx.parent or ctx
+    if command is None:
+        click.echo(cli.get_help(parent))
+        return
+    sub = cli.get_command(parent, command)
+    if sub is None:
+        import difflib
+
+        close = difflib.get_close_matches(command, list(cli.commands), n=1)
+        raise UsageError(f"no command {command!r}", hint=f"did you mean {close[0]}" if close else
+                         "commands: " + ", ".join(sorted(cli.commands)))
+    with click.Context(sub, info_name=command, parent=parent) as sub_ctx:
+        click.echo(sub.get_help(sub_ctx))
+
+
 @cli.command("models")
-@click.option("--architectures", is_flag=True,
+@option("--architectures", is_flag=True,
               help="List the architectures whose KV layout is verified against each engine instead.")
 def models_command(architectures: bool) -> None:
     """List the model aliases in profiles/ (or, with --architectures, what each engine's layout is proven for)."""

@@ -81,18 +81,19 @@ def _preset_settings(options: PlanOptions, gpus: Sequence[GpuDevice], text_confi
                      ) -> presets.Settings:
     """Margin, cap, concurrency and length from the options, the preset where none was given,
     and the WSL2 margin where the kernel says so."""
-    from launcher.common.units import parse_size
+    from launcher.common.units import parse_size_or_share
     from launcher.engines import adapter
 
     engine = adapter(options.engine)
     pinned = engine.pinned_flags(options.engine_args)
+    total = presets.smallest_total([g.usable_total_bytes for g in gpus])  # what `50%` is a share of
     explicit = presets.Explicit(
-        margin_bytes=parse_size(options.margin) if options.margin else None,
-        max_gpu_memory_bytes=parse_size(options.max_gpu_memory) if options.max_gpu_memory else None,
+        margin_bytes=parse_size_or_share(options.margin, total) if options.margin else None,
+        max_gpu_memory_bytes=parse_size_or_share(options.max_gpu_memory, total) if options.max_gpu_memory else None,
         concurrency=options.concurrency, length_pinned=engine.length_flag in pinned,
         memory_pinned=bool(set(pinned) & engine.memory_flags))
     return presets.apply(options.preset, explicit, default_margin_bytes=DEFAULT_MARGIN_BYTES,
-                         gpu_total_bytes=presets.smallest_total([g.usable_total_bytes for g in gpus]),
+                         gpu_total_bytes=total,
                          proc_version=_read_proc_version() if options.device == "cuda" else "")
 
 
