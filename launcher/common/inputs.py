@@ -119,3 +119,11 @@ def check_ready_file(path: str) -> str:
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"--ready-file {_shown(path)}: the directory {directory} is not writable by this user")
     return path
+
+
+def check_instance_name(name: str) -> str:
+    """`serve --name`: a file-name-safe word (it names the status file in the shared state directory)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", name):
+        raise UsageError(f"--name {_shown(name)}: use letters, digits, '.', '_' and '-' (at most 128, no leading "
+                         "dot or dash)")
+    return name

@@ -140,15 +140,15 @@ def plan_command(**opts: Any) -> None:
 
     request = build_request(plan_options_from(opts), os.environ)
     try:
-        plan = make_plan(request)
+        plan = make_plan(request, choices=True)
     except (WontFit, UnsupportedModel) as refusal:
         if opts["as_json"]:  # a refusal is data too: stdout gets the document, stderr the one line
             as_wont_fit = refusal if isinstance(refusal, WontFit) else WontFit(
                 refusal.message, hint=refusal.hint, rule="unsupported-model")
-            click.echo(json.dumps(as_wont_fit.to_json(), indent=2))
+            emit_json(as_wont_fit.to_json())
         raise
     if opts["as_json"]:
-        click.echo(json.dumps(plan_to_json(plan, given=request.gpus), indent=2))
+        emit_json(plan_to_json(plan, given=request.gpus))
     else:
         click.echo(render_plan(plan, given=request.gpus))
 
@@ -178,6 +178,9 @@ def plan_command(**opts: Any) -> None:
         help="After ready, this many failed /health probes in a row stop the engine (exit 70); 0: no check.")
 @option("--health-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
         help="Seconds between /health probes after ready.")
+@option("--name", default=None,
+        help="This instance's name in `safe-serve ps` and `safe-serve status NAME` (default: the model's "
+             "last path part and the port, e.g. qwen2.5-7b-instruct-8000).")
 @option("--log-format", type=choice(["console", "json"]), default=None,
         help="safe-serve's own log lines: console (colour only on a terminal, never with NO_COLOR) or "
              "json (default off a terminal); under journald each line carries its syslog priority.")
@@ -196,6 +199,8 @@ def serve_command(**opts: Any) -> None:
     if options.gpu_specs and not opts["dry_run"]:
         raise UsageError("--gpu plans for a hypothetical GPU: serve launches on the real one",
                          hint="add --dry-run to see the plan and command for that GPU, or drop --gpu")
+    if opts.get("name"):
+        inputs.check_instance_name(opts["name"])
     if opts.get("ready_file") and not opts["dry_run"]:
         inputs.check_ready_file(opts["ready_file"])
     configure_logging(opts.get("log_format"))
@@ -203,6 +208,7 @@ def serve_command(**opts: Any) -> None:
     prepared = prepare(options, os.environ, engine_cmd=opts.get("engine_cmd"))
     if opts["dry_run"]:
         click.echo(dry_run_output(prepared, as_json=opts["as_json"]))
+        _JSON.written = opts["as_json"]
         return
     click.echo(render_plan(prepared.plan, list(prepared.argv), given=prepared.request.gpus), err=True)
     serve_options = ServeOptions(engine_cmd=opts.get("engine_cmd"), on_divergence=opts["on_divergence"],
@@ -210,7 +216,8 @@ def serve_command(**opts: Any) -> None:
                                  watch_timeout_s=opts["watch_timeout"], grace_s=opts["grace"],
                                  lock_timeout_s=opts["lock_timeout"], ready_file=opts.get("ready_file"),
                                  health_failures=opts["health_failures"], health_interval_s=opts["health_interval"])
-    sys.exit(launch(prepared, serve_options, lock, os.environ, warn=lambda line: click.echo(line, err=True)))
+    sys.exit(launch(prepared, serve_options, lock, os.environ, warn=lambda line: click.echo(line, err=True),
+                    name=opts.get("name")))
 
 
 @cli.command("fit")
@@ -243,7 +250,7 @@ def fit_command(**opts: Any) -> None:
         doc = fit_to_json(report.results, report.workload, base.model.name, base.engine, report.inverse)
         if report.refusal is not None:
             doc["refusal"] = report.refusal.to_json()
-        click.echo(json.dumps(doc, indent=2))
+        emit_json(doc)
     else:
         click.echo(render_fit(report.results, report.workload, base.model.name, base.engine, report.inverse,
                               geometry=base.model.geometry))
@@ -260,7 +267,47 @@ def gpus_command(as_json: bool) -> None:
     from launcher.probe import probe_inventory
 
     inventory = probe_inventory()  # ProbeError -> one line and 69 in main()
-    click.echo(json.dumps(inventory_to_json(inventory), indent=2) if as_json else render_inventory(inventory))
+    if as_json:
+        emit_json(inventory_to_json(inventory))
+    else:
+        click.echo(render_inventory(inventory))
+
+
+@cli.command("ps")
+@option("--json", "as_json", is_flag=True, help="Print safe-serve.ps/1: the status objects of every live instance.")
+def ps_command(as_json: bool) -> None:
+    """The running safe-serve instances (from their status files in the state directory)."""
+    from launcher.common.paths import state_dir
+    from launcher.edge.instances_view import ps_to_json, render_ps
+    from launcher.serve.instances import running
+
+    instances = list(running(state_dir(os.environ)))
+    if as_json:
+        emit_json(ps_to_json(instances))
+    else:
+        click.echo(render_ps(instances))
+
+
+@cli.command("status")
+@click.argument("name")
+@option("--json", "as_json", is_flag=True, help="Print the instance's safe-serve.status/1 object.")
+def status_command(name: str, as_json: bool) -> None:
+    """One running instance: model, engine, GPUs, port, KV tokens planned and seen, retunes, state."""
+    from launcher.common.errors import InstanceNotFound
+    from launcher.common.paths import state_dir
+    from launcher.edge.instances_view import render_status
+    from launcher.serve.instances import running
+
+    instances = list(running(state_dir(os.environ)))
+    found = [s for s in instances if s["name"] == name] or [s for s in instances if s["name"].startswith(name)]
+    if len(found) != 1:
+        names = ", ".join(s["name"] for s in (found or instances))
+        raise InstanceNotFound(f"no running instance {name!r}" if not found else f"{name!r} is ambiguous",
+                               hint=f"running: {names}" if names else "no instance is running")
+    if as_json:
+        emit_json(found[0])
+    else:
+        click.echo(render_status(found[0]))
 
 
 @cli.command("help")
@@ -308,12 +355,42 @@ def models_command(architectures: bool) -> None:
 # --------------------------------------------------------------------------- entry point
 
 
+class _JsonOutput:
+    """--json: every exit writes one object on stdout (a result, a refusal, or safe-serve.error/1)."""
+
+    wanted = False
+    written = False
+
+
+_JSON = _JsonOutput()
+ERROR_SCHEMA = "safe-serve.error/1"
+
+
+def emit_json(doc: Mapping[str, Any]) -> None:
+    click.echo(json.dumps(doc, indent=2))
+    _JSON.written = True
+
+
+def _wants_json(argv: Sequence[str]) -> bool:
+    words = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    return "--json" in words or os.environ.get(ENV_PREFIX + "JSON", "").strip().lower() in ("1", "true", "yes")
+
+
+def _fail(code: int, kind: str, reason: str, hint: str | None = None) -> NoReturn:
+    """The one stdout object of a failed --json command (stderr has the line already)."""
+    if _JSON.wanted and not _JSON.written:
+        emit_json({"schema": ERROR_SCHEMA, "exit_code": code, "error": kind, "reason": reason, "hint": hint})
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI; expected failures print one line and exit with their documented code."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    _JSON.wanted, _JSON.written = _wants_json(args), False
     try:
         stdout = sys.stdout
         try:
-            cli.main(args=list(argv) if argv is not None else None, prog_name="safe-serve", standalone_mode=False)
+            cli.main(args=args, prog_name="safe-serve", standalone_mode=False)
         except SystemExit as done:
             if done.code == 1 and sys.stdout is not stdout:  # click swallowed an EPIPE (core.py, main: exit 1)
                 raise BrokenPipeError(errno.EPIPE, "the reader of our output went away") from None
@@ -323,28 +400,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo(f"safe-serve: will not fit: {exc}", err=True)
         for alternative in exc.alternatives:
             click.echo(f"  would fit: {alternative}", err=True)
+        if _JSON.wanted and not _JSON.written:
+            emit_json(exc.to_json())
         sys.exit(int(exc.exit_code))
     except SafeServeError as exc:
         click.echo(f"safe-serve: {exc}", err=True)
-        sys.exit(int(exc.exit_code))
+        _fail(int(exc.exit_code), type(exc).__name__, exc.message, exc.hint)
     except click.exceptions.Abort:
         click.echo("safe-serve: interrupted", err=True)
-        sys.exit(int(ExitCode.INTERRUPTED))
+        _fail(int(ExitCode.INTERRUPTED), "Interrupted", "interrupted")
     except click.ClickException as exc:
         exc.show()
+        hint = None
         if isinstance(exc, click.UsageError):
-            from launcher.engines import ENGINES, adapter
+            from launcher.engines import adapter
 
             known = frozenset().union(*(adapter(name).accepted_flag_names() for name in ENGINES))
-            hint = cli_hints.usage_hint(exc, list(argv) if argv is not None else sys.argv[1:], known)
+            hint = cli_hints.usage_hint(exc, args, known)
             if hint:
                 click.echo(f"hint: {hint}", err=True)
-        sys.exit(int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code)
+        code = int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code
+        _fail(code, "UsageError", exc.format_message(), hint)
     except KeyboardInterrupt:
-        sys.exit(int(ExitCode.INTERRUPTED))
+        _fail(int(ExitCode.INTERRUPTED), "Interrupted", "interrupted")
     except stopsignals.StopSignal as stop:  # before the engine started (lock wait, probe, plan)
         click.echo(f"safe-serve: stopped on {stop.name} before the engine started", err=True)
-        sys.exit(stopsignals.exit_code(stop))
+        _fail(stopsignals.exit_code(stop), "Stopped", f"stopped on {stop.name} before the engine started")
     except OSError as exc:
         if exc.errno not in OUTPUT_ERRNOS:
             _internal_error(exc)
@@ -380,4 +461,4 @@ def _internal_error(exc: BaseException) -> NoReturn:
         raise exc
     click.echo(f"safe-serve: internal error: {type(exc).__name__}: {str(exc)[:300]} "
                "(SAFE_SERVE_DEBUG=1 shows the traceback; please report it)", err=True)
-    sys.exit(int(ExitCode.FAILURE))
+    _fail(int(ExitCode.FAILURE), "InternalError", f"{type(exc).__name__}: {str(exc)[:300]}")

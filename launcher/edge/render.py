@@ -154,6 +154,8 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None, *,
                      " (the estimates' expected errors)")
     if plan.may_not_fit:
         lines.append(f"  MAY NOT FIT    {plan.may_not_fit}")
+    for alternative in plan.alternatives:
+        lines.append(f"  {'would fit:' if plan.may_not_fit else 'or:':14} {alternative}")
     requests = "request" if plan.max_concurrency == 1 else "requests"
     lines.append(f"  concurrency    {plan.max_concurrency:.2f} {requests} of {plan.max_model_len:,} tokens")
     added = " ".join(shlex.quote(a) for a in plan.engine_args) or "(none: everything pinned)"
@@ -202,8 +204,10 @@ def plan_to_json(plan: Plan, command: Sequence[str] | None = None, *,
         "kv_cache_bytes_low": plan.kv_cache_bytes_low if plan.kv_cache_bytes_low is not None else plan.kv_cache_bytes,
         "kv_cache_bytes_high": plan.kv_cache_bytes_high if plan.kv_cache_bytes_high is not None
         else plan.kv_cache_bytes,
-        "fits": "may not fit" if plan.may_not_fit else "fits",
+        "fits": plan.may_not_fit is None,  # a plain yes; otherwise the risk and its reason say why not
+        "risk": "may-not-fit" if plan.may_not_fit else "none",
         "may_not_fit": plan.may_not_fit,
+        "alternatives": [a.to_json() for a in plan.alternatives],
         "engine_defaults": dict(plan.engine_defaults),
         "warnings": list(plan.warnings),
         "memory_knob": plan.memory_knob,
@@ -254,6 +258,9 @@ def fit_to_json(results: Sequence[Any], workload: Any, model: str, engine: str,
                   "single_gpu_miss": _option_summary(r.closest_miss) if r.closest_miss and r.best is not r.closest_miss
                   else None} for r in results],
     }
+    from launcher.plan.fit import grouped_misses
+
+    doc["reasons"] = [{"shortfall": why, "gpus": gpus} for why, gpus in grouped_misses(results)]
     if inverse is not None:
         doc["largest_concurrency_at_tokens"], doc["longest_tokens_at_concurrency"] = inverse
     return doc
@@ -295,7 +302,10 @@ def render_fit(results: Sequence[Any], workload: Any, model: str, engine: str,
     lines = [f"safe-serve fit: {model} on {engine}, {_plural(workload.concurrency, 'request')} x "
              f"{workload.tokens:,} tokens",
              "", f"  {'GPU':34} {'needs':26} {'KV tokens':>11} {'headroom':>9}  flags / why not"]
+    from launcher.plan.fit import grouped_misses
+
     need = workload.concurrency * workload.tokens
+    shared = [shortfall for shortfall, gpus in grouped_misses(results) if len(gpus) > 1]
     for result in results:
         option = result.best
         if option is not None and option.plan is not None:
@@ -310,14 +320,19 @@ def render_fit(results: Sequence[Any], workload: Any, model: str, engine: str,
                          f"{flags}")
         else:
             miss = result.closest_miss
-            lines.append(f"  {result.gpu_name[:34]:34} {'no fit up to 8 GPUs':26} {'-':>11} {'-':>9}  "
-                         f"{miss.shortfall if miss else ''}")
+            why = miss.shortfall if miss and miss.shortfall else ""
+            if why in shared:
+                why = f"reason {shared.index(why) + 1} below"
+            lines.append(f"  {result.gpu_name[:34]:34} {'no fit up to 8 GPUs':26} {'-':>11} {'-':>9}  {why}")
         miss = result.closest_miss
         if option is not None and miss is not None and miss is not option \
                 and miss.gpu_count == 1 and miss.kv_dtype == "auto":
             dtype = compute_dtype(miss, geometry)
             label = f"1 GPU, {dtype}, as is" if dtype else "1 GPU, as is"
             lines.append(f"  {'':34} {label:26} {'':>11} {'':>9}  short: {miss.shortfall}")
+    for number, why in enumerate(shared, 1):
+        count = sum(1 for r in results if r.best is None and r.closest_miss and r.closest_miss.shortfall == why)
+        lines.append(f"\n  reason {number} ({_plural(count, 'GPU type')}): {why}")
     lines.append(f"\n  workload: {need:,} KV tokens at once; headroom: how many more requests of "
                  f"{workload.tokens:,} tokens the KV cache holds, as a share of the {workload.concurrency} asked for")
     if inverse is not None and results:

@@ -48,6 +48,8 @@ class EngineAdapter(Protocol):
     flag_names: frozenset[str]  # every flag name (and alias) we know the engine takes
     env_keys: tuple[str, ...]  # environment the engine reads that the plan depends on
     allow_long_env: str  # the engine's switch for a length above the model's maximum
+    memory_knob_flag: str | None  # the memory fraction an alternative may set
+    cpu_offload_flag: str | None  # weights offloaded to CPU memory, where the engine's plan models it
 
     # planning
     def check_engine_args(self, engine_args: Sequence[str], version: str | None) -> tuple[str, ...]: ...
@@ -95,6 +97,8 @@ class PackageAdapter:
     log_prefilter: tuple[str, ...]
     temporary_fatal: frozenset[str]
     kv_dtype_flag = "--kv-cache-dtype"
+    memory_knob_flag: str | None = None
+    cpu_offload_flag: str | None = None
     _rules: Any  # the package: pinned_flags(), rules_for(), FLAGS, CALIBRATION_KEY_FLAGS, MEMORY_FLAGS
     _logs: Any  # parse(line)
     _runtime: Any  # engine_argv, retuned_args, kv_shortfall, measurements_for

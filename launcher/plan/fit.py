@@ -19,7 +19,7 @@ from launcher.plan.search import largest_count
 from launcher.plan.types import Plan, PlanRequest
 
 __all__ = ["GPU_COUNTS", "FitReport", "GpuFit", "Option", "Workload", "fit", "fit_refusal", "fit_report",
-           "largest_concurrency", "longest_length"]
+           "grouped_misses", "largest_concurrency", "longest_length"]
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,17 @@ def fit_refusal(results: Sequence[GpuFit], workload: Workload, asked: Sequence[s
     if any(result.best for result in results):
         return None
     names = ", ".join(asked)
-    misses = "; ".join(f"{r.gpu_name}: {r.closest_miss.shortfall}" for r in results
-                       if r.closest_miss and r.closest_miss.shortfall)
+    misses = "; ".join(f"{', '.join(gpus)}: {shortfall}" for shortfall, gpus in grouped_misses(results))
     return WontFit(f"no configuration of {names} (up to {max(GPU_COUNTS)} GPUs, fp8 KV, quantized checkpoints) "
                    f"carries {workload.concurrency} x {workload.tokens} tokens", rule="fit",
                    figures={"concurrency": workload.concurrency, "tokens": workload.tokens, "misses": misses})
+
+
+def grouped_misses(results: Sequence[GpuFit]) -> list[tuple[str, list[str]]]:
+    """Why the GPU types that carry nothing miss, each distinct reason once with its GPUs (27 GPUs
+    refused for the same length rule are one reason, not 27 paragraphs)."""
+    groups: dict[str, list[str]] = {}
+    for result in results:
+        if result.best is None and result.closest_miss is not None and result.closest_miss.shortfall:
+            groups.setdefault(result.closest_miss.shortfall, []).append(result.gpu_name)
+    return list(groups.items())

@@ -17,8 +17,9 @@ from launcher.plan.search import largest_count
 from launcher.plan.types import Plan, PlanRequest
 
 
-def make_plan(request: PlanRequest) -> Plan:
-    """Plan a start, or raise `WontFit` with computed alternatives."""
+def make_plan(request: PlanRequest, *, choices: bool = False) -> Plan:
+    """Plan a start, or raise `WontFit` with computed alternatives. `choices` (the CLI's plan and
+    serve; not fit's searches) adds the alternatives of a plan that is not a plain yes."""
     if request.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
     try:
@@ -30,7 +31,26 @@ def make_plan(request: PlanRequest) -> Plan:
     warnings = (rules_note,) if rules_note and "newer than" in rules_note else ()
     if request.notes or warnings:
         plan = dataclasses.replace(plan, notes=(*request.notes, *plan.notes), warnings=(*warnings, *plan.warnings))
-    return plan
+    return _with_choices(request, plan) if choices else plan
+
+
+def _attempt(request: PlanRequest) -> Plan | None:
+    """A plan that fits at the central estimate, or None."""
+    try:
+        plan = _plan_once(dataclasses.replace(request, calibration=None))
+    except (WontFit, UsageError):
+        return None
+    return plan if plan.may_not_fit is None else None
+
+
+def _with_choices(request: PlanRequest, plan: Plan) -> Plan:
+    from launcher.plan.choices import tensor_parallel_choice
+
+    found: list[Alternative] = list(alternatives_for(request)) if plan.may_not_fit else []
+    wide = tensor_parallel_choice(request, plan, _attempt)
+    if wide is not None and all(a.engine_args != wide.engine_args for a in found):
+        found.append(wide)
+    return dataclasses.replace(plan, alternatives=tuple(found)) if found else plan
 
 
 def _plan_once(request: PlanRequest) -> Plan:
@@ -75,6 +95,14 @@ def configuration_request(base: PlanRequest, gpu: GpuDevice, count: int, kv_dtyp
                                calibration=None)
 
 
+def _memory_choices(request: PlanRequest, free_len: tuple[str, ...]) -> list[Alternative]:
+    """The engine's memory fraction at the value that fits, and weights offloaded to the CPU."""
+    from launcher.plan.choices import knob_choice, offload_choice
+
+    return [a for a in (knob_choice(request, _attempt, free_len), offload_choice(request, _attempt, free_len))
+            if a is not None]
+
+
 def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
     """Each alternative is planned for real; only the ones that fit (at the central estimate) are offered."""
     found: list[Alternative] = []
@@ -83,12 +111,7 @@ def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
     pinned = engine.pinned_flags(args)
     length_flag, tp_flag = engine.length_flag, engine.tp_flag
 
-    def attempt(changed: PlanRequest) -> Plan | None:
-        try:
-            plan = _plan_once(dataclasses.replace(changed, calibration=None))
-        except (WontFit, UsageError):
-            return None
-        return plan if plan.may_not_fit is None else None
+    attempt = _attempt
 
     def offer(text: str, plan: Plan, engine_args: Sequence[str], *, model: str | None = None,
               gpu_count: int | None = None) -> None:
@@ -147,4 +170,5 @@ def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
                       model=None if checkpoint is request.model else checkpoint.repo_id or checkpoint.name,
                       gpu_count=count)
                 break
+    found.extend(_memory_choices(request, tuple(free_len)))  # after the rest: they cost speed or headroom
     return tuple(found)

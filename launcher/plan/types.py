@@ -128,6 +128,9 @@ class Plan:
     architecture_verified: bool | None = None
     # The setting that sizes the engine's memory, as the engine takes it (the table's "memory knob").
     memory_knob: str = ""
+    # Planned configurations offered beside this one: without the risk when it may not fit, or
+    # over all the GPUs given when it uses fewer (launcher.plan.choices; errors.Alternative).
+    alternatives: tuple[Any, ...] = ()
 
     def item(self, key: str) -> BudgetItem | None:
         return next((i for i in self.budget if i.key == key), None)

@@ -8,6 +8,7 @@ import json
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.common.devlock import DeviceLock
 from launcher.common.errors import UnsupportedModel, WontFit
@@ -35,7 +36,7 @@ def prepare(options: PlanOptions, env: Mapping[str, str], *, engine_cmd: str | N
 
     request = build_request(options, env)
     try:
-        plan = make_plan(request)
+        plan = make_plan(request, choices=True)
     except (WontFit, UnsupportedModel) as refusal:
         if not request.trust_engine:
             raise
@@ -62,7 +63,7 @@ def dry_run_output(prepared: Prepared, *, as_json: bool) -> str:
 
 
 def launch(prepared: Prepared, options: ServeOptions, lock: DeviceLock | None, env: Mapping[str, str],
-           *, warn: Callable[[str], None]) -> int:
+           *, warn: Callable[[str], None], name: str | None = None) -> int:
     """Start and watch the engine; what it measured is recorded for the next plan of this setup."""
     from launcher.common.paths import state_dir
     from launcher.plan.calibration import record, record_runtime_oom
@@ -84,6 +85,55 @@ def launch(prepared: Prepared, options: ServeOptions, lock: DeviceLock | None, e
             warn(f"safe-serve: calibration not saved: {exc}")
             return None
 
-    return run_serve(plan, model=prepared.model_ref, passthrough=request.engine_args, options=options,
-                     concurrency=request.concurrency, lock=lock, on_measured=on_measured,
-                     on_runtime_oom=on_runtime_oom)
+    status = StatusFile(state_dir(env), base_status(prepared, name), warn)
+    try:
+        return run_serve(plan, model=prepared.model_ref, passthrough=request.engine_args, options=options,
+                         concurrency=request.concurrency, lock=lock, on_measured=on_measured,
+                         on_runtime_oom=on_runtime_oom, on_state=status.update)
+    finally:
+        status.remove()
+
+
+def base_status(prepared: Prepared, name: str | None) -> dict[str, object]:
+    """What `safe-serve ps` shows of this instance that does not change while it runs."""
+    import os
+
+    from launcher.engines import adapter
+    from launcher.serve.instances import STATUS_SCHEMA, instance_name, now, process_started
+
+    request, plan = prepared.request, prepared.plan
+    host, port = adapter(plan.engine).health_address(request.engine_args)
+    pid = os.getpid()
+    return {"schema": STATUS_SCHEMA, "name": name or instance_name(request.model.name, port),
+            "model": request.model.name, "engine": plan.engine, "engine_version": plan.engine_version,
+            "gpus": [g.uuid or g.name for g in request.gpus[: plan.tp * plan.pp]] or ["cpu"], "host": host,
+            "port": port, "pid": pid, "pid_started": process_started(pid) or 0.0,
+            "planned_kv_tokens": plan.kv_cache_tokens, "engine_kv_tokens": None, "memory_knob": plan.memory_knob,
+            "retunes": 0, "state": "starting", "engine_phase": "starting", "since": now(), "started": now()}
+
+
+class StatusFile:
+    """This instance's status file: updated on each state change, removed at exit; a state
+    directory it cannot write costs one warning, never the engine."""
+
+    def __init__(self, state: Path, base: dict[str, object], warn: Callable[[str], None]) -> None:
+        self.state, self.doc, self.warn, self.broken = state, base, warn, False
+
+    def update(self, change: Mapping[str, object]) -> None:
+        from launcher.serve.instances import now, write_status
+
+        if change.get("state") != self.doc.get("state"):
+            self.doc["since"] = now()
+        self.doc.update(change)
+        if self.broken:
+            return
+        try:
+            write_status(self.state, self.doc)
+        except OSError as exc:
+            self.broken = True
+            self.warn(f"safe-serve: status file not written (safe-serve ps will not list this instance): {exc}")
+
+    def remove(self) -> None:
+        from launcher.serve.instances import remove_status
+
+        remove_status(self.state, str(self.doc["name"]))

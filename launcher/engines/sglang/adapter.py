@@ -20,6 +20,8 @@ class SglangAdapter(PackageAdapter):
     _rules, _logs, _runtime = rules, logs, runtime
     _planner_module = "launcher.engines.sglang.planner"
     _accepted_module = "launcher.engines.sglang.accepted"
+    memory_knob_flag = "--mem-fraction-static"  # the fraction an alternative may set
+    cpu_offload_flag = None  # weights offloaded to CPU memory, where the plan models it
 
 
 ADAPTER = SglangAdapter()

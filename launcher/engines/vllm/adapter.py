@@ -20,6 +20,8 @@ class VllmAdapter(PackageAdapter):
     _rules, _logs, _runtime = rules, logs, runtime
     _planner_module = "launcher.engines.vllm.planner"
     _accepted_module = "launcher.engines.vllm.accepted"
+    memory_knob_flag = None  # vLLM sizes its utilization from free memory: more would take what is not free
+    cpu_offload_flag = "--cpu-offload-gb"  # weights offloaded to CPU memory, where the plan models it
 
 
 ADAPTER = VllmAdapter()
