@@ -35,6 +35,7 @@ class Measurements(Protocol):
 class EngineAdapter(Protocol):
     name: str  # "vllm" or "sglang" (launcher.common.vocab.Engine)
     newest: str  # the newest engine version whose rules we carry
+    oldest: str  # the oldest release whose own code the rules were read from
     length_flag: str  # the flag safe-serve sets for the length
     tp_flag: str
     pp_flag: str
@@ -89,6 +90,7 @@ class PackageAdapter:
 
     name: str
     newest: str
+    oldest: str
     length_flag: str
     tp_flag: str
     pp_flag: str

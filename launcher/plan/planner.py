@@ -27,11 +27,24 @@ def make_plan(request: PlanRequest, *, choices: bool = False) -> Plan:
     except WontFit as failure:
         raise WontFit(failure.message, hint=failure.hint, alternatives=alternatives_for(request), rule=failure.rule,
                       source=failure.source, figures=failure.figures) from None
-    _, rules_note = adapter(request.engine).rules_version(request.engine_version)
-    warnings = (rules_note,) if rules_note and "newer than" in rules_note else ()
+    warnings = _version_warnings(request)
     if request.notes or warnings:
         plan = dataclasses.replace(plan, notes=(*request.notes, *plan.notes), warnings=(*warnings, *plan.warnings))
     return _with_choices(request, plan) if choices else plan
+
+
+def _version_warnings(request: PlanRequest) -> tuple[str, ...]:
+    """A release newer than our rules, or older than the oldest whose code we read, is a warning."""
+    from launcher.engines.versions import version_key
+
+    engine = adapter(request.engine)
+    rules, note = engine.rules_version(request.engine_version)
+    if note and "newer than" in note:
+        return (note,)
+    if request.engine_version and version_key(request.engine_version) < version_key(engine.oldest):
+        return (f"{request.engine} {request.engine_version} is older than {engine.oldest}, the oldest release "
+                f"whose code safe-serve read: planned with the {rules} rules, which may not be that release's",)
+    return ()
 
 
 def _attempt(request: PlanRequest) -> Plan | None:

@@ -20,6 +20,7 @@ class SglangAdapter(PackageAdapter):
     _rules, _logs, _runtime = rules, logs, runtime
     _planner_module = "launcher.engines.sglang.planner"
     _accepted_module = "launcher.engines.sglang.accepted"
+    oldest = rules.RULES[0].version  # 0.5.1: every 0.5.x release is read from its own code
     memory_knob_flag = "--mem-fraction-static"  # the fraction an alternative may set
     cpu_offload_flag = None  # weights offloaded to CPU memory, where the plan models it
 

@@ -138,7 +138,7 @@ OLDER_QUANTIZATION_METHODS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], 
 
 def quantization_methods(version: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(methods, deprecated methods) of `version`; the newest lists from 0.28 on and for an unknown version."""
-    if version is None or version_key(version) >= (0, 28):
+    if version is None or version_key(version) >= version_key("0.28"):
         return QUANTIZATION_METHODS, DEPRECATED_QUANTIZATION_METHODS
     eligible = [row for row in OLDER_QUANTIZATION_METHODS if version_key(row[0]) <= version_key(version)]
     _, methods, deprecated = eligible[-1] if eligible else OLDER_QUANTIZATION_METHODS[0]
