@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -79,3 +80,12 @@ def test_cpu_offload_where_it_would_fit() -> None:
 def test_a_plain_yes_has_no_alternatives(argv: tuple[str, ...]) -> None:
     code, doc, _ = plan(*argv)
     assert code == 0 and doc["fits"] is True and doc["alternatives"] == []
+
+
+def test_fit_prints_an_identical_reason_once() -> None:
+    proc = subprocess.run([sys.executable, "-m", "launcher", "fit", "qwen2.5-7b", "--concurrency", "1", "--tokens",
+                           "99999999"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 78
+    assert proc.stdout.count("User-specified max_model_len (99999999)") == 1
+    assert re.search(r"reason 1 \(2\d GPU types\): vLLM refuses this at start", proc.stdout)
+    assert len(proc.stdout) < 6000  # was ~20 KB: the same paragraph for every GPU type

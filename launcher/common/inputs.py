@@ -99,7 +99,7 @@ def check_size(option: str, text: str, *, share: bool = True) -> str:
         parse_size(text)
     except UsageError as exc:
         hint = exc.hint
-        if share and re.fullmatch(r"\s*(0?\.[0-9]+|1(\.0*)?)\s*", text) and float(text) > 0:
+        if share and re.fullmatch(r"\s*0?\.[0-9]+\s*", text) and float(text) > 0:
             hint = f"a fraction of the GPU is written {float(text):.0%}"
         raise UsageError(f"{option} {exc.message}", hint=hint) from None
     return text
