@@ -155,3 +155,13 @@ def test_example_env_logs_without_colour() -> None:
     text = (Path(__file__).resolve().parents[1] / "systemd" / "example.env").read_text()
     args = next(line for line in text.splitlines() if line.startswith("SAFE_SERVE_ARGS="))
     assert "--log-format json" in args
+
+
+def test_config_file_alone_configures_a_serve(tmp_path: Path) -> None:
+    """`safe-serve --config FILE` is a serve, the model and flags all from the file (a unit's one argument)."""
+    config = tmp_path / "serve.yaml"
+    config.write_text("model: qwen2.5-7b\nengine: sglang\ngpu: [h100]\ndry-run: true\n"
+                      "engine-args: [--port, '31000']\n")
+    code, out, err = run(["--config", str(config)])
+    assert code == 0, err
+    assert "sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --port 31000" in out.splitlines()[-1]
