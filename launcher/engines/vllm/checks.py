@@ -212,7 +212,7 @@ _OLD_LINES: tuple[tuple[str, Mapping[str, tuple[str, int]]], ...] = (
 
 def _src(lines: Mapping[str, tuple[str, int]], version: str, key: str, asked: str | None = None) -> str:
     path, line = lines[key]
-    if asked is not None and version_key(asked) < (0, 19):
+    if asked is not None and version_key(asked) < version_key("0.19"):
         older, table = lines_for(_OLD_LINES, asked)
         if key in table and version_key(older) <= version_key(asked):
             (path, line), version = table[key], asked

@@ -321,7 +321,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
     repack, repack_rule = vb.mxfp4_repack_extra_bytes(geometry, version=rules.version, tp=tp, pp=pp,
                                                       compute_capability=gpu.compute_capability)
     weights += repack  # vLLM's "Model loading took": the weights as its kernels hold them
-    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=version_key(rules.version) >= (0, 19),
+    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=version_key(rules.version) >= version_key("0.19"),
                                                     compute_capability=gpu.compute_capability)
     eager = pinned.get("--enforce-eager", False)
     cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
