@@ -20,9 +20,8 @@ class VllmAdapter(PackageAdapter):
     _rules, _logs, _runtime = rules, logs, runtime
     _planner_module = "launcher.engines.vllm.planner"
     _accepted_module = "launcher.engines.vllm.accepted"
-    # The oldest release whose code the rules were read from (0.19.1 vllm/config/cache.py:56 ...);
-    # the 0.10.0 row below it is the project's first, V0-era rule set, kept for older releases.
-    oldest = "0.19.0"
+    # The oldest release whose code the rules were read from (docs/engine-versions.md: 0.8.5 on).
+    oldest = rules.RULES[0].version
     memory_knob_flag = None  # vLLM sizes its utilization from free memory: more would take what is not free
     cpu_offload_flag = "--cpu-offload-gb"  # weights offloaded to CPU memory, where the plan models it
 
