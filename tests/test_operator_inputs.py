@@ -139,13 +139,17 @@ def test_colour_only_on_a_terminal_and_never_with_no_color() -> None:
 def test_journald_lines_carry_their_priority(tmp_path: Path) -> None:
     """With stderr being $JOURNAL_STREAM, each line starts <N> (SyslogLevelPrefix=, on by default)."""
     path = tmp_path / "journal"
+    old = structlog.get_config()
     with path.open("w") as stream:
         st = os.fstat(stream.fileno())
         env = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
         assert to_journald(stream, env) and not to_journald(stream, {"JOURNAL_STREAM": "1:2"})
-        configure_logging("json", env=env, stream=stream)
-        structlog.get_logger("t").warning("kv-diverged", tokens=3)
-        structlog.get_logger("t").info("ready")
+        try:
+            configure_logging("json", env=env, stream=stream)
+            structlog.get_logger("t").warning("kv-diverged", tokens=3)
+            structlog.get_logger("t").info("ready")
+        finally:  # later tests log through structlog: not into this closed file
+            structlog.configure(**old)
     first, second = path.read_text().splitlines()
     assert first.startswith("<4>{") and json.loads(first[3:])["tokens"] == 3
     assert second.startswith("<6>{")
