@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 SHELL_FENCES = {"sh", "bash", "console", "shell"}
 NOT_RUN = re.compile(r"<!--\s*not-run:\s*(?P<reason>[^>]*?)\s*-->")
-OUR_COMMANDS = {"plan", "fit", "gpus", "models", "serve"}
+OUR_COMMANDS = {"plan", "fit", "gpus", "models", "serve", "ps", "status", "help"}
 TIMEOUT_S = 180
 
 

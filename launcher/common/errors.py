@@ -48,6 +48,12 @@ class ModelNotFound(SafeServeError):
     exit_code = ExitCode.NO_INPUT
 
 
+class InstanceNotFound(SafeServeError):
+    """`safe-serve status NAME`: no live instance of that name."""
+
+    exit_code = ExitCode.NO_INPUT
+
+
 class ModelConfigError(SafeServeError):
     """config.json or a checkpoint file is malformed or lacks a field we need."""
 

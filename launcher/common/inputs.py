@@ -86,3 +86,44 @@ def check_max_retunes(n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 100:
         raise UsageError(f"--max-retunes {n!r}: must be a whole number from 0 to 100")
     return n
+
+
+def check_size(option: str, text: str, *, share: bool = True) -> str:
+    """`--margin`, `--max-gpu-memory`: a size with its unit (24GiB, 24Gi, 512MiB) or, where the
+    option takes one, a share of the GPU (50%); the error names the option."""
+    from launcher.common.units import parse_share, parse_size
+
+    try:
+        if share and parse_share(text) is not None:
+            return text
+        parse_size(text)
+    except UsageError as exc:
+        hint = exc.hint
+        if share and re.fullmatch(r"\s*0?\.[0-9]+\s*", text) and float(text) > 0:
+            hint = f"a fraction of the GPU is written {float(text):.0%}"
+        raise UsageError(f"{option} {exc.message}", hint=hint) from None
+    return text
+
+
+def check_ready_file(path: str) -> str:
+    """`--ready-file`: its directory must exist and be writable now, not at ready time (a startup
+    probe waiting on a path that can never appear kills the pod only after its whole budget)."""
+    import os
+
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        raise UsageError(f"--ready-file {_shown(path)}: is a directory; give a file path inside it")
+    if not os.path.isdir(directory):
+        raise UsageError(f"--ready-file {_shown(path)}: the directory {directory} does not exist",
+                         hint="create it first (in Kubernetes: an emptyDir volume mounted there)")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--ready-file {_shown(path)}: the directory {directory} is not writable by this user")
+    return path
+
+
+def check_instance_name(name: str) -> str:
+    """`serve --name`: a file-name-safe word (it names the status file in the shared state directory)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", name):
+        raise UsageError(f"--name {_shown(name)}: use letters, digits, '.', '_' and '-' (at most 128, no leading "
+                         "dot or dash)")
+    return name

@@ -14,8 +14,8 @@ import errno
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -25,56 +25,88 @@ from launcher.common.vocab import Device, DivergenceMode
 from launcher.edge import cli_hints
 from launcher.engines import ENGINES
 from launcher.plan import presets
-from launcher.plan.request import (
-    PlanOptions,
-    build_request,
-    calibration_key_for,
-    engine_args_after_dashes,
-    lock_live_devices,
-)
+from launcher.plan.request import PlanOptions, build_request, engine_args_after_dashes
+
+ENV_PREFIX = "SAFE_SERVE_"
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class DefaultToServe(click.Group):
-    """`safe-serve MODEL ...` means `safe-serve serve MODEL ...`."""
+    """`safe-serve MODEL ...` means `safe-serve serve MODEL ...` (and `safe-serve --config F` too)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and not args[0].startswith("-"):
+        if args and args[0] not in self.commands and (not args[0].startswith("-") or
+                                                      args[0].partition("=")[0] == "--config"):
             args = ["serve", *args]
         return super().parse_args(ctx, args)
 
 
 @click.group(cls=DefaultToServe, context_settings={"help_option_names": ["-h", "--help"]}, epilog=cli_hints.EPILOG)
-@click.version_option(package_name="safe-serve", prog_name="safe-serve")
+@click.version_option(None, "-V", "--version", package_name="safe-serve", prog_name="safe-serve")
 def cli() -> None:
     """Start vLLM or SGLang so that it fits in GPU memory, every time, and say why."""
+
+
+def option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
+    """click.option with its SAFE_SERVE_* variable (named after the long flag) shown in --help."""
+    long = next(d for d in decls if d.startswith("--"))
+    kwargs.setdefault("envvar", ENV_PREFIX + long[2:].replace("-", "_").upper())
+    kwargs.setdefault("show_envvar", True)
+    return click.option(*decls, **kwargs)
+
+
+def choice(values: Sequence[str]) -> click.Choice[str]:
+    return click.Choice(list(values), case_sensitive=False)
+
+
+def config_option(func: Any) -> Any:
+    """--config FILE: the command's options as YAML keys (as vLLM's --config), below the command
+    line and the SAFE_SERVE_* variables."""
+    return click.option("--config", "config_file", type=click.Path(dir_okay=False), is_eager=True,
+                        expose_value=False, callback=_load_config, envvar=ENV_PREFIX + "CONFIG", show_envvar=True,
+                        help="YAML file of this command's options (max-gpu-memory: 40GiB, engine-args: [...]); "
+                             "the command line and SAFE_SERVE_* variables win.")(func)
+
+
+def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) -> None:
+    if not path:
+        return
+    from launcher.edge.config_file import load_config
+
+    names = [p.name for p in ctx.command.params if p.name and p.name != "config_file"]
+    ctx.default_map = {**(ctx.default_map or {}), **load_config(path, names)}
 
 
 def plan_options(func: Any) -> Any:
     options = [
         click.argument("model"),
-        click.option("--engine", type=click.Choice(ENGINES), default=ENGINES[0], show_default=True),
-        click.option("--gpu", "gpu_specs", multiple=True,
-                     help="Plan for a hypothetical GPU: catalog name (rtx4090, a100-80gb), size (24GiB) "
-                          "or count (2xH100)."),
-        click.option("--device", type=click.Choice([d.value for d in Device]), default=Device.CUDA.value,
-                     show_default=True),
-        click.option("--concurrency", type=int, default=None,
-                     help="Requests of the chosen length that must fit at once (default 1, or the preset's)."),
-        click.option("--preset", type=click.Choice(presets.names()), default=None, help=presets.help_text()),
-        click.option("--max-gpu-memory", "max_gpu_memory", default=None,
-                     help="Cap what this server takes (e.g. 40GiB) so several can share a GPU."),
-        click.option("--margin", default=None,
-                     help="Headroom left for other tenants (default 256MiB, or the preset's)."),
-        click.option("--engine-version", default=None, help="Plan for this engine version (default: installed)."),
-        click.option("--trust-engine", is_flag=True,
-                     help="Plan even where the geometry is unknown; the engine decides."),
-        click.option("--json", "as_json", is_flag=True, help="Print JSON (schema safe-serve.plan/1)."),
-        click.option("--no-calibration", is_flag=True, help="Ignore what earlier starts measured."),
+        option("--engine", type=choice(ENGINES), default=ENGINES[0], show_default=True,
+               help="The engine to plan for and start."),
+        option("--gpu", "gpu_specs", multiple=True,
+               help="Plan for a hypothetical GPU: catalog name (rtx4090, a100-80gb), size (24GiB) "
+                    "or count (2xH100)."),
+        option("--device", type=choice([d.value for d in Device]), default=Device.CUDA.value, show_default=True,
+               help="cuda: the GPUs NVML shows; cpu: vLLM's CPU backend on this host's memory."),
+        option("--concurrency", type=int, default=None,
+               help="Requests of the chosen length that must fit at once (default 1, or the preset's)."),
+        option("--preset", type=choice(presets.names()), default=None, help=presets.help_text()),
+        option("--max-gpu-memory", "max_gpu_memory", default=None,
+               help="Cap what this server takes, as a size (40GiB, 40Gi) or a share of the GPU (50%), "
+                    "so several can share a GPU."),
+        option("--margin", default=None,
+               help="Headroom left for other tenants, as a size (1GiB, 512Mi) or a share of the GPU (5%) "
+                    "(default 256MiB, or the preset's)."),
+        option("--engine-version", default=None, help="Plan for this engine version (default: installed)."),
+        option("--trust-engine", is_flag=True,
+               help="Plan even where the geometry is unknown; the engine decides."),
+        option("--json", "as_json", is_flag=True,
+               help="Print JSON: the plan (safe-serve.plan/1), or on any failure one safe-serve.error/1 object."),
+        option("--no-calibration", is_flag=True, help="Ignore what earlier starts measured."),
         click.argument("engine_args", nargs=-1, type=click.UNPROCESSED),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    for decorator in reversed(options):
+        func = decorator(func)
+    return config_option(func)
 
 
 def plan_options_from(opts: Mapping[str, Any]) -> PlanOptions:
@@ -87,6 +119,9 @@ def plan_options_from(opts: Mapping[str, Any]) -> PlanOptions:
     if opts.get("concurrency") is not None:
         inputs.check_concurrency(opts["concurrency"])
     inputs.check_device_and_gpus(opts.get("device") or "cuda", tuple(opts.get("gpu_specs") or ()))
+    for option in ("margin", "max_gpu_memory"):
+        if opts.get(option):
+            inputs.check_size("--" + option.replace("_", "-"), opts[option])
     return PlanOptions(
         model=opts["model"], engine=opts.get("engine") or "vllm", gpu_specs=tuple(opts.get("gpu_specs") or ()),
         device=opts.get("device") or "cuda", concurrency=opts.get("concurrency"),
@@ -106,45 +141,57 @@ def plan_command(**opts: Any) -> None:
 
     request = build_request(plan_options_from(opts), os.environ)
     try:
-        plan = make_plan(request)
+        plan = make_plan(request, choices=True)
     except (WontFit, UnsupportedModel) as refusal:
         if opts["as_json"]:  # a refusal is data too: stdout gets the document, stderr the one line
             as_wont_fit = refusal if isinstance(refusal, WontFit) else WontFit(
                 refusal.message, hint=refusal.hint, rule="unsupported-model")
-            click.echo(json.dumps(as_wont_fit.to_json(), indent=2))
+            emit_json(as_wont_fit.to_json())
         raise
     if opts["as_json"]:
-        click.echo(json.dumps(plan_to_json(plan, given=request.gpus), indent=2))
+        emit_json(plan_to_json(plan, given=request.gpus))
     else:
         click.echo(render_plan(plan, given=request.gpus))
 
 
 @cli.command("serve")
 @plan_options
-@click.option("--engine-cmd", default=None,
-              help='Replace the engine executable, e.g. "python -m vllm.entrypoints.openai.api_server".')
-@click.option("--dry-run", is_flag=True, help="Print the plan and the exact command line, then exit 0.")
-@click.option("--on-divergence", type=click.Choice([m.value for m in DivergenceMode]),
-              default=DivergenceMode.RETUNE.value, show_default=True)
-@click.option("--tolerance", type=float, default=0.02, show_default=True)
-@click.option("--max-retunes", type=int, default=2, show_default=True)
-@click.option("--watch-timeout", type=float, default=1800.0, show_default=True)
-@click.option("--grace", type=float, default=30.0, show_default=True)
-@click.option("--lock-timeout", type=float, default=300.0, show_default=True)
-@click.option("--ready-file", default=None)
-@click.option("--health-failures", type=click.IntRange(min=0), default=3, show_default=True,
-              help="After ready, this many failed /health probes in a row stop the engine (exit 70); 0: no check.")
-@click.option("--health-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds between /health probes after ready.")
-@click.option("--log-format", type=click.Choice(["console", "json"]), default=None)
+@option("--engine-cmd", default=None,
+        help='Replace the engine executable, e.g. "python -m vllm.entrypoints.openai.api_server".')
+@option("--dry-run", is_flag=True, help="Print the plan and the exact command line, then exit 0.")
+@option("--on-divergence", type=choice([m.value for m in DivergenceMode]), default=DivergenceMode.RETUNE.value,
+        show_default=True,
+        help="When the engine's KV cache differs from the plan: restart with recomputed flags, stop (78), "
+             "or only warn.")
+@option("--tolerance", type=float, default=0.02, show_default=True,
+        help="Relative KV-token difference from the plan that still counts as agreeing.")
+@option("--max-retunes", type=int, default=2, show_default=True,
+        help="Restarts with recomputed flags before giving up.")
+@option("--watch-timeout", type=float, default=1800.0, show_default=True,
+        help="Seconds to wait for the engine's KV report (retunes included); then exit 75.")
+@option("--grace", type=float, default=30.0, show_default=True,
+        help="Seconds between SIGTERM and SIGKILL when stopping the engine.")
+@option("--lock-timeout", type=float, default=300.0, show_default=True,
+        help="Seconds to wait for another start on the same GPU; then exit 75.")
+@option("--ready-file", default=None,
+        help="Written once the engine is verified and healthy (a startup probe's file); its directory "
+             "must exist and be writable (checked at start, exit 2).")
+@option("--health-failures", type=click.IntRange(min=0), default=3, show_default=True,
+        help="After ready, this many failed /health probes in a row stop the engine (exit 70); 0: no check.")
+@option("--health-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+        help="Seconds between /health probes after ready.")
+@option("--name", default=None,
+        help="This instance's name in `safe-serve ps` and `safe-serve status NAME` (default: the model's "
+             "last path part and the port, e.g. qwen2.5-7b-instruct-8000).")
+@option("--log-format", type=choice(["console", "json"]), default=None,
+        help="safe-serve's own log lines: console (colour only on a terminal, never with NO_COLOR) or "
+             "json (default off a terminal); under journald each line carries its syslog priority.")
 def serve_command(**opts: Any) -> None:
     """Plan, then start the engine with the planned flags and watch it."""
-    import shlex
-
-    from launcher.edge.render import plan_to_json, render_plan
-    from launcher.engines import adapter
-    from launcher.plan.planner import engine_decides, make_plan
-    from launcher.serve import ServeOptions, run_serve
+    from launcher.edge.render import render_plan
+    from launcher.serve import ServeOptions
+    from launcher.serve.logsetup import configure_logging
+    from launcher.serve.start import dry_run_output, launch, prepare, take_start_lock
 
     options = plan_options_from(opts)
     for name in ("watch_timeout", "grace", "lock_timeout"):
@@ -154,85 +201,44 @@ def serve_command(**opts: Any) -> None:
     if options.gpu_specs and not opts["dry_run"]:
         raise UsageError("--gpu plans for a hypothetical GPU: serve launches on the real one",
                          hint="add --dry-run to see the plan and command for that GPU, or drop --gpu")
-    _configure_logging(opts.get("log_format"))
-    lock = None if opts["dry_run"] else lock_live_devices(options, opts["lock_timeout"])
-    request = build_request(options, os.environ)
-    try:
-        plan = make_plan(request)
-    except (WontFit, UnsupportedModel) as refusal:
-        if not request.trust_engine:
-            raise
-        plan = engine_decides(request, refusal)
-    model_ref = request.model.path or request.model.name  # a local directory, else the repo id
-    argv = adapter(plan.engine).engine_argv(plan, model_ref, request.engine_args, opts.get("engine_cmd"))
-    shown = adapter(plan.engine).shown_argv(argv)  # secrets masked; the engine gets argv
+    if opts.get("name"):
+        inputs.check_instance_name(opts["name"])
+    if opts.get("ready_file") and not opts["dry_run"]:
+        inputs.check_ready_file(opts["ready_file"])
+    configure_logging(opts.get("log_format"))
+    lock = None if opts["dry_run"] else take_start_lock(options, opts["lock_timeout"])
+    prepared = prepare(options, os.environ, engine_cmd=opts.get("engine_cmd"))
     if opts["dry_run"]:
-        from launcher.common.shown import shown_env
-
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown_env(plan.engine_env).items())
-        if opts["as_json"]:
-            click.echo(json.dumps(plan_to_json(plan, shown, given=request.gpus), indent=2))
-        else:
-            click.echo(render_plan(plan, given=request.gpus))
-            click.echo(("\n" + env + " " if env else "\n") + shlex.join(shown))
+        click.echo(dry_run_output(prepared, as_json=opts["as_json"]))
+        _JSON.written = opts["as_json"]
         return
-    click.echo(render_plan(plan, shown, given=request.gpus), err=True)
+    click.echo(render_plan(prepared.plan, list(prepared.shown), given=prepared.request.gpus), err=True)
     serve_options = ServeOptions(engine_cmd=opts.get("engine_cmd"), on_divergence=opts["on_divergence"],
                                  tolerance=opts["tolerance"], max_retunes=opts["max_retunes"],
                                  watch_timeout_s=opts["watch_timeout"], grace_s=opts["grace"],
                                  lock_timeout_s=opts["lock_timeout"], ready_file=opts.get("ready_file"),
                                  health_failures=opts["health_failures"], health_interval_s=opts["health_interval"])
-    from launcher.common.paths import state_dir
-    from launcher.plan.calibration import record, record_runtime_oom
-
-    key = calibration_key_for(plan.engine, request.engine_version, request.gpus, request.model.name,
-                              request.pinned)
-
-    def on_measured(measured: Any) -> None:
-        try:
-            record(state_dir(os.environ), key, measured)
-        except OSError as exc:  # a read-only state dir must not stop the engine
-            click.echo(f"safe-serve: calibration not saved: {exc}", err=True)
-
-    def on_runtime_oom() -> Any:  # a CUDA OOM while serving: more headroom for the next start
-        try:
-            return record_runtime_oom(state_dir(os.environ), key)
-        except OSError as exc:
-            click.echo(f"safe-serve: calibration not saved: {exc}", err=True)
-            return None
-
-    code = run_serve(plan, model=model_ref, passthrough=request.engine_args, options=serve_options,
-                     concurrency=request.concurrency, lock=lock, on_measured=on_measured,
-                     on_runtime_oom=on_runtime_oom)
-    sys.exit(code)
-
-
-def _configure_logging(log_format: str | None) -> None:
-    """structlog: readable on a TTY, JSON lines otherwise or with --log-format json."""
-    import structlog
-
-    as_json = log_format == "json" or (log_format is None and not sys.stderr.isatty())
-    renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
-    structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
-                                    renderer],
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    sys.exit(launch(prepared, serve_options, lock, os.environ, warn=lambda line: click.echo(line, err=True),
+                    name=opts.get("name")))
 
 
 @cli.command("fit")
 @click.argument("model")
-@click.option("--concurrency", type=int, required=True, help="Requests that must run at once.")
-@click.option("--tokens", type=int, required=True, help="Tokens per request (prompt + output).")
-@click.option("--engine", type=click.Choice(ENGINES), default=ENGINES[0], show_default=True)
-@click.option("--gpu", "gpu_specs", multiple=True, help="GPU types to consider (default: the whole catalog).")
-@click.option("--engine-version", default=None)
-@click.option("--margin", default=None, help="Headroom left for other tenants (default 256MiB).")
-@click.option("--json", "as_json", is_flag=True)
+@option("--concurrency", type=int, required=True, help="Requests that must run at once.")
+@option("--tokens", type=int, required=True, help="Tokens per request (prompt + output).")
+@option("--engine", type=choice(ENGINES), default=ENGINES[0], show_default=True, help="The engine to plan for.")
+@option("--gpu", "gpu_specs", multiple=True, help="GPU types to consider (default: the whole catalog).")
+@option("--engine-version", default=None, help="Plan for this engine version (default: installed).")
+@option("--margin", default=None, help="Headroom left for other tenants, as a size or a share (default 256MiB).")
+@option("--json", "as_json", is_flag=True,
+        help="Print JSON (safe-serve.fit/1), or on any failure one safe-serve.error/1 object.")
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
+@config_option
 def fit_command(**opts: Any) -> None:
     """The smallest configuration per GPU type that carries N requests of L tokens."""
     from launcher.edge.render import fit_to_json, render_fit
     from launcher.model.catalog import hypothetical_gpus, load_catalog
-    from launcher.plan.fit import Workload, fit, largest_concurrency, longest_length
+    from launcher.plan.fit import Workload, fit_report
 
     inputs.check_concurrency(opts["concurrency"])
     inputs.check_tokens(opts["tokens"])
@@ -240,44 +246,94 @@ def fit_command(**opts: Any) -> None:
     gpus = tuple(hypothetical_gpus([spec])[0] for spec in specs)  # one device per GPU type: fit sets counts
     base = build_request(dataclasses.replace(plan_options_from({**opts, "gpu_specs": (specs[0],)}),
                                              use_calibration=False), os.environ)
-    workload = Workload(opts["concurrency"], opts["tokens"])
-    results = fit(base, workload, gpus)
-    inverse = None
-    if len(opts["gpu_specs"]) == 1:
-        inverse = (largest_concurrency(base, workload.tokens), longest_length(base, workload.concurrency))
-    refusal = None
-    if not any(result.best for result in results):
-        misses = "; ".join(f"{r.gpu_name}: {r.closest_miss.shortfall}" for r in results
-                           if r.closest_miss and r.closest_miss.shortfall)
-        refusal = WontFit(f"no configuration of {', '.join(specs)} (up to 8 GPUs, fp8 KV, quantized checkpoints) "
-                          f"carries {workload.concurrency} x {workload.tokens} tokens", rule="fit",
-                          figures={"concurrency": workload.concurrency, "tokens": workload.tokens,
-                                   "misses": misses})
+    report = fit_report(base, Workload(opts["concurrency"], opts["tokens"]), gpus, asked=specs,
+                        inverse=len(opts["gpu_specs"]) == 1)
     if opts["as_json"]:
-        doc = fit_to_json(results, workload, base.model.name, base.engine, inverse)
-        if refusal is not None:
-            doc["refusal"] = refusal.to_json()
-        click.echo(json.dumps(doc, indent=2))
+        doc = fit_to_json(report.results, report.workload, base.model.name, base.engine, report.inverse)
+        if report.refusal is not None:
+            doc["refusal"] = report.refusal.to_json()
+        emit_json(doc)
     else:
-        click.echo(render_fit(results, workload, base.model.name, base.engine, inverse,
+        click.echo(render_fit(report.results, report.workload, base.model.name, base.engine, report.inverse,
                               geometry=base.model.geometry))
-    if refusal is not None:
-        raise refusal
+    if report.refusal is not None:
+        raise report.refusal
 
 
 @cli.command("gpus")
-@click.option("--json", "as_json", is_flag=True, help="Print the probe object the planner consumes.")
+@option("--json", "as_json", is_flag=True,
+        help="Print the probe object the planner consumes (safe-serve.gpus/1), or one safe-serve.error/1.")
 def gpus_command(as_json: bool) -> None:
     """What the probe sees: GPUs, free memory and the processes holding it."""
     from launcher.edge.gpus_view import inventory_to_json, render_inventory
     from launcher.probe import probe_inventory
 
     inventory = probe_inventory()  # ProbeError -> one line and 69 in main()
-    click.echo(json.dumps(inventory_to_json(inventory), indent=2) if as_json else render_inventory(inventory))
+    if as_json:
+        emit_json(inventory_to_json(inventory))
+    else:
+        click.echo(render_inventory(inventory))
+
+
+@cli.command("ps")
+@option("--json", "as_json", is_flag=True, help="Print safe-serve.ps/1: the status objects of every live instance.")
+def ps_command(as_json: bool) -> None:
+    """The running safe-serve instances (from their status files in the state directory)."""
+    from launcher.common.paths import state_dir
+    from launcher.edge.instances_view import ps_to_json, render_ps
+    from launcher.serve.instances import running
+
+    instances = list(running(state_dir(os.environ)))
+    if as_json:
+        emit_json(ps_to_json(instances))
+    else:
+        click.echo(render_ps(instances))
+
+
+@cli.command("status")
+@click.argument("name")
+@option("--json", "as_json", is_flag=True, help="Print the instance's safe-serve.status/1 object.")
+def status_command(name: str, as_json: bool) -> None:
+    """One running instance: model, engine, GPUs, port, KV tokens planned and seen, retunes, state."""
+    from launcher.common.errors import InstanceNotFound
+    from launcher.common.paths import state_dir
+    from launcher.edge.instances_view import render_status
+    from launcher.serve.instances import running
+
+    instances = list(running(state_dir(os.environ)))
+    found = [s for s in instances if s["name"] == name] or [s for s in instances if s["name"].startswith(name)]
+    if len(found) != 1:
+        names = ", ".join(s["name"] for s in (found or instances))
+        raise InstanceNotFound(f"no running instance {name!r}" if not found else f"{name!r} is ambiguous",
+                               hint=f"running: {names}" if names else "no instance is running")
+    if as_json:
+        emit_json(found[0])
+    else:
+        click.echo(render_status(found[0]))
+
+
+@cli.command("help")
+@click.argument("command", required=False)
+@click.pass_context
+def help_command(ctx: click.Context, command: str | None) -> None:
+    """Show the help of safe-serve or of one COMMAND (`safe-serve help plan`)."""
+    parent = ctx.parent or ctx
+    if command is None:
+        click.echo(cli.get_help(parent))
+        return
+    sub = cli.get_command(parent, command)
+    if sub is None:
+        import difflib
+
+        close = difflib.get_close_matches(command, list(cli.commands), n=1)
+        raise UsageError(f"no command {command!r}", hint=f"did you mean {close[0]}" if close else
+                         "commands: " + ", ".join(sorted(cli.commands)))
+    with click.Context(sub, info_name=command, parent=parent) as sub_ctx:
+        click.echo(sub.get_help(sub_ctx))
 
 
 @cli.command("models")
-@click.option("--architectures", is_flag=True,
+@option("--architectures", is_flag=True,
               help="List the architectures whose KV layout is verified against each engine instead.")
 def models_command(architectures: bool) -> None:
     """List the model aliases in profiles/ (or, with --architectures, what each engine's layout is proven for)."""
@@ -301,12 +357,42 @@ def models_command(architectures: bool) -> None:
 # --------------------------------------------------------------------------- entry point
 
 
+class _JsonOutput:
+    """--json: every exit writes one object on stdout (a result, a refusal, or safe-serve.error/1)."""
+
+    wanted = False
+    written = False
+
+
+_JSON = _JsonOutput()
+ERROR_SCHEMA = "safe-serve.error/1"
+
+
+def emit_json(doc: Mapping[str, Any]) -> None:
+    click.echo(json.dumps(doc, indent=2))
+    _JSON.written = True
+
+
+def _wants_json(argv: Sequence[str]) -> bool:
+    words = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    return "--json" in words or os.environ.get(ENV_PREFIX + "JSON", "").strip().lower() in ("1", "true", "yes")
+
+
+def _fail(code: int, kind: str, reason: str, hint: str | None = None) -> NoReturn:
+    """The one stdout object of a failed --json command (stderr has the line already)."""
+    if _JSON.wanted and not _JSON.written:
+        emit_json({"schema": ERROR_SCHEMA, "exit_code": code, "error": kind, "reason": reason, "hint": hint})
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI; expected failures print one line and exit with their documented code."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    _JSON.wanted, _JSON.written = _wants_json(args), False
     try:
         stdout = sys.stdout
         try:
-            cli.main(args=list(argv) if argv is not None else None, prog_name="safe-serve", standalone_mode=False)
+            cli.main(args=args, prog_name="safe-serve", standalone_mode=False)
         except SystemExit as done:
             if done.code == 1 and sys.stdout is not stdout:  # click swallowed an EPIPE (core.py, main: exit 1)
                 raise BrokenPipeError(errno.EPIPE, "the reader of our output went away") from None
@@ -316,33 +402,37 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo(f"safe-serve: will not fit: {exc}", err=True)
         for alternative in exc.alternatives:
             click.echo(f"  would fit: {alternative}", err=True)
+        if _JSON.wanted and not _JSON.written:
+            emit_json(exc.to_json())
         sys.exit(int(exc.exit_code))
     except SafeServeError as exc:
         from launcher.common.shown import printable
 
         click.echo(f"safe-serve: {printable(str(exc))}", err=True)  # paths and names in it: one line
-        sys.exit(int(exc.exit_code))
+        _fail(int(exc.exit_code), type(exc).__name__, exc.message, exc.hint)
     except click.exceptions.Abort:
         click.echo("safe-serve: interrupted", err=True)
-        sys.exit(int(ExitCode.INTERRUPTED))
+        _fail(int(ExitCode.INTERRUPTED), "Interrupted", "interrupted")
     except click.ClickException as exc:
         exc.show()
+        hint = None
         if isinstance(exc, click.UsageError):
-            from launcher.engines import ENGINES, adapter
+            from launcher.engines import adapter
 
-            known = frozenset().union(*(adapter(name).flag_names for name in ENGINES))
-            typed = list(argv) if argv is not None else sys.argv[1:]
+            known = frozenset().union(*(adapter(name).accepted_flag_names() for name in ENGINES))
+            typed = list(args)
             for name in ENGINES:  # the hint repeats the command line: secret values stay masked
                 typed = adapter(name).shown_argv(typed)
             hint = cli_hints.usage_hint(exc, typed, known)
             if hint:
                 click.echo(f"hint: {hint}", err=True)
-        sys.exit(int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code)
+        code = int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code
+        _fail(code, "UsageError", exc.format_message(), hint)
     except KeyboardInterrupt:
-        sys.exit(int(ExitCode.INTERRUPTED))
+        _fail(int(ExitCode.INTERRUPTED), "Interrupted", "interrupted")
     except stopsignals.StopSignal as stop:  # before the engine started (lock wait, probe, plan)
         click.echo(f"safe-serve: stopped on {stop.name} before the engine started", err=True)
-        sys.exit(stopsignals.exit_code(stop))
+        _fail(stopsignals.exit_code(stop), "Stopped", f"stopped on {stop.name} before the engine started")
     except OSError as exc:
         if exc.errno not in OUTPUT_ERRNOS:
             _internal_error(exc)
@@ -378,4 +468,4 @@ def _internal_error(exc: BaseException) -> NoReturn:
         raise exc
     click.echo(f"safe-serve: internal error: {type(exc).__name__}: {str(exc)[:300]} "
                "(SAFE_SERVE_DEBUG=1 shows the traceback; please report it)", err=True)
-    sys.exit(int(ExitCode.FAILURE))
+    _fail(int(ExitCode.FAILURE), "InternalError", f"{type(exc).__name__}: {str(exc)[:300]}")

@@ -80,10 +80,20 @@ def no_such_option_hint(option: str, possibilities: Iterable[str] | None, argv: 
     corrected command line.
     """
     close = list(possibilities or ())
+    option = _as_typed(option, argv, engine_flags)
     if option not in engine_flags and close:
         return None
     fixed = engine_flags_moved(argv, option)
     return f"engine flags go after `--`: {PROG} {shlex.join(fixed)}"
+
+
+def _as_typed(option: str, argv: Sequence[str], engine_flags: Collection[str]) -> str:
+    """click reports `-tp` as the short option `-t` it starts with: the word as typed, when it is an engine flag."""
+    if option.startswith("--"):
+        return option
+    words = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    typed = next((_split_option(w) for w in words if w.startswith(option) and _split_option(w) in engine_flags), None)
+    return typed or option
 
 
 def usage_hint(exc: click.UsageError, argv: Sequence[str],

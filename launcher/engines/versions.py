@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Protocol, TypeVar
 
+from packaging.version import InvalidVersion, Version
+
 
 class HasVersion(Protocol):
     @property
@@ -16,17 +18,21 @@ class HasVersion(Protocol):
 R = TypeVar("R", bound=HasVersion)
 
 
-def version_key(text: str) -> tuple[int, ...]:
-    """`0.32.0`, `v0.10.2`, `0.8.5.dev169+g...` -> (0, 32, 0); non-numeric tails are dropped."""
-    parts = []
-    for piece in text.lstrip("v").split("+")[0].split("."):
-        digits = "".join(itertools.takewhile(str.isdigit, piece))  # leading digits only: 0rc1 -> 0
-        if not digits:
-            break
-        parts.append(int(digits))
-        if not piece.isdigit():
-            break
-    return tuple(parts) or (0,)
+def version_key(text: str) -> Version:
+    """A release as pip orders it (PEP 440, `packaging.version`): 0.10.0rc1 < 0.10.0 < 0.10.0.post1;
+    `v0.10.2` and `0.8.5.dev169+g1234abc` read; a string pip cannot read keeps its leading digits."""
+    try:
+        return Version(text.strip())
+    except InvalidVersion:
+        parts = []
+        for piece in text.lstrip("v").split("+")[0].split("."):
+            digits = "".join(itertools.takewhile(str.isdigit, piece))
+            if not digits:
+                break
+            parts.append(digits)
+            if not piece.isdigit():
+                break
+        return Version(".".join(parts) or "0")
 
 
 def installed_version(engine: str) -> str | None:
@@ -52,6 +58,6 @@ def nearest_rules(rules: Sequence[R], version: str | None, newest: str) -> tuple
     chosen = eligible[-1]
     if wanted > version_key(newest):
         return chosen, f"version {version} is newer than {newest}, the newest we know; using its rules"
-    if version_key(chosen.version) != wanted[: len(version_key(chosen.version))]:
+    if version_key(chosen.version).release != wanted.release[: len(version_key(chosen.version).release)]:
         return chosen, f"no rules for {version} exactly; using the nearest older ones ({chosen.version})"
     return chosen, None

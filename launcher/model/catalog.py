@@ -108,10 +108,42 @@ def _device(what: str, spec: str, index: int, catalog: Sequence[CatalogGpu] | No
                                 f"CUDA total unknown: NVML total less the typical reserve "
                                 f"({CUDA_RESERVE_BYTES // MiB} MiB)",))
     if re.match(r"^\s*\d", what):
-        size = parse_size(what)
+        try:
+            size = parse_size(what)
+        except UsageError as exc:  # 4090ti: more likely a card's name than 4090 TiB
+            hint = suggest(what, catalog or load_catalog())
+            if hint.startswith("known:"):
+                raise
+            raise UsageError(f"--gpu {_shown(spec)}: not a GPU in the catalog, and as a size: {exc.message}",
+                             hint=hint) from exc
         if size < MiB:
             raise UsageError(f"--gpu {_shown(spec)}: a GPU needs some memory")
         return GpuDevice(index=index, name=f"{size / MiB:.0f} MiB GPU", total_bytes=size, free_bytes=size,
                          used_bytes=0, cuda_total_bytes=size, source="catalog")
-    known = ", ".join(sorted(a for g in (catalog or load_catalog()) for a in g.aliases[:1]))
-    raise UsageError(f"--gpu {_shown(spec)}: not a GPU in the catalog nor a size like 24GiB", hint=f"known: {known}")
+    raise UsageError(f"--gpu {_shown(spec)}: not a GPU in the catalog nor a size like 24GiB",
+                     hint=suggest(what, catalog or load_catalog()))
+
+
+def typed_name(gpu: CatalogGpu) -> str:
+    """The name as people type it (`a100-80gb`, `rtx4090`), from the catalog's first alias."""
+    alias = gpu.aliases[0] if gpu.aliases else normalise(gpu.name)
+    alias = re.sub(r"(?<=\d)(?=\d{2}gb(?:$|[a-z]))", "-", alias)  # a10080gb -> a100-80gb
+    alias = re.sub(r"(?<=[a-z])(?=\d+gb$)", "-", alias)  # a100pcie40gb -> a100pcie-40gb
+    alias = re.sub(r"(?<=gb)(?=[a-z])", "-", alias)  # a100-80gbpcie -> a100-80gb-pcie
+    return re.sub(r"(?<=\d)(?=pcie|sxm|nvl)", "-", alias)  # a100pcie -> a100-pcie
+
+
+def suggest(text: str, catalog: Sequence[CatalogGpu]) -> str:
+    """`did you mean ...` for a GPU name: every card it starts (a100: which one), else difflib's near
+    misses, else the whole catalog, each as people type it."""
+    import difflib
+
+    wanted = normalise(text)
+    by_key = {key: gpu for gpu in catalog for key in (normalise(gpu.name), *gpu.aliases)}
+    starts = {typed_name(gpu) for key, gpu in by_key.items() if wanted and key.startswith(wanted)}
+    if starts:
+        return f"{text.strip()!r} could be " + ", ".join(sorted(starts))
+    close = {typed_name(by_key[key]) for key in difflib.get_close_matches(wanted, list(by_key), n=4, cutoff=0.6)}
+    if close:
+        return "did you mean " + " or ".join(sorted(close))
+    return "known: " + ", ".join(sorted(typed_name(gpu) for gpu in catalog))

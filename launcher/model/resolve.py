@@ -19,7 +19,7 @@ import re
 import stat
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -81,11 +81,21 @@ def resolve_model(text: str, *, env: Mapping[str, str] | None = None) -> Resolve
         return model_from_profile(profile)
     if "/" in text and not text.startswith((".", "/", "~")) and is_repo_id(text):
         return _from_hub(text, env)
-    known = ", ".join(sorted(list_aliases()))
     raise ModelNotFound(
         f"model {_shown(text)} is not a directory, a known alias or a Hugging Face repo id",
-        hint=f"repo ids are namespace/name in ASCII letters, digits, - _ . ; aliases: {known}",
+        hint=_alias_hint(text, sorted(list_aliases())),
     )
+
+
+def _alias_hint(text: str, aliases: Sequence[str]) -> str:
+    """`did you mean qwen2.5-7b` for `qwen2.5-7`, `llama3.1-8b` or `qwen2.5:7b` (difflib on the aliases)."""
+    import difflib
+
+    typed = text.strip().lower().replace(":", "-").replace("_", "-")
+    close = difflib.get_close_matches(typed, aliases, n=3, cutoff=0.75)
+    if close:
+        return "did you mean " + " or ".join(close) + " (safe-serve models lists them all)"
+    return f"repo ids are namespace/name in ASCII letters, digits, - _ . ; aliases: {', '.join(aliases)}"
 
 
 def is_repo_id(text: str) -> bool:

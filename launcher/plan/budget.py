@@ -10,7 +10,7 @@ from launcher.common.errors import SafeServeError, UsageError, WontFit
 from launcher.common.units import format_gib
 from launcher.model.gpu import GpuDevice
 from launcher.model.resolve import ResolvedModel
-from launcher.plan.types import COMPUTED, LEFT_TO_ENGINE, MEASURED, Plan, PlanRequest
+from launcher.plan.types import CATALOG, COMPUTED, LEFT_TO_ENGINE, MEASURED, Plan, PlanRequest
 
 
 def rank_devices(request: PlanRequest, ranks: int, nnodes: int = 1, *, tp_flag: str) -> tuple[GpuDevice, ...]:
@@ -76,6 +76,10 @@ def not_modelled_warnings(pinned: Mapping[str, Any], not_modelled: Mapping[str, 
 
 
 def weights_source(model: ResolvedModel) -> str:
-    """`measured` for a checkpoint's own byte count (index total_size, tensor headers), `computed`
-    for a size derived from config shapes (profiles of checkpoints whose index we have not read)."""
-    return COMPUTED if model.weight_bytes_source.split(": ", 1)[-1].startswith("computed") else MEASURED
+    """`measured` only for bytes read from the checkpoint itself here (a local index's total_size,
+    the tensor headers, the Hub's metadata); a shipped profile's figure is `catalog` (written
+    without Hub access, docs/profiles.md), and a size derived from config shapes `computed`."""
+    text = model.weight_bytes_source
+    if text.split(": ", 1)[-1].startswith("computed"):
+        return COMPUTED
+    return CATALOG if text.startswith("profile ") else MEASURED

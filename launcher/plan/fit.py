@@ -18,7 +18,8 @@ from launcher.plan.planner import GPU_COUNTS, configuration_request, configurati
 from launcher.plan.search import largest_count
 from launcher.plan.types import Plan, PlanRequest
 
-__all__ = ["GPU_COUNTS", "GpuFit", "Option", "Workload", "fit", "largest_concurrency", "longest_length"]
+__all__ = ["GPU_COUNTS", "FitReport", "GpuFit", "Option", "Workload", "fit", "fit_refusal", "fit_report",
+           "grouped_misses", "largest_concurrency", "longest_length"]
 
 
 @dataclass(frozen=True)
@@ -120,3 +121,45 @@ def longest_length(base: PlanRequest, concurrency: int) -> int:
     except WontFit:
         return 0
     return plan.max_model_len if plan.may_not_fit is None else 0
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """`safe-serve fit`'s whole answer: per GPU type, the inverse questions, and the refusal if none fits."""
+
+    results: tuple[GpuFit, ...]
+    workload: Workload
+    inverse: tuple[int, int] | None  # (most requests of the length, longest length at the concurrency)
+    refusal: WontFit | None
+
+
+def fit_report(base: PlanRequest, workload: Workload, gpus: Sequence[GpuDevice], *, asked: Sequence[str],
+               inverse: bool) -> FitReport:
+    """`fit` over `gpus` (`asked`: their names as the operator gave them); `inverse` (one GPU type
+    asked for) adds the largest concurrency and the longest length."""
+    results = tuple(fit(base, workload, gpus))
+    answers = None
+    if inverse:
+        answers = (largest_concurrency(base, workload.tokens), longest_length(base, workload.concurrency))
+    return FitReport(results, workload, answers, fit_refusal(results, workload, asked))
+
+
+def fit_refusal(results: Sequence[GpuFit], workload: Workload, asked: Sequence[str]) -> WontFit | None:
+    """None when some GPU type carries the workload, else the refusal (exit 78) with each miss."""
+    if any(result.best for result in results):
+        return None
+    names = ", ".join(asked)
+    misses = "; ".join(f"{', '.join(gpus)}: {shortfall}" for shortfall, gpus in grouped_misses(results))
+    return WontFit(f"no configuration of {names} (up to {max(GPU_COUNTS)} GPUs, fp8 KV, quantized checkpoints) "
+                   f"carries {workload.concurrency} x {workload.tokens} tokens", rule="fit",
+                   figures={"concurrency": workload.concurrency, "tokens": workload.tokens, "misses": misses})
+
+
+def grouped_misses(results: Sequence[GpuFit]) -> list[tuple[str, list[str]]]:
+    """Why the GPU types that carry nothing miss, each distinct reason once with its GPUs (27 GPUs
+    refused for the same length rule are one reason, not 27 paragraphs)."""
+    groups: dict[str, list[str]] = {}
+    for result in results:
+        if result.best is None and result.closest_miss is not None and result.closest_miss.shortfall:
+            groups.setdefault(result.closest_miss.shortfall, []).append(result.gpu_name)
+    return list(groups.items())

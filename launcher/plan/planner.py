@@ -17,8 +17,9 @@ from launcher.plan.search import largest_count
 from launcher.plan.types import Plan, PlanRequest
 
 
-def make_plan(request: PlanRequest) -> Plan:
-    """Plan a start, or raise `WontFit` with computed alternatives."""
+def make_plan(request: PlanRequest, *, choices: bool = False) -> Plan:
+    """Plan a start, or raise `WontFit` with computed alternatives. `choices` (the CLI's plan and
+    serve; not fit's searches) adds the alternatives of a plan that is not a plain yes."""
     if request.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
     try:
@@ -26,11 +27,43 @@ def make_plan(request: PlanRequest) -> Plan:
     except WontFit as failure:
         raise WontFit(failure.message, hint=failure.hint, alternatives=alternatives_for(request), rule=failure.rule,
                       source=failure.source, figures=failure.figures) from None
-    _, rules_note = adapter(request.engine).rules_version(request.engine_version)
-    warnings = (*request.warnings, *((rules_note,) if rules_note and "newer than" in rules_note else ()))
+    warnings = (*request.warnings, *_version_warnings(request))
     if request.notes or warnings:
         plan = dataclasses.replace(plan, notes=(*request.notes, *plan.notes), warnings=(*warnings, *plan.warnings))
-    return plan
+    return _with_choices(request, plan) if choices else plan
+
+
+def _version_warnings(request: PlanRequest) -> tuple[str, ...]:
+    """A release newer than our rules, or older than the oldest whose code we read, is a warning."""
+    from launcher.engines.versions import version_key
+
+    engine = adapter(request.engine)
+    rules, note = engine.rules_version(request.engine_version)
+    if note and "newer than" in note:
+        return (note,)
+    if request.engine_version and version_key(request.engine_version) < version_key(engine.oldest):
+        return (f"{request.engine} {request.engine_version} is older than {engine.oldest}, the oldest release "
+                f"whose code safe-serve read: planned with the {rules} rules, which may not be that release's",)
+    return ()
+
+
+def _attempt(request: PlanRequest) -> Plan | None:
+    """A plan that fits at the central estimate, or None."""
+    try:
+        plan = _plan_once(dataclasses.replace(request, calibration=None))
+    except (WontFit, UsageError):
+        return None
+    return plan if plan.may_not_fit is None else None
+
+
+def _with_choices(request: PlanRequest, plan: Plan) -> Plan:
+    from launcher.plan.choices import tensor_parallel_choice
+
+    found: list[Alternative] = list(alternatives_for(request)) if plan.may_not_fit else []
+    wide = tensor_parallel_choice(request, plan, _attempt)
+    if wide is not None and all(a.engine_args != wide.engine_args for a in found):
+        found.append(wide)
+    return dataclasses.replace(plan, alternatives=tuple(found)) if found else plan
 
 
 def _plan_once(request: PlanRequest) -> Plan:
@@ -75,6 +108,14 @@ def configuration_request(base: PlanRequest, gpu: GpuDevice, count: int, kv_dtyp
                                calibration=None)
 
 
+def _memory_choices(request: PlanRequest, free_len: tuple[str, ...]) -> list[Alternative]:
+    """The engine's memory fraction at the value that fits, and weights offloaded to the CPU."""
+    from launcher.plan.choices import knob_choice, offload_choice
+
+    return [a for a in (knob_choice(request, _attempt, free_len), offload_choice(request, _attempt, free_len))
+            if a is not None]
+
+
 def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
     """Each alternative is planned for real; only the ones that fit (at the central estimate) are offered."""
     search = _Alternatives(request)
@@ -84,6 +125,8 @@ def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:
     search.tensor_parallel()
     search.quantized_checkpoints()
     search.more_gpus()
+    # After the rest: they cost speed or headroom.
+    search.found.extend(_memory_choices(request, tuple(search.free_len)))
     return tuple(search.found)
 
 
@@ -102,11 +145,7 @@ class _Alternatives:
         self.found: list[Alternative] = []
 
     def attempt(self, changed: PlanRequest) -> Plan | None:
-        try:
-            plan = _plan_once(dataclasses.replace(changed, calibration=None))
-        except (WontFit, UsageError):
-            return None
-        return plan if plan.may_not_fit is None else None
+        return _attempt(changed)
 
     def with_args(self, args: Sequence[str]) -> Plan | None:
         return self.attempt(dataclasses.replace(self.request, engine_args=tuple(args)))

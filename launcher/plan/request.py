@@ -65,10 +65,11 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
     from launcher.model.resolve import load_profile, model_from_profile, resolve_model
 
     engine = adapter(options.engine)
+    version = options.engine_version or installed_version(options.engine)
+    flag_warnings = engine.check_engine_args(options.engine_args, version)  # exit 2 before any Hub lookup
     model = resolve_model(options.model, env=env)
     variants = tuple(model_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
     gpus, host = _devices(options, env)
-    version = options.engine_version or installed_version(options.engine)
     calibration: Calibration | None = None
     calibration_warnings: tuple[str, ...] = ()
     if options.use_calibration:
@@ -86,7 +87,7 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
         engine_args=pinned.argv, pinned=pinned, engine_env={k: env[k] for k in engine.env_keys if k in env},
         concurrency=settings.concurrency, max_gpu_memory_bytes=settings.max_gpu_memory_bytes,
         margin_bytes=settings.margin_bytes, trust_engine=options.trust_engine, variants=variants,
-        calibration=calibration, notes=settings.notes, warnings=calibration_warnings,
+        calibration=calibration, notes=(*settings.notes, *flag_warnings), warnings=calibration_warnings,
         allow_long_max_model_len=env.get(engine.allow_long_env, "").strip().lower() in ("1", "true"),
     )
 
@@ -95,18 +96,19 @@ def _preset_settings(options: PlanOptions, gpus: Sequence[GpuDevice], text_confi
                      ) -> presets.Settings:
     """Margin, cap, concurrency and length from the options, the preset where none was given,
     and the WSL2 margin where the kernel says so."""
-    from launcher.common.units import parse_size
+    from launcher.common.units import parse_size_or_share
     from launcher.engines import adapter
 
     engine = adapter(options.engine)
     pinned = options.pinned
+    total = presets.smallest_total([g.usable_total_bytes for g in gpus])  # what `50%` is a share of
     explicit = presets.Explicit(
-        margin_bytes=parse_size(options.margin) if options.margin else None,
-        max_gpu_memory_bytes=parse_size(options.max_gpu_memory) if options.max_gpu_memory else None,
+        margin_bytes=parse_size_or_share(options.margin, total) if options.margin else None,
+        max_gpu_memory_bytes=parse_size_or_share(options.max_gpu_memory, total) if options.max_gpu_memory else None,
         concurrency=options.concurrency, length_pinned=engine.length_flag in pinned,
         memory_pinned=bool(set(pinned.values) & engine.memory_flags))
     return presets.apply(options.preset, explicit, default_margin_bytes=DEFAULT_MARGIN_BYTES,
-                         gpu_total_bytes=presets.smallest_total([g.usable_total_bytes for g in gpus]),
+                         gpu_total_bytes=total,
                          proc_version=_read_proc_version() if options.device == "cuda" else "")
 
 

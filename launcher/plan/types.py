@@ -177,6 +177,9 @@ class Plan:
     # The engine's own figures for the JSON, under its own names (the adapter's `figure_keys`):
     # vLLM's gpu_memory_utilization and cpu_kvcache_space_gib, SGLang's mem_fraction_static.
     engine_figures: Mapping[str, Any] = field(default_factory=dict)
+    # Planned configurations offered beside this one: without the risk when it may not fit, or
+    # over all the GPUs given when it uses fewer (launcher.plan.choices; errors.Alternative).
+    alternatives: tuple[Any, ...] = ()
 
     @property
     def memory_knob(self) -> str:

@@ -72,8 +72,10 @@ class Watch:
     def __init__(self, plan: Plan, *, model: str, passthrough: Sequence[str], options: ServeOptions,
                  concurrency: int, lock: DeviceLock | None = None,
                  on_measured: Callable[[Calibration], None] | None = None,
-                 on_runtime_oom: Callable[[], Calibration | None] | None = None) -> None:
+                 on_runtime_oom: Callable[[], Calibration | None] | None = None,
+                 on_state: Callable[[Mapping[str, object]], None] | None = None) -> None:
         self.plan, self.model, self.options, self.concurrency = plan, model, options, concurrency
+        self.on_state = on_state  # the instance's status file (launcher.serve.instances)
         self.engine = adapter(plan.engine)
         self.on_measured, self.on_runtime_oom = on_measured, on_runtime_oom
         # Held since before the plan read free memory (request.lock_live_devices); released when
@@ -126,6 +128,7 @@ class Watch:
         # Our log lines queue behind the engine's stderr lines: a stalled reader blocks neither.
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(self.supervisor.own_stream))  # type: ignore[arg-type]
         try:
+            self._report("starting")
             outcome = self.supervisor.run()
         finally:
             structlog.configure(logger_factory=old["logger_factory"])
@@ -134,6 +137,12 @@ class Watch:
         say("exit", code=outcome.exit_code, reason=outcome.reason, phase=outcome.phase.name,
             engine_phase=self.engine_phase, restarts=outcome.restarts, engine_returncode=outcome.engine_returncode)
         return outcome.exit_code
+
+    def _report(self, state: str) -> None:
+        if self.on_state is not None:
+            tokens = self.kv.get("tokens")
+            self.on_state({"state": state, "engine_phase": self.engine_phase, "retunes": self.retunes,
+                           "engine_kv_tokens": tokens if isinstance(tokens, int) else None})
 
     def _argv_for(self, flags: Sequence[str]) -> tuple[str, ...]:
         return tuple(self.engine.engine_argv(self.bare, self.model, flags, self.options.engine_cmd))
@@ -177,6 +186,8 @@ class Watch:
             self.lock.release()
             self.kv = dict(event.values)
             self._check_kv(event)
+            if not self.settled:
+                self._report("serving" if self.ready else "starting")
         elif event.is_fatal:
             self.lock.release()
             self._decide(event, f"engine error {event.name}: {event.line[:200]}")
@@ -220,6 +231,7 @@ class Watch:
         log.info("ready", engine=plan.engine, kv_tokens=self.kv.get("tokens"), planned_tokens=plan.kv_cache_tokens,
                  max_model_len=self.kv.get("max_model_len") or plan.max_model_len, retunes=self.retunes)
         self.supervisor.set_status_line(None)
+        self._report("serving")
         self.supervisor.mark_ready(f"serving: {self.kv.get('tokens', '?')} KV tokens (planned {plan.kv_cache_tokens})")
 
     def _decide(self, event: EngineEvent, why: str) -> bool:
@@ -237,6 +249,7 @@ class Watch:
             self.args = new_args
             log.warning("retune", reason=why, attempt=self.retunes, engine_args=self.engine.shown_argv(new_args),
                         **event.values)
+            self._report("retuning")
             self.supervisor.request_restart(command, reason=why)
             self.settled = True
             return False
@@ -272,7 +285,8 @@ class Watch:
 
 def run_serve(plan: Plan, *, model: str, passthrough: Sequence[str], options: ServeOptions, concurrency: int,
               lock: DeviceLock | None = None, on_measured: Callable[[Calibration], None] | None = None,
-              on_runtime_oom: Callable[[], Calibration | None] | None = None) -> int:
+              on_runtime_oom: Callable[[], Calibration | None] | None = None,
+              on_state: Callable[[Mapping[str, object]], None] | None = None) -> int:
     """Start the engine, watch it against the plan, supervise; returns the exit code."""
     return Watch(plan, model=model, passthrough=passthrough, options=options, concurrency=concurrency, lock=lock,
-                 on_measured=on_measured, on_runtime_oom=on_runtime_oom).run()
+                 on_measured=on_measured, on_runtime_oom=on_runtime_oom, on_state=on_state).run()

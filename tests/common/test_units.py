@@ -10,10 +10,11 @@ from launcher.common.units import MAX_SIZE_BYTES, GiB, MiB, cdiv, floor_to, form
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("24GiB", 24 * GiB), ("44.4GiB", int(44.4 * GiB)), ("24576MiB", 24576 * MiB), ("80GB", 80 * 10**9),
-    ("256MiB", 256 * MiB), ("1024", 1024), ("0", 0), (" 2 tib ", 2 << 40), ("1.5k", 1500), ("1024TiB", 1 << 50),
+    ("256MiB", 256 * MiB), ("1024B", 1024), ("0", 0), (" 2 tib ", 2 << 40), ("1.5k", 1500), ("1024TiB", 1 << 50),
+    ("24Gi", 24 * GiB), ("512Mi", 512 * MiB),
 ])
 def test_sizes(text: str, expected: int) -> None:
-    """GB is 10**9 and GiB 2**30; a bare number is bytes; case and spaces do not matter."""
+    """GB is 10**9 and GiB (Kubernetes' Gi) 2**30; bytes need their B; case and spaces do not matter."""
     assert parse_size(text) == expected
 
 
@@ -30,6 +31,8 @@ def test_sizes(text: str, expected: int) -> None:
     ("24 GiBs", "cannot read size"),
     ("٣GiB", "cannot read size"),  # an Arabic-Indic digit: \\d and float() take it, we do not
     ("", "cannot read size ''"),
+    ("1", "size '1' has no unit"),  # --margin 1 was silently one byte
+    ("0.5", "size '0.5' has no unit"),  # --max-gpu-memory 0.5 was 0 bytes
     ("24GiB" * 100, "cannot read size"),
 ])
 def test_absurd_sizes_are_usage_errors(text: str, fragment: str) -> None:

@@ -324,7 +324,15 @@ class TestCalibrationScope:
 
 @pytest.mark.parametrize(("text", "key"), [("0.11.0rc1", (0, 11, 0)), ("v0.10.2", (0, 10, 2)),
                                            ("0.8.5.dev169+g1234abc", (0, 8, 5)), ("0.6.6.post1", (0, 6, 6))])
-def test_version_key_reads_leading_digits_only(text: str, key: tuple[int, ...]) -> None:
+def test_version_key_reads_the_release(text: str, key: tuple[int, ...]) -> None:
     from launcher.engines.versions import version_key
 
-    assert version_key(text) == key
+    assert version_key(text).release == key
+
+
+def test_version_key_orders_as_pip_does() -> None:
+    """A release candidate comes before its release (packaging.version), a post-release after."""
+    from launcher.engines.versions import version_key
+
+    assert version_key("0.10.0rc1") < version_key("0.10.0") < version_key("0.10.0.post1") < version_key("0.10.1")
+    assert version_key("0.8.5.dev169+g1234abc") < version_key("0.8.5")

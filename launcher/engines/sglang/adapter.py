@@ -22,7 +22,9 @@ SPEC = EngineSpec(
     tp_flag=rules.TP_FLAG, pp_flag=rules.PP_FLAG, fp8_kv_dtype=rules.FP8_KV, default_port=rules.DEFAULT_PORT,
     flags=rules.FLAGS, parse=rules.pinned_flags, other_flags=rules.OTHER_FLAGS,
     secret_flags=rules.SECRET_FLAGS, plain_flags_like_secrets=rules.PLAIN_FLAGS_LIKE_SECRETS,
-    as_written=rules.AS_WRITTEN,
+    as_written=rules.AS_WRITTEN, oldest=rules.RULES[0].version, accepted_module="launcher.engines.sglang.accepted",
+    # memory_knob_flag: the fraction an alternative may set
+    memory_knob_flag="--mem-fraction-static", cpu_offload_flag=None,
     memory_flags=rules.MEMORY_FLAGS, calibration_key_flags=rules.CALIBRATION_KEY_FLAGS, env_keys=rules.ENV_KEYS,
     allow_long_env=rules.ALLOW_LONG_ENV, log_prefilter=logs.PREFILTER, temporary_fatal=runtime.TEMPORARY_FATAL,
     figure_keys=("mem_fraction_static",),  # Plan.engine_figures

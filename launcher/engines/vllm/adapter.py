@@ -22,7 +22,9 @@ SPEC = EngineSpec(
     tp_flag=rules.TP_FLAG, pp_flag=rules.PP_FLAG, fp8_kv_dtype=rules.FP8_KV, default_port=rules.DEFAULT_PORT,
     flags=rules.FLAGS, parse=rules.pinned_flags, other_flags=rules.OTHER_FLAGS,
     secret_flags=rules.SECRET_FLAGS, plain_flags_like_secrets=rules.PLAIN_FLAGS_LIKE_SECRETS,
-    as_written=rules.AS_WRITTEN,
+    as_written=rules.AS_WRITTEN, oldest=rules.RULES[0].version, accepted_module="launcher.engines.vllm.accepted",
+    # memory_knob_flag: vLLM sizes its utilization from free memory (more would take what is not free)
+    memory_knob_flag=None, cpu_offload_flag="--cpu-offload-gb",
     memory_flags=rules.MEMORY_FLAGS, calibration_key_flags=rules.CALIBRATION_KEY_FLAGS, env_keys=rules.ENV_KEYS,
     allow_long_env=rules.ALLOW_LONG_ENV, log_prefilter=logs.PREFILTER, temporary_fatal=runtime.TEMPORARY_FATAL,
     figure_keys=("gpu_memory_utilization", "cpu_kvcache_space_gib"),  # Plan.engine_figures

@@ -139,7 +139,7 @@ OLDER_QUANTIZATION_METHODS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], 
 
 def quantization_methods(version: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(methods, deprecated methods) of `version`; the newest lists from 0.28 on and for an unknown version."""
-    if version is None or version_key(version) >= (0, 28):
+    if version is None or version_key(version) >= version_key("0.28"):
         return QUANTIZATION_METHODS, DEPRECATED_QUANTIZATION_METHODS
     eligible = [row for row in OLDER_QUANTIZATION_METHODS if version_key(row[0]) <= version_key(version)]
     _, methods, deprecated = eligible[-1] if eligible else OLDER_QUANTIZATION_METHODS[0]
@@ -213,7 +213,7 @@ _OLD_LINES: tuple[tuple[str, Mapping[str, tuple[str, int]]], ...] = (
 
 def _src(lines: Mapping[str, tuple[str, int]], version: str, key: str, asked: str | None = None) -> str:
     path, line = lines[key]
-    if asked is not None and version_key(asked) < (0, 19):
+    if asked is not None and version_key(asked) < version_key("0.19"):
         older, table = lines_for(_OLD_LINES, asked)
         if key in table and version_key(older) <= version_key(asked):
             (path, line), version = table[key], asked

@@ -520,7 +520,7 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
     pinned, rules, tp, pp = setup.pinned, setup.rules, setup.tp, setup.pp
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
-    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=version_key(rules.version) >= (0, 19),
+    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=version_key(rules.version) >= version_key("0.19"),
                                                     compute_capability=gpu.compute_capability)
     eager = pinned.get("--enforce-eager", False)
     cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(

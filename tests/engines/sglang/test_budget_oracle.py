@@ -30,7 +30,7 @@ SKIPPED = ("env", "config_overrides", "error")
 VERSIONS = sorted(ORACLE["runs"])
 # Releases whose oracle runs through ServerArgs.__post_init__ and a stand-in ModelRunner
 # (tests/oracles/README.md, "legacy"): no platform presets, pool without the SWA split.
-LEGACY = {v for v in VERSIONS if version_key(v) < (0, 5, 19)}
+LEGACY = {v for v in VERSIONS if version_key(v) < version_key("0.5.19")}
 
 
 def _legacy_skip(version: str, case: dict, pinned: dict) -> bool:

@@ -1,0 +1,109 @@
+"""Engine flags checked against the engine: the flags after `--` against the option strings the
+chosen engine's own argparse accepts in that release (each engine package's argparse_flags.json,
+read from the engines' code by tests/oracles/engine_flags.py).
+
+A flag the engine does not take is exit 2 that names its spelling in the chosen engine
+(`--max-model-len` on SGLang is `--context-length`), before anything is planned: the engine's
+argparse would refuse it after minutes of loading, or, worse, the pin would be lost. A second
+model after `--` is exit 2 too. Where the table cannot be sure (a release between, before or
+after the ones read), an unknown flag is a warning, not an error; a flag that is another
+engine's spelling stays an error in every release.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.common.errors import UsageError
+from launcher.engines.versions import version_key
+
+_FLAG = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*")
+
+
+@dataclass(frozen=True)
+class AcceptedFlags:
+    """One engine's argparse by release, and where its flags have another engine's spelling."""
+
+    engine_label: str  # "vLLM", "SGLang": as the engine calls itself in messages
+    versions: Mapping[str, frozenset[str]]  # release -> every option string its argparse takes
+    equivalents: Mapping[str, str]  # another engine's spelling -> this engine's
+    model_flags: frozenset[str]  # flags that name the model: the positional MODEL already does
+    underscores: bool = True  # the parser also takes --max_model_len for --max-model-len
+
+    def table_for(self, version: str | None) -> tuple[str, bool]:
+        """The release whose table applies to `version`, and whether it is that release exactly
+        (None: the newest table, exact)."""
+        ordered = sorted(self.versions, key=version_key)
+        if version is None:
+            return ordered[-1], True
+        at_or_below = [v for v in ordered if version_key(v) <= version_key(version)]
+        chosen = at_or_below[-1] if at_or_below else ordered[0]
+        return chosen, version_key(chosen) == version_key(version)
+
+
+def load_table(path: Path) -> dict[str, frozenset[str]]:
+    """{release: option strings} from an argparse_flags.json."""
+    doc = json.loads(path.read_text())
+    return {version: frozenset(s for spellings in entry["flags"].values() for s in spellings)
+            for version, entry in doc["versions"].items()}
+
+
+def _names(engine_args: Sequence[str]) -> list[str]:
+    """The flag names in `engine_args` as written (`--x=1` -> `--x`); values such as -1 are not flags."""
+    return [token.partition("=")[0] for token in engine_args if _FLAG.fullmatch(token.partition("=")[0])]
+
+
+def _known(name: str, accepted: frozenset[str], underscores: bool) -> bool:
+    normal = name.replace("_", "-") if underscores else name
+    if normal in accepted:
+        return True
+    # argparse's allow_abbrev (on in both engines' parsers): a unique prefix of a long option is that option.
+    return normal.startswith("--") and len(_prefixed(normal, accepted)) == 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _prefixed_cached(name: str, accepted: frozenset[str]) -> tuple[str, ...]:
+    return tuple(s for s in accepted if s.startswith(name))
+
+
+def _prefixed(name: str, accepted: frozenset[str]) -> tuple[str, ...]:
+    return _prefixed_cached(name, accepted)
+
+
+def check_engine_args(table: AcceptedFlags, version: str | None, engine_args: Sequence[str]) -> tuple[str, ...]:
+    """Raise UsageError (exit 2) for a flag the engine does not take or a second model; return
+    warnings for flags the table cannot vouch for in `version`."""
+    release, exact = table.table_for(version)
+    accepted = table.versions[release]
+    everywhere = frozenset().union(*table.versions.values())
+    warnings: list[str] = []
+    for name in _names(engine_args):
+        normal = name.replace("_", "-") if table.underscores else name
+        if normal in table.model_flags or name in table.model_flags:
+            raise UsageError(f"engine flag {name} names a second model: the model is the positional MODEL",
+                             hint=f"drop {name} after `--`, or give that model as MODEL")
+        if _known(name, accepted, table.underscores):
+            continue
+        if name in table.equivalents or normal in table.equivalents:
+            ours = table.equivalents.get(name) or table.equivalents[normal]
+            raise UsageError(f"{table.engine_label} does not take engine flag {name}",
+                             hint=f"{table.engine_label}'s spelling is {ours}")
+        if exact:
+            close = difflib.get_close_matches(normal, sorted(accepted), n=3, cutoff=0.75)
+            raise UsageError(f"{table.engine_label} {release} does not take engine flag {name}",
+                             hint=("did you mean " + " or ".join(close)) if close else
+                             "engine flags after `--` go to the engine exactly as written")
+        if _known(name, everywhere, table.underscores):
+            warnings.append(f"engine flag {name} is not in {table.engine_label} {release}'s argparse "
+                            f"(it is in another release's); the engine decides")
+        else:
+            warnings.append(f"engine flag {name} is not in {table.engine_label}'s argparse as of {release} "
+                            f"(the newest we read is {sorted(table.versions, key=version_key)[-1]}); "
+                            f"the engine decides")
+    return tuple(warnings)

@@ -1,0 +1,124 @@
+"""Engine flags checked against the engine's own argparse (launcher/engines/<engine>/argparse_flags.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.common.errors import UsageError
+from launcher.engines import ENGINES, adapter
+from launcher.engines.accepted_flags import check_engine_args
+from launcher.engines.sglang.accepted import ACCEPTED as SGLANG
+from launcher.engines.vllm.accepted import ACCEPTED as VLLM
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-m", "launcher", *argv], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=60)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize(("engine", "flags", "names"), [
+    ("sglang", ["--max-model-len", "4096"], ("--max-model-len", "--context-length")),
+    ("sglang", ["-tp", "2"], ("-tp", "--tp-size")),
+    ("sglang", ["--gpu-memory-utilization", "0.8"], ("--gpu-memory-utilization", "--mem-fraction-static")),
+    ("vllm", ["--mem-fraction-static", "0.8"], ("--mem-fraction-static", "--gpu-memory-utilization")),
+    ("vllm", ["--context-length", "4096"], ("--context-length", "--max-model-len")),
+    ("vllm", ["--tp-size", "2"], ("--tp-size", "--tensor-parallel-size")),
+])
+def test_the_other_engines_spelling_is_exit_2_naming_ours(engine: str, flags: list[str],
+                                                          names: tuple[str, str]) -> None:
+    code, out, err = run(["qwen2.5-7b", "--engine", engine, "--gpu", "rtx4090", "--dry-run", "--", *flags])
+    assert code == 2 and out == ""
+    line = err.strip()
+    assert len(line.splitlines()) == 1 and names[0] in line and f"spelling is {names[1]}" in line
+
+
+@pytest.mark.parametrize(("engine", "flag"), [("vllm", "--model"), ("sglang", "--model-path"), ("sglang", "--model")])
+def test_a_second_model_is_exit_2(engine: str, flag: str) -> None:
+    code, _, err = run(["plan", "qwen2.5-7b", "--engine", engine, "--gpu", "rtx4090", "--", flag, "other/model"])
+    assert code == 2 and "second model" in err and flag in err
+
+
+def test_a_typo_in_the_newest_release_gets_the_close_spelling() -> None:
+    with pytest.raises(UsageError) as caught:
+        check_engine_args(VLLM, "0.32.0", ["--max-modl-len", "4096"])
+    assert "0.32.0" in caught.value.message and "--max-model-len" in str(caught.value.hint)
+
+
+def test_argparse_spellings_the_engines_take() -> None:
+    """vLLM converts _ to - (FlexibleArgumentParser); both take a unique prefix (allow_abbrev); -1 is a value."""
+    assert check_engine_args(VLLM, "0.32.0", ["--max_model_len", "-1", "--max-num-seq", "4", "-tp=2"]) == ()
+    assert check_engine_args(SGLANG, "0.5.23", ["--context-len", "4096", "--tp-size", "2"]) == ()
+    with pytest.raises(UsageError, match="--tp_size"):
+        check_engine_args(SGLANG, "0.5.23", ["--tp_size", "2"])  # plain argparse: no underscore spelling
+
+
+def test_a_newer_release_than_our_table_warns_not_blocks() -> None:
+    warnings = check_engine_args(VLLM, "0.40.0", ["--some-new-flag", "3"])
+    assert len(warnings) == 1 and "--some-new-flag" in warnings[0] and "0.32.0" in warnings[0]
+    with pytest.raises(UsageError, match="--context-length"):  # another engine's spelling: in every release
+        check_engine_args(VLLM, "0.40.0", ["--context-length", "4096"])
+    code, out, _ = run(["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--engine-version", "0.40.0", "--json",
+                        "--", "--some-new-flag", "3"])
+    assert code == 0 and any("--some-new-flag" in note for note in json.loads(out)["notes"])
+
+
+def test_a_flag_of_another_release_warns() -> None:
+    only_new = sorted(VLLM.versions["0.32.0"] - VLLM.versions["0.31.0"])
+    assert only_new, "0.32 adds flags over 0.31"
+    warnings = check_engine_args(VLLM, "0.31.5", [only_new[0], "1"])  # between tables: not exact
+    assert warnings and "another release" in warnings[0]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_flag_we_read_or_set_is_in_every_release_we_read(engine: str) -> None:
+    """Our own flag tables and the flags the plan sets are real flags of every release read."""
+    from importlib import import_module
+
+    rules = import_module(f"launcher.engines.{engine}")
+    table = VLLM if engine == "vllm" else SGLANG
+    ours = {n for spec in rules.FLAGS for n in (spec.name, *spec.aliases)} | set(rules.OTHER_FLAGS)
+    ours |= {adapter(engine).length_flag, adapter(engine).tp_flag, adapter(engine).pp_flag}
+    from launcher.engines.accepted_flags import _known
+    from launcher.engines.versions import version_key
+
+    newest = max(table.versions, key=version_key)
+    everywhere = frozenset().union(*table.versions.values())
+    assert {f for f in ours if not _known(f, everywhere, table.underscores)} == set()  # each is real somewhere
+    assert all(_known(f, table.versions[newest], table.underscores) for f in
+               (adapter(engine).length_flag, adapter(engine).tp_flag, adapter(engine).pp_flag))  # what we set
+    for foreign, spelling in table.equivalents.items():
+        assert foreign not in frozenset().union(*table.versions.values()), foreign
+        assert spelling.split()[0] in table.versions[newest], spelling
+
+
+def _live(python_env: str, engine: str, tmp_path: Path) -> dict[str, list[str]]:
+    python = os.environ.get(python_env)
+    if not python:
+        pytest.skip(f"{python_env} not set")
+    out = tmp_path / "flags.json"
+    proc = subprocess.run([python, str(ROOT / "tests/oracles/engine_flags.py"), engine, str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    return {"version": doc["version"], **doc["flags"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("engine", "python_env"), [("vllm", "SAFE_SERVE_VLLM_PYTHON"),
+                                                    ("sglang", "SAFE_SERVE_SGLANG_PYTHON")])
+def test_the_table_is_the_installed_engines_argparse(engine: str, python_env: str, tmp_path: Path) -> None:
+    live = _live(python_env, engine, tmp_path)
+    version = live.pop("version")
+    table = json.loads((ROOT / f"launcher/engines/{engine}/argparse_flags.json").read_text())["versions"]
+    if version not in table:
+        pytest.skip(f"{engine} {version} installed; the table has {sorted(table)}")
+    assert live == table[version]["flags"]
