@@ -46,7 +46,8 @@ OPTIONS = PlanOptions(model="qwen2.5-7b", gpu_specs=("rtx4090",))
 def _key_and_request(state: Path) -> tuple[str, Any]:
     env = {"SAFE_SERVE_STATE_DIR": str(state)}
     request = build_request(OPTIONS, env)
-    key = calibration_key_for(OPTIONS.engine, request.engine_version, request.gpus, request.model.name, ())
+    key = calibration_key_for(OPTIONS.engine, request.engine_version, request.gpus, request.model.name,
+                              request.pinned)
     return key, env
 
 

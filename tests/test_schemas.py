@@ -13,7 +13,7 @@ import jsonschema
 import psutil
 import pytest
 
-from tests.test_probe import StubLibs, _fixture, dead_pid, sleeper, stub_libs  # noqa: F401
+from tests.probe.test_probe import StubLibs, _fixture, dead_pid, sleeper, stub_libs  # noqa: F401
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
 

@@ -60,9 +60,11 @@ def smallest(fits: Callable[[int], bool], low: int, high: int) -> int | None:
 
 def _alternative(request: PlanRequest, text: str, plan: Plan, args: tuple[str, ...],
                  gpu_count: int | None = None) -> Alternative:
-    length_flag = adapter(request.engine).length_flag
-    return Alternative(f"{text}: {plan.kv_cache_tokens:,} KV tokens, {length_flag} {plan.max_model_len}",
-                       engine_args=args, kv_cache_tokens=plan.kv_cache_tokens, max_model_len=plan.max_model_len,
+    engine = adapter(request.engine)
+    # An alternative is shown and printed as JSON: the operator's secret flags stay masked.
+    return Alternative(f"{text}: {plan.kv_cache_tokens:,} KV tokens, {engine.length_flag} {plan.max_model_len}",
+                       engine_args=tuple(engine.shown_argv(args)), kv_cache_tokens=plan.kv_cache_tokens,
+                       max_model_len=plan.max_model_len,
                        gpu_count=gpu_count)
 
 

@@ -12,7 +12,7 @@ from launcher.engines import ENGINES
 
 ENGINES_DIR = Path(__file__).resolve().parents[1].parent / "launcher" / "engines"
 LAYOUT = {"__init__.py", "adapter.py", "architectures.py", "budget.py", "checks.py", "kv.py", "logs.py",
-          "planner.py", "rules.py", "runtime.py"}
+          "planner.py", "rules.py", "runtime.py", "accepted.py"}
 # What one engine needs beyond the shared layout, named so a new module is a decision, not an accident.
 EXTRA = {"vllm": {"hybrid.py"}, "sglang": set()}
 
