@@ -192,39 +192,72 @@ class _Layer:
 def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtype_bytes: int,
                       auto_dtype_bytes: int, tp: int, hybrid_manager: bool,
                       state: StateCache | None = None) -> KvLayout:
-    layers = [_Layer(s.kind, s.window, (s.num_kv_heads, s.head_size, s.head_size_v, s.kv_dtype_honoured),
-                     block_size, _page(s, block_size, kv_dtype_bytes, auto_dtype_bytes, tp))
-              for s in specs if s is not None]
-    if state is not None:
-        layers += [_Layer(MAMBA, None, (0, 0, 0, False), block_size, state.page_bytes)] * state.layers
+    layers = _layers(specs, state, block_size=block_size, kv_dtype_bytes=kv_dtype_bytes,
+                     auto_dtype_bytes=auto_dtype_bytes, tp=tp)
     if not layers:  # attention-free: no KV cache at all
         return KvLayout(block_size=block_size, page_bytes=0, group_size=0, groups=(), kv_dtype_bytes=kv_dtype_bytes)
-    kinds = {layer.kind for layer in layers}
-    local = kinds & {SLIDING, CHUNKED}
-    if not hybrid_manager and FULL in kinds and local and not _one_type(layers):
-        # --disable-hybrid-kv-cache-manager: local layers allocate like full attention.
-        layers = [_Layer(FULL, None, layer.shape, layer.block, layer.page) if layer.kind in local else layer
-                  for layer in layers]
+    if not hybrid_manager:
+        layers = _promote_local(layers)
     fixed = state.blocks_per_request if state is not None else None
+    first = layers[0]
     if len({(la.kind, la.window, la.shape, la.page) for la in layers}) == 1:
-        first = layers[0]
         return KvLayout(block_size=block_size, page_bytes=first.page, group_size=len(layers),
                         groups=(KvGroup(first.kind, len(layers), first.window,
                                         fixed_blocks=fixed if first.kind == MAMBA else None),),
                         kv_dtype_bytes=kv_dtype_bytes)
     if _one_type(layers):
         # UniformTypeKVCacheSpecs: one block table, one block spans every layer's own page.
-        first = layers[0]
         return KvLayout(block_size=block_size, page_bytes=max(la.page for la in layers), group_size=len(layers),
                         groups=(KvGroup(first.kind, len(layers), first.window),), kv_dtype_bytes=kv_dtype_bytes,
                         group_bytes=sum(la.page for la in layers))
-    # unify_kv_cache_spec_page_size: scale the block of smaller pages, pad those that do not divide.
+    layers = _unify_pages(layers)
+    group_size, groups = _uniform_page_groups(layers, block_size=block_size, fixed=fixed)
+    return KvLayout(block_size=block_size, page_bytes=layers[0].page, group_size=group_size,  # one page now
+                    groups=groups, kv_dtype_bytes=kv_dtype_bytes)
+
+
+def _layers(specs: list[LayerSpec | None], state: StateCache | None, *, block_size: int, kv_dtype_bytes: int,
+            auto_dtype_bytes: int, tp: int) -> list[_Layer]:
+    """One entry per cached layer: attention layers from their spec, then the state layers."""
+    layers = [_Layer(s.kind, s.window, (s.num_kv_heads, s.head_size, s.head_size_v, s.kv_dtype_honoured),
+                     block_size, _page(s, block_size, kv_dtype_bytes, auto_dtype_bytes, tp))
+              for s in specs if s is not None]
+    if state is not None:
+        layers += [_Layer(MAMBA, None, (0, 0, 0, False), block_size, state.page_bytes)] * state.layers
+    return layers
+
+
+def _promote_local(layers: list[_Layer]) -> list[_Layer]:
+    """--disable-hybrid-kv-cache-manager: local layers allocate like full attention when full
+    attention layers are present and the types differ (`_promote_local_kv_cache_specs`)."""
+    kinds = {layer.kind for layer in layers}
+    local = kinds & {SLIDING, CHUNKED}
+    if FULL not in kinds or not local or _one_type(layers):
+        return layers
+    return [_Layer(FULL, None, layer.shape, layer.block, layer.page) if layer.kind in local else layer
+            for layer in layers]
+
+
+def _unify_pages(layers: list[_Layer]) -> list[_Layer]:
+    """unify_kv_cache_spec_page_size: scale the block of smaller pages, pad those that do not divide.
+    A state page is padded, never re-blocked."""
     largest_page = max(la.page for la in layers)
-    layers = [la if la.page == largest_page else
-              _Layer(la.kind, la.window, la.shape,
-                     la.block * (largest_page // la.page) if largest_page % la.page == 0 and la.kind != MAMBA
-                     else la.block, largest_page)  # a state page is padded, never re-blocked
-              for la in layers]
+
+    def unified(la: _Layer) -> _Layer:
+        if la.page == largest_page:
+            return la
+        scales = largest_page % la.page == 0 and la.kind != MAMBA
+        return _Layer(la.kind, la.window, la.shape, la.block * (largest_page // la.page) if scales else la.block,
+                      largest_page)
+
+    return [unified(la) for la in layers]
+
+
+def _uniform_page_groups(layers: list[_Layer], *, block_size: int,
+                         fixed: int | None) -> tuple[int, tuple[KvGroup, ...]]:
+    """_get_kv_cache_groups_uniform_page_size: (group size, groups) over layers of one page size.
+    Group size is the smallest bucket, or the largest when under 1.5x the smallest; each bucket is
+    cut into whole groups (layers[i::num_groups])."""
     buckets: dict[tuple[str, int | None, tuple[int, int, int, bool], int], int] = {}
     for la in layers:
         key = (la.kind, la.window, la.shape, la.block)
@@ -238,8 +271,7 @@ def _layout_for_specs(specs: list[LayerSpec | None], *, block_size: int, kv_dtyp
             members = len(range(i, count, num_groups))  # layers[i::num_groups]
             groups.append(KvGroup(kind, members, window, block if block != block_size else None,
                                   fixed_blocks=fixed if kind == MAMBA else None))
-    return KvLayout(block_size=block_size, page_bytes=largest_page, group_size=group_size,
-                    groups=tuple(groups), kv_dtype_bytes=kv_dtype_bytes)
+    return group_size, tuple(groups)
 
 
 def _one_type(layers: list[_Layer]) -> bool:
