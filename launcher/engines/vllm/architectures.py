@@ -395,56 +395,80 @@ def vllm_layer_specs(geometry: ModelGeometry) -> tuple[LayerSpec | None, ...]:
     # Keyed by model_type, not class name, so a multimodal wrapper's text stack gets the same layers
     # (its status stays unverified until a row names the wrapper).
     geometry = cached_layers(geometry)
-    text = geometry.text_config
-    model_type = geometry.model_type
     kinds = geometry.layer_kinds
     if geometry.mla is not None and uses_mla(geometry):
         latent = LayerSpec(MLA, 1, geometry.mla.latent_dim, 0)
         return tuple(None if kind in (LINEAR, NO_CACHE) else latent for kind in kinds)
+    attention = _attention_of(geometry)
+    shared_from = _first_kv_shared_layer(geometry.text_config, geometry.model_type, len(kinds))
+    # None: no cache, a state instead, or the KV of an earlier layer (KV sharing).
+    return tuple(None if kind in (LINEAR, NO_CACHE) or i >= shared_from else _attention_spec(attention, i, kind)
+                 for i, kind in enumerate(kinds))
 
-    heads, head = geometry.num_kv_heads, geometry.head_dim
-    if model_type == "minicpm3" and geometry.mla is not None:
-        # models/minicpm3.py:126-133: Attention(num_local_heads, qk_nope + qk_rope, num_kv_heads=num_local_heads).
-        heads = geometry.num_attention_heads
-        head = geometry.mla.qk_nope_head_dim + geometry.mla.qk_rope_head_dim
-    if model_type == "zamba2":
-        # models/zamba2.py:146-199: Attention(num_attention_heads, attention_head_dim), no KV-head grouping.
-        heads = geometry.num_attention_heads
-        attn_hidden = text.get("attention_hidden_size") or 2 * geometry.hidden_size  # Zamba2Config default
-        head = int(text.get("attention_head_dim") or attn_hidden // heads)
-    # models/falcon.py:164-181 build Attention without cache_config: the cache stays "auto".
-    honoured = model_type not in ("falcon", "RefinedWeb", "RefinedWebModel")
+
+@dataclass(frozen=True)
+class _Attention:
+    """What every attention layer of one model shares, as vLLM's model code passes it."""
+
+    model_type: str
+    text: Mapping[str, Any]
+    heads: int  # KV heads
+    head: int  # head size
+    window: int | None
+    honoured: bool  # the cache follows --kv-cache-dtype
+
+
+def _attention_of(geometry: ModelGeometry) -> _Attention:
+    model_type = geometry.model_type
+    heads, head = _attention_heads(geometry)
     window = geometry.sliding_window
     if model_type == "cohere2" and window is not None:
         window += 1  # models/commandr.py:237-244: the layer sees sliding_window + 1 tokens
+    # models/falcon.py:164-181 build Attention without cache_config: the cache stays "auto".
+    honoured = model_type not in ("falcon", "RefinedWeb", "RefinedWebModel")
+    return _Attention(model_type, geometry.text_config, heads, head, window, honoured)
 
-    shared_from = _first_kv_shared_layer(text, model_type, len(kinds))
-    specs: list[LayerSpec | None] = []
-    for i, kind in enumerate(kinds):
-        if kind in (LINEAR, NO_CACHE) or i >= shared_from:
-            specs.append(None)  # no cache, a state instead, or the KV of an earlier layer (KV sharing)
-            continue
-        if model_type in ("gemma4", "gemma4_text"):
-            layer_heads, layer_head = _gemma4_layer(text, i, heads, head)
-            specs.append(LayerSpec(kind, layer_heads, layer_head, layer_head,
-                                   window if kind == SLIDING else None, honoured))
-            continue
-        if model_type == "qwen2_moe":
-            # models/qwen2_moe.py:262-270 pass no per-layer window: every layer is full attention even
-            # with use_sliding_window (cases qwen2_moe_sw-*: the engine prints the all-full figure).
-            kind = FULL
-        if model_type == "gpt_oss":
-            # models/gpt_oss.py:176: even layers slide, whatever layer_types says.
-            kind = SLIDING if i % 2 == 0 and window else FULL
-        if model_type in ("llama4", "llama4_text"):  # also the text stack of Llama4ForConditionalGeneration
-            kind = _llama4_kind(text, i)
-        if kind == CHUNKED:
-            specs.append(LayerSpec(CHUNKED, heads, head, head, _chunk(text), honoured))
-        elif kind == SLIDING and window is not None:
-            specs.append(LayerSpec(SLIDING, heads, head, head, window, honoured))
-        else:
-            specs.append(LayerSpec(FULL, heads, head, head, None, honoured))
-    return tuple(specs)
+
+def _attention_heads(geometry: ModelGeometry) -> tuple[int, int]:
+    """(KV heads, head size) of the attention layers, where the model code does not take the config's."""
+    if geometry.model_type == "minicpm3" and geometry.mla is not None:
+        # models/minicpm3.py:126-133: Attention(num_local_heads, qk_nope + qk_rope, num_kv_heads=num_local_heads).
+        return geometry.num_attention_heads, geometry.mla.qk_nope_head_dim + geometry.mla.qk_rope_head_dim
+    if geometry.model_type == "zamba2":
+        # models/zamba2.py:146-199: Attention(num_attention_heads, attention_head_dim), no KV-head grouping.
+        heads = geometry.num_attention_heads
+        text = geometry.text_config
+        attn_hidden = text.get("attention_hidden_size") or 2 * geometry.hidden_size  # Zamba2Config default
+        return heads, int(text.get("attention_head_dim") or attn_hidden // heads)
+    return geometry.num_kv_heads, geometry.head_dim
+
+
+def _attention_spec(attention: _Attention, layer: int, kind: str) -> LayerSpec:
+    """One cached attention layer's spec."""
+    heads, head, window, honoured = attention.heads, attention.head, attention.window, attention.honoured
+    if attention.model_type in ("gemma4", "gemma4_text"):
+        layer_heads, layer_head = _gemma4_layer(attention.text, layer, heads, head)
+        return LayerSpec(kind, layer_heads, layer_head, layer_head, window if kind == SLIDING else None, honoured)
+    kind = _model_code_kind(attention, layer, kind)
+    if kind == CHUNKED:
+        return LayerSpec(CHUNKED, heads, head, head, _chunk(attention.text), honoured)
+    if kind == SLIDING and window is not None:
+        return LayerSpec(SLIDING, heads, head, head, window, honoured)
+    return LayerSpec(FULL, heads, head, head, None, honoured)
+
+
+def _model_code_kind(attention: _Attention, layer: int, kind: str) -> str:
+    """The layer's kind where the model code overrides the one the config gives."""
+    if attention.model_type == "qwen2_moe":
+        # models/qwen2_moe.py:262-270 pass no per-layer window: every layer is full attention even
+        # with use_sliding_window (cases qwen2_moe_sw-*: the engine prints the all-full figure).
+        return FULL
+    if attention.model_type == "gpt_oss":
+        # models/gpt_oss.py:176: even layers slide, whatever layer_types says.
+        return SLIDING if layer % 2 == 0 and attention.window else FULL
+    if attention.model_type in ("llama4", "llama4_text"):  # also the text stack of Llama4ForConditionalGeneration
+        return _llama4_kind(attention.text, layer)
+    return kind
 
 
 def _first_kv_shared_layer(text: Mapping[str, Any], model_type: str, num_layers: int) -> int:
