@@ -14,7 +14,9 @@ backends on CUDA, TurboQuant/NVFP4 KV dtypes, the CPU ISA needed for an fp8 KV c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from launcher.engines.checks_common import (
     CheckInput,
@@ -238,31 +240,51 @@ def resolved_quant_method(inp: CheckInput) -> str | None:
 
 def _override_method(inp: CheckInput) -> str | None:
     qc = quant_config(inp.geometry)
-    method = str(qc.get("quant_method") or "").lower() if qc else ""
-    if not method:
-        quant = inp.geometry.quantization
-        method = quant.method if quant is not None and quant.method != "unknown" else ""
+    method = _checkpoint_method(inp, qc)
     if not method:
         return inp.quantization
+    return _override_class_method(inp, qc, method) or method
+
+
+def _checkpoint_method(inp: CheckInput, qc: Mapping[str, Any]) -> str:
+    """The checkpoint's quant_method, else the one read from its weights; "" for none."""
+    method = str(qc.get("quant_method") or "").lower() if qc else ""
+    if method:
+        return method
+    quant = inp.geometry.quantization
+    return quant.method if quant is not None and quant.method != "unknown" else ""
+
+
+_GPTQ_OVERRIDDEN = (None, "gptq", "gptq_marlin", "auto_gptq", "marlin")  # what --quantization may say
+_AWQ_OVERRIDDEN = (None, "awq", "awq_marlin", "auto_awq", "marlin")
+
+
+def _override_class_method(inp: CheckInput, qc: Mapping[str, Any], method: str) -> str | None:
+    """The method an override class (`override_quantization_method`) claims the checkpoint for, or None."""
     user = inp.quantization
-    on_cpu = inp.device == "cpu"
-    if method == "gptq" and user in (None, "gptq", "gptq_marlin", "auto_gptq", "marlin"):
+    if method == "gptq" and user in _GPTQ_OVERRIDDEN:
         return "auto_gptq"  # auto_gptq.py:214
-    if method == "awq" and not on_cpu and user in (None, "awq", "awq_marlin", "auto_awq", "marlin"):
+    if method == "awq" and inp.device != "cpu" and user in _AWQ_OVERRIDDEN:
         return "auto_awq"  # auto_awq.py:263 (not on CPU: cpu_awq keeps "awq")
     if method in ("mxfp4", "gpt_oss_mxfp4") and inp.geometry.model_type == "gpt_oss":
         return "gpt_oss_mxfp4"  # mxfp4.py:129
     if method == "modelopt":
-        algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "").upper()
-        if algo == "FP8":
-            return "modelopt"
-        if "NVFP4" in algo or "FP4" in algo:
-            return "modelopt_fp4"
-        if "MXFP8" in algo:
-            return "modelopt_mxfp8"
-        if algo == "MIXED_PRECISION":
-            return "modelopt_mixed"
-    return method
+        return _modelopt_method(qc)
+    return None
+
+
+def _modelopt_method(qc: Mapping[str, Any]) -> str | None:
+    """The ModelOpt class its quant_algo selects; None keeps "modelopt"."""
+    algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "").upper()
+    if algo == "FP8":
+        return "modelopt"
+    if "NVFP4" in algo or "FP4" in algo:
+        return "modelopt_fp4"
+    if "MXFP8" in algo:
+        return "modelopt_mxfp8"
+    if algo == "MIXED_PRECISION":
+        return "modelopt_mixed"
+    return None
 
 
 # compressed-tensors schemes and get_min_capability() in vLLM (quantization/compressed_tensors/schemes/).
@@ -280,54 +302,92 @@ def _ct_scheme_min_capability(qc: Mapping[str, object], cc: int,
 
 def _backend_reasons(inp: CheckInput, cc: tuple[int, int], block: int) -> dict[str, list[str]]:
     """`CudaPlatform.get_valid_backends` for non-MLA decoders: why each backend is invalid."""
-    head = inp.geometry.head_dim
-    kv = inp.kv_cache_dtype or "auto"
-    fp8 = kv.startswith("fp8")
-    reasons: dict[str, list[str]] = {}
+    selector = _Selector(inp.geometry.head_dim, inp.dtype, inp.kv_cache_dtype or "auto", block, cc)
+    return {name: invalid(selector) for name, invalid in _BACKEND_CHECKS.items()}
 
-    fa: list[str] = []  # flash_attn.py
-    if not (head % 8 == 0 and (head <= 256 or (cc[0] == 10 and head <= 512))):
-        fa.append("head_size not supported")
-    if inp.dtype not in _HALF_BF16:
-        fa.append("dtype not supported")
-    if kv not in ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3") or (fp8 and cc[0] not in (9, 10)):
-        fa.append("kv_cache_dtype not supported")  # fp8 needs FA3 (sm90) or FA4 (sm100)
-    if block % 16:
-        fa.append("block_size not supported")
-    if cc < (8, 0):
-        fa.append("compute capability not supported")
-    reasons["FLASH_ATTN"] = fa
 
-    fi: list[str] = []  # flashinfer.py
-    if head not in FLASHINFER_HEAD_SIZES:
-        fi.append("head_size not supported")
-    if inp.dtype not in _HALF_BF16:
-        fi.append("dtype not supported")
-    if kv not in ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "nvfp4_4over6"):
-        fi.append("kv_cache_dtype not supported")
-    if block % 16:
-        fi.append("block_size not supported")
-    if not (8, 0) <= cc <= (12, 1):
-        fi.append("compute capability not supported")
-    reasons["FLASHINFER"] = fi
+@dataclass(frozen=True)
+class _Selector:
+    """`AttentionSelectorConfig` of a non-MLA decoder, with the GPU's compute capability."""
 
-    tr: list[str] = []  # triton_attn.py
-    if head < 32:
-        tr.append("head_size not supported")
-    if kv not in ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2",
-                  "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head"):
-        tr.append("kv_cache_dtype not supported")
-    if block % 16:
-        tr.append("block_size not supported")
-    reasons["TRITON_ATTN"] = tr
+    head: int
+    dtype: str
+    kv: str  # --kv-cache-dtype, "auto" when unset
+    block: int
+    cc: tuple[int, int]
 
-    fx: list[str] = []  # flex_attention.py
-    if kv not in ("auto", "float16", "bfloat16"):
-        fx.append("kv_cache_dtype not supported")
-    if block % 16:
-        fx.append("block_size not supported")
-    reasons["FLEX_ATTENTION"] = fx
+
+_FLASH_ATTN_KV = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3")
+_FLASHINFER_KV = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "nvfp4_4over6")
+_TRITON_KV = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2",
+              "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head")
+_FLEX_KV = ("auto", "float16", "bfloat16")
+
+
+def _flash_attn_reasons(sel: _Selector) -> list[str]:  # flash_attn.py
+    reasons = []
+    if not _flash_attn_head(sel):
+        reasons.append("head_size not supported")
+    if sel.dtype not in _HALF_BF16:
+        reasons.append("dtype not supported")
+    if not _flash_attn_kv(sel):
+        reasons.append("kv_cache_dtype not supported")
+    if sel.block % 16:
+        reasons.append("block_size not supported")
+    if sel.cc < (8, 0):
+        reasons.append("compute capability not supported")
     return reasons
+
+
+def _flash_attn_head(sel: _Selector) -> bool:
+    """Multiples of 8 up to 256, up to 512 on sm100 (FA4)."""
+    return sel.head % 8 == 0 and (sel.head <= 256 or (sel.cc[0] == 10 and sel.head <= 512))
+
+
+def _flash_attn_kv(sel: _Selector) -> bool:
+    """An fp8 cache needs FA3 (sm90) or FA4 (sm100)."""
+    return sel.kv in _FLASH_ATTN_KV and not (sel.kv.startswith("fp8") and sel.cc[0] not in (9, 10))
+
+
+def _flashinfer_reasons(sel: _Selector) -> list[str]:  # flashinfer.py
+    reasons = []
+    if sel.head not in FLASHINFER_HEAD_SIZES:
+        reasons.append("head_size not supported")
+    if sel.dtype not in _HALF_BF16:
+        reasons.append("dtype not supported")
+    if sel.kv not in _FLASHINFER_KV:
+        reasons.append("kv_cache_dtype not supported")
+    if sel.block % 16:
+        reasons.append("block_size not supported")
+    if not (8, 0) <= sel.cc <= (12, 1):
+        reasons.append("compute capability not supported")
+    return reasons
+
+
+def _triton_reasons(sel: _Selector) -> list[str]:  # triton_attn.py
+    reasons = []
+    if sel.head < 32:
+        reasons.append("head_size not supported")
+    if sel.kv not in _TRITON_KV:
+        reasons.append("kv_cache_dtype not supported")
+    if sel.block % 16:
+        reasons.append("block_size not supported")
+    return reasons
+
+
+def _flex_reasons(sel: _Selector) -> list[str]:  # flex_attention.py
+    reasons = []
+    if sel.kv not in _FLEX_KV:
+        reasons.append("kv_cache_dtype not supported")
+    if sel.block % 16:
+        reasons.append("block_size not supported")
+    return reasons
+
+
+_BACKEND_CHECKS: Mapping[str, Callable[[_Selector], list[str]]] = {
+    "FLASH_ATTN": _flash_attn_reasons, "FLASHINFER": _flashinfer_reasons,
+    "TRITON_ATTN": _triton_reasons, "FLEX_ATTENTION": _flex_reasons,
+}
 
 
 def _attention_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
