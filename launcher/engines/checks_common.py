@@ -99,32 +99,44 @@ def ct_scheme_min_capability(qc: Mapping[str, object], cc: int,
                              minimums: CtSchemeMinimums) -> tuple[str, int] | None:
     """compressed-tensors: the scheme the engine's `_get_scheme_from_parts` picks for the first
     config group, and its minimum capability; None where we do not model the scheme."""
-    groups = qc.get("config_groups")
-    if not isinstance(groups, Mapping) or not groups:
+    parts = _first_group_parts(qc)
+    if parts is None:
         return None
-    group = next(iter(groups.values()))
-    if not isinstance(group, Mapping):
-        return None
-    weights = group.get("weights") if isinstance(group.get("weights"), Mapping) else None
-    acts = group.get("input_activations") if isinstance(group.get("input_activations"), Mapping) else None
-    if weights is None:
-        return None
+    weights, acts = parts
     w_type, w_bits = str(weights.get("type", "int")), weights.get("num_bits")
-    w_strategy = str(weights.get("strategy", ""))
-    if w_type == "float" and w_bits == 4 and w_strategy == "tensor_group":
-        return "CompressedTensorsW4A4Fp4", minimums.w4a4_fp4  # NVFP4 (and NVFP4A16)
-    if w_type == "float" and w_bits == 8:
-        if acts is not None and acts.get("type") == "float" and acts.get("num_bits") == 8:
-            # W8A8 FP8 where the GPU has it; below, both engines fall back to W8A16 FP8 (Marlin).
-            if cc >= minimums.w8a8_fp8:
-                return "CompressedTensorsW8A8Fp8", minimums.w8a8_fp8
-            return "CompressedTensorsW8A16Fp8", minimums.w8a16_fp8
-        return "CompressedTensorsW8A16Fp8", minimums.w8a16_fp8
+    if w_type == "float":
+        return _float_weight_scheme(weights, acts, cc, minimums)
     if w_type == "int" and acts is None and w_bits in (4, 8):
         return "CompressedTensorsWNA16", minimums.wna16
     if w_type == "int" and w_bits == 8 and acts is not None and acts.get("num_bits") == 8:
         return "CompressedTensorsW8A8Int8", minimums.w8a8_int8
     return None
+
+
+def _first_group_parts(qc: Mapping[str, object]) -> tuple[Mapping[str, Any], Mapping[str, Any] | None] | None:
+    """(weights, input activations or None) of the first config group; None without weights."""
+    groups = qc.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        return None
+    group = next(iter(groups.values()))
+    if not isinstance(group, Mapping) or not isinstance(group.get("weights"), Mapping):
+        return None
+    acts = group.get("input_activations")
+    return group["weights"], acts if isinstance(acts, Mapping) else None
+
+
+def _float_weight_scheme(weights: Mapping[str, Any], acts: Mapping[str, Any] | None, cc: int,
+                         minimums: CtSchemeMinimums) -> tuple[str, int] | None:
+    w_bits = weights.get("num_bits")
+    if w_bits == 4 and str(weights.get("strategy", "")) == "tensor_group":
+        return "CompressedTensorsW4A4Fp4", minimums.w4a4_fp4  # NVFP4 (and NVFP4A16)
+    if w_bits != 8:
+        return None
+    if acts is not None and acts.get("type") == "float" and acts.get("num_bits") == 8 and cc >= minimums.w8a8_fp8:
+        return "CompressedTensorsW8A8Fp8", minimums.w8a8_fp8
+    # FP8 weights without FP8 activations, or W8A8 FP8 below the GPU's minimum: both engines fall
+    # back to W8A16 FP8 (Marlin).
+    return "CompressedTensorsW8A16Fp8", minimums.w8a16_fp8
 
 
 def kv_head_split(geometry: ModelGeometry, tp: int) -> tuple[str, str] | None:
