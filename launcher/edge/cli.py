@@ -386,60 +386,95 @@ def _fail(code: int, kind: str, reason: str, hint: str | None = None) -> NoRetur
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the CLI; expected failures print one line and exit with their documented code."""
+    """Run the CLI; expected failures print one line and exit with their documented code.
+
+    One handler per kind of failure, most specific first (WontFit is a SafeServeError)."""
     args = list(argv) if argv is not None else sys.argv[1:]
     _JSON.wanted, _JSON.written = _wants_json(args), False
     try:
-        stdout = sys.stdout
-        try:
-            cli.main(args=args, prog_name="safe-serve", standalone_mode=False)
-        except SystemExit as done:
-            if done.code == 1 and sys.stdout is not stdout:  # click swallowed an EPIPE (core.py, main: exit 1)
-                raise BrokenPipeError(errno.EPIPE, "the reader of our output went away") from None
-            raise
-        sys.stdout.flush()  # a full disk or a closed pipe is said here, not at interpreter exit
+        _run(args)
     except WontFit as exc:
-        click.echo(f"safe-serve: will not fit: {exc}", err=True)
-        for alternative in exc.alternatives:
-            click.echo(f"  would fit: {alternative}", err=True)
-        if _JSON.wanted and not _JSON.written:
-            emit_json(exc.to_json())
-        sys.exit(int(exc.exit_code))
+        _wont_fit(exc)
     except SafeServeError as exc:
-        from launcher.common.shown import printable
-
-        click.echo(f"safe-serve: {printable(str(exc))}", err=True)  # paths and names in it: one line
-        _fail(int(exc.exit_code), type(exc).__name__, exc.message, exc.hint)
+        _refused(exc)
     except click.exceptions.Abort:
         click.echo("safe-serve: interrupted", err=True)
         _fail(int(ExitCode.INTERRUPTED), "Interrupted", "interrupted")
     except click.ClickException as exc:
-        exc.show()
-        hint = None
-        if isinstance(exc, click.UsageError):
-            from launcher.engines import adapter
-
-            known = frozenset().union(*(adapter(name).accepted_flag_names() for name in ENGINES))
-            typed = list(args)
-            for name in ENGINES:  # the hint repeats the command line: secret values stay masked
-                typed = adapter(name).shown_argv(typed)
-            hint = cli_hints.usage_hint(exc, typed, known)
-            if hint:
-                click.echo(f"hint: {hint}", err=True)
-        code = int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code
-        _fail(code, "UsageError", exc.format_message(), hint)
+        _usage_error(exc, args)
     except KeyboardInterrupt:
         _fail(int(ExitCode.INTERRUPTED), "Interrupted", "interrupted")
     except stopsignals.StopSignal as stop:  # before the engine started (lock wait, probe, plan)
-        click.echo(f"safe-serve: stopped on {stop.name} before the engine started", err=True)
-        _fail(stopsignals.exit_code(stop), "Stopped", f"stopped on {stop.name} before the engine started")
+        _stopped(stop)
     except OSError as exc:
-        if exc.errno not in OUTPUT_ERRNOS:
-            _internal_error(exc)
-        sys.exit(_output_failed(exc))
+        _os_error(exc)
     except Exception as exc:  # a bug of ours: still one line, and the traceback on request
         _internal_error(exc)
     sys.exit(0)
+
+
+def _run(args: list[str]) -> None:
+    """The command, with its output flushed here: a full disk or a closed pipe is said now, not at
+    interpreter exit."""
+    stdout = sys.stdout
+    try:
+        cli.main(args=args, prog_name="safe-serve", standalone_mode=False)
+    except SystemExit as done:
+        if done.code == 1 and sys.stdout is not stdout:  # click swallowed an EPIPE (core.py, main: exit 1)
+            raise BrokenPipeError(errno.EPIPE, "the reader of our output went away") from None
+        raise
+    sys.stdout.flush()
+
+
+def _wont_fit(exc: WontFit) -> NoReturn:
+    """The refusal and the configurations that would fit, on stderr; the refusal object with --json."""
+    click.echo(f"safe-serve: will not fit: {exc}", err=True)
+    for alternative in exc.alternatives:
+        click.echo(f"  would fit: {alternative}", err=True)
+    if _JSON.wanted and not _JSON.written:
+        emit_json(exc.to_json())
+    sys.exit(int(exc.exit_code))
+
+
+def _refused(exc: SafeServeError) -> NoReturn:
+    from launcher.common.shown import printable
+
+    click.echo(f"safe-serve: {printable(str(exc))}", err=True)  # paths and names in it: one line
+    _fail(int(exc.exit_code), type(exc).__name__, exc.message, exc.hint)
+
+
+def _usage_error(exc: click.ClickException, args: list[str]) -> NoReturn:
+    """click's own message, then for a usage error a hint naming the flag that was meant."""
+    exc.show()
+    hint = None
+    if isinstance(exc, click.UsageError):
+        hint = _usage_hint(exc, args)
+        if hint:
+            click.echo(f"hint: {hint}", err=True)
+    code = int(ExitCode.USAGE) if isinstance(exc, click.UsageError) else exc.exit_code
+    _fail(code, "UsageError", exc.format_message(), hint)
+
+
+def _usage_hint(exc: click.UsageError, args: list[str]) -> str | None:
+    from launcher.engines import adapter
+
+    known = frozenset().union(*(adapter(name).accepted_flag_names() for name in ENGINES))
+    typed = list(args)
+    for name in ENGINES:  # the hint repeats the command line: secret values stay masked
+        typed = adapter(name).shown_argv(typed)
+    return cli_hints.usage_hint(exc, typed, known)
+
+
+def _stopped(stop: stopsignals.StopSignal) -> NoReturn:
+    click.echo(f"safe-serve: stopped on {stop.name} before the engine started", err=True)
+    _fail(stopsignals.exit_code(stop), "Stopped", f"stopped on {stop.name} before the engine started")
+
+
+def _os_error(exc: OSError) -> NoReturn:
+    """Our own output failing exits 141 or 74 (`_output_failed`); any other OSError is a bug of ours."""
+    if exc.errno not in OUTPUT_ERRNOS:
+        _internal_error(exc)
+    sys.exit(_output_failed(exc))
 
 
 # Errors writing our own output: the reader went away (EPIPE), or the file cannot grow.
