@@ -536,13 +536,19 @@ ARCH_SECOND: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
                            "fp8 KV: the kernel needs a head size divisible by 32"),) for head in (16, 40, 48)},
     "qwen2_moe_sw": (("mml1024", ("--max-model-len", "1024"), "use_sliding_window true, window 256"),),
     "gemma4_text": (("mml1024", ("--max-model-len", "1024"), "local head 32, global head 64"),),
+    "gemma3_swp": (("mml1024", ("--max-model-len", "1024"),
+                    "config-level sliding_window 128 and sliding_window_pattern 3, no layer_types"),),
+    "kimi_linear": (("noprefix", ("--max-model-len", "4096", "--no-enable-prefix-caching"),
+                     "KDA + MLA: the CPU engine cannot build the model (no KV line)"),),
 }
 # Base length per family where the model's own maximum is under 4096.
 ARCH_BASE_LEN = {"phi": "2048", "bloom": "2048", "opt": "2048", "gpt2": "1024"}
 # transformers 5 saves DBRX experts under names vLLM 0.32's loader does not map
 # (KeyError 'blocks.0.ffn.experts.w13_weight'): random weights from the config instead.
 # minimax_m2_softmax: without routing bias vLLM has no e_score_correction_bias for the saved tensor.
-ARCH_EXTRA_ARGS = {"dbrx": ("--load-format", "dummy"), "minimax_m2_softmax": ("--load-format", "dummy")}
+# kimi_linear: config.json only (tests/tinymodels.py CONFIG_ONLY).
+ARCH_EXTRA_ARGS = {"dbrx": ("--load-format", "dummy"), "minimax_m2_softmax": ("--load-format", "dummy"),
+                   "kimi_linear": ("--load-format", "dummy")}
 
 
 def architecture_matrix() -> list[dict[str, Any]]:

@@ -519,6 +519,13 @@ def _cfg_qwen3_5_text() -> dict[str, Any]:
             "mamba_ssm_dtype": "float32"}
 
 
+def _cfg_qwen3_5_moe_text() -> dict[str, Any]:
+    # Qwen3_5MoeForCausalLM without mamba_ssm_dtype (the SSM state then follows the conv state's dtype).
+    return {**_HYB, **_GDN, "model_type": "qwen3_5_moe_text", "head_dim": 64, "layer_types": _QWEN_LAYERS,
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64}
+
+
 def _cfg_nemotron_h() -> dict[str, Any]:
     return {**_HYB, "model_type": "nemotron_h", "head_dim": 32, "hybrid_override_pattern": "M-M*",
             "mamba_num_heads": 8, "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 32, "conv_kernel": 4,
@@ -589,6 +596,28 @@ def _cfg_gemma4_text() -> dict[str, Any]:
             "num_kv_shared_layers": 0, "attention_k_eq_v": False, "final_logit_softcapping": None}
 
 
+def _cfg_gemma3_swp() -> dict[str, Any]:
+    # Gemma 3 as the real checkpoints write it: a config-level sliding_window and
+    # sliding_window_pattern, no layer_types (CONFIG_JSON_EDITS drops the list transformers saves).
+    # Pattern 3 over 6 layers: layers 2 and 5 full (Gemma3TextConfig: (i + 1) % pattern).
+    cfg = {**_cfg_gemma3(), "sliding_window": 128, "sliding_window_pattern": 3}
+    del cfg["layer_types"]
+    return cfg
+
+
+def _cfg_kimi_linear() -> dict[str, Any]:
+    # Kimi-Linear as its checkpoints write it (vLLM's own KimiLinearConfig reads linear_attn_config;
+    # the lists are 1-based): KDA layers 1-3, MLA layer 4 (latent 512 + 64, the CPU MLA kernel's
+    # only size), dense MLP. Written as config.json only, served with --load-format dummy.
+    return {**_TOK, "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"], "hidden_size": 128,
+            "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64,
+            "v_head_dim": 32, "mla_use_nope": True, "max_position_embeddings": 4096, "model_max_length": 4096,
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "dtype": "bfloat16",
+            "linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2, 3], "num_heads": 2,
+                                   "head_dim": 128, "short_conv_kernel_size": 4}}
+
+
 MORE_KIND_CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     "qwen3_moe": _cfg_qwen3_moe,
     "qwen2_moe": _cfg_qwen2_moe,
@@ -638,6 +667,7 @@ MORE_KIND_CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     "qwen3_next": _cfg_qwen3_next,
     "qwen3_next_gdn32": _cfg_qwen3_next_gdn32,
     "qwen3_5_text": _cfg_qwen3_5_text,
+    "qwen3_5_moe_text": _cfg_qwen3_5_moe_text,
     "nemotron_h": _cfg_nemotron_h,
     "granitemoehybrid": _cfg_granitemoehybrid,
     "falcon_h1": _cfg_falcon_h1,
@@ -649,12 +679,24 @@ MORE_KIND_CONFIGS: dict[str, Callable[[], dict[str, Any]]] = {
     **{f"llama_h{head}": _cfg_llama_head(head) for head in (16, 40, 48)},
     "qwen2_moe_sw": _cfg_qwen2_moe_sw,
     "gemma4_text": _cfg_gemma4_text,
+    "gemma3_swp": _cfg_gemma3_swp,
+    "kimi_linear": _cfg_kimi_linear,
 }
 KIND_CONFIGS.update(MORE_KIND_CONFIGS)
 KINDS = tuple(KIND_CONFIGS)
 # config.json "architectures" as the real checkpoints write it, where transformers 5 names the
 # class differently (Phi-3.5-MoE: "PhiMoEForCausalLM", which vLLM maps to models/phimoe.py).
 ARCHITECTURE_OVERRIDE: dict[str, list[str]] = {"phimoe": ["PhiMoEForCausalLM"]}
+# Keys transformers rewrites on save, restored as the real checkpoints write them.
+def _gemma3_pattern_only(saved: dict[str, Any]) -> None:
+    saved.pop("layer_types", None)
+    saved["sliding_window_pattern"] = 3
+
+
+CONFIG_JSON_EDITS: dict[str, Callable[[dict[str, Any]], None]] = {"gemma3_swp": _gemma3_pattern_only}
+# Kinds whose config.json is written as the checkpoint writes it, without weights: transformers'
+# class for them saves other keys than vLLM's own config class reads (run with --load-format dummy).
+CONFIG_ONLY = ("kimi_linear",)
 
 
 def _words(n: int = 400) -> list[str]:
@@ -734,6 +776,12 @@ def build(out_root: str | os.PathLike[str], kind: str, force: bool = False) -> s
     if not force and (out / "config.json").exists() and (out / "model.safetensors").exists():
         return str(out)
     out.mkdir(parents=True, exist_ok=True)
+    if kind in CONFIG_ONLY:
+        if not force and (out / "config.json").exists():
+            return str(out)
+        (out / "config.json").write_text(json.dumps(KIND_CONFIGS[kind](), indent=2, sort_keys=True) + "\n")
+        build_tokenizer(out)
+        return str(out)
 
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -751,9 +799,12 @@ def build(out_root: str | os.PathLike[str], kind: str, force: bool = False) -> s
         bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id
     )
     model.save_pretrained(str(out), safe_serialization=True)
-    if kind in ARCHITECTURE_OVERRIDE:
+    if kind in ARCHITECTURE_OVERRIDE or kind in CONFIG_JSON_EDITS:
         saved = json.loads((out / "config.json").read_text())
-        saved["architectures"] = ARCHITECTURE_OVERRIDE[kind]
+        if kind in ARCHITECTURE_OVERRIDE:
+            saved["architectures"] = ARCHITECTURE_OVERRIDE[kind]
+        if kind in CONFIG_JSON_EDITS:
+            CONFIG_JSON_EDITS[kind](saved)
         (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     build_tokenizer(out)
     return str(out)

@@ -82,8 +82,8 @@ def test_trust_engine_launches_a_hybrid_model_unplanned() -> None:
     """--trust-engine on a model we cannot size adds no flags: the engine decides, and says so."""
     import tempfile
 
-    # Kimi-Linear: a hybrid whose KDA state safe-serve does not size (Qwen3-Next is sized now).
-    config = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "hidden_size": 64,
+    # Ling 2.5 (BailingMoeV2_5ForCausalLM): a hybrid whose linear-attention state safe-serve does not size.
+    config = {"architectures": ["BailingMoeV2_5ForCausalLM"], "model_type": "bailing_moe_linear", "hidden_size": 64,
               "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
               "max_position_embeddings": 4096,
               "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"]}

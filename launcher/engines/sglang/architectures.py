@@ -604,9 +604,20 @@ def cached_layers(geometry: ModelGeometry) -> ModelGeometry:
     return _bind(geometry, LAYER_PATTERNS)
 
 
+# SGLang 0.5.23 configs/model_config.py:2501-2516 `multimodal_breakable_cuda_graph_supported_model_archs`
+# (cuda_graph_hook.py:229-238 turns the prefill graph off for any other multimodal architecture).
+_MULTIMODAL_BREAKABLE_GRAPH = frozenset({
+    "MiniMaxM3SparseForConditionalGeneration", "Cohere2VisionForConditionalGeneration",
+    "Glm5NextForConditionalGeneration", "InternS2MobiusForConditionalGeneration", "PaddleOCRVLForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen4ExpForConditionalGeneration",
+    "MuseGlimmerForConditionalGeneration", "MuseSparkForConditionalGeneration", "KimiK3ForConditionalGeneration",
+    "KimiK25ForConditionalGeneration", "MiniMaxM3SparseForCausalLM",
+})
+
+
 def breakable_graph_multimodal_ok(geometry: ModelGeometry) -> bool:
     """Multimodal architectures whose breakable prefill graph SGLang keeps on."""
-    return geometry.architecture in {"Qwen3_5ForConditionalGeneration", "KimiK25ForConditionalGeneration"}
+    return geometry.architecture in _MULTIMODAL_BREAKABLE_GRAPH
 
 
 def proof_summary() -> tuple[str, list[tuple[str, str]]]:

@@ -121,7 +121,20 @@ def _prefill_graph_on(geometry: ModelGeometry, pinned: Mapping[str, Any], rules:
                 and not pinned.get("--disable-prefill-cuda-graph", False))
     return (device == "cuda" and not graphs_off and not pinned.get("--disable-prefill-cuda-graph", False)
             and pinned.get("--cuda-graph-backend-prefill", "breakable") != "disabled" and pp == 1
-            and not (geometry.is_multimodal and not breakable_graph_multimodal_ok(geometry)))
+            and not (geometry.is_multimodal and not breakable_graph_multimodal_ok(geometry))
+            and not (_uses_kda(geometry) and geometry.architecture != "Glm5NextForConditionalGeneration"))
+
+
+def _uses_kda(geometry: ModelGeometry) -> bool:
+    """KDA hybrids (Kimi-Linear; GLM-5 Next keeps it): the breakable prefill graph is off by default (0.5.23
+    arg_groups/cuda_graph_hook.py:183-191, `uses_kda_attention`, configs/model_config.py:230-252)."""
+    text = geometry.text_config
+    linear = text.get("linear_attn_config")
+    if isinstance(linear, Mapping) and linear.get("kda_layers"):
+        return True
+    types = text.get("layer_types")
+    return (isinstance(types, list) and "linear_attention" in types and text.get("linear_num_heads") is not None
+            and text.get("linear_head_dim") is not None)
 
 
 def _graph_reserve(geometry: ModelGeometry, pinned: Mapping[str, Any], rules: SglangRules, chunked: int,

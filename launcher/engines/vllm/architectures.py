@@ -128,7 +128,8 @@ class ArchitectureRow:
 ROW_SWITCHES: Mapping[str, tuple[str, ...]] = {
     "MistralForCausalLM": ("sliding_window",), "Phi3ForCausalLM": ("sliding_window",),
     "Starcoder2ForCausalLM": ("sliding_window",), "Gemma2ForCausalLM": ("layer_types",),
-    "Gemma3ForCausalLM": ("layer_types",), "Cohere2ForCausalLM": ("layer_types",), "Olmo3ForCausalLM": ("layer_types",),
+    "Gemma3ForCausalLM": ("layer_types", "sliding_window", "sliding_window_pattern"),
+    "Cohere2ForCausalLM": ("layer_types",), "Olmo3ForCausalLM": ("layer_types",),
     "Exaone4ForCausalLM": ("layer_types",), "GptOssForCausalLM": ("layer_types",),
     "Llama4ForCausalLM": ("attention_chunk_size",), "Qwen2MoeForCausalLM": ("layer_types", "use_sliding_window"),
     "Gemma4ForCausalLM": ("layer_types", "per_layer_head_sizes"),
@@ -166,7 +167,7 @@ VERIFIED: tuple[ArchitectureRow, ...] = (
     ArchitectureRow("Gemma2ForCausalLM", "models/gemma2.py:150-166", _BY_TYPES + " (default: even layers slide)",
                     _GQA, True, ("gemma2-base", "gemma2-bs16", "gemma2-mnbt1024", "gemma2-disable-hybrid")),
     ArchitectureRow("Gemma3ForCausalLM", "models/gemma3.py:150-185", _BY_TYPES + " (default 5 sliding : 1 full)",
-                    _GQA, True, ("gemma3-base", "gemma3-mml1024")),
+                    _GQA, True, ("gemma3-base", "gemma3-mml1024", "gemma3_swp-base", "gemma3_swp-mml1024")),
     ArchitectureRow("Phi3ForCausalLM", "models/phi3.py (LlamaForCausalLM)", _ALL_SW, _GQA, True,
                     ("phi3-base", "phi3-mml1024")),
     ArchitectureRow("PhiForCausalLM", _TF + "phi", _PLAIN, _GQA, True, ("phi-base", "phi-kv-fp8")),
@@ -289,6 +290,8 @@ WRAPPERS: Mapping[str, tuple[str | None, str]] = {
     "Qwen3VLForConditionalGeneration": ("Qwen3ForCausalLM", "models/qwen3_vl.py:2043-2046"),
     "Qwen3VLMoeForConditionalGeneration": ("Qwen3MoeForCausalLM", "models/qwen3_vl_moe.py:285-288"),
     "Llama4ForConditionalGeneration": ("Llama4ForCausalLM", "models/mllama4.py:780-786"),
+    "Qwen3_5ForConditionalGeneration": ("Qwen3_5ForCausalLM", "models/qwen3_5.py:522-525"),
+    "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeForCausalLM", "models/qwen3_5.py:745-748"),
 }
 _TEXT_ARCHITECTURE_BY_MODEL_TYPE = {"mistral": "MistralForCausalLM", "llama": "LlamaForCausalLM",
                                     "qwen2": "Qwen2ForCausalLM"}

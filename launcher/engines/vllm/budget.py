@@ -174,7 +174,8 @@ MM_MODALITIES: Mapping[str, frozenset[str]] = {
                      "LlavaForConditionalGeneration", "PixtralForConditionalGeneration"), frozenset({"image"})),
     **dict.fromkeys(("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                      "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                     "Glm4vForConditionalGeneration"), frozenset({"image", "video"})),
+                     "Glm4vForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                     "Qwen3_5MoeForConditionalGeneration"), frozenset({"image", "video"})),
     "Gemma3nForConditionalGeneration": frozenset({"image", "audio"}),
 }
 ALL_MODALITIES = frozenset({"image", "video", "audio"})

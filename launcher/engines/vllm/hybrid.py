@@ -31,14 +31,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.common.errors import ModelConfigError
+from launcher.common.errors import ModelConfigError, WontFit
 from launcher.common.units import cdiv
 from launcher.model.config import FULL, LINEAR, ModelGeometry
 
 MAMBA = "mamba"  # a KV-cache group of state layers (MambaSpec)
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "fp16": 2, "fp32": 4}
-_CPU_GDN_HEAD_DIMS_FAILING = (32,)  # seen: "Unexpected head dim size, 32" on the first request
+_CPU_GDN_HEAD_DIMS_FAILING = (32,)
+_KDA_ARCHITECTURES = ("KimiLinearForCausalLM",)
+_MLA_BLOCK_ALIGNMENT = 128  # seen: "Unexpected head dim size, 32" on the first request
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,16 @@ def _gdn(text: Mapping[str, Any], tp: int) -> StateShape:
     return StateShape((_i(text, "linear_conv_kernel_dim") - 1, conv_dim // tp), (_shards(nv, tp), dv, dk))
 
 
+def _kda(text: Mapping[str, Any], tp: int) -> StateShape:
+    """`kda_state_shape` (mamba_utils.py:304-327) from `linear_attn_config` (kimi_k3/nvidia/model.py:1655-1682):
+    q, k and v share the heads and head size, so the conv state holds 3 x heads x head_dim."""
+    kda = text.get("linear_attn_config")
+    if not isinstance(kda, Mapping):
+        raise ModelConfigError("config.json: 'linear_attn_config' must be an object (it sizes the KDA state)")
+    heads, head = _i(kda, "num_heads"), _i(kda, "head_dim")
+    return StateShape((_i(kda, "short_conv_kernel_size") - 1, 3 * heads * head // tp), (_shards(heads, tp), head, head))
+
+
 def _short_conv(text: Mapping[str, Any], tp: int, width_key: str) -> StateShape:
     """`short_conv_state_shape` (mamba_utils.py:257-266)."""
     return StateShape((_i(text, "conv_L_cache") - 1, _i(text, width_key) // tp), None)
@@ -169,6 +181,13 @@ _GDN_LAYERS = "layer_types 'linear_attention' keep a GDN state, 'full_attention'
 _SHAPE_GDN = "conv (k-1, (2 nk dk + nv dv)/tp); ssm (nv/tp, dv, dk)"
 _SHAPE_M2 = "conv (k-1, (inter + 2 groups state)/tp); ssm (heads/tp, head_dim, state)"
 _SHAPE_M1 = "conv (k-1, inter/tp); ssm (inter/tp, state)"
+_SHAPE_KDA = "conv (k-1, 3 heads head_dim/tp); recurrent (heads/tp, head_dim, head_dim) float32"
+# tests/data/vllm_cpu_truth.json kimi_linear-base / kimi_linear-noprefix: no KV line.
+_KDA_CPU = ("the CPU engine cannot build Kimi-Linear: with prefix caching (the default) it stops at start "
+            "('--mamba-block-size can only be set with --enable-prefix-caching': CPU MLA turns prefix caching off, "
+            "platforms/cpu.py:513-526, after the mamba cache mode was set to 'align'); without it the model's "
+            "GEMM-AR setup imports cutlass ('No module named cutlass', kimi_k3/nvidia/model.py:173-186), and its "
+            "KDA kernels are Triton-only (kimi_gdn_linear_attn.py:394-415)")
 _MAMBA1_CPU = ("the CPU engine sizes Mamba-1 layers and then fails the first request "
                "('IndexError: Dimension out of range (expected to be in range of [-2, 1], but got 2)')")
 
@@ -179,14 +198,14 @@ _FAMILIES: tuple[tuple[StateFamily, Callable[[Mapping[str, Any], int], StateShap
                  ("qwen3_next-base", "qwen3_next-noprefix")), _gdn),
     (StateFamily("Qwen3_5ForCausalLM", "models/qwen3_5.py get_mamba_state_shape_from_config", "gdn",
                  _GDN_LAYERS + "; ssm dtype from mamba_ssm_dtype", _SHAPE_GDN, golden=True), _gdn),
-    (StateFamily("Qwen3_5MoeForCausalLM", "models/qwen3_5.py (Qwen3_5MoeForCausalLM)", "gdn",
-                 _GDN_LAYERS + "; ssm dtype from mamba_ssm_dtype", _SHAPE_GDN), _gdn),
-    # The VL wrappers: their text state equals the golden file too, but the vision encoder's share
-    # of the profile run is not sized here, so the wrapper stays unverified.
-    (StateFamily("Qwen3_5ForConditionalGeneration", "models/qwen3_5.py (text_config)", "gdn",
-                 _GDN_LAYERS + " (text_config); ssm dtype from mamba_ssm_dtype", _SHAPE_GDN), _gdn),
-    (StateFamily("Qwen3_5MoeForConditionalGeneration", "models/qwen3_5.py (text_config)", "gdn",
-                 _GDN_LAYERS + " (text_config); ssm dtype from mamba_ssm_dtype", _SHAPE_GDN), _gdn),
+    (StateFamily("Qwen3_5MoeForCausalLM", "models/qwen3_5.py:387-420 (Qwen3_5ForCausalLMBase)", "gdn",
+                 _GDN_LAYERS + "; ssm dtype from mamba_ssm_dtype", _SHAPE_GDN, golden=True), _gdn),
+    # The VL wrappers build their language model as the text class from text_config (qwen3_5.py:522-525,
+    # :745-748) and size its state with their own classmethods (:608-641), which the golden file calls.
+    (StateFamily("Qwen3_5ForConditionalGeneration", "models/qwen3_5.py:608-641 (text_config)", "gdn",
+                 _GDN_LAYERS + " (text_config); ssm dtype from mamba_ssm_dtype", _SHAPE_GDN, golden=True), _gdn),
+    (StateFamily("Qwen3_5MoeForConditionalGeneration", "models/qwen3_5.py:608-641 (text_config)", "gdn",
+                 _GDN_LAYERS + " (text_config); ssm dtype from mamba_ssm_dtype", _SHAPE_GDN, golden=True), _gdn),
     (StateFamily("OlmoHybridForCausalLM", "models/olmo_hybrid.py get_mamba_state_shape_from_config", "gdn",
                  _GDN_LAYERS, _SHAPE_GDN), _gdn),
     (StateFamily("NemotronHForCausalLM", "models/nemotron_h.py:795-822", "mamba2",
@@ -217,6 +236,10 @@ _FAMILIES: tuple[tuple[StateFamily, Callable[[Mapping[str, Any], int], StateShap
                  cpu_failure=_MAMBA1_CPU),
      lambda t, tp: _mamba1(t, tp, inter=_i(t, "mamba_expand", 2) * _i(t, "hidden_size"), state="mamba_d_state",
                            conv="mamba_d_conv")),
+    (StateFamily("KimiLinearForCausalLM", "models/kimi_k3/nvidia/model.py:1639-1682 (KimiLinearForCausalLM)", "kda",
+                 "linear_attn_config kda_layers (1-based) keep a KDA state, full_attn_layers attend with MLA "
+                 "(latent kv_lora_rank + qk_rope_head_dim; the attention block is a multiple of 128)", _SHAPE_KDA,
+                 golden=True, cpu_failure=_KDA_CPU), _kda),
     (StateFamily("Lfm2ForCausalLM", "models/lfm2.py:441-452", "short_conv",
                  "layer_types 'conv' keep a short-conv state, 'full_attention' attend", "conv (L_cache-1, conv_dim/tp)",
                  ("lfm2-base", "lfm2-noprefix")), lambda t, tp: _short_conv(t, tp, "conv_dim")),
@@ -227,9 +250,7 @@ _FAMILIES: tuple[tuple[StateFamily, Callable[[Mapping[str, Any], int], StateShap
 STATE_FAMILIES: Mapping[str, StateFamily] = {family.architecture: family for family, _ in _FAMILIES}
 _SHAPES: Mapping[str, Callable[[Mapping[str, Any], int], StateShape]] = {f.architecture: s for f, s in _FAMILIES}
 # Hybrid classes whose state safe-serve does not size (refused with this reason).
-UNSIZED: Mapping[str, str] = {
-    "KimiLinearForCausalLM": "Kimi-Linear's KDA state beside MLA (vllm/models/kimi_k3) is not sized by safe-serve yet",
-}
+UNSIZED: Mapping[str, str] = {}
 
 
 def family_of(geometry: ModelGeometry) -> StateFamily | None:
@@ -260,8 +281,9 @@ def state_layers(geometry: ModelGeometry, *, tp: int = 1) -> StateLayers | None:
 @dataclass(frozen=True)
 class StateDtypes:
     conv_bytes: int
-    ssm_bytes: int
+    ssm_bytes: int  # as the model class sizes the page unification
     reason: str
+    layer_ssm_bytes: int | None = None  # what the layer allocates where it differs (KDA: always float32)
 
 
 def state_dtypes(geometry: ModelGeometry, *, model_dtype_bytes: int, device: str,
@@ -278,13 +300,46 @@ def state_dtypes(geometry: ModelGeometry, *, model_dtype_bytes: int, device: str
         reason = "NemotronH: config mamba_ssm_cache_dtype, else float32 (models/config.py:713-732)"
     elif isinstance(text.get("mamba_ssm_dtype"), str) and geometry.model_type.startswith("qwen3_5"):
         name, reason = str(text["mamba_ssm_dtype"]), "Qwen3.5: config mamba_ssm_dtype (models/config.py:856-876)"
+    elif geometry.architecture in _KDA_ARCHITECTURES:
+        name, reason = "float32", "KDA: the recurrent state is float32 unless asked otherwise (mamba_utils.py:133-149)"
     else:
         name, reason = "auto", "the conv state's dtype (mamba_ssm_cache_dtype auto)"
     if device == "cpu" and name not in ("float16", "bfloat16"):
         # platforms/cpu.py:301-320 (AVX512-BF16 hosts, the engine's accelerated state kernels).
         name, reason = "float32", "reset to float32 by vLLM's CPU backend (platforms/cpu.py:301-320)"
     ssm = conv if name == "auto" else _DTYPE_BYTES.get(name, 4)
-    return StateDtypes(conv, ssm, reason)
+    # The KDA layer's own get_state_dtype passes no SSM flag: float32 (kimi_gdn_linear_attn.py:157-164).
+    layer = 4 if geometry.architecture in _KDA_ARCHITECTURES and ssm != 4 else None
+    return StateDtypes(conv, ssm, reason, layer)
+
+
+def refuse_pinned_state_dtype(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> None:
+    """A --mamba-ssm-cache-dtype the KDA classmethod raises on (golden records, tests/data/vllm_hybrid_golden.json)."""
+    flag = pinned.get("--mamba-ssm-cache-dtype")
+    if geometry.architecture not in _KDA_ARCHITECTURES or flag in (None, "auto", "float32", "bfloat16"):
+        return
+    raise WontFit(f"vLLM 0.32 cannot start {geometry.architecture} with --mamba-ssm-cache-dtype {flag}: "
+                  "'KDA recurrent state supports only auto, float32, and bfloat16' (mamba_utils.py:140-148)",
+                  hint="leave --mamba-ssm-cache-dtype unset (float32)", rule="mamba-ssm-cache-dtype",
+                  source="model_executor/layers/mamba/mamba_utils.py:133-149")
+
+
+def refuse_state_overflow(layers: StateLayers, dtypes: StateDtypes, page_bytes: int) -> None:
+    """KDA with --mamba-ssm-cache-dtype bfloat16: the class sizes the block for a bfloat16 state
+    (kimi_k3/nvidia/model.py:1639-1653) but the layer allocates float32; where that state is larger
+    than the padded page, `MambaSpec.page_size_bytes` fails its assert at start
+    (v1/kv_cache_interface.py:1062-1070)."""
+    if dtypes.layer_ssm_bytes is None:
+        return
+    allocated = layers.shape.bytes(dtypes.conv_bytes, dtypes.layer_ssm_bytes)
+    if allocated > page_bytes:
+        raise WontFit(f"vLLM 0.32 cannot start {layers.family.architecture} with --mamba-ssm-cache-dtype bfloat16: "
+                      f"its KDA layers keep a float32 recurrent state whatever the flag ({allocated:,} B, "
+                      "kimi_gdn_linear_attn.py:157-164) while the attention page was sized for a bfloat16 one "
+                      f"({page_bytes:,} B), so the state overflows its padded page ('assert self.page_size_padded >= "
+                      "page_size', v1/kv_cache_interface.py:1062-1070)",
+                      hint="leave --mamba-ssm-cache-dtype unset (float32)", rule="mamba-ssm-cache-dtype",
+                      source="v1/kv_cache_interface.py:1062-1070")
 
 
 def mamba_cache_mode(pinned: Mapping[str, Any], *, attention_free: bool) -> str:
@@ -301,11 +356,14 @@ def blocks_per_request(layers: StateLayers, mode: str) -> int:
 
 
 def aligned_block_size(*, block: int, attention_bytes_per_token: int, state_bytes: int,
-                       kernel_block: int) -> int:
-    """`_align_hybrid_block_size`: the smallest aligned block whose attention page holds one state."""
+                       kernel_block: int, mla: bool = False) -> int:
+    """`_align_hybrid_block_size`: the smallest aligned block whose attention page holds one state.
+
+    With MLA the block is also a multiple of 128 (the TRT-LLM / FlashInfer MLA decode kernels,
+    platforms/interface.py:1077-1082)."""
     if attention_bytes_per_token <= 0 or state_bytes <= 0:
         return block
-    align = max(kernel_block, block)
+    align = max(kernel_block, block, _MLA_BLOCK_ALIGNMENT if mla else 0)
     needed = align * cdiv(state_bytes, align * attention_bytes_per_token)
     needed = kernel_block * cdiv(needed, kernel_block)
     return max(block, needed)
@@ -329,4 +387,5 @@ def cpu_failure(geometry: ModelGeometry) -> str | None:
 
 __all__ = ["FULL", "MAMBA", "STATE_FAMILIES", "StateDtypes", "StateFamily", "StateLayers", "StateShape", "UNSIZED",
            "aligned_block_size", "blocks_per_request", "cpu_failure", "family_of", "mamba_cache_mode",
+           "refuse_pinned_state_dtype", "refuse_state_overflow",
            "state_dtypes", "state_layer_count", "state_layers"]

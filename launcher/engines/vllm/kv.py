@@ -425,14 +425,18 @@ def hybrid_layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, mod
     else:
         # The platform sizes the attention page from the model-level heads (`get_num_kv_heads`,
         # `get_head_size`); the layers' own pages are unified afterwards (Zamba2's differ).
-        per_token = 2 * kv_heads_per_rank(geometry.num_kv_heads, tp) * geometry.head_dim * kv_bytes
+        # MLA (Kimi-Linear): `MLAAttentionSpec`, one latent of kv_lora_rank + qk_rope_head_dim per token.
+        mla = uses_mla(geometry) and geometry.mla is not None
+        per_token = geometry.mla.latent_dim * kv_bytes if mla and geometry.mla else \
+            2 * kv_heads_per_rank(geometry.num_kv_heads, tp) * geometry.head_dim * kv_bytes
         raised = hybrid.aligned_block_size(block=block, attention_bytes_per_token=per_token, state_bytes=state_bytes,
-                                           kernel_block=_KERNEL_BLOCK.get(device, 16))
+                                           kernel_block=_KERNEL_BLOCK.get(device, 16), mla=mla)
         if raised != block:
             reason = (f"raised from {block} so that one attention page ({per_token} B/token) holds a state of "
                       f"{state_bytes:,} B (platforms/interface.py:1094-1100)")
             notes.append(f"vLLM sets the attention block size to {raised} tokens for the state pages")
         block, page = raised, raised * per_token
+        hybrid.refuse_state_overflow(layers, dtypes, page)
     state = StateCache(layers=layers.count, page_bytes=page, blocks_per_request=per_request)
     layout = kv_layout(geometry, block_size=block, kv_dtype_bytes=kv_bytes, tp=tp, state=state,
                        hybrid_manager=not pinned.get("--disable-hybrid-kv-cache-manager", False))

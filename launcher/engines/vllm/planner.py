@@ -114,6 +114,7 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     if request.device == "cpu":
         _refuse_cpu_combinations(request, geometry, block, kv_bytes, rules, pinned.get("--block-size"))
     refuse_unsized_state(geometry, pp, rules.version)
+    hybrid.refuse_pinned_state_dtype(geometry, pinned)
     model_bytes = vk.kv_dtype_bytes(None, dtype)[0]
     state = vk.hybrid_layout_for(geometry, block=block, kv_bytes=kv_bytes, model_dtype_bytes=model_bytes, tp=tp,
                                  device=request.device, pinned=pinned)

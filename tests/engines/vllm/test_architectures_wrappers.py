@@ -31,6 +31,9 @@ def _geometry(name: str):  # type: ignore[no-untyped-def]
     ("qwen2.5-vl-7b", "Qwen2ForCausalLM"),
     ("qwen3-vl-8b-instruct", "Qwen3ForCausalLM"),
     ("llama-4-scout-17b-16e-instruct", "Llama4ForCausalLM"),
+    ("gemma-3-12b-it", "Gemma3ForCausalLM"),  # config-level sliding_window: runs gemma3_swp-*
+    ("qwen3.5-27b", "Qwen3_5ForCausalLM"),  # golden file (Qwen3.5 needs torchvision on CPU)
+    ("qwen3.5-35b-a3b", "Qwen3_5MoeForCausalLM"),
 ])
 def test_a_wrapper_is_verified_through_its_text_backbone(name: str, backbone: str) -> None:
     geometry = _geometry(name)
@@ -43,9 +46,12 @@ def test_a_wrapper_is_verified_through_its_text_backbone(name: str, backbone: st
 
 
 def test_a_wrapper_keeps_its_backbones_unproven_switches() -> None:
-    """Gemma 3 wrappers: Gemma3ForCausalLM's runs did not use a config-level sliding_window."""
-    verified, note = architecture_status(_geometry("gemma-3-12b-it"))
-    assert not verified and "wraps Gemma3ForCausalLM" in note and "sliding_window" in note
+    """Qwen2.5-VL with use_sliding_window: Qwen2ForCausalLM's runs did not use the switch."""
+    raw = json.loads((CONFIGS / "qwen2.5-vl-7b.json").read_text())
+    text = raw.get("text_config", raw)
+    text.update(use_sliding_window=True, sliding_window=4096, max_window_layers=14)
+    verified, note = architecture_status(geometry_from_config(raw))
+    assert not verified and "wraps Qwen2ForCausalLM" in note and "use_sliding_window" in note
 
 
 def test_an_unknown_wrapper_stays_unverified() -> None:

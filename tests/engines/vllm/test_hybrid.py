@@ -40,6 +40,8 @@ FAMILY_CASES = [(family.architecture, cid) for family in hybrid.STATE_FAMILIES.v
 
 
 def _config(name: str) -> dict[str, Any]:
+    if name in GOLDEN["tiny_configs"]:  # families the CPU engine cannot build (Kimi-Linear, Qwen3.5-MoE)
+        return GOLDEN["tiny_configs"][name]
     if name.startswith("tiny/"):
         return next(c["config"] for c in TRUTH["cases"] if c["kind"] == name.removeprefix("tiny/"))
     return CONFIGS[name]
@@ -107,10 +109,14 @@ def test_state_equals_the_engines_classmethods(record: dict[str, Any]) -> None:
         return
     assert layers is not None
     flag = record["mamba_ssm_cache_dtype_flag"]
-    dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cuda",
-                                 pinned={} if flag == "auto" else {"--mamba-ssm-cache-dtype": flag})
+    pinned = {} if flag == "auto" else {"--mamba-ssm-cache-dtype": flag}
     shapes = [list(layers.shape.conv)] + ([list(layers.shape.ssm)] if layers.shape.ssm else [])
     assert shapes == record["shapes"]
+    if record.get("refused"):  # the engine's classmethod raises: the plan refuses before launch
+        with pytest.raises(WontFit, match="supports only auto, float32, and bfloat16"):
+            hybrid.refuse_pinned_state_dtype(geometry, pinned)
+        return
+    dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cuda", pinned=pinned)
     assert layers.shape.bytes(dtypes.conv_bytes, dtypes.ssm_bytes) == record["page_size_bytes"]
     if listed is not None and not parallel:
         assert layers.count == sum(1 for t in listed if t in ("linear_attention", "mamba", "conv"))
@@ -155,12 +161,75 @@ def test_qwen3_next_on_h100_tp4_raises_the_block_to_hold_one_state() -> None:
     assert any("272 tokens" in note for note in plan.notes)
 
 
-def test_hybrids_the_table_does_not_size_are_refused_with_the_right_count() -> None:
-    kimi = geometry_from_config(CONFIGS["configs/kimi-linear-48b-a3b-instruct.json"])
-    assert kimi.layer_kinds.count(LINEAR) == 20
-    with pytest.raises(UnsupportedModel, match="20 of 27 layers"):
-        make_plan(PlanRequest(model=_model(CONFIGS["configs/kimi-linear-48b-a3b-instruct.json"]), engine="vllm",
-                              gpus=hypothetical_gpus(["8x h200"]), engine_args=("--tensor-parallel-size", "8")))
+KIMI_GOLDEN = [r for r in GOLDEN["records"] if r["architecture"] == "KimiLinearForCausalLM"]
+
+
+@pytest.mark.parametrize("record", [r for r in KIMI_GOLDEN if not r.get("refused")], ids=_golden_id)
+def test_kimi_linear_mla_page_and_kda_layer_dtypes_equal_the_engines_code(record: dict[str, Any]) -> None:
+    """The MLA page the block is unified against (one latent of kv_lora_rank + qk_rope_head_dim per
+    token, MLAAttentionSpec) and the dtypes the KDA layer allocates (float32 recurrent state)."""
+    geometry = geometry_from_config(_config(record["name"]))
+    assert record["use_mla"] and geometry.mla is not None
+    assert geometry.mla.latent_dim == record["mla_head_size"]
+    assert geometry.mla.latent_dim * 2 == record["attention_page_bytes_per_token"]
+    assert record["layer_dtypes"] == ["bfloat16", "float32"]
+    layers = hybrid.state_layers(geometry, tp=record["tp"])
+    assert layers is not None and layers.shape.bytes(2, 4) == record["layer_page_size_bytes"]
+
+
+@pytest.mark.parametrize("record", [r for r in KIMI_GOLDEN if r["mamba_ssm_cache_dtype_flag"] == "bfloat16"],
+                         ids=_golden_id)
+def test_kimi_linear_bfloat16_state_is_refused_where_it_overflows_the_padded_page(record: dict[str, Any]) -> None:
+    """bfloat16: the class sizes the block for a bfloat16 state, the layer allocates float32
+    (layer_page_size_bytes); where that exceeds the padded attention page, MambaSpec.page_size_bytes
+    asserts at start: refused. The tiny model's float32 state fits its 128-token page; the real one's does not."""
+    geometry = geometry_from_config(_config(record["name"]))
+    layers = hybrid.state_layers(geometry, tp=record["tp"])
+    assert layers is not None
+    dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cuda",
+                                 pinned={"--mamba-ssm-cache-dtype": "bfloat16"})
+    assert layers.shape.bytes(dtypes.conv_bytes, dtypes.ssm_bytes) == record["page_size_bytes"]
+    assert layers.shape.bytes(dtypes.conv_bytes, dtypes.layer_ssm_bytes or 0) == record["layer_page_size_bytes"]
+    block = hybrid.aligned_block_size(block=16, attention_bytes_per_token=record["attention_page_bytes_per_token"],
+                                      state_bytes=record["page_size_bytes"], kernel_block=16, mla=True)
+    page = block * record["attention_page_bytes_per_token"]
+    if record["layer_page_size_bytes"] > page:
+        assert record["name"].startswith("configs/")
+        with pytest.raises(WontFit, match="overflows its padded page"):
+            hybrid.refuse_state_overflow(layers, dtypes, page)
+    else:
+        assert record["name"] == "tiny/kimi_linear"
+        hybrid.refuse_state_overflow(layers, dtypes, page)
+
+
+def test_kimi_linear_on_h200_tp8_raises_the_block_to_a_multiple_of_128() -> None:
+    """TP 8: KDA state conv (3, 12288/8) bf16 = 9,216 B + recurrent (4, 128, 128) fp32 = 262,144 B
+    -> 271,360 B; MLA page 576 x 2 = 1,152 B/token; block = 128 x cdiv(271360, 128 x 1152) = 256."""
+    config = CONFIGS["configs/kimi-linear-48b-a3b-instruct.json"]
+    geometry = geometry_from_config(config)
+    assert geometry.layer_kinds.count(LINEAR) == 20 and hybrid.state_layer_count(geometry) == 20
+    plan = make_plan(PlanRequest(model=_model(config), engine="vllm", gpus=hypothetical_gpus(["8x h200"]),
+                                 engine_args=("--tensor-parallel-size", "8", "--max-model-len", "32768")))
+    assert plan.block_size == 256 and plan.architecture_verified
+    assert any("20 state layers (kda) of 271,360 B" in note for note in plan.notes)
+    with pytest.raises(WontFit, match="float16"):
+        make_plan(PlanRequest(model=_model(config), engine="vllm", gpus=hypothetical_gpus(["8x h200"]),
+                              engine_args=("--tensor-parallel-size", "8", "--mamba-ssm-cache-dtype", "float16")))
+
+
+@pytest.mark.parametrize("case_id", ["kimi_linear-base", "kimi_linear-noprefix"])
+def test_kimi_linear_is_refused_on_cpu_where_the_engine_cannot_build_it(case_id: str) -> None:
+    case = BY_ID[case_id]
+    assert case["tokens"] is None and not case["ok"]  # the engine stopped before its KV line
+    with pytest.raises(WontFit, match="cannot build Kimi-Linear"):
+        _plan_cpu(case)
+
+
+@pytest.mark.parametrize("wrapper", ["configs/qwen3.5-27b.json", "configs/qwen3.5-35b-a3b.json"])
+def test_qwen3_5_vl_wrappers_read_through_to_their_golden_text_class(wrapper: str) -> None:
+    geometry = geometry_from_config(CONFIGS[wrapper])
+    ok, note = architecture_status(geometry)
+    assert ok and "vLLM builds its language model as Qwen3_5" in note and "golden file" in note
 
 
 def test_removed_linear_attention_models_are_refused_with_the_engines_reason() -> None:
