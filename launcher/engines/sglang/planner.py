@@ -77,7 +77,7 @@ def plan(request: PlanRequest) -> Plan:
                         f"--mem-fraction-static {fraction.value:g}", fraction.detail),
         engine_figures={"mem_fraction_static": fraction.value},
         block_size=setup.page, gpu_name=setup.gpu.name, gpu_count=len(setup.devices),
-        notes=tuple(_notes(setup)),
+        notes=(*_notes(setup), *_band_note(sizing, budget, verified)),
         engine_version_assumed=request.engine_version_assumed,
         architecture_verified=verified,
         warnings=(*not_modelled_warnings(pinned, sr.NOT_MODELLED), *(() if verified else (architecture_note,))),
@@ -116,6 +116,7 @@ class _SglangSetup:
     gpu: GpuDevice  # the tightest rank
     gpu_mem_mib: float  # what SGLang's tier heuristic reads
     derivation: sb.FractionDerivation  # SGLang's default fraction
+    dtype: str
     dtype_reason: str
     derived_len: int
     derived_reason: str
@@ -164,7 +165,7 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=tp, pp=pp, pinned=pinned)
     page, page_reason = _page_size(geometry, gpu, pinned)
     return _SglangSetup(rules, rules_note, pinned, geometry, layout, tp, pp, devices, gpu, gpu_mem_mib, derivation,
-                        dtype_reason, derived_len, derived_reason, kv_reason, cell, page, page_reason)
+                        dtype, dtype_reason, derived_len, derived_reason, kv_reason, cell, page, page_reason)
 
 
 def _refuse_what_sglang_refuses(refusals: tuple[EngineRule, ...]) -> None:
@@ -258,14 +259,13 @@ class _Sizing:
     fraction: float
     pre_load: int  # P
     weights: int
-    load_overhead: int
+    load: sb.LoadOverhead  # derived, estimated or measured at an earlier start
     after_load: int  # A (less SGLang's multimodal reserve)
     state_slot: int | None
     state_ratio: float
     # The favourable end of the error band: our CUDA-context and loader estimates too high, and on a
     # catalog card (free = its CUDA total) the spread of the totals published for it.
     context_error: int
-    overhead_error: int
 
     def pool_at(self, pre_load: int, after_load: int) -> layouts.PoolSizing:
         pinned = self.setup.pinned
@@ -280,7 +280,7 @@ class _Sizing:
 
     def favourable(self) -> layouts.PoolSizing:
         return self.pool_at(self.pre_load + self.context_error,
-                            self.after_load + self.context_error + self.overhead_error)
+                            self.after_load + self.context_error + self.load.error_bytes)
 
     def minimum_fraction(self) -> float:
         """The least fraction that leaves any pool at the central estimate."""
@@ -297,7 +297,7 @@ class _Sizing:
         return SglangBudget(
             total=gpu.total_bytes, others=max(gpu.usable_total_bytes - (gpu.free_bytes or 0), 0),
             context=self.setup.context, pre_load=self.pre_load, weights=self.weights,
-            load_overhead=self.load_overhead, slack=int(self.pre_load * (1 - self.fraction)),
+            load_overhead=self.load.bytes, slack=int(self.pre_load * (1 - self.fraction)),
             request_table=self.request_table(tokens, length), tokens=tokens, kv=int(tokens * cell),
             kv_low=max(int(max(central_tokens, 0) * cell) - int(max(favourable_tokens - tokens, 0) * cell), 0),
             kv_high=int(max(favourable_tokens, tokens) * cell))
@@ -306,20 +306,19 @@ class _Sizing:
 def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> _Sizing:
     """P, the weights, the loader's leftovers and A, with the errors of the estimated terms."""
     cal, gpu = request.calibration, setup.gpu
-    calibrated = cal is not None and cal.load_overhead_bytes is not None
-    load_overhead = cal.load_overhead_bytes if cal and cal.load_overhead_bytes is not None else \
-        sb.LOAD_OVERHEAD_BYTES
+    load = sb.load_overhead(setup.geometry, dtype=setup.dtype, tp=setup.tp, pp=setup.pp)
+    if cal is not None and cal.load_overhead_bytes is not None:
+        load = sb.LoadOverhead(cal.load_overhead_bytes, 0, f"measured at an earlier start ({cal.key})")
     pre_load = _pre_load(setup)
     weights = request.model.weight_bytes // (setup.tp * setup.pp)
-    after_load = pre_load - weights - load_overhead
+    after_load = pre_load - weights - load.bytes
     if setup.geometry.is_multimodal and not setup.pinned.get("--language-only", False):
         after_load -= sb.MULTIMODAL_RESERVE_BYTES
     return _Sizing(
-        setup=setup, fraction=fraction, pre_load=pre_load, weights=weights, load_overhead=load_overhead,
+        setup=setup, fraction=fraction, pre_load=pre_load, weights=weights, load=load,
         after_load=after_load, state_slot=_state_slot(setup),
         state_ratio=float(setup.pinned.get("--mamba-full-memory-ratio", layouts.DEFAULT_MAMBA_FULL_MEMORY_RATIO)),
-        context_error=sb.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0),
-        overhead_error=0 if calibrated else sb.LOAD_OVERHEAD_ERROR_BYTES)
+        context_error=sb.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0))
 
 
 # --------------------------------------------------------------------------- tokens and length
@@ -406,14 +405,17 @@ def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central:
         BudgetItem("total", "GPU total (NVML)", budget.total, gpu_source,
                    f"tier heuristic uses {setup.gpu_mem_mib:.0f} MiB"),
         BudgetItem("other", "held by others", budget.others, gpu_source, tenants_detail(gpu), bar="other"),
-        BudgetItem("context", "CUDA context (+NCCL)", budget.context, FORMULA, "before SGLang's pre-load baseline",
-                   bar="other"),
-        BudgetItem("pre_load", "free at baseline (P)", budget.pre_load, FORMULA, "min over ranks of free - context"),
+        BudgetItem("context", "CUDA context (+NCCL)", budget.context, FORMULA,
+                   "before SGLang's pre-load baseline: the driver's and PyTorch's, from published logs",
+                   bar="other", error_bytes=sb.CONTEXT_ERROR_BYTES),
+        BudgetItem("pre_load", "free at baseline (P)", budget.pre_load, FORMULA, "min over ranks of free - context",
+                   error_bytes=sizing.context_error),
         BudgetItem("weights", "weights (per rank)", budget.weights, weights_source(model), model.weight_bytes_source,
                    bar="weights"),
         BudgetItem("load_overhead", "loader leftovers", budget.load_overhead,
-                   CALIBRATED if request.calibration else FORMULA,
-                   "allocated between baseline and pool sizing besides weights", bar="other"),
+                   FORMULA if sizing.load.error_bytes else CALIBRATED,
+                   f"allocated between baseline and pool sizing besides weights; {sizing.load.detail}", bar="other",
+                   error_bytes=sizing.load.error_bytes),
         BudgetItem("slack", f"slack P x (1 - {fraction.value:g})", budget.slack, fraction.source,
                    f"{fraction.detail}; activations, CUDA graphs and the {format_gib(budget.request_table)} "
                    "request table live here", bar="activations"),
@@ -443,6 +445,26 @@ def _args(pinned: Mapping[str, Any], fraction: float, length: int) -> list[str]:
     if pinned.get("--context-length") is None:
         args += ["--context-length", str(length)]
     return args
+
+
+# The band a verified architecture's plan should carry (issue 20); beyond it the note names the terms.
+BAND_TARGET = 0.05
+
+
+def _band_note(sizing: _Sizing, budget: SglangBudget, verified: bool) -> tuple[str, ...]:
+    """Which estimated terms make a verified architecture's KV band wider than +/- 5 %: the pool's
+    arithmetic is SGLang's own; what is not known exactly is measured before it starts."""
+    band = max(budget.kv - budget.kv_low, budget.kv_high - budget.kv)
+    if not verified or budget.kv <= 0 or band <= BAND_TARGET * budget.kv:
+        return ()
+    gpu, fraction = sizing.setup.gpu, sizing.fraction
+    spread = gpu.usable_total_error_bytes if gpu.source == "catalog" else 0
+    terms = sorted(((sb.CONTEXT_ERROR_BYTES * fraction, "the CUDA context before SGLang's baseline"),
+                    (spread * fraction, "the card's CUDA total (spread of published totals)"),
+                    (sizing.load.error_bytes, "the loader's leftovers")), reverse=True)
+    named = ", ".join(f"{what} +/- {size / MiB:.0f} MiB" for size, what in terms if size)
+    return (f"KV band +/- {band / budget.kv:.1%} of a {format_gib(budget.kv)} pool (over +/- {BAND_TARGET:.0%}): "
+            f"the terms at risk are {named}; the pool arithmetic is SGLang's own",)
 
 
 def _notes(setup: _SglangSetup) -> list[str]:
