@@ -57,11 +57,12 @@ def plan(request: PlanRequest) -> Plan:
     setup = _sglang_setup(request)
     fraction = _fraction(request, setup)
     sizing = _pool_sizing(request, setup, fraction.value)
-    central, favourable = sizing.central(), sizing.favourable()
+    central = sizing.central()
     request_cap = _state_request_cap(central, setup, concurrency=request.concurrency)
-    tokens, doubt = _planned_tokens(sizing, central.tokens, favourable.tokens)
-    length, length_reason, doubt = _context_length(request, setup, tokens, favourable.tokens, doubt)
-    budget = sizing.budget(tokens, central.tokens, favourable.tokens, length)
+    pool, doubt = _planned_tokens(sizing, central.tokens)
+    length, length_reason, doubt = _context_length(request, setup, pool, doubt)
+    budget = sizing.budget(pool, length)
+    tokens = pool.planned
     verified, architecture_note = layouts.architecture_status(setup.geometry)
     unverified_error = 0 if verified else int(budget.kv * layouts.UNVERIFIED_KV_ERROR_FRACTION)
     pinned, derivation = setup.pinned, setup.derivation
@@ -282,6 +283,11 @@ class _Sizing:
         return self.pool_at(self.pre_load + self.context_error,
                             self.after_load + self.context_error + self.load.error_bytes)
 
+    def unfavourable(self) -> layouts.PoolSizing:
+        """Our CUDA-context and loader estimates too low (and a catalog card's total at its lowest)."""
+        return self.pool_at(self.pre_load - self.context_error,
+                            self.after_load - self.context_error - self.load.error_bytes)
+
     def minimum_fraction(self) -> float:
         """The least fraction that leaves any pool at the central estimate."""
         return 1 - self.after_load / self.pre_load if self.pre_load > 0 else 1.0
@@ -291,16 +297,15 @@ class _Sizing:
         mrr = sb.max_running_requests(max(tokens, 2), length, self.setup.pinned.get("--max-running-requests"))
         return (mrr + 1) * (length + 4) * 4
 
-    def budget(self, tokens: int, central_tokens: int, favourable_tokens: int, length: int) -> SglangBudget:
-        """The rows at the planned `tokens` and `length`; the band from the central and favourable pools."""
-        gpu, cell = self.setup.gpu, self.setup.cell
+    def budget(self, pool: _PoolTokens, length: int) -> SglangBudget:
+        """The rows at the planned tokens and `length`; the band from the pool at either end."""
+        gpu, cell, tokens = self.setup.gpu, self.setup.cell, pool.planned
         return SglangBudget(
             total=gpu.total_bytes, others=max(gpu.usable_total_bytes - (gpu.free_bytes or 0), 0),
             context=self.setup.context, pre_load=self.pre_load, weights=self.weights,
             load_overhead=self.load.bytes, slack=int(self.pre_load * (1 - self.fraction)),
             request_table=self.request_table(tokens, length), tokens=tokens, kv=int(tokens * cell),
-            kv_low=max(int(max(central_tokens, 0) * cell) - int(max(favourable_tokens - tokens, 0) * cell), 0),
-            kv_high=int(max(favourable_tokens, tokens) * cell))
+            kv_low=int(max(pool.low, 0) * cell), kv_high=int(max(pool.high, tokens) * cell))
 
 
 def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> _Sizing:
@@ -324,10 +329,21 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
 # --------------------------------------------------------------------------- tokens and length
 
 
-def _planned_tokens(sizing: _Sizing, tokens: int, tokens_high: int) -> tuple[int, str | None]:
+@dataclass(frozen=True)
+class _PoolTokens:
+    """The pool's tokens at the band's unfavourable end, as planned (the central estimate, or the
+    favourable end where only it has a pool), and at the favourable end."""
+
+    low: int
+    planned: int
+    high: int
+
+
+def _planned_tokens(sizing: _Sizing, tokens: int) -> tuple[_PoolTokens, str | None]:
     """The pool the length is planned on, and the doubt when only the favourable end has one."""
+    tokens_high = sizing.favourable().tokens
     if tokens > 0:
-        return tokens, None
+        return _PoolTokens(sizing.unfavourable().tokens, tokens, tokens_high), None
     fraction, minimum = sizing.fraction, sizing.minimum_fraction()
     if tokens_high <= 0:
         hint = ("raise --mem-fraction-static, quantize, or use tensor parallel" if minimum < 0.99 else
@@ -336,32 +352,50 @@ def _planned_tokens(sizing: _Sizing, tokens: int, tokens_high: int) -> tuple[int
         raise WontFit(f"SGLang will fail: the weights leave no KV pool under --mem-fraction-static "
                       f"{fraction:g} (minimum viable {minimum:.4f})", hint=hint)
     # Plan the length on what may be there; the band keeps the central 0.
-    return tokens_high, (f"the weights leave a KV pool under --mem-fraction-static {fraction:g} only at the "
-                         f"favourable end of the estimate (minimum viable {minimum:.4f} at the central estimate)")
+    return _PoolTokens(0, tokens_high, tokens_high), (
+        f"the weights leave a KV pool under --mem-fraction-static {fraction:g} only at the favourable end of "
+        f"the estimate (minimum viable {minimum:.4f} at the central estimate)")
 
 
-def _context_length(request: PlanRequest, setup: _SglangSetup, tokens: int, tokens_high: int,
+def _context_length(request: PlanRequest, setup: _SglangSetup, pool: _PoolTokens,
                     doubt: str | None) -> tuple[int, str, str | None]:
     """(length, why, doubt): a pinned --context-length checked against the pool, or the longest that
-    carries `concurrency` requests, up to the derived length."""
+    carries `concurrency` requests at the band's unfavourable end, up to the derived length (issue
+    20: a length that holds only at the central estimate says so)."""
     length = setup.pinned.get("--context-length")
-    concurrency = request.concurrency
+    concurrency, tokens = request.concurrency, pool.planned
     if length is not None:
-        # Above the derived length is start_checks' to decide (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN).
-        if tokens < concurrency * length <= tokens_high:
-            doubt = (f"the pool holds ~{tokens} tokens at the central estimate ({tokens_high} at best): "
-                     f"{concurrency} request(s) of {length} may not fit")
-        elif tokens < concurrency * length:
-            raise WontFit(f"the pool holds {tokens} tokens: {concurrency} request(s) of {length} do not fit; "
-                          "SGLang would cap requests at the pool size silently")
-        return length, "pinned --context-length", doubt
+        return length, "pinned --context-length", _pinned_length_doubt(pool, length, concurrency, doubt)
+    safe = min(setup.derived_len, pool.low // concurrency // setup.page * setup.page)
+    if safe > 0:
+        return safe, (f"model maximum ({setup.derived_reason})" if safe == setup.derived_len else
+                      f"longest that fits {concurrency} request(s) at the band's low end ({pool.low} tokens; "
+                      f"{tokens} at the central estimate; SGLang caps requests at the pool silently)"), doubt
     length = min(setup.derived_len, tokens // concurrency // setup.page * setup.page)
     if length <= 0:
         raise WontFit(f"the pool holds only {tokens} tokens: not one per request for {concurrency}")
-    reason = (f"model maximum ({setup.derived_reason})" if length == setup.derived_len
-              else f"longest that fits {concurrency} request(s) in the pool (SGLang would cap "
-                   f"silently at {tokens} tokens)")
-    return length, reason, doubt
+    doubt = doubt or (f"{concurrency} request(s) of {length} tokens fit the pool only at the central estimate "
+                      f"({pool.low} tokens at the band's low end): the context length is at risk")
+    return length, (f"model maximum ({setup.derived_reason})" if length == setup.derived_len
+                    else f"longest that fits {concurrency} request(s) in the pool (SGLang would cap "
+                         f"silently at {tokens} tokens)"), doubt
+
+
+def _pinned_length_doubt(pool: _PoolTokens, length: int, concurrency: int, doubt: str | None) -> str | None:
+    """A pinned --context-length against the pool: refused beyond the favourable end, doubted where it
+    holds only at the central estimate or above the low end. Above the derived length is start_checks'
+    to decide (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)."""
+    needed, tokens = concurrency * length, pool.planned
+    if tokens < needed <= pool.high:
+        return (f"the pool holds ~{tokens} tokens at the central estimate ({pool.high} at best): "
+                f"{concurrency} request(s) of {length} may not fit")
+    if tokens < needed:
+        raise WontFit(f"the pool holds {tokens} tokens: {concurrency} request(s) of {length} do not fit; "
+                      "SGLang would cap requests at the pool size silently")
+    if pool.low < needed and doubt is None:
+        return (f"the pool holds {tokens} tokens at the central estimate but {pool.low} at the band's low "
+                f"end: {concurrency} request(s) of {length} may not fit (the context length is at risk)")
+    return doubt
 
 
 # --------------------------------------------------------------------------- state pool

@@ -119,3 +119,27 @@ class TestBand:
         assert measured.item("load_overhead").error_bytes == 0
         assert measured.item("load_overhead").source == "calibrated"
         assert measured.kv_cache_bytes_high - measured.kv_cache_bytes < plain.kv_cache_bytes_high - plain.kv_cache_bytes
+
+
+class TestSafeSide:
+    """Issue 20: the context length comes from the band's unfavourable end, or the plan says it is at risk."""
+
+    def _request(self, *engine_args: str) -> PlanRequest:
+        return PlanRequest(model=resolve_model("qwen3-8b"), engine="sglang", gpus=hypothetical_gpus(["rtx4090"]),
+                           engine_args=engine_args)
+
+    def test_pool_limited_length_from_the_low_end(self) -> None:
+        """Qwen3-8B on an RTX 4090: 6978 tokens at the central estimate, 5930 at the low end: 5930."""
+        plan = make_plan(self._request())
+        assert (plan.kv_cache_tokens, plan.max_model_len) == (6978, 5930)
+        assert plan.kv_cache_bytes_low == 5930 * 147456
+        assert plan.may_not_fit is None
+        assert "at the band's low end (5930 tokens; 6978 at the central estimate" in plan.max_model_len_source
+
+    def test_pinned_length_above_the_low_end_is_at_risk(self) -> None:
+        plan = make_plan(self._request("--context-length", "6500"))
+        assert plan.max_model_len == 6500
+        assert plan.may_not_fit is not None and "5930 at the band's low end" in plan.may_not_fit
+
+    def test_pinned_length_within_the_low_end_fits(self) -> None:
+        assert make_plan(self._request("--context-length", "5930")).may_not_fit is None
