@@ -20,8 +20,6 @@ from launcher.engines.sglang.architectures import (
 from launcher.engines.sglang.budget import (
     CONTEXT_ERROR_BYTES,
     CUDA_CONTEXT_BYTES,
-    LOAD_OVERHEAD_BYTES,
-    LOAD_OVERHEAD_ERROR_BYTES,
     MULTIMODAL_RESERVE_BYTES,
     NCCL_BYTES,
     FractionDerivation,
@@ -59,7 +57,7 @@ from launcher.engines.sglang.rules import (
 __all__ = [
     "ALLOW_LONG_ENV", "AS_WRITTEN", "CALIBRATION_KEY_FLAGS", "CONTEXT_ERROR_BYTES", "CUDA_CONTEXT_BYTES",
     "ENV_KEYS", "FLAGS", "KV_CACHE_DTYPES",
-    "LOAD_OVERHEAD_BYTES", "LOAD_OVERHEAD_ERROR_BYTES", "MEMORY_FLAGS", "MULTIMODAL_RESERVE_BYTES", "NCCL_BYTES",
+    "MEMORY_FLAGS", "MULTIMODAL_RESERVE_BYTES", "NCCL_BYTES",
     "NEWEST", "NOT_MODELLED", "OTHER_FLAGS", "RULES", "TP_FLAG", "UNVERIFIED_KV_ERROR_FRACTION",
     "FractionDerivation", "SglangRules", "architecture_status", "cell_size_bytes",
     "default_fraction", "default_page_size", "derived_context_length", "is_hybrid_swa", "kv_dtype_bytes",

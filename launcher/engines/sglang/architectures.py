@@ -16,14 +16,14 @@ tests/engines/sglang/test_architectures.py replays them. Paths are inside the sg
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.common.errors import UnsupportedModel
 from launcher.engines.layers import LayerPattern
 from launcher.engines.layers import cached_layers as _bind
-from launcher.model.config import ModelGeometry, kv_heads_per_rank, refuse_unsupported
+from launcher.model.config import MlaDims, ModelGeometry, kv_heads_per_rank, refuse_unsupported
 
 ENGINE_VERSION = "0.5.23"
 GOLDEN = "tests/data/sglang_layouts.json"
@@ -109,35 +109,46 @@ class SglangLayout:
 def layout(geometry: ModelGeometry) -> SglangLayout:
     """SGLang's layout for this config; `UnsupportedModel` with SGLang's words where its config class refuses."""
     geometry = cached_layers(geometry)
-    text = geometry.text_config
-    arch = geometry.architecture
-    n = geometry.num_layers
     state = _state_layout(geometry)
-    if state is not None:
-        full = _state_full_layers(geometry)
-    else:
+    if state is None:
         refuse_unsupported(geometry)  # a state model of a family whose SGLang state is not modelled
-        full = tuple(range(n))
-    swa: tuple[int, ...] = ()
+    full, swa = _pool_layers(geometry, state)
+    if geometry.architecture in MLA_ARCHITECTURES and geometry.mla is not None:
+        return _mla_layout(geometry, geometry.mla, full, swa, state)
+    return _mha_layout(geometry, full, swa, state)
+
+
+def _pool_layers(geometry: ModelGeometry, state: StateLayout | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(full-pool layers, sliding-window-pool layers) as `get_hybrid_layer_ids` splits them."""
+    arch, n = geometry.architecture, geometry.num_layers
     if arch in SWA_EVERY_FOURTH_FULL:
-        full = tuple(i for i in range(n) if (i + 1) % 4 == 0)
-        swa = tuple(i for i in range(n) if (i + 1) % 4 != 0)
-    elif arch in SWA_BY_LAYER_TYPES:
-        types = _layer_types(text, n)
-        full = tuple(i for i, t in enumerate(types) if t == "full_attention")
-        swa = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-    if arch in MLA_ARCHITECTURES and geometry.mla is not None:
-        index_dim = text.get("index_head_dim") if is_dsa(geometry) else None
-        kpool = text.get("index_kpool", 1)
-        return SglangLayout(attention="MLA", num_kv_heads=1, head_dim=geometry.head_dim,
-                            v_head_dim=geometry.mla.v_head_dim, num_layers=n, full_layers=full, swa_layers=swa,
-                            mla_rank=geometry.mla.kv_lora_rank, mla_rope=geometry.mla.qk_rope_head_dim,
-                            dsa_index_head_dim=index_dim if isinstance(index_dim, int) else None,
-                            dsa_index_kpool=kpool if isinstance(kpool, int) and kpool > 0 else 1, state=state)
-    # A config with kv_lora_rank outside the MLA list caches plain K/V of head_dim (MHA).
+        return tuple(i for i in range(n) if (i + 1) % 4 == 0), tuple(i for i in range(n) if (i + 1) % 4 != 0)
+    if arch in SWA_BY_LAYER_TYPES:
+        types = _layer_types(geometry.text_config, n)
+        return (tuple(i for i, t in enumerate(types) if t == "full_attention"),
+                tuple(i for i, t in enumerate(types) if t == "sliding_attention"))
+    return (_state_full_layers(geometry) if state is not None else tuple(range(n))), ()
+
+
+def _mla_layout(geometry: ModelGeometry, mla: MlaDims, full: tuple[int, ...], swa: tuple[int, ...],
+                state: StateLayout | None) -> SglangLayout:
+    text = geometry.text_config
+    index_dim = text.get("index_head_dim") if is_dsa(geometry) else None
+    kpool = text.get("index_kpool", 1)
+    return SglangLayout(attention="MLA", num_kv_heads=1, head_dim=geometry.head_dim,
+                        v_head_dim=mla.v_head_dim, num_layers=geometry.num_layers, full_layers=full,
+                        swa_layers=swa, mla_rank=mla.kv_lora_rank, mla_rope=mla.qk_rope_head_dim,
+                        dsa_index_head_dim=index_dim if isinstance(index_dim, int) else None,
+                        dsa_index_kpool=kpool if isinstance(kpool, int) and kpool > 0 else 1, state=state)
+
+
+def _mha_layout(geometry: ModelGeometry, full: tuple[int, ...], swa: tuple[int, ...],
+                state: StateLayout | None) -> SglangLayout:
+    """Plain K/V of head_dim per layer (a config with kv_lora_rank outside the MLA list included)."""
+    text, n = geometry.text_config, geometry.num_layers
     head = _int(text, "head_dim") or geometry.head_dim
     v_head = _int(text, "v_head_dim") or head
-    if arch in GEMMA4:
+    if geometry.architecture in GEMMA4:
         full_head, full_kv = _gemma4_full_shape(text, head, geometry.num_kv_heads, full)
         return SglangLayout(attention="MHA", num_kv_heads=full_kv, head_dim=full_head, v_head_dim=full_head,
                             num_layers=n, full_layers=full, swa_layers=swa, state=state,
@@ -280,28 +291,51 @@ def _layer_types(text: Mapping[str, Any], n: int) -> list[str]:
 
 def _state_full_layers(geometry: ModelGeometry) -> tuple[int, ...]:
     """`full_attention_layer_ids` of SGLang's config class for a state-hybrid model."""
-    text, arch, n = geometry.text_config, geometry.architecture, geometry.num_layers
-    if arch in QWEN3_NEXT_FAMILY:  # configs/qwen3_next.py:260-286
-        interval = _int(text, "full_attention_interval", 4) or 4
-        types = _layer_types(text, n)
-        if types:
-            return tuple(i for i, t in enumerate(types) if t == "full_attention")
-        return tuple(i for i in range(n) if (i + 1) % interval == 0)
-    if arch == "NemotronHForCausalLM":  # configs/nemotron_h.py:409-423: '*' is attention
-        pattern = str(text.get("hybrid_override_pattern", ""))
-        return tuple(i for i in range(min(n, len(pattern))) if pattern[i] == "*")
-    if arch == "FalconH1ForCausalLM":  # configs/falcon_h1.py:292-295: attention and mamba on every layer
-        return tuple(range(n))
-    if arch == "GraniteMoeHybridForCausalLM":  # configs/granitemoehybrid.py:279-296
-        return tuple(i for i, t in enumerate(_layer_types(text, n)) if t == "attention")
-    if arch == "Lfm2ForCausalLM":  # configs/lfm2.py:42-45
-        return tuple(i for i, t in enumerate(_layer_types(text, n)) if t == "full_attention")
-    if arch == "KimiLinearForCausalLM":  # configs/kimi_linear.py:158-171: kda_layers are 1-based
-        kda = set(_kimi_kda_layers(text))
-        return tuple(i for i in range(n) if i not in kda)
-    if arch in PURE_SSM:
-        return ()
-    return tuple(range(n))
+    rule = _STATE_FULL_LAYERS.get(geometry.architecture)
+    return rule(geometry.text_config, geometry.num_layers) if rule else tuple(range(geometry.num_layers))
+
+
+def _qwen3_next_full_layers(text: Mapping[str, Any], n: int) -> tuple[int, ...]:
+    """configs/qwen3_next.py:260-286: layer_types, else every full_attention_interval-th layer."""
+    types = _layer_types(text, n)
+    if types:
+        return tuple(i for i, t in enumerate(types) if t == "full_attention")
+    interval = _int(text, "full_attention_interval", 4) or 4
+    return tuple(i for i in range(n) if (i + 1) % interval == 0)
+
+
+def _nemotron_full_layers(text: Mapping[str, Any], n: int) -> tuple[int, ...]:
+    """configs/nemotron_h.py:409-423: '*' in hybrid_override_pattern is attention."""
+    pattern = str(text.get("hybrid_override_pattern", ""))
+    return tuple(i for i in range(min(n, len(pattern))) if pattern[i] == "*")
+
+
+def _typed_full_layers(kind: str) -> Callable[[Mapping[str, Any], int], tuple[int, ...]]:
+    """The layers whose `layer_types` entry is `kind`."""
+    def full_layers(text: Mapping[str, Any], n: int) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(_layer_types(text, n)) if t == kind)
+    return full_layers
+
+
+def _kimi_full_layers(text: Mapping[str, Any], n: int) -> tuple[int, ...]:
+    """configs/kimi_linear.py:158-171: every layer not in kda_layers (1-based)."""
+    kda = set(_kimi_kda_layers(text))
+    return tuple(i for i in range(n) if i not in kda)
+
+
+def _no_full_layers(text: Mapping[str, Any], n: int) -> tuple[int, ...]:
+    return ()
+
+
+_STATE_FULL_LAYERS: Mapping[str, Callable[[Mapping[str, Any], int], tuple[int, ...]]] = {
+    **dict.fromkeys(QWEN3_NEXT_FAMILY, _qwen3_next_full_layers),
+    "NemotronHForCausalLM": _nemotron_full_layers,
+    "FalconH1ForCausalLM": lambda text, n: tuple(range(n)),  # configs/falcon_h1.py:292-295: attention and mamba
+    "GraniteMoeHybridForCausalLM": _typed_full_layers("attention"),  # configs/granitemoehybrid.py:279-296
+    "Lfm2ForCausalLM": _typed_full_layers("full_attention"),  # configs/lfm2.py:42-45
+    "KimiLinearForCausalLM": _kimi_full_layers,
+    **dict.fromkeys(PURE_SSM, _no_full_layers),
+}
 
 
 def _kimi_kda_layers(text: Mapping[str, Any]) -> tuple[int, ...]:

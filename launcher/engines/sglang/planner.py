@@ -4,17 +4,22 @@ SGLang sizes its pool from the free memory it saw before loading (P) and after (
 `pool = A - P x (1 - fraction)`, in cells of `cell_size_bytes` per token, floored to the page
 (`mem_cache/kv_cache_configurator.py`); the default fraction is SGLang's own reserve formula
 (`default_fraction`, checked against SGLang's code in tests/data/sglang_oracle.json).
+
+The plan runs in named steps: the setup (devices, start-time checks, cell and page), the
+fraction, the length-independent `_Sizing` whose methods give each term, the length, then the
+table: one row per figure of the frozen `SglangBudget`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.common.errors import SafeServeError, UsageError, WontFit
 from launcher.common.units import MiB, floor_to, format_gib
-from launcher.engines.checks_common import CheckInput
+from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
 from launcher.engines.sglang import architectures as layouts
@@ -22,6 +27,8 @@ from launcher.engines.sglang import budget as sb
 from launcher.engines.sglang import kv as sk
 from launcher.engines.sglang import rules as sr
 from launcher.engines.sglang.checks import start_checks
+from launcher.model.config import ModelGeometry
+from launcher.model.gpu import GpuDevice
 from launcher.plan.budget import (
     not_modelled_warnings,
     rank_devices,
@@ -45,187 +52,38 @@ from launcher.plan.types import (
 
 
 def plan(request: PlanRequest) -> Plan:
+    """The SGLang plan for `request` on its GPUs, or `WontFit`."""
     request = request_with_cached_layers(request, layouts.LAYER_PATTERNS)
-    if request.device == "cpu":
-        raise UsageError("SGLang on CPU is not planned yet: use --engine vllm --device cpu")
-    model, geometry = request.model, request.model.geometry
-    rules, rules_note = sr.rules_for(request.engine_version)
-    pinned = request.pinned.values
-    # SGLang's own config classes may refuse the config; state families it has no model class for are
-    # refused there too (--trust-engine lets SGLang decide).
-    layout = layouts.layout(geometry)
-    # SGLang runs some wrappers text-only unless --enable-multimodal (configs/model_config.py:690-717).
-    geometry = dataclasses.replace(geometry, is_multimodal=layouts.multimodal(geometry, pinned))
-    tp, pp = sr.ranks(pinned)
-    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=sr.TP_FLAG)
-    gpu = tightest(devices)
-    # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
-    gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB
-    derivation = sb.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules)
-    context = sb.CUDA_CONTEXT_BYTES + (sb.NCCL_BYTES if tp * pp > 1 else 0)
-    pre_load = min(d.free_bytes or 0 for d in devices) - context  # P: min over ranks
-    cal = request.calibration
-    load_overhead = cal.load_overhead_bytes if cal and cal.load_overhead_bytes is not None else sb.LOAD_OVERHEAD_BYTES
-    weights = model.weight_bytes // (tp * pp)
-    after_load = pre_load - weights - load_overhead  # A
-
-    dtype, dtype_reason = resolve_dtype(geometry, compute_capability=gpu.compute_capability, device="cuda",
-                                           pinned=pinned.get("--dtype"))
-    derived_len, derived_reason = sr.derived_context_length(geometry)
-    refusals = start_checks(CheckInput(
-        geometry=geometry, device="cuda", compute_capability=gpu.compute_capability, gpu_count=len(request.gpus),
-        tp=tp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"), block_size=pinned.get("--page-size"),
-        max_model_len=pinned.get("--context-length"), model_max_len=derived_len, engine_version=request.engine_version,
-        gpu_name=gpu.name, allow_long_max_model_len=request.allow_long_max_model_len,
-        quantization=pinned.get("--quantization"), pinned_dtype=pinned.get("--dtype")))
-    if refusals:
-        first = refusals[0]
-        raise WontFit(f"SGLang refuses this at start: {' '.join(first.message.split())} [{first.source}]",
-                      hint=first.hint, rule=first.rule, source=first.source)
-    try:  # after the engine's own checks: what it refuses is its refusal, not our sizing gap
-        kv_elem, kv_reason = sk.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=tp, pp=pp, pinned=pinned)
-    page, page_reason = sk.default_page_size(geometry, gpu.compute_capability)
-    if layouts.dsa_page_size(geometry) is not None:
-        page = layouts.dsa_page_size(geometry) or page
-        page_reason = f"DeepSeek DSA pages of {page} tokens (arg_groups/model_overrides/deepseek_v2.py:161-173)"
-    if "--page-size" in pinned:
-        page, page_reason = pinned["--page-size"], "pinned --page-size"
-    if geometry.is_multimodal and not pinned.get("--language-only", False):
-        after_load -= sb.MULTIMODAL_RESERVE_BYTES
-    # Above the derived length is start_checks' to decide (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN).
-    context_len_pinned = pinned.get("--context-length")
-
-    def req_to_token_bytes(tokens: int, length: int) -> int:
-        mrr = sb.max_running_requests(max(tokens, 2), length, pinned.get("--max-running-requests"))
-        return (mrr + 1) * (length + 4) * 4
-
-    # Fraction: pinned, or keep SGLang's absolute slack (its own reserve) against *free*
-    # memory, so other tenants don't shrink the room for activations and graphs.
-    if "--mem-fraction-static" in pinned:
-        fraction_value = pinned["--mem-fraction-static"]
-        f_source, f_detail = PINNED, "pinned --mem-fraction-static"
-    else:
-        # The slack SGLang's default leaves on this card when idle, kept in bytes. On an idle
-        # card that is the default itself: its slack already holds activations and graphs, and
-        # there is no tenant to keep a margin for. Other tenants add the margin for their drift.
-        idle_pre_load = gpu.usable_total_bytes - context
-        tenants = gpu.usable_total_bytes - (gpu.free_bytes or 0) > 0
-        slack_needed = idle_pre_load * (1 - derivation.fraction) + (request.margin_bytes if tenants else 0)
-        # A CUDA OOM while serving on this setup: keep that much more slack (launcher.plan.calibration).
-        slack_needed += cal.extra_headroom_bytes if cal else 0
-        room = pre_load
-        if request.max_gpu_memory_bytes is not None:
-            room = min(room, request.max_gpu_memory_bytes - context)
-        from_free = floor_to(1 - (slack_needed + (pre_load - room)) / pre_load, 3) if pre_load > 0 else 0.0
-        fraction_value = min(derivation.fraction, from_free)
-        f_source = ENGINE_DEFAULT if fraction_value == derivation.fraction else FORMULA
-        f_detail = (f"SGLang {rules.version} default: reserve {derivation.reserved_mib:.0f} MiB "
-                    f"of {gpu_mem_mib:.0f} MiB"
-                    if f_source == ENGINE_DEFAULT else
-                    f"keeps the {format_gib(idle_pre_load * (1 - derivation.fraction))} slack SGLang's default "
-                    f"{derivation.fraction:g} leaves on an idle card"
-                    + (" + margin for other tenants" if tenants else "")
-                    + f", out of {format_gib(pre_load)} free")
-    state_slot = _state_slot(layout, pinned, tp=tp, pp=pp)
-    state_ratio = float(pinned.get("--mamba-full-memory-ratio", layouts.DEFAULT_MAMBA_FULL_MEMORY_RATIO))
-
-    def sized(pre: int, after: int) -> layouts.PoolSizing:
-        return layouts.pool(pre_load_bytes=pre, after_load_bytes=after, fraction_value=fraction_value,
-                            cell_bytes=cell, page_size=page, max_total_tokens=pinned.get("--max-total-tokens"),
-                            state_slot=state_slot, state_ratio=state_ratio,
-                            context_len=pinned.get("--context-length") or derived_len)
-
-    central = sized(pre_load, after_load)
-    tokens, budget = central.tokens, central.budget_bytes
-    # The favourable end of the error band: our CUDA-context and loader estimates too high, and on a
-    # catalog card (free = its CUDA total) the spread of the totals published for it.
-    context_error = sb.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0)
-    overhead_error = 0 if cal and cal.load_overhead_bytes is not None else sb.LOAD_OVERHEAD_ERROR_BYTES
-    tokens_high = sized(pre_load + context_error, after_load + context_error + overhead_error).tokens
-    request_cap = _state_request_cap(central, layout, geometry.architecture, pinned, pp=pp,
-                                     concurrency=request.concurrency)
-    doubt = None
-    tokens_central = tokens
-    if tokens <= 0:
-        minimum = 1 - after_load / pre_load if pre_load > 0 else 1.0
-        if tokens_high <= 0:
-            hint = ("raise --mem-fraction-static, quantize, or use tensor parallel" if minimum < 0.99 else
-                    "no --mem-fraction-static can fit: the weights alone need more than the free memory; "
-                    "quantize or use tensor parallel")
-            raise WontFit(f"SGLang will fail: the weights leave no KV pool under --mem-fraction-static "
-                          f"{fraction_value:g} (minimum viable {minimum:.4f})", hint=hint)
-        doubt = (f"the weights leave a KV pool under --mem-fraction-static {fraction_value:g} only at the favourable "
-                 f"end of the estimate (minimum viable {minimum:.4f} at the central estimate)")
-        tokens = tokens_high  # plan the length on what may be there; the band keeps the central 0
-    if context_len_pinned is not None:
-        length, length_reason = context_len_pinned, "pinned --context-length"
-        if tokens < request.concurrency * length and tokens_high >= request.concurrency * length:
-            doubt = (f"the pool holds ~{tokens} tokens at the central estimate ({tokens_high} at best): "
-                     f"{request.concurrency} request(s) of {length} may not fit")
-        elif tokens < request.concurrency * length:
-            raise WontFit(f"the pool holds {tokens} tokens: {request.concurrency} request(s) of {length} do not fit; "
-                          "SGLang would cap requests at the pool size silently")
-    else:
-        length = min(derived_len, tokens // request.concurrency // page * page)
-        length_reason = (f"model maximum ({derived_reason})" if length == derived_len
-                         else f"longest that fits {request.concurrency} request(s) in the pool (SGLang would cap "
-                              f"silently at {tokens} tokens)")
-        if length <= 0:
-            raise WontFit(f"the pool holds only {tokens} tokens: not one per request for {request.concurrency}")
-    req_table = req_to_token_bytes(tokens, length)
-    slack = int(pre_load * (1 - fraction_value))
-    kv = int(tokens * cell)
-    args: list[str] = []
-    if "--mem-fraction-static" not in pinned:
-        args += ["--mem-fraction-static", f"{fraction_value:g}"]
-    if context_len_pinned is None:
-        args += ["--context-length", str(length)]
-    others = gpu.usable_total_bytes - (gpu.free_bytes or 0)
-    items = (
-        BudgetItem("total", "GPU total (NVML)", gpu.total_bytes, MEASURED if gpu.source == "nvml" else CATALOG,
-                   f"tier heuristic uses {gpu_mem_mib:.0f} MiB"),
-        BudgetItem("other", "held by others", max(others, 0), MEASURED if gpu.source == "nvml" else CATALOG,
-                   tenants_detail(gpu), bar="other"),
-        BudgetItem("context", "CUDA context (+NCCL)", context, FORMULA, "before SGLang's pre-load baseline",
-                   bar="other"),
-        BudgetItem("pre_load", "free at baseline (P)", pre_load, FORMULA, "min over ranks of free - context"),
-        BudgetItem("weights", "weights (per rank)", weights, weights_source(model), model.weight_bytes_source,
-                   bar="weights"),
-        BudgetItem("load_overhead", "loader leftovers", load_overhead, CALIBRATED if cal else FORMULA,
-                   "allocated between baseline and pool sizing besides weights", bar="other"),
-        BudgetItem("slack", f"slack P x (1 - {fraction_value:g})", slack, f_source,
-                   f"{f_detail}; activations, CUDA graphs and the {format_gib(req_table)} request table live here",
-                   bar="activations"),
-        BudgetItem("kv", "KV pool", kv, FORMULA,
-                   f"{tokens} tokens x {cell:g} B/token (page {page}); budget {format_gib(budget)}", bar="kv"),
-        *_state_items(central, state_slot, layout, geometry.architecture, pinned, pp=pp),
-    )
-    notes = [n for n in (rules_note, dtype_reason, kv_reason, page_reason) if n]
-    verified, architecture_note = layouts.architecture_status(geometry)
-    unverified_error = 0 if verified else int(kv * layouts.UNVERIFIED_KV_ERROR_FRACTION)
-    notes.append(f"default fraction {derivation.fraction:g}: chunked prefill {derivation.chunked_prefill_size}, "
-                 f"decode graph bs {derivation.decode_max_bs}, {derivation.prefill_buckets} prefill buckets"
-                 + (", 10 GiB floor" if derivation.floor_applied else ""))
+    setup = _sglang_setup(request)
+    fraction = _fraction(request, setup)
+    sizing = _pool_sizing(request, setup, fraction.value)
+    central = sizing.central()
+    request_cap = _state_request_cap(central, setup, concurrency=request.concurrency)
+    pool, doubt = _planned_tokens(sizing, central.tokens)
+    length, length_reason, doubt = _context_length(request, setup, pool, doubt)
+    budget = sizing.budget(pool, length)
+    tokens = pool.planned
+    verified, architecture_note = layouts.architecture_status(setup.geometry)
+    unverified_error = 0 if verified else int(budget.kv * layouts.UNVERIFIED_KV_ERROR_FRACTION)
+    pinned, derivation = setup.pinned, setup.derivation
     return Plan(
-        engine="sglang", engine_version=request.engine_version or sr.NEWEST, rules_version=rules.version,
-        device="cuda", model=model.name, max_model_len=length, max_model_len_source=length_reason,
-        kv_cache_bytes=kv, kv_cache_tokens=tokens,
+        engine="sglang", engine_version=request.engine_version or sr.NEWEST, rules_version=setup.rules.version,
+        device="cuda", model=request.model.name, max_model_len=length, max_model_len_source=length_reason,
+        kv_cache_bytes=budget.kv, kv_cache_tokens=tokens,
         max_concurrency=min(round(tokens / length, 2) if length else 0.0, request_cap or float("inf")),
-        budget=items, engine_args=tuple(args), engine_env={}, pinned=dict(pinned), tp=tp, pp=pp,
-        knob=MemoryKnob("--mem-fraction-static", fraction_value, "fraction",
-                        f"--mem-fraction-static {fraction_value:g}", f_detail),
-        engine_figures={"mem_fraction_static": fraction_value},
-        block_size=page, gpu_name=gpu.name, gpu_count=len(devices),
-        notes=tuple(notes),
+        budget=_items(request, sizing, budget, central, fraction),
+        engine_args=tuple(_args(pinned, fraction.value, length)), engine_env={}, pinned=dict(pinned),
+        tp=setup.tp, pp=setup.pp,
+        knob=MemoryKnob("--mem-fraction-static", fraction.value, "fraction",
+                        f"--mem-fraction-static {fraction.value:g}", fraction.detail),
+        engine_figures={"mem_fraction_static": fraction.value},
+        block_size=setup.page, gpu_name=setup.gpu.name, gpu_count=len(setup.devices),
+        notes=(*_notes(setup), *_band_note(sizing, budget, verified)),
         engine_version_assumed=request.engine_version_assumed,
         architecture_verified=verified,
         warnings=(*not_modelled_warnings(pinned, sr.NOT_MODELLED), *(() if verified else (architecture_note,))),
-        kv_cache_bytes_low=max(int(max(tokens_central, 0) * cell) - int(max(tokens_high - tokens, 0) * cell)
-                               - unverified_error, 0),
-        kv_cache_bytes_high=int(max(tokens_high, tokens) * cell) + unverified_error,
+        kv_cache_bytes_low=max(budget.kv_low - unverified_error, 0),
+        kv_cache_bytes_high=budget.kv_high + unverified_error,
         may_not_fit=doubt,
         engine_defaults={"mem_fraction_static": derivation.fraction,
                          "chunked_prefill_size": derivation.chunked_prefill_size},
@@ -241,20 +99,322 @@ def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
                      length=pinned.get("--context-length") or 0, tp=sr.ranks(pinned)[0], block=None)
 
 
-def _state_slot(layout: layouts.SglangLayout, pinned: Mapping[str, Any], *, tp: int, pp: int) -> int | None:
+# --------------------------------------------------------------------------- setup
+
+
+@dataclass(frozen=True)
+class _SglangSetup:
+    """What the plan reads from the request and the engine's rules before any memory figure."""
+
+    rules: sr.SglangRules
+    rules_note: str | None
+    pinned: Mapping[str, Any]
+    geometry: ModelGeometry  # is_multimodal as SGLang runs the wrapper
+    layout: layouts.SglangLayout
+    tp: int
+    pp: int
+    devices: tuple[GpuDevice, ...]
+    gpu: GpuDevice  # the tightest rank
+    gpu_mem_mib: float  # what SGLang's tier heuristic reads
+    derivation: sb.FractionDerivation  # SGLang's default fraction
+    dtype: str
+    dtype_reason: str
+    derived_len: int
+    derived_reason: str
+    kv_reason: str
+    cell: float  # bytes per token of the pool
+    page: int
+    page_reason: str
+
+    @property
+    def context(self) -> int:
+        """CUDA context (+ NCCL with more than one rank), held before SGLang's pre-load baseline."""
+        return sb.CUDA_CONTEXT_BYTES + (sb.NCCL_BYTES if self.tp * self.pp > 1 else 0)
+
+
+def _sglang_setup(request: PlanRequest) -> _SglangSetup:
+    """Devices, SGLang's default fraction, its start-time refusals, then the cell and page sizes."""
+    if request.device == "cpu":
+        raise UsageError("SGLang on CPU is not planned yet: use --engine vllm --device cpu")
+    geometry = request.model.geometry
+    rules, rules_note = sr.rules_for(request.engine_version)
+    pinned = request.pinned.values
+    # SGLang's own config classes may refuse the config; state families it has no model class for are
+    # refused there too (--trust-engine lets SGLang decide).
+    layout = layouts.layout(geometry)
+    # SGLang runs some wrappers text-only unless --enable-multimodal (configs/model_config.py:690-717).
+    geometry = dataclasses.replace(geometry, is_multimodal=layouts.multimodal(geometry, pinned))
+    tp, pp = sr.ranks(pinned)
+    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=sr.TP_FLAG)
+    gpu = tightest(devices)
+    # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
+    gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB
+    derivation = sb.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules)
+    dtype, dtype_reason = resolve_dtype(geometry, compute_capability=gpu.compute_capability, device="cuda",
+                                           pinned=pinned.get("--dtype"))
+    derived_len, derived_reason = sr.derived_context_length(geometry)
+    _refuse_what_sglang_refuses(start_checks(CheckInput(
+        geometry=geometry, device="cuda", compute_capability=gpu.compute_capability, gpu_count=len(request.gpus),
+        tp=tp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"), block_size=pinned.get("--page-size"),
+        max_model_len=pinned.get("--context-length"), model_max_len=derived_len, engine_version=request.engine_version,
+        gpu_name=gpu.name, allow_long_max_model_len=request.allow_long_max_model_len,
+        quantization=pinned.get("--quantization"), pinned_dtype=pinned.get("--dtype"))))
+    try:  # after the engine's own checks: what it refuses is its refusal, not our sizing gap
+        kv_elem, kv_reason = sk.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=tp, pp=pp, pinned=pinned)
+    page, page_reason = _page_size(geometry, gpu, pinned)
+    return _SglangSetup(rules, rules_note, pinned, geometry, layout, tp, pp, devices, gpu, gpu_mem_mib, derivation,
+                        dtype, dtype_reason, derived_len, derived_reason, kv_reason, cell, page, page_reason)
+
+
+def _refuse_what_sglang_refuses(refusals: tuple[EngineRule, ...]) -> None:
+    """The first start-time rule SGLang would stop on, as a refusal (exit 78) before any budget."""
+    if refusals:
+        first = refusals[0]
+        raise WontFit(f"SGLang refuses this at start: {' '.join(first.message.split())} [{first.source}]",
+                      hint=first.hint, rule=first.rule, source=first.source)
+
+
+def _page_size(geometry: ModelGeometry, gpu: GpuDevice, pinned: Mapping[str, Any]) -> tuple[int, str]:
+    """Pinned --page-size, DeepSeek DSA's pages, or SGLang's default for this card."""
+    if "--page-size" in pinned:
+        return pinned["--page-size"], "pinned --page-size"
+    dsa = layouts.dsa_page_size(geometry)
+    if dsa is not None:
+        return dsa, f"DeepSeek DSA pages of {dsa} tokens (arg_groups/model_overrides/deepseek_v2.py:161-173)"
+    return sk.default_page_size(geometry, gpu.compute_capability)
+
+
+# --------------------------------------------------------------------------- fraction
+
+
+@dataclass(frozen=True)
+class _Fraction:
+    value: float
+    source: str
+    detail: str
+
+
+def _fraction(request: PlanRequest, setup: _SglangSetup) -> _Fraction:
+    """Pinned, or keep SGLang's absolute slack (its own reserve) against *free* memory, so other
+    tenants don't shrink the room for activations and graphs."""
+    if "--mem-fraction-static" in setup.pinned:
+        return _Fraction(setup.pinned["--mem-fraction-static"], PINNED, "pinned --mem-fraction-static")
+    gpu, derivation, context, cal = setup.gpu, setup.derivation, setup.context, request.calibration
+    pre_load = _pre_load(setup)
+    # The slack SGLang's default leaves on this card when idle, kept in bytes. On an idle
+    # card that is the default itself: its slack already holds activations and graphs, and
+    # there is no tenant to keep a margin for. Other tenants add the margin for their drift.
+    idle_pre_load = gpu.usable_total_bytes - context
+    tenants = gpu.usable_total_bytes - (gpu.free_bytes or 0) > 0
+    slack_needed = idle_pre_load * (1 - derivation.fraction) + (request.margin_bytes if tenants else 0)
+    # A CUDA OOM while serving on this setup: keep that much more slack (launcher.plan.calibration).
+    slack_needed += cal.extra_headroom_bytes if cal else 0
+    room = pre_load
+    if request.max_gpu_memory_bytes is not None:
+        room = min(room, request.max_gpu_memory_bytes - context)
+    from_free = floor_to(1 - (slack_needed + (pre_load - room)) / pre_load, 3) if pre_load > 0 else 0.0
+    value = min(derivation.fraction, from_free)
+    if value == derivation.fraction:
+        return _Fraction(value, ENGINE_DEFAULT, f"SGLang {setup.rules.version} default: reserve "
+                         f"{derivation.reserved_mib:.0f} MiB of {setup.gpu_mem_mib:.0f} MiB")
+    return _Fraction(value, FORMULA,
+                     f"keeps the {format_gib(idle_pre_load * (1 - derivation.fraction))} slack SGLang's default "
+                     f"{derivation.fraction:g} leaves on an idle card"
+                     + (" + margin for other tenants" if tenants else "") + f", out of {format_gib(pre_load)} free")
+
+
+def _pre_load(setup: _SglangSetup) -> int:
+    """P: SGLang's pre-load baseline, the least free memory over the ranks less the CUDA context."""
+    return min(d.free_bytes or 0 for d in setup.devices) - setup.context
+
+
+# --------------------------------------------------------------------------- the budget
+
+
+@dataclass(frozen=True)
+class SglangBudget:
+    """SGLang's budget on the tightest rank (bytes): each figure is a row of the plan's table."""
+
+    total: int  # NVML total of the tightest rank
+    others: int  # held by other processes
+    context: int  # CUDA context (+ NCCL)
+    pre_load: int  # P: free at SGLang's baseline
+    weights: int  # per rank
+    load_overhead: int  # loader leftovers between P and A besides the weights
+    slack: int  # P x (1 - fraction): activations, CUDA graphs and the request table
+    request_table: int  # req_to_token at the planned length, inside the slack
+    tokens: int  # the pool's tokens the length is planned on
+    kv: int  # the KV pool at those tokens
+    kv_low: int  # the band's ends on the KV bytes (unverified layouts widen them further)
+    kv_high: int
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    """Everything the pool depends on; its methods give each term of `SglangBudget`."""
+
+    setup: _SglangSetup
+    fraction: float
+    pre_load: int  # P
+    weights: int
+    load: sb.LoadOverhead  # derived, estimated or measured at an earlier start
+    after_load: int  # A (less SGLang's multimodal reserve)
+    state_slot: int | None
+    state_ratio: float
+    # The favourable end of the error band: our CUDA-context and loader estimates too high, and on a
+    # catalog card (free = its CUDA total) the spread of the totals published for it.
+    context_error: int
+
+    def pool_at(self, pre_load: int, after_load: int) -> layouts.PoolSizing:
+        pinned = self.setup.pinned
+        return layouts.pool(pre_load_bytes=pre_load, after_load_bytes=after_load, fraction_value=self.fraction,
+                            cell_bytes=self.setup.cell, page_size=self.setup.page,
+                            max_total_tokens=pinned.get("--max-total-tokens"), state_slot=self.state_slot,
+                            state_ratio=self.state_ratio,
+                            context_len=pinned.get("--context-length") or self.setup.derived_len)
+
+    def central(self) -> layouts.PoolSizing:
+        return self.pool_at(self.pre_load, self.after_load)
+
+    def favourable(self) -> layouts.PoolSizing:
+        return self.pool_at(self.pre_load + self.context_error,
+                            self.after_load + self.context_error + self.load.error_bytes)
+
+    def unfavourable(self) -> layouts.PoolSizing:
+        """Our CUDA-context and loader estimates too low (and a catalog card's total at its lowest)."""
+        return self.pool_at(self.pre_load - self.context_error,
+                            self.after_load - self.context_error - self.load.error_bytes)
+
+    def minimum_fraction(self) -> float:
+        """The least fraction that leaves any pool at the central estimate."""
+        return 1 - self.after_load / self.pre_load if self.pre_load > 0 else 1.0
+
+    def request_table(self, tokens: int, length: int) -> int:
+        """req_to_token: (max running requests + 1) x (length + 4) int32 (`resolve_max_num_reqs`)."""
+        mrr = sb.max_running_requests(max(tokens, 2), length, self.setup.pinned.get("--max-running-requests"))
+        return (mrr + 1) * (length + 4) * 4
+
+    def budget(self, pool: _PoolTokens, length: int) -> SglangBudget:
+        """The rows at the planned tokens and `length`; the band from the pool at either end."""
+        gpu, cell, tokens = self.setup.gpu, self.setup.cell, pool.planned
+        return SglangBudget(
+            total=gpu.total_bytes, others=max(gpu.usable_total_bytes - (gpu.free_bytes or 0), 0),
+            context=self.setup.context, pre_load=self.pre_load, weights=self.weights,
+            load_overhead=self.load.bytes, slack=int(self.pre_load * (1 - self.fraction)),
+            request_table=self.request_table(tokens, length), tokens=tokens, kv=int(tokens * cell),
+            kv_low=int(max(pool.low, 0) * cell), kv_high=int(max(pool.high, tokens) * cell))
+
+
+def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> _Sizing:
+    """P, the weights, the loader's leftovers and A, with the errors of the estimated terms."""
+    cal, gpu = request.calibration, setup.gpu
+    load = sb.load_overhead(setup.geometry, dtype=setup.dtype, tp=setup.tp, pp=setup.pp)
+    if cal is not None and cal.load_overhead_bytes is not None:
+        load = sb.LoadOverhead(cal.load_overhead_bytes, 0, f"measured at an earlier start ({cal.key})")
+    pre_load = _pre_load(setup)
+    weights = request.model.weight_bytes // (setup.tp * setup.pp)
+    after_load = pre_load - weights - load.bytes
+    if setup.geometry.is_multimodal and not setup.pinned.get("--language-only", False):
+        after_load -= sb.MULTIMODAL_RESERVE_BYTES
+    return _Sizing(
+        setup=setup, fraction=fraction, pre_load=pre_load, weights=weights, load=load,
+        after_load=after_load, state_slot=_state_slot(setup),
+        state_ratio=float(setup.pinned.get("--mamba-full-memory-ratio", layouts.DEFAULT_MAMBA_FULL_MEMORY_RATIO)),
+        context_error=sb.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0))
+
+
+# --------------------------------------------------------------------------- tokens and length
+
+
+@dataclass(frozen=True)
+class _PoolTokens:
+    """The pool's tokens at the band's unfavourable end, as planned (the central estimate, or the
+    favourable end where only it has a pool), and at the favourable end."""
+
+    low: int
+    planned: int
+    high: int
+
+
+def _planned_tokens(sizing: _Sizing, tokens: int) -> tuple[_PoolTokens, str | None]:
+    """The pool the length is planned on, and the doubt when only the favourable end has one."""
+    tokens_high = sizing.favourable().tokens
+    if tokens > 0:
+        return _PoolTokens(sizing.unfavourable().tokens, tokens, tokens_high), None
+    fraction, minimum = sizing.fraction, sizing.minimum_fraction()
+    if tokens_high <= 0:
+        hint = ("raise --mem-fraction-static, quantize, or use tensor parallel" if minimum < 0.99 else
+                "no --mem-fraction-static can fit: the weights alone need more than the free memory; "
+                "quantize or use tensor parallel")
+        raise WontFit(f"SGLang will fail: the weights leave no KV pool under --mem-fraction-static "
+                      f"{fraction:g} (minimum viable {minimum:.4f})", hint=hint)
+    # Plan the length on what may be there; the band keeps the central 0.
+    return _PoolTokens(0, tokens_high, tokens_high), (
+        f"the weights leave a KV pool under --mem-fraction-static {fraction:g} only at the favourable end of "
+        f"the estimate (minimum viable {minimum:.4f} at the central estimate)")
+
+
+def _context_length(request: PlanRequest, setup: _SglangSetup, pool: _PoolTokens,
+                    doubt: str | None) -> tuple[int, str, str | None]:
+    """(length, why, doubt): a pinned --context-length checked against the pool, or the longest that
+    carries `concurrency` requests at the band's unfavourable end, up to the derived length (issue
+    20: a length that holds only at the central estimate says so)."""
+    length = setup.pinned.get("--context-length")
+    concurrency, tokens = request.concurrency, pool.planned
+    if length is not None:
+        return length, "pinned --context-length", _pinned_length_doubt(pool, length, concurrency, doubt)
+    safe = min(setup.derived_len, pool.low // concurrency // setup.page * setup.page)
+    if safe > 0:
+        return safe, (f"model maximum ({setup.derived_reason})" if safe == setup.derived_len else
+                      f"longest that fits {concurrency} request(s) at the band's low end ({pool.low} tokens; "
+                      f"{tokens} at the central estimate; SGLang caps requests at the pool silently)"), doubt
+    length = min(setup.derived_len, tokens // concurrency // setup.page * setup.page)
+    if length <= 0:
+        raise WontFit(f"the pool holds only {tokens} tokens: not one per request for {concurrency}")
+    doubt = doubt or (f"{concurrency} request(s) of {length} tokens fit the pool only at the central estimate "
+                      f"({pool.low} tokens at the band's low end): the context length is at risk")
+    return length, (f"model maximum ({setup.derived_reason})" if length == setup.derived_len
+                    else f"longest that fits {concurrency} request(s) in the pool (SGLang would cap "
+                         f"silently at {tokens} tokens)"), doubt
+
+
+def _pinned_length_doubt(pool: _PoolTokens, length: int, concurrency: int, doubt: str | None) -> str | None:
+    """A pinned --context-length against the pool: refused beyond the favourable end, doubted where it
+    holds only at the central estimate or above the low end. Above the derived length is start_checks'
+    to decide (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)."""
+    needed, tokens = concurrency * length, pool.planned
+    if tokens < needed <= pool.high:
+        return (f"the pool holds ~{tokens} tokens at the central estimate ({pool.high} at best): "
+                f"{concurrency} request(s) of {length} may not fit")
+    if tokens < needed:
+        raise WontFit(f"the pool holds {tokens} tokens: {concurrency} request(s) of {length} do not fit; "
+                      "SGLang would cap requests at the pool size silently")
+    if pool.low < needed and doubt is None:
+        return (f"the pool holds {tokens} tokens at the central estimate but {pool.low} at the band's low "
+                f"end: {concurrency} request(s) of {length} may not fit (the context length is at risk)")
+    return doubt
+
+
+# --------------------------------------------------------------------------- state pool
+
+
+def _state_slot(setup: _SglangSetup) -> int | None:
     """Bytes of one request's linear/Mamba state on the fullest stage, or None without state layers."""
+    layout = setup.layout
     if layout.state is None or not layout.state.layers:
         return None
-    return layouts.state_slot_bytes(layout.state, tp=tp, ssm_dtype=pinned.get("--mamba-ssm-dtype"), pp=pp,
-                                    num_layers=layout.num_layers)
+    return layouts.state_slot_bytes(layout.state, tp=setup.tp, ssm_dtype=setup.pinned.get("--mamba-ssm-dtype"),
+                                    pp=setup.pp, num_layers=layout.num_layers)
 
 
-def _state_request_cap(sizing: layouts.PoolSizing, layout: layouts.SglangLayout, architecture: str,
-                       pinned: Mapping[str, Any], *, pp: int, concurrency: int) -> int | None:
+def _state_request_cap(sizing: layouts.PoolSizing, setup: _SglangSetup, *, concurrency: int) -> int | None:
     """Requests the state pool lets SGLang run at once (`resolve_max_num_reqs`, kv_cache_configurator.py:3119-3170)."""
     if sizing.state_slots is None:
         return None
-    per_request = layouts.state_slots_per_request(architecture, pinned, pp=pp)
+    per_request = layouts.state_slots_per_request(setup.geometry.architecture, setup.pinned, pp=setup.pp)
     cap = sizing.state_slots // per_request
     if cap <= 0:
         raise WontFit(f"SGLang will fail: its state pool holds {sizing.state_slots} slots, {per_request} per request "
@@ -267,12 +427,84 @@ def _state_request_cap(sizing: layouts.PoolSizing, layout: layouts.SglangLayout,
     return cap
 
 
-def _state_items(sizing: layouts.PoolSizing, slot: int | None, layout: layouts.SglangLayout, architecture: str,
-                 pinned: Mapping[str, Any], *, pp: int) -> tuple[BudgetItem, ...]:
-    if sizing.state_slots is None or slot is None or layout.state is None:
+# --------------------------------------------------------------------------- the table
+
+
+def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central: layouts.PoolSizing,
+           fraction: _Fraction) -> tuple[BudgetItem, ...]:
+    """The table: one row per figure of `SglangBudget`, with where each figure comes from."""
+    setup, model, gpu = sizing.setup, request.model, sizing.setup.gpu
+    gpu_source = MEASURED if gpu.source == "nvml" else CATALOG
+    return (
+        BudgetItem("total", "GPU total (NVML)", budget.total, gpu_source,
+                   f"tier heuristic uses {setup.gpu_mem_mib:.0f} MiB"),
+        BudgetItem("other", "held by others", budget.others, gpu_source, tenants_detail(gpu), bar="other"),
+        BudgetItem("context", "CUDA context (+NCCL)", budget.context, FORMULA,
+                   "before SGLang's pre-load baseline: the driver's and PyTorch's, from published logs",
+                   bar="other", error_bytes=sb.CONTEXT_ERROR_BYTES),
+        BudgetItem("pre_load", "free at baseline (P)", budget.pre_load, FORMULA, "min over ranks of free - context",
+                   error_bytes=sizing.context_error),
+        BudgetItem("weights", "weights (per rank)", budget.weights, weights_source(model), model.weight_bytes_source,
+                   bar="weights"),
+        BudgetItem("load_overhead", "loader leftovers", budget.load_overhead,
+                   FORMULA if sizing.load.error_bytes else CALIBRATED,
+                   f"allocated between baseline and pool sizing besides weights; {sizing.load.detail}", bar="other",
+                   error_bytes=sizing.load.error_bytes),
+        BudgetItem("slack", f"slack P x (1 - {fraction.value:g})", budget.slack, fraction.source,
+                   f"{fraction.detail}; activations, CUDA graphs and the {format_gib(budget.request_table)} "
+                   "request table live here", bar="activations"),
+        BudgetItem("kv", "KV pool", budget.kv, FORMULA,
+                   f"{budget.tokens} tokens x {setup.cell:g} B/token "
+                   f"(page {setup.page}); budget {format_gib(central.budget_bytes)}", bar="kv"),
+        *_state_items(central, sizing.state_slot, setup),
+    )
+
+
+def _state_items(sizing: layouts.PoolSizing, slot: int | None, setup: _SglangSetup) -> tuple[BudgetItem, ...]:
+    state = setup.layout.state
+    if sizing.state_slots is None or slot is None or state is None:
         return ()
-    per_request = layouts.state_slots_per_request(architecture, pinned, pp=pp)
+    per_request = layouts.state_slots_per_request(setup.geometry.architecture, setup.pinned, pp=setup.pp)
     return (BudgetItem("state", "state pool (mamba / linear attention)", sizing.state_bytes, FORMULA,
-                       f"{sizing.state_slots} + 1 slots x {slot} B ({len(layout.state.layers)} state layers, "
-                       f"{per_request} slots per request; {layout.state.config_class}.mamba2_cache_params)",
+                       f"{sizing.state_slots} + 1 slots x {slot} B ({len(state.layers)} state layers, "
+                       f"{per_request} slots per request; {state.config_class}.mamba2_cache_params)",
                        bar="kv"),)
+
+
+def _args(pinned: Mapping[str, Any], fraction: float, length: int) -> list[str]:
+    """The flags the launch adds: only those the operator left unset."""
+    args: list[str] = []
+    if "--mem-fraction-static" not in pinned:
+        args += ["--mem-fraction-static", f"{fraction:g}"]
+    if pinned.get("--context-length") is None:
+        args += ["--context-length", str(length)]
+    return args
+
+
+# The band a verified architecture's plan should carry (issue 20); beyond it the note names the terms.
+BAND_TARGET = 0.05
+
+
+def _band_note(sizing: _Sizing, budget: SglangBudget, verified: bool) -> tuple[str, ...]:
+    """Which estimated terms make a verified architecture's KV band wider than +/- 5 %: the pool's
+    arithmetic is SGLang's own; what is not known exactly is measured before it starts."""
+    band = max(budget.kv - budget.kv_low, budget.kv_high - budget.kv)
+    if not verified or budget.kv <= 0 or band <= BAND_TARGET * budget.kv:
+        return ()
+    gpu, fraction = sizing.setup.gpu, sizing.fraction
+    spread = gpu.usable_total_error_bytes if gpu.source == "catalog" else 0
+    terms = sorted(((sb.CONTEXT_ERROR_BYTES * fraction, "the CUDA context before SGLang's baseline"),
+                    (spread * fraction, "the card's CUDA total (spread of published totals)"),
+                    (sizing.load.error_bytes, "the loader's leftovers")), reverse=True)
+    named = ", ".join(f"{what} +/- {size / MiB:.0f} MiB" for size, what in terms if size)
+    return (f"KV band +/- {band / budget.kv:.1%} of a {format_gib(budget.kv)} pool (over +/- {BAND_TARGET:.0%}): "
+            f"the terms at risk are {named}; the pool arithmetic is SGLang's own",)
+
+
+def _notes(setup: _SglangSetup) -> list[str]:
+    derivation = setup.derivation
+    notes = [n for n in (setup.rules_note, setup.dtype_reason, setup.kv_reason, setup.page_reason) if n]
+    notes.append(f"default fraction {derivation.fraction:g}: chunked prefill {derivation.chunked_prefill_size}, "
+                 f"decode graph bs {derivation.decode_max_bs}, {derivation.prefill_buckets} prefill buckets"
+                 + (", 10 GiB floor" if derivation.floor_applied else ""))
+    return notes

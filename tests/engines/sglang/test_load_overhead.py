@@ -1,0 +1,145 @@
+"""SGLang's loader leftovers (P - A beyond the weights) derived from its modules and PyTorch's
+caching allocator, checked against the published starts in tests/data/startup-logs/, and the KV
+band they leave."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.common.units import GiB, MiB
+from launcher.engines.sglang import budget as sb
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.config import geometry_from_config
+from launcher.model.resolve import resolve_model
+from launcher.plan.planner import make_plan
+from launcher.plan.types import PlanRequest
+
+LOGS = Path(__file__).resolve().parents[2] / "data" / "startup-logs" / "startup-logs.yaml"
+# QwQ-32B as that start ran it: its log reports context_len=131072 (max_position_embeddings, no scaling).
+QWQ_32B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 5120,
+           "intermediate_size": 27648, "num_hidden_layers": 64, "num_attention_heads": 40, "num_key_value_heads": 8,
+           "vocab_size": 152064, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+
+
+class TestAllocatorSlack:
+    """torch's get_allocation_size: own segment rounded to 2 MiB from 10 MiB, 20 MiB segments from 1 MiB."""
+
+    @pytest.mark.parametrize(("tensors", "slack"), [
+        ([int(31.5 * MiB)], MiB // 2),  # Qwen2.5-7B qkv_proj: a 32 MiB segment
+        ([int(24.5 * MiB)], int(1.5 * MiB)),  # o_proj: 26 MiB, the 1.5 MiB tail split off and left free
+        ([int(24.5 * MiB), int(1.25 * MiB)], MiB // 4),  # the next 1.25 MiB tensor takes that tail
+        ([3 * MiB, 3 * MiB], 14 * MiB),  # two 3 MiB tensors share one 20 MiB segment
+        ([1024], 2 * MiB - 1024),  # a small tensor opens a 2 MiB segment
+        ([100 * MiB], 0),
+    ])
+    def test_segments_beyond_the_tensors(self, tensors: list[int], slack: int) -> None:
+        assert sb.allocator_slack_bytes(tensors) == slack
+
+    def test_qwen2_5_7b_parameters(self) -> None:
+        """199 tensors whose bytes are the checkpoint's; 3.5 MiB of rounding per layer."""
+        geometry = resolve_model("qwen2.5-7b").geometry
+        tensors = sb.dense_parameter_bytes(geometry, element=2, tp=1)
+        assert (len(tensors), sum(tensors)) == (199, resolve_model("qwen2.5-7b").weight_bytes)
+        assert sb.allocator_slack_bytes(tensors) == 105_239_552  # 100.4 MiB
+
+
+def test_rope_cache_is_float32_max_position_by_rotary_dim() -> None:
+    assert sb.rope_cache_bytes(resolve_model("llama-3.1-8b").geometry) == 131072 * 128 * 4  # llama3 scaling
+    yarn = geometry_from_config({**QWQ_32B, "rope_scaling": {"type": "yarn", "factor": 4.0}})
+    assert sb.rope_cache_bytes(yarn) is None  # YaRN sizes its cache by the factor: not derived
+
+
+@pytest.fixture(scope="module")
+def logged() -> dict[str, dict]:
+    if not LOGS.is_file():
+        pytest.skip(f"{LOGS} not present")
+    return {case["id"]: case["observed"] for case in yaml.safe_load(LOGS.read_text())}
+
+
+@pytest.mark.parametrize(("case_id", "model", "tp", "observed_mib", "derived_mib"), [
+    ("sglang-jerryzsj-rtx3090-r1-distill-qwen-7b-wsl2", "deepseek-r1-distill-qwen-7b", 1, 210, 188),
+    ("sglang-qwen3-14b-4x4090-tp4-mf080", "qwen3-14b", 4, 208, 227),
+    ("sglang-llmsinclouds-4xl4-qwq-32b-tp4", None, 4, 290, 314),
+])
+def test_derived_leftovers_cover_published_starts(logged: dict, case_id: str, model: str | None, tp: int,
+                                                  observed_mib: int, derived_mib: int) -> None:
+    """Load begin/end avail mem (or mem usage) less the checkpoint's share: within the residual's error."""
+    log = logged[case_id]["log"]
+    geometry = resolve_model(model).geometry if model else geometry_from_config(QWQ_32B)
+    weights = resolve_model(model).weight_bytes if model else sum(sb.dense_parameter_bytes(geometry, element=2, tp=1))
+    usage = re.search(r"mem usage=([\d.]+) GB", log)
+    begin = re.search(r"Load weight begin\. avail mem=([\d.]+)", log)
+    end = re.search(r"Load weight end\..*?avail mem=([\d.]+)", log)
+    used = float(usage.group(1)) if usage else float(begin.group(1)) - float(end.group(1))
+    observed = used * GiB - weights // tp
+    derived = sb.load_overhead(geometry, dtype="bfloat16", tp=tp, pp=1)
+    assert (round(observed / MiB), round(derived.bytes / MiB)) == (observed_mib, derived_mib)
+    assert abs(derived.bytes - observed) <= derived.error_bytes == sb.LOAD_RESIDUAL_ERROR_BYTES
+
+
+def test_underived_models_are_bounded_by_layers() -> None:
+    """Qwen2.5-7B-AWQ: tensors not derived (quantized): 4 MiB +/- 4 MiB a layer, rope 16 MiB, residual."""
+    overhead = sb.load_overhead(resolve_model("qwen2.5-7b-awq").geometry, dtype="float16", tp=1, pp=1)
+    assert (overhead.bytes, overhead.error_bytes) == (152 * MiB, 144 * MiB)
+    assert overhead.detail.startswith("estimated")
+
+
+def _plan(model: str, gpu: str) -> object:
+    return make_plan(PlanRequest(model=resolve_model(model), engine="sglang", gpus=hypothetical_gpus([gpu])))
+
+
+class TestBand:
+    def test_small_pool_names_the_terms_at_risk(self) -> None:
+        """Qwen2.5-7B on an RTX 4090: a 1.94 GiB pool, +/- 7.4 %; the CUDA context dominates."""
+        plan = _plan("qwen2.5-7b", "rtx4090")
+        assert plan.kv_cache_tokens == 36303
+        assert (plan.kv_cache_bytes_low, plan.kv_cache_bytes, plan.kv_cache_bytes_high) == (
+            1_927_274_496, 2_081_759_232, 2_236_243_968)  # +/- 2694 tokens: 0.704 x (128 + 36) + 32 MiB
+        assert plan.item("load_overhead").error_bytes == 32 * MiB
+        note = next(n for n in plan.notes if n.startswith("KV band"))
+        assert "+/- 7.4%" in note and "CUDA context before SGLang's baseline +/- 90 MiB" in note
+
+    def test_large_pool_stays_within_five_percent(self) -> None:
+        plan = _plan("qwen3-32b", "h100")
+        band = (plan.kv_cache_bytes_high - plan.kv_cache_bytes) / plan.kv_cache_bytes
+        assert 0.03 < band <= 0.05
+        assert not any(n.startswith("KV band") for n in plan.notes)
+
+    def test_measured_leftovers_leave_only_the_context(self) -> None:
+        from launcher.plan.types import Calibration
+        plain = _plan("qwen2.5-7b", "rtx4090")
+        request = PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang", gpus=hypothetical_gpus(["rtx4090"]))
+        measured = make_plan(dataclasses.replace(request, calibration=Calibration(load_overhead_bytes=200 * MiB,
+                                                                                  key="k")))
+        assert measured.item("load_overhead").error_bytes == 0
+        assert measured.item("load_overhead").source == "calibrated"
+        assert measured.kv_cache_bytes_high - measured.kv_cache_bytes < plain.kv_cache_bytes_high - plain.kv_cache_bytes
+
+
+class TestSafeSide:
+    """Issue 20: the context length comes from the band's unfavourable end, or the plan says it is at risk."""
+
+    def _request(self, *engine_args: str) -> PlanRequest:
+        return PlanRequest(model=resolve_model("qwen3-8b"), engine="sglang", gpus=hypothetical_gpus(["rtx4090"]),
+                           engine_args=engine_args)
+
+    def test_pool_limited_length_from_the_low_end(self) -> None:
+        """Qwen3-8B on an RTX 4090: 6978 tokens at the central estimate, 5930 at the low end: 5930."""
+        plan = make_plan(self._request())
+        assert (plan.kv_cache_tokens, plan.max_model_len) == (6978, 5930)
+        assert plan.kv_cache_bytes_low == 5930 * 147456
+        assert plan.may_not_fit is None
+        assert "at the band's low end (5930 tokens; 6978 at the central estimate" in plan.max_model_len_source
+
+    def test_pinned_length_above_the_low_end_is_at_risk(self) -> None:
+        plan = make_plan(self._request("--context-length", "6500"))
+        assert plan.max_model_len == 6500
+        assert plan.may_not_fit is not None and "5930 at the band's low end" in plan.may_not_fit
+
+    def test_pinned_length_within_the_low_end_fits(self) -> None:
+        assert make_plan(self._request("--context-length", "5930")).may_not_fit is None
