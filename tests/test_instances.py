@@ -138,6 +138,7 @@ def test_a_signalled_stop_is_stopping_until_the_engine_exits(serve: Callable[...
     assert served.wait() == 0, served.tail()
     assert not (instances_dir(served.state) / "chat.json").exists()
     assert cli("status", "chat", "--json", state=served.state)[0] == 66
+    assert served.event("exit")["level"] == "info"  # the exit event's level follows the outcome
 
 
 def test_an_aborted_start_is_stopping_until_the_engine_exits(serve: Callable[..., Served]) -> None:  # noqa: F811
@@ -149,3 +150,4 @@ def test_an_aborted_start_is_stopping_until_the_engine_exits(serve: Callable[...
     assert doc["state"] == "stopping" and doc["engine_phase"] == "KV cache sized" and served.proc.poll() is None
     assert served.wait() == 78, served.tail()
     assert not (instances_dir(served.state) / "chat.json").exists()
+    assert served.event("exit")["level"] == "error"  # journald: priority 3 (err), not 6
