@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -108,3 +109,45 @@ def test_a_running_serve_is_listed_then_gone(serve: Callable[..., Served]) -> No
     assert served.stop() == 0
     code, out, _ = cli("ps", "--json", state=served.state)
     assert json.loads(out)["instances"] == [] and not (instances_dir(served.state) / "chat.json").exists()
+
+
+def _status_while_stopping(served: Served, name: str) -> dict[str, Any]:
+    """`status NAME --json` polled until it says `stopping` (the stand-in takes 3 s to exit)."""
+    seen: list[dict[str, Any]] = []
+
+    def stopping() -> bool:
+        code, out, _ = cli("status", name, "--json", state=served.state)
+        if code == 0:
+            seen.append(json.loads(out))
+        return bool(seen) and seen[-1]["state"] == "stopping"
+
+    served.wait_for(stopping, timeout=10)
+    return seen[-1]
+
+
+def test_a_signalled_stop_is_stopping_until_the_engine_exits(serve: Callable[..., Served]) -> None:  # noqa: F811
+    """SIGTERM to safe-serve: while the engine takes its time to exit, `status` says `stopping`; then no file."""
+    plan = plan_json("qwen2.5-7b", "vllm", "rtx4090")
+    served = serve(VLLM, sets={**vllm_agrees(plan), "sigterm_exit_delay": 3}, options=("--name", "chat"))
+    served.wait_ready()
+    served.proc.send_signal(signal.SIGTERM)
+    doc = _status_while_stopping(served, "chat")
+    jsonschema.validate(doc, json.loads((SCHEMAS / "status.schema.json").read_text()))
+    assert doc["pid"] == served.proc.pid and served.proc.poll() is None  # still running: the engine is stopping
+    assert doc["engine_kv_tokens"] == plan["kv_cache_tokens"]
+    assert served.wait() == 0, served.tail()
+    assert not (instances_dir(served.state) / "chat.json").exists()
+    assert cli("status", "chat", "--json", state=served.state)[0] == 66
+    assert served.event("exit")["level"] == "info"  # the exit event's level follows the outcome
+
+
+def test_an_aborted_start_is_stopping_until_the_engine_exits(serve: Callable[..., Served]) -> None:  # noqa: F811
+    """--on-divergence abort: the stop safe-serve asks for itself is `stopping` too, then exit 78 and no file."""
+    plan = plan_json("qwen2.5-7b", "vllm", "rtx4090")
+    fewer = {**vllm_agrees(plan), "vllm.kv_bytes": int(plan["kv_cache_bytes"] * 0.8), "sigterm_exit_delay": 3}
+    served = serve(VLLM, sets=fewer, options=("--name", "chat", "--on-divergence", "abort"))
+    doc = _status_while_stopping(served, "chat")
+    assert doc["state"] == "stopping" and doc["engine_phase"] == "KV cache sized" and served.proc.poll() is None
+    assert served.wait() == 78, served.tail()
+    assert not (instances_dir(served.state) / "chat.json").exists()
+    assert served.event("exit")["level"] == "error"  # journald: priority 3 (err), not 6

@@ -60,6 +60,11 @@ class ModelConfigError(SafeServeError):
     exit_code = ExitCode.DATA
 
 
+class UnsizedWeights(ModelConfigError):
+    """The checkpoint's weight bytes cannot be read without loading it (no safetensors, no
+    index, no .bin to measure): 65, or with --trust-engine a launch the engine sizes."""
+
+
 class UnsupportedModel(SafeServeError):
     """We cannot size this model's KV cache faithfully, so we refuse to guess."""
 

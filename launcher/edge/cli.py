@@ -98,7 +98,8 @@ def plan_options(func: Any) -> Any:
                     "(default 256MiB, or the preset's)."),
         option("--engine-version", default=None, help="Plan for this engine version (default: installed)."),
         option("--trust-engine", is_flag=True,
-               help="Plan even where the geometry is unknown; the engine decides."),
+               help="Start even where the geometry or the weight size is unknown, or the plan refuses; "
+                    "the engine decides."),
         option("--json", "as_json", is_flag=True,
                help="Print JSON: the plan (safe-serve.plan/1), or on any failure one safe-serve.error/1 object."),
         option("--no-calibration", is_flag=True, help="Ignore what earlier starts measured."),

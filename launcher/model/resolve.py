@@ -1,8 +1,10 @@
 """Turn what the operator typed into a model: an alias, a local directory or a Hugging Face id.
 
 All three give the same `ResolvedModel`. Weight bytes always come from the checkpoint's
-own metadata (the safetensors index's `total_size`, or the safetensors headers), never
-from a parameter-count guess and never by downloading weights.
+own metadata (the safetensors index's `total_size`, or the safetensors headers; for a `.bin`
+checkpoint its index's `total_size`, else the files' sizes on disk), never from a
+parameter-count guess and never by downloading weights. A `.bin` is a pickle: it is never
+opened for reading, let alone loaded (no torch.load); only its size is taken.
 
 Everything read here is untrusted: files are opened only if they are regular files (a FIFO
 would block the plan forever), JSON is size- and depth-bounded, and every value is checked
@@ -26,12 +28,21 @@ from typing import IO, Any
 
 import yaml
 
-from launcher.common.errors import ModelConfigError, ModelNotFound, TemporarilyUnavailable
+from launcher.common.errors import ModelConfigError, ModelNotFound, TemporarilyUnavailable, UnsizedWeights
 from launcher.common.paths import load_yaml, profiles_dir
 from launcher.model.config import ModelGeometry, geometry_from_config
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+BIN_INDEX_FILE = "pytorch_model.bin.index.json"
+BIN_SINGLE_FILE = "pytorch_model.bin"
+# Without safetensors both engines load every *.bin but the trainer's files: vLLM
+# model_loader/default_loader.py:186 and :229 (glob "*.safetensors", then "*.bin"),
+# weight_utils.py:614 filter_files_not_needed_for_inference; SGLang 0.5.23
+# model_loader/loader.py:500 and weight_utils.py:868, the same rule.
+_NOT_WEIGHTS = frozenset({"training_args.bin", "optimizer.bin"})
+BIN_SIZES_CAVEAT = "pickles, not opened: their size bounds the tensor bytes from above"
+UNSIZED_HINT = "--trust-engine starts it anyway and the engine sizes the weights itself"
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors caps its JSON header at 100 MB
 _JSON_LIMIT = 64 * 1024 * 1024  # config.json and indexes are kilobytes; a larger one is not a config
 _MAX_TOTAL_SIZE = 1 << 50  # 1 PiB: beyond any checkpoint, so a typo in total_size is not planned
@@ -53,8 +64,10 @@ class ResolvedModel:
     """A model as the planner needs it: its KV geometry and the checkpoint's real weight bytes.
 
     `weight_bytes_source` says where the bytes come from (an index's total_size, the tensor
-    headers, or a profile's figure computed from config shapes); nothing is guessed from a
-    parameter count.
+    headers, .bin file sizes on disk, or a profile's figure computed from config shapes);
+    nothing is guessed from a parameter count. `weights_sized` is False only when the caller
+    allowed an unsized checkpoint (--trust-engine): then `weight_bytes` is 0 and the source
+    says why, and the planner refuses to plan it (the engine sizes it).
     """
 
     name: str  # what the engine is given (repo id or path)
@@ -67,20 +80,25 @@ class ResolvedModel:
     repo_id: str | None = None
     path: str | None = None
     quantized_variants: tuple[str, ...] = ()
+    weights_sized: bool = True
 
 
-def resolve_model(text: str, *, env: Mapping[str, str] | None = None) -> ResolvedModel:
-    """Resolve a model by local directory, then alias, then Hugging Face repo id."""
+def resolve_model(text: str, *, env: Mapping[str, str] | None = None, unsized_ok: bool = False) -> ResolvedModel:
+    """Resolve a model by local directory, then alias, then Hugging Face repo id.
+
+    `unsized_ok` (--trust-engine): a checkpoint whose weight bytes cannot be read is returned
+    with `weights_sized=False` instead of raising `UnsizedWeights`.
+    """
     env = os.environ if env is None else env
     if not text or len(text) > _MAX_ARG or "\0" in text:
         raise ModelNotFound(f"model {_shown(text)}: not a usable name or path ({len(text)} characters)")
     if _is_dir(_expand(text)):
-        return _from_local_dir(_expand(text), text)
+        return _from_local_dir(_expand(text), text, unsized_ok=unsized_ok)
     profile = load_profile(text)
     if profile is not None:
         return model_from_profile(profile)
     if "/" in text and not text.startswith((".", "/", "~")) and is_repo_id(text):
-        return _from_hub(text, env)
+        return _from_hub(text, env, unsized_ok=unsized_ok)
     raise ModelNotFound(
         f"model {_shown(text)} is not a directory, a known alias or a Hugging Face repo id",
         hint=_alias_hint(text, sorted(list_aliases())),
@@ -190,14 +208,26 @@ def model_from_profile(profile: Mapping[str, Any], *, via: str = "alias") -> Res
 # --------------------------------------------------------------------------- local directory
 
 
-def _from_local_dir(path: Path, text: str) -> ResolvedModel:
+def _from_local_dir(path: Path, text: str, *, unsized_ok: bool) -> ResolvedModel:
     config_path = path / "config.json"
     config = read_config_file(config_path)
-    weight_bytes, source = weight_bytes_in_dir(path)
+    weight_bytes, source, sized = _sized_or_not(lambda: weight_bytes_in_dir(path), unsized_ok)
     return ResolvedModel(
         name=text, source="local", geometry=_geometry(config, config_path), weight_bytes=weight_bytes,
-        weight_bytes_source=source, config=config, path=engine_path(path),
+        weight_bytes_source=source, config=config, path=engine_path(path), weights_sized=sized,
     )
+
+
+def _sized_or_not(size: Any, unsized_ok: bool) -> tuple[int, str, bool]:
+    """(bytes, source, True) from `size()`; with `unsized_ok`, (0, why not, False) where it
+    raises UnsizedWeights."""
+    try:
+        weight_bytes, source = size()
+    except UnsizedWeights as exc:
+        if not unsized_ok:
+            raise
+        return 0, f"unknown: {exc.message}", False
+    return weight_bytes, source, True
 
 
 def engine_path(path: Path) -> str:
@@ -223,18 +253,47 @@ def read_config_file(path: Path) -> Mapping[str, Any]:
 
 
 def weight_bytes_in_dir(path: Path) -> tuple[int, str]:
-    """Checkpoint tensor bytes: the index's total_size, else the safetensors headers."""
+    """Checkpoint tensor bytes: the index's total_size, else the safetensors headers, else the
+    .bin checkpoint's (its index's total_size, else its files' sizes); the engines' own order."""
     index = path / INDEX_FILE
     if os.path.lexists(index):
         total = total_size_from_index(_read_json(index, missing=f"{index}: not found"), str(index))
         return total, f"{INDEX_FILE} total_size"
-    try:
-        shards = sorted(path.glob("*.safetensors"))
-    except OSError as exc:
-        raise ModelNotFound(f"{path}: cannot list it ({exc.strerror or exc})") from None
+    shards = _listed(path, "*.safetensors")
     if shards:
         return sum(safetensors_tensor_bytes(s) for s in shards), f"headers of {len(shards)} safetensors file(s)"
-    raise ModelConfigError(f"{path}: no *.safetensors files or {INDEX_FILE} to read the weight size from")
+    found = _bin_weight_bytes_in_dir(path)
+    if found is None:
+        raise UnsizedWeights(f"{path}: no *.safetensors, *.bin or {INDEX_FILE} to read the weight size from",
+                             hint=UNSIZED_HINT)
+    return found
+
+
+def _bin_weight_bytes_in_dir(path: Path) -> tuple[int, str] | None:
+    """A .bin checkpoint: its index's total_size where it states one, else the files' sizes."""
+    bin_index = path / BIN_INDEX_FILE
+    if os.path.lexists(bin_index):
+        total = optional_total_size(_read_json(bin_index), str(bin_index))
+        if total is not None:
+            return total, f"{BIN_INDEX_FILE} total_size"
+    pickles = [f for f in _listed(path, "*.bin") if f.name not in _NOT_WEIGHTS]
+    if not pickles:
+        return None
+    return sum(stored_size(f) for f in pickles), f"sizes of {len(pickles)} .bin file(s) on disk ({BIN_SIZES_CAVEAT})"
+
+
+def _listed(path: Path, pattern: str) -> list[Path]:
+    try:
+        return sorted(path.glob(pattern))
+    except OSError as exc:
+        raise ModelNotFound(f"{path}: cannot list it ({exc.strerror or exc})") from None
+
+
+def stored_size(path: Path) -> int:
+    """A weight file's size on disk, from fstat of the opened file: nothing is read (a .bin is
+    an untrusted pickle), and a FIFO or a directory under the name is refused as for any file."""
+    with _open_regular(path, f"{path}: not found") as handle:
+        return os.fstat(handle.fileno()).st_size
 
 
 def _open_regular(path: Path, missing: str) -> IO[bytes]:
@@ -292,13 +351,26 @@ def _one_line(exc: BaseException) -> str:
 
 
 def total_size_from_index(index: Any, where: str) -> int:
+    total = optional_total_size(index, where, required=True)
+    if total is None:  # `required` has raised already; this keeps the type an int
+        raise ModelConfigError(f"{where}: no metadata.total_size")
+    return total
+
+
+def optional_total_size(index: Any, where: str, *, required: bool = False) -> int | None:
+    """An index's metadata.total_size; None where the index states none (and it is not `required`).
+    A value that is there but not a byte count is always an error: it would be planned."""
     if not isinstance(index, Mapping):
         raise ModelConfigError(f"{where}: expected a JSON object")
     metadata = index.get("metadata")
+    if metadata is None and not required:
+        return None
     if not isinstance(metadata, Mapping):
         raise ModelConfigError(f"{where}: 'metadata' must be an object holding total_size, not {_value(metadata)}")
     total = metadata.get("total_size")
     if total is None:
+        if not required:
+            return None
         raise ModelConfigError(f"{where}: no metadata.total_size")
     if not _whole(total) or not 0 < total <= _MAX_TOTAL_SIZE:
         raise ModelConfigError(
@@ -361,7 +433,7 @@ class _NotCached(Exception):
     """Offline, and the file is not in the Hugging Face cache."""
 
 
-def _from_hub(repo_id: str, env: Mapping[str, str]) -> ResolvedModel:
+def _from_hub(repo_id: str, env: Mapping[str, str], *, unsized_ok: bool) -> ResolvedModel:
     """Read config.json and the weight size through huggingface_hub (cache, offline, token).
 
     huggingface_hub itself honours HF_HOME, HF_HUB_CACHE and HF_TOKEN; we never log the token.
@@ -393,12 +465,13 @@ def _from_hub(repo_id: str, env: Mapping[str, str]) -> ResolvedModel:
     if config_path is None:
         raise ModelNotFound(f"{repo_id}: the repository has no config.json")
     config = read_config_file(config_path)
-    weight_bytes, source = _hub_weight_bytes(repo_id, token, offline=offline)
+    weight_bytes, source, sized = _sized_or_not(lambda: _hub_weight_bytes(repo_id, token, offline=offline),
+                                                unsized_ok)
     profile = profile_for_repo(repo_id)
     return ResolvedModel(
         name=repo_id, source="hub", geometry=_geometry(config, Path(f"{repo_id}/config.json")),
         weight_bytes=weight_bytes, weight_bytes_source=source, config=config, repo_id=repo_id,
-        quantized_variants=tuple((profile or {}).get("quantized_variants") or ()),
+        quantized_variants=tuple((profile or {}).get("quantized_variants") or ()), weights_sized=sized,
     )
 
 
@@ -456,19 +529,18 @@ def _hub_small_file(repo_id: str, filename: str, token: str | None, *, offline: 
 
 
 def _hub_weight_bytes(repo_id: str, token: str | None, *, offline: bool) -> tuple[int, str]:
-    """The index's total_size, else the single file's header: from the cache when they are there."""
+    """The safetensors index's total_size, else the single file's header, else the .bin
+    checkpoint's size: from the cache when they are there, else from the Hub's metadata."""
     from huggingface_hub import get_safetensors_metadata
     from huggingface_hub.errors import HfHubHTTPError, NotASafetensorsRepoError
 
-    index, _ = _cached(repo_id, INDEX_FILE)
-    if index is not None:
-        return total_size_from_index(_read_json(index), f"{repo_id}/{INDEX_FILE}"), f"{repo_id} {INDEX_FILE} total_size"
-    single, _ = _cached(repo_id, SINGLE_FILE)
-    if single is not None:  # the same header reader as for a local directory, no network
-        return safetensors_tensor_bytes(single), f"{repo_id} {SINGLE_FILE} header (cached)"
+    cached = _cached_weight_bytes(repo_id)
+    if cached is not None:
+        return cached
     if offline:
         raise ModelNotFound(
-            f"{repo_id}: HF_HUB_OFFLINE is set and neither {INDEX_FILE} nor {SINGLE_FILE} is in the Hugging Face cache",
+            f"{repo_id}: HF_HUB_OFFLINE is set and neither {INDEX_FILE} nor {SINGLE_FILE} "
+            f"(nor {BIN_INDEX_FILE} or {BIN_SINGLE_FILE}) is in the Hugging Face cache",
             hint="download the index (or the single file) once online")
     try:
         index = _hub_small_file(repo_id, INDEX_FILE, token, offline=False)
@@ -478,13 +550,55 @@ def _hub_weight_bytes(repo_id: str, token: str | None, *, offline: bool) -> tupl
         # Range reads of the headers only, never the weights.
         meta = _with_retry(lambda: get_safetensors_metadata(repo_id, token=token, timeout=HUB_TIMEOUT_S), repo_id)
     except NotASafetensorsRepoError:
-        raise ModelConfigError(f"{repo_id}: no safetensors weights ({INDEX_FILE} or {SINGLE_FILE})") from None
+        return _hub_bin_weight_bytes(repo_id, token)
     except HfHubHTTPError as exc:
         raise ModelConfigError(f"{repo_id}: cannot read the safetensors headers ({_http_status(exc)})") from None
     total = 0
     for file_meta in meta.files_metadata.values():
         total += sum(t.data_offsets[1] - t.data_offsets[0] for t in file_meta.tensors.values())
     return total, f"{repo_id} safetensors headers"
+
+
+def _cached_weight_bytes(repo_id: str) -> tuple[int, str] | None:
+    """What the Hugging Face cache alone says, in the engines' order: safetensors, then .bin."""
+    index, _ = _cached(repo_id, INDEX_FILE)
+    if index is not None:
+        return total_size_from_index(_read_json(index), f"{repo_id}/{INDEX_FILE}"), f"{repo_id} {INDEX_FILE} total_size"
+    single, _ = _cached(repo_id, SINGLE_FILE)
+    if single is not None:  # the same header reader as for a local directory, no network
+        return safetensors_tensor_bytes(single), f"{repo_id} {SINGLE_FILE} header (cached)"
+    bin_index, _ = _cached(repo_id, BIN_INDEX_FILE)
+    total = optional_total_size(_read_json(bin_index), f"{repo_id}/{BIN_INDEX_FILE}") if bin_index else None
+    if total is not None:
+        return total, f"{repo_id} {BIN_INDEX_FILE} total_size"
+    single_bin, _ = _cached(repo_id, BIN_SINGLE_FILE)
+    if single_bin is not None:  # the cache's blob, sized by fstat, never read
+        return stored_size(single_bin), f"{repo_id} {BIN_SINGLE_FILE} size on disk (cached; {BIN_SIZES_CAVEAT})"
+    return None
+
+
+def _hub_bin_weight_bytes(repo_id: str, token: str | None) -> tuple[int, str]:
+    """A repo without safetensors: its .bin index's total_size, else pytorch_model.bin's size
+    as the Hub states it (a HEAD request; the file is not downloaded)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    try:
+        bin_index = _hub_small_file(repo_id, BIN_INDEX_FILE, token, offline=False)
+        total = optional_total_size(_read_json(bin_index), f"{repo_id}/{BIN_INDEX_FILE}") if bin_index else None
+        if total is not None:
+            return total, f"{repo_id} {BIN_INDEX_FILE} total_size"
+        meta = _with_retry(lambda: get_hf_file_metadata(hf_hub_url(repo_id, BIN_SINGLE_FILE), token=token,
+                                                        timeout=HUB_TIMEOUT_S), repo_id)
+    except EntryNotFoundError:
+        meta = None
+    except HfHubHTTPError as exc:
+        raise ModelConfigError(f"{repo_id}: cannot read the .bin checkpoint's metadata ({_http_status(exc)})") from None
+    if meta is not None and isinstance(meta.size, int) and 0 < meta.size <= _MAX_TOTAL_SIZE:
+        return meta.size, f"{repo_id} {BIN_SINGLE_FILE} size on the Hub ({BIN_SIZES_CAVEAT})"
+    raise UnsizedWeights(
+        f"{repo_id}: no safetensors weights, and neither a {BIN_INDEX_FILE} total_size nor a {BIN_SINGLE_FILE} "
+        "to size", hint=UNSIZED_HINT)
 
 
 def _with_retry(call: Any, repo_id: str) -> Any:

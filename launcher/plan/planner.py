@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from launcher.common.errors import Alternative, SafeServeError, UsageError, WontFit
+from launcher.common.errors import Alternative, SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.engines import adapter
 from launcher.model.gpu import GpuDevice
 from launcher.model.resolve import ResolvedModel
@@ -71,6 +71,9 @@ def _plan_once(request: PlanRequest) -> Plan:
         engine = adapter(request.engine)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if not request.model.weights_sized:  # only with --trust-engine: the engine sizes it
+        raise UnsupportedModel(f"the weight size is {request.model.weight_bytes_source}",
+                               hint="safe-serve plans nothing here; serve --trust-engine lets the engine size it")
     return engine.plan(request)
 
 

@@ -67,7 +67,9 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
     engine = adapter(options.engine)
     version = options.engine_version or installed_version(options.engine)
     flag_warnings = engine.check_engine_args(options.engine_args, version)  # exit 2 before any Hub lookup
-    model = resolve_model(options.model, env=env)
+    # --trust-engine: a checkpoint whose weights cannot be sized still resolves; the planner
+    # refuses it and the engine sizes it (launcher.serve.start.prepare).
+    model = resolve_model(options.model, env=env, unsized_ok=options.trust_engine)
     variants = tuple(model_from_profile(p) for p in (load_profile(a) for a in model.quantized_variants) if p)
     gpus, host = _devices(options, env)
     calibration: Calibration | None = None
