@@ -15,9 +15,12 @@ The adapter answers three kinds of question:
 
 An adapter is an `EngineSpec` (the engine's names and flag spellings, as data) wrapped by
 `SpecAdapter`, which does what every engine does the same way (parse, set and drop flags,
-the health address), plus the methods only the engine knows, written in its `adapter.py`.
-`ADAPTER: EngineAdapter = ...` there lets mypy say what a new engine still lacks, and
-tests/engines/test_layout.py lists it.
+the health address), plus the methods only the engine knows. `ModuleAdapter` answers those
+from the engine package's own modules (`rules`, `architectures`, `planner`, `runtime`,
+`logs`), each typed by a module protocol below (`RulesModule`, ...), so an engine's
+`adapter.py` is its `SPEC` and one `ModuleAdapter(SPEC, rules=rules, ...)`. mypy then says
+what a new engine still lacks: a module missing a function fails its protocol by name, and
+`ADAPTER: EngineAdapter = ...` checks the whole; tests/engines/test_layout.py lists both.
 """
 
 from __future__ import annotations
@@ -38,6 +41,52 @@ class Measurements(Protocol):
     """Turns the engine's log events of one start into a `Calibration` for the next plan."""
 
     def feed(self, event: EngineEvent) -> Calibration | None: ...
+
+
+class VersionedRules(Protocol):
+    """One row of an engine's version table (`VllmRules`, `SglangRules`)."""
+
+    @property
+    def version(self) -> str: ...
+
+
+class RulesModule(Protocol):
+    """An engine's `rules.py`, as the adapter reads it."""
+
+    def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]: ...
+    def rules_for(self, version: str | None) -> tuple[VersionedRules, str | None]: ...
+
+
+class ArchitecturesModule(Protocol):
+    """An engine's `architectures.py`: which architectures are verified, and how."""
+
+    def proof_summary(self) -> tuple[str, list[tuple[str, str]]]: ...
+
+
+class PlannerModule(Protocol):
+    """An engine's `planner.py`."""
+
+    def plan(self, request: PlanRequest) -> Plan: ...
+    def engine_decides(self, request: PlanRequest, refusal: SafeServeError) -> Plan: ...
+
+
+class RuntimeModule(Protocol):
+    """An engine's `runtime.py`: its command line, retunes from its own numbers, what a start measures."""
+
+    def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
+                    engine_cmd: str | None) -> list[str]: ...
+    def retuned_args(self, plan: Plan, args: Sequence[str], event: EngineEvent, *,
+                     concurrency: int) -> list[str] | None: ...
+    def kv_shortfall(self, plan: Plan, event: EngineEvent, *, concurrency: int,
+                     tolerance: float) -> str | None: ...
+    def measurements_for(self, plan: Plan) -> Measurements: ...
+
+
+class LogsModule(Protocol):
+    """An engine's `logs.py`: its log lines as typed events."""
+
+    def parse(self, line: str) -> EngineEvent | None: ...
+    def reader(self, env: Mapping[str, str]) -> LogReader: ...
 
 
 class EngineAdapter(Protocol):
@@ -208,3 +257,56 @@ class SpecAdapter:
 
     def health_address(self, pinned: Mapping[str, PinnedValue]) -> tuple[str, int]:
         return str(pinned.get("--host") or "127.0.0.1"), int(pinned.get("--port") or self.default_port)
+
+
+class ModuleAdapter(SpecAdapter):
+    """An engine's adapter from its spec and its package's modules: each method only the engine
+    can answer calls that engine's own module for it. `planner` is a loader, called at each plan,
+    so the planner is imported on the first plan (which keeps `safe-serve gpus` light)."""
+
+    def __init__(self, spec: EngineSpec, *, rules: RulesModule, architectures: ArchitecturesModule,
+                 planner: Callable[[], PlannerModule], runtime: RuntimeModule, logs: LogsModule) -> None:
+        super().__init__(spec)
+        self._rules, self._architectures, self._planner = rules, architectures, planner
+        self._runtime, self._logs = runtime, logs
+
+    # planning
+    def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]:
+        return self._rules.ranks(pinned)
+
+    def rules_version(self, version: str | None) -> tuple[str, str | None]:
+        chosen, note = self._rules.rules_for(version)
+        return chosen.version, note
+
+    def plan(self, request: PlanRequest) -> Plan:
+        return self._planner().plan(request)
+
+    def engine_decides(self, request: PlanRequest, refusal: SafeServeError) -> Plan:
+        return self._planner().engine_decides(request, refusal)
+
+    def verified_architectures(self) -> tuple[str, list[tuple[str, str]]]:
+        """(how they were proven, [(architecture, its proof)]) for `safe-serve models --architectures`."""
+        return self._architectures.proof_summary()
+
+    # launching
+    def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
+                    engine_cmd: str | None) -> list[str]:
+        return self._runtime.engine_argv(plan, model_ref, passthrough, engine_cmd)
+
+    # watching
+    def parse_line(self, line: str) -> EngineEvent | None:
+        return self._logs.parse(line)
+
+    def log_reader(self, env: Mapping[str, str]) -> LogReader:
+        """A reader of one engine start's lines in order (traceback state per stream)."""
+        return self._logs.reader(env)
+
+    def retuned_args(self, plan: Plan, args: Sequence[str], event: EngineEvent, *,
+                     concurrency: int) -> list[str] | None:
+        return self._runtime.retuned_args(plan, args, event, concurrency=concurrency)
+
+    def kv_shortfall(self, plan: Plan, event: EngineEvent, *, concurrency: int, tolerance: float) -> str | None:
+        return self._runtime.kv_shortfall(plan, event, concurrency=concurrency, tolerance=tolerance)
+
+    def measurements(self, plan: Plan) -> Measurements:
+        return self._runtime.measurements_for(plan)

@@ -1,16 +1,19 @@
 """Supervising one engine process: spawn it, pass its output through, stop it cleanly.
 
-Modules, in the order a start meets them: ``process`` (the engine's process group and its
-guard), ``output`` (pass-through that a slow reader cannot block), ``streams`` (the two
-writers, back-pressure, the status line), ``readiness`` (health poller, liveness count, ready
-file), ``keepalive`` (READY/STATUS/EXTEND/WATCHDOG/STOPPING), ``events`` (the loop's inbox and
-signal handlers), ``outcome`` (the exit-code rules), ``loop`` (the ``Supervisor``: its state
-machine and dispatch tables), ``sdnotify`` (the datagram protocol).
+Modules, in the order a start meets them: ``options`` (``SupervisorOptions``), ``process``
+(spawning the engine in its process group with its guard, reaping), ``output`` (pass-through
+that a slow reader cannot block), ``streams`` (reading the pipes, the two writers,
+back-pressure, the status line), ``readiness`` (health poller, liveness count, ready file,
+watches), ``keepalive`` (READY/STATUS/EXTEND/WATCHDOG/STOPPING), ``events`` (the loop's inbox,
+signal handlers and the control methods that post to it), ``stopping`` (SIGTERM, grace,
+SIGKILL, the drain after exit), ``outcome`` (the exit-code rules), ``loop`` (the
+``Supervisor``: its state machine and dispatch tables), ``sdnotify`` (the datagram protocol).
 """
 
 from __future__ import annotations
 
-from launcher.supervise.loop import Supervisor, SupervisorOptions
+from launcher.supervise.loop import Supervisor
+from launcher.supervise.options import SupervisorOptions
 from launcher.supervise.outcome import (
     Phase,
     State,

@@ -1,4 +1,5 @@
-"""The loop's inbox: signals and requests from hooks and threads, and the signal handlers.
+"""The loop's inbox: signals and requests from hooks and threads, the signal handlers, and the
+control methods that post the requests (``Controls``, the thread-safe half of the ``Supervisor``).
 
 Signal handlers only enqueue (the C-level handler already wrote the wake-up pipe via
 ``signal.set_wakeup_fd``); other threads ``post``, which also writes the pipe, so one
@@ -12,7 +13,7 @@ import queue
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from types import FrameType
 
@@ -36,6 +37,15 @@ class EventQueue:
 
     def put_signal(self, signum: int) -> None:
         self._queue.put_nowait(signum)
+
+    def signals_queued(self, signums: Iterable[int]) -> AbstractContextManager[None]:
+        """While inside, each of ``signums`` is queued as its number and wakes ``select()``;
+        after, the previous handlers are back. Only on the main thread, after ``open``."""
+        return installed_signal_handlers(signums, self._handle_signal, self.write_fd)
+
+    def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
+        """The signal handler: enqueue only (NO LOGGING); the C-level handler already woke us."""
+        self.put_signal(signum)
 
     def post(self, event: object) -> None:
         self._queue.put_nowait(event)
@@ -125,3 +135,29 @@ class HealthResult:
 @dataclass(frozen=True)
 class OutputDrained:
     """A writer fell below its low-water mark: read the engine's pipes again."""
+
+
+class Controls:
+    """The supervisor's control methods: each posts one event to the loop's inbox and returns,
+    so any thread or hook may call them; the loop's request table acts on the event."""
+
+    def __init__(self) -> None:
+        self._events = EventQueue()
+
+    def request_stop(self, reason: str, exit_code: int, *, kill: bool = False, after_s: float = 0.0) -> None:
+        """Stop the engine's group (SIGTERM, SIGKILL after the grace; at once if ``kill``) and
+        make :meth:`run` return ``exit_code`` whatever the engine does. With ``after_s`` the
+        SIGTERM waits that long (the engine's last lines pass, it may exit by itself)."""
+        self._events.post(StopRequest(reason, int(exit_code), kill, after_s))
+
+    def request_restart(self, command: EngineCommand, reason: str = "retune") -> None:
+        """Stop the engine gracefully, then start ``command`` (ignored once stopping)."""
+        self._events.post(RestartRequest(command, reason))
+
+    def mark_ready(self, status: str | None = None) -> None:
+        """Declare the engine serving: READY=1 (+ STATUS) to systemd, write the ready file."""
+        self._events.post(MarkReady(status))
+
+    def mark_event(self, name: str) -> None:
+        """Record that a watched event happened, disarming its watch timeout."""
+        self._events.post(MarkEvent(name))

@@ -2,10 +2,13 @@
 
 The shape is gunicorn's arbiter, cut down to one child: signal handlers only enqueue, one loop
 waits on the engine's pipes and a wake-up fd, dispatches queued events through explicit
-tables, then runs reconcile steps every tick (reap, deadlines, systemd keep-alives).
-Exit-code rules: ``outcome``; the process and its group guard: ``process``; output: ``output``
-and ``streams`` (writers, back-pressure, status line); systemd: ``keepalive``; health and
-liveness: ``readiness``.
+tables, then runs reconcile steps every tick (reap, deadlines, systemd keep-alives). This
+module holds the states (``State``: NEW, RUNNING, RESTARTING, STOPPING, FINISHED), the
+dispatch tables and their targets; how each step is done lives beside it: the tunables in
+``options``, the inbox and signal handlers in ``events``, spawning and reaping in ``process``,
+SIGTERM/grace/SIGKILL and the drain after exit in ``stopping``, exit-code rules in
+``outcome``, output in ``output`` and ``streams``, systemd in ``keepalive``, health, liveness
+and watches in ``readiness``.
 """
 
 from __future__ import annotations
@@ -15,19 +18,15 @@ import selectors
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import structlog
 
 from launcher.common import stopsignals
-from launcher.common.errors import ExitCode
 from launcher.supervise.events import (
-    EventQueue,
+    Controls,
     HealthResult,
     Healthy,
     MarkEvent,
@@ -35,55 +34,22 @@ from launcher.supervise.events import (
     OutputDrained,
     RestartRequest,
     StopRequest,
-    installed_signal_handlers,
 )
-from launcher.supervise.keepalive import EXTEND_BY_S, EXTEND_EVERY_S, KeepAlive
-from launcher.supervise.outcome import (
-    STOP_SIGNALS_CLEAN,
-    Phase,
-    State,
-    StopBook,
-    SupervisorOutcome,
-    decide_outcome,
-    signal_name,
-)
-from launcher.supervise.output import MAX_LINE_BYTES, PARTIAL_FLUSH_AFTER_S, LineHook
-from launcher.supervise.process import Engine, EngineCommand, GroupGuard, spawn_engine
-from launcher.supervise.readiness import HealthCheck, HealthPoller, Liveness, ReadyFile
+from launcher.supervise.keepalive import KeepAlive
+from launcher.supervise.options import SupervisorOptions
+from launcher.supervise.outcome import Phase, State, SupervisorOutcome, decide_outcome, signal_name
+from launcher.supervise.output import LineHook
+from launcher.supervise.process import Engine, EngineCommand, reap, start_engine
+from launcher.supervise.readiness import Health, ReadyFile, Watches
+from launcher.supervise.stopping import Stopper
 from launcher.supervise.streams import OwnStream, Streams
 
 log = structlog.get_logger("safe_serve.supervisor")
 
-READ_CHUNK = 1 << 20  # bytes per os.read
-DRAIN_AFTER_EXIT_S = 2.0  # how long to read pipes that outlive the engine's group
 TICK_S = 1.0  # reconcile steps run at least this often
-STOP_FLUSH_S = 5.0  # after a requested stop, the engine's last output gets this long beyond its exit
 
 
-@dataclass(frozen=True)
-class SupervisorOptions:
-    """Tunables of one supervision; the defaults suit systemd and containers."""
-
-    grace_s: float = 30.0  # SIGTERM -> SIGKILL (Kubernetes' default grace is 30 s too)
-    health: HealthCheck | None = None  # poll it from each start; 200 -> on_ready
-    liveness_exit_code: int = int(ExitCode.SOFTWARE)  # health.failures probes failed in a row after ready
-    ready_file: Path | None = None  # written at mark_ready(), removed when not ready or at exit
-    watch_timeouts_s: Mapping[str, float] = field(default_factory=dict)  # event name -> seconds from start
-    notify_env: Mapping[str, str] | None = None  # where NOTIFY_SOCKET/WATCHDOG_USEC are read; None: os.environ
-    stdout_fd: int = 1
-    stderr_fd: int = 2
-    group_guard: bool = True
-    reap_orphans: bool | None = None  # waitpid(-1) for every child; None: only when we are PID 1
-    handle_signals: bool = True  # needs run() on the main thread
-    extend_every_s: float = EXTEND_EVERY_S
-    extend_by_s: float = EXTEND_BY_S
-    max_line_bytes: int = MAX_LINE_BYTES
-    line_filter: tuple[bytes, ...] | None = None  # on_line gets only lines holding one of these
-    output_flush_s: float = 30.0  # after the engine ended unasked, how long a stalled reader may keep us waiting
-    stop_flush_s: float = STOP_FLUSH_S  # ... and after a stop we were asked for (systemd waits on us)
-
-
-class Supervisor:
+class Supervisor(Controls):
     """Starts an engine, passes its output through, stops it on signals, requests or deadlines.
 
     Hooks run on the thread that called :meth:`run` (the main thread when signals are
@@ -105,7 +71,8 @@ class Supervisor:
     systemd set ``WATCHDOG_USEC``, ``WATCHDOG=1`` goes out every half period.
 
     The control methods (:meth:`request_stop`, :meth:`request_restart`, :meth:`mark_ready`,
-    :meth:`mark_event`) only enqueue; they may be called from any thread or hook.
+    :meth:`mark_event`, from ``events.Controls``) only enqueue; they may be called from any
+    thread or hook.
     An exception escaping a hook is a bug: the engine is stopped and the exception re-raised.
     """
 
@@ -119,6 +86,7 @@ class Supervisor:
         on_watch_timeout: Callable[[str], None] | None = None,
         on_exit: Callable[[int], None] | None = None,
     ) -> None:
+        super().__init__()  # the inbox the control methods post to
         self._command = command
         self._opts = options or SupervisorOptions()
         self._on_line = on_line
@@ -130,16 +98,12 @@ class Supervisor:
         self._generation = 0
         self._restarts = 0
         self._reap_all = os.getpid() == 1 if self._opts.reap_orphans is None else self._opts.reap_orphans
-        self._events = EventQueue()
         self._selector = selectors.DefaultSelector()
         self._ready_file = ReadyFile(self._opts.ready_file)
-        self._health: HealthPoller | None = None
-        self._liveness = Liveness(self._opts.health)
-        self._stop = StopBook()
+        self._health = Health(self._opts.health, self._events.post)
+        self._stopper = Stopper(self._opts)
         self._pending_restart: EngineCommand | None = None
-        self._drain_deadline: float | None = None
-        self._drain_limit: float | None = None
-        self._watch_deadlines: dict[str, float] = {}
+        self._watches = Watches(self._opts.watch_timeouts_s)
         self._keepalive = KeepAlive(self._opts.notify_env, extend_every_s=self._opts.extend_every_s,
                                     extend_by_s=self._opts.extend_by_s)
         self._outcome: SupervisorOutcome | None = None
@@ -181,24 +145,6 @@ class Supervisor:
     def engine_pid(self) -> int | None:
         return self._engine.pid if self._engine else None
 
-    def request_stop(self, reason: str, exit_code: int, *, kill: bool = False, after_s: float = 0.0) -> None:
-        """Stop the engine's group (SIGTERM, SIGKILL after the grace; at once if ``kill``) and
-        make :meth:`run` return ``exit_code`` whatever the engine does. With ``after_s`` the
-        SIGTERM waits that long (the engine's last lines pass, it may exit by itself)."""
-        self._events.post(StopRequest(reason, int(exit_code), kill, after_s))
-
-    def request_restart(self, command: EngineCommand, reason: str = "retune") -> None:
-        """Stop the engine gracefully, then start ``command`` (ignored once stopping)."""
-        self._events.post(RestartRequest(command, reason))
-
-    def mark_ready(self, status: str | None = None) -> None:
-        """Declare the engine serving: READY=1 (+ STATUS) to systemd, write the ready file."""
-        self._events.post(MarkReady(status))
-
-    def mark_event(self, name: str) -> None:
-        """Record that a watched event happened, disarming its watch timeout."""
-        self._events.post(MarkEvent(name))
-
     @property
     def own_stream(self) -> OwnStream:
         """Where our own log lines go: behind the engine's stderr lines while the loop runs."""
@@ -239,7 +185,7 @@ class Supervisor:
                     self._pump_io(self._next_timeout(time.monotonic()))
                     self._drain_events()
                     self._reconcile(time.monotonic())
-                self._flush_output()
+                self._streams.flush(self._stopper.flush_left_s())  # within the drain's bound, from the engine's exit
         except BaseException:
             self._abandon()
             raise
@@ -254,16 +200,7 @@ class Supervisor:
         for key, _mask in self._selector.select(timeout):
             if key.data is None:
                 self._events.drain_pipe()
-                continue
-            try:
-                chunk = os.read(key.fd, READ_CHUNK)
-            except OSError:
-                chunk = b""
-            if chunk:
-                key.data.feed(chunk)
-                if self._state is State.RUNNING and getattr(key.data.out, "full", False):
-                    self._streams.pause(key.fd, key.data, self._selector)
-            else:
+            elif not self._streams.read(key.fd, key.data, self._selector, may_pause=self._state is State.RUNNING):
                 self._close_pipe(key.fd)
 
     def _drain_events(self) -> None:
@@ -277,88 +214,32 @@ class Supervisor:
         """Every tick: reap, flush stale partial lines, deadlines, keep-alives, end of engine."""
         self._reap()
         engine = self._current()
-        for pump, _file in engine.pipes.values():
-            if pump.pending_since is not None and now - pump.pending_since >= PARTIAL_FLUSH_AFTER_S:
-                pump.flush_partial()
+        self._streams.flush_stale_partials(engine, now)
         if engine.returncode is None:
             self._reconcile_running(engine, now)
-        else:
-            self._reconcile_exited(engine, now)
+        elif self._stopper.drained(engine, now, reader_stalled=bool(self._streams.paused)):
+            self._finish_engine(engine)
 
     def _reconcile_running(self, engine: Engine, now: float) -> None:
-        if self._stop.term_at is not None and now >= self._stop.term_at:
-            self._stop.term_at = None
+        if self._stopper.term_due(now):
             self._begin_stop(signal.SIGTERM, State.STOPPING)
-        if self._stop.deadline is not None and now >= self._stop.deadline:
+        if self._stopper.grace_over(now):
             self._escalate(f"the engine did not stop within the {self._opts.grace_s:g} s grace period")
-        self._check_watches(now)
-        alive = self._liveness.passing(now) and engine.phase is Phase.READY and self._state is State.RUNNING
-        self._keepalive.tick(now, loading=self._state is not State.STOPPING, alive=alive)
-
-    def _reconcile_exited(self, engine: Engine, now: float) -> None:
-        """The engine is reaped: clear its group, read what is left in its pipes, then finish."""
-        if self._drain_deadline is None:
-            if engine.kill_stragglers():
-                log.warning("killed processes left in the engine's process group", pgid=engine.pgid)
-            self._drain_deadline = now + DRAIN_AFTER_EXIT_S
-            self._drain_limit = now + DRAIN_AFTER_EXIT_S + self._flush_budget_s()
-        if self._streams.paused and self._drain_limit is not None:
-            # a slow reader, not a process outliving the group, keeps the pipes open
-            self._drain_deadline = min(max(self._drain_deadline, now + DRAIN_AFTER_EXIT_S), self._drain_limit)
-        if engine.pipes and now < self._drain_deadline:
-            return
-        if engine.pipes:
-            log.warning("engine output pipes still open after its exit; closing them", pgid=engine.pgid)
-        self._finish_engine(engine)
-
-    def _next_timeout(self, now: float) -> float:
-        deadlines = [now + TICK_S, *self._watch_deadlines.values()]
-        for candidate in (self._stop.deadline, self._stop.term_at, self._drain_deadline):
-            if candidate is not None:
-                deadlines.append(candidate)
-        deadlines.extend(self._keepalive.deadlines())
-        for pump, _file in self._current().pipes.values():
-            if pump.pending_since is not None:
-                deadlines.append(pump.pending_since + PARTIAL_FLUSH_AFTER_S)
-        return max(0.0, min(deadlines) - now)
-
-    def _reap(self) -> None:
-        """Collect exit statuses: the engine's, and every orphan's when we are PID 1."""
-        engine = self._current()
-        while self._reap_all or engine.returncode is None:
-            try:
-                pid, status = os.waitpid(-1 if self._reap_all else engine.pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid == engine.pid:
-                engine.record_exit(status)
-                log.info("engine exited", pid=pid, returncode=engine.returncode)
-            else:
-                log.debug("reaped an orphaned process", pid=pid)
-
-    def _check_watches(self, now: float) -> None:
-        if self._state is not State.RUNNING:
-            return
-        for name, deadline in list(self._watch_deadlines.items()):
-            if now >= deadline:
-                del self._watch_deadlines[name]
+        if self._state is State.RUNNING:
+            for name in self._watches.missed(now):
                 log.warning("watched event did not happen in time", watch=name)
                 if self._on_watch_timeout is not None:
                     self._on_watch_timeout(name)
+        alive = self._health.liveness.passing(now) and engine.phase is Phase.READY and self._state is State.RUNNING
+        self._keepalive.tick(now, loading=self._state is not State.STOPPING, alive=alive)
 
-    def _on_output_drained(self, _event: OutputDrained) -> None:
-        self._streams.resume_drained(self._selector)
+    def _next_timeout(self, now: float) -> float:
+        deadlines = [now + TICK_S, *self._watches.deadlines(), *self._stopper.deadlines(),
+                     *self._keepalive.deadlines(), *self._streams.partial_deadlines(self._current())]
+        return max(0.0, min(deadlines) - now)
 
-    def _flush_budget_s(self) -> float:
-        asked = self._stop.signal is not None or self._stop.request is not None
-        return self._opts.stop_flush_s if asked else self._opts.output_flush_s
-
-    def _flush_output(self) -> None:
-        """What is queued goes out, within the same bound as the drain (from the engine's exit)."""
-        limit = self._drain_limit if self._drain_limit is not None else time.monotonic() + self._flush_budget_s()
-        self._streams.flush(max(limit - time.monotonic(), 0.0))
+    def _reap(self) -> None:
+        reap(self._current(), every_child=self._reap_all)
 
     # ------------------------------------------------------------------ dispatch targets
 
@@ -367,15 +248,12 @@ class Supervisor:
         if self._state is State.FINISHED:
             return
         log.info("forwarding signal to the engine's process group", signal=signal_name(signum), pgid=self.engine_pid)
-        if self._stop.signal is None:
-            self._stop.signal = signum
-        self._stop.term_at = None
+        self._stopper.stop_signal(signum)
         self._begin_stop(signum, State.STOPPING)
 
     def _on_sigint(self, signum: int) -> None:
         """A second SIGINT (impatient Ctrl-C) kills the engine's group at once."""
-        self._stop.sigints += 1
-        if self._stop.sigints >= 2 and self._state is State.STOPPING:
+        if self._stopper.sigint() >= 2 and self._state is State.STOPPING:
             self._escalate("second SIGINT")
         else:
             self._on_stop_signal(signum)
@@ -391,13 +269,11 @@ class Supervisor:
         if self._state is State.FINISHED:
             return
         log.warning("stopping the engine", reason=request.reason, exit_code=request.exit_code)
-        if self._stop.request is None:
-            self._stop.request = (request.reason, request.exit_code)
-        if request.after_s > 0 and not request.kill and self._stop.deadline is None:
+        self._stopper.request(request.reason, request.exit_code)
+        if request.after_s > 0 and not request.kill and not self._stopper.group_signalled:
             self._pending_restart = None
             self._state = State.STOPPING
-            if self._stop.term_at is None:
-                self._stop.term_at = time.monotonic() + request.after_s
+            self._stopper.term_later(request.after_s)
             return
         self._begin_stop(signal.SIGTERM, State.STOPPING)
         if request.kill:
@@ -423,14 +299,14 @@ class Supervisor:
         log.info("engine ready", pid=engine.pid)
 
     def _on_mark_event(self, request: MarkEvent) -> None:
-        self._watch_deadlines.pop(request.name, None)
+        self._watches.mark(request.name)
 
     def _on_healthy(self, event: Healthy) -> None:
         engine = self._current()
         if event.generation != engine.generation or self._state is not State.RUNNING:
             return
         engine.phase = max(engine.phase, Phase.HEALTHY)
-        self._liveness.healthy(time.monotonic())
+        self._health.liveness.healthy(time.monotonic())
         if self._on_ready is not None:
             self._on_ready()
         else:
@@ -440,11 +316,14 @@ class Supervisor:
         engine = self._current()
         if event.generation != engine.generation or self._state is not State.RUNNING:
             return
-        why = self._liveness.result(event.healthy, time.monotonic())
+        why = self._health.liveness.result(event.healthy, time.monotonic())
         if why is not None:
             self.request_stop(why, self._opts.liveness_exit_code)
 
-    # ------------------------------------------------------------------ stopping
+    def _on_output_drained(self, _event: OutputDrained) -> None:
+        self._streams.resume_drained(self._selector)
+
+    # ------------------------------------------------------------------ transitions
 
     def _begin_stop(self, signum: int, state: State) -> None:
         # A paused engine blocks in its own write and could not shut down: while it stops, its
@@ -453,30 +332,18 @@ class Supervisor:
         if state is State.STOPPING:
             self._pending_restart = None  # stopping wins over a restart in progress
         self._state = state
-        if self._stop.deadline is None:
-            self._stop.deadline = time.monotonic() + self._opts.grace_s
-        if signum in STOP_SIGNALS_CLEAN:
-            self._stop.forwarded.add(signum)
-        self._current().signal_group(signum)
+        self._stopper.signal_group(self._current(), signum)
         if state is State.STOPPING:
-            self._keepalive.stopping(self._opts.grace_s + DRAIN_AFTER_EXIT_S + self._opts.stop_flush_s + 5.0)
+            self._keepalive.stopping(self._opts.stopping_covers_s)
         elif state is State.RESTARTING:
             self._keepalive.restarting()
 
     def _escalate(self, reason: str) -> None:
-        engine = self._current()
-        if self._stop.escalation is None and engine.returncode is None:
-            self._stop.escalation = reason
-            log.error("killing the engine's process group", reason=reason, pgid=engine.pgid)
-            engine.signal_group(signal.SIGKILL)
+        self._stopper.kill(self._current(), reason)
 
     def _finish_engine(self, engine: Engine) -> None:
         """The engine is reaped and drained: restart it or decide the outcome."""
-        for fd in list(engine.pipes):
-            self._close_pipe(fd)
-        self._stop_health()
-        if engine.guard is not None:
-            engine.guard.disarm()
+        self._release(engine, hook=True)
         self._ready_file.remove()
         assert engine.returncode is not None
         if self._state is State.RUNNING and self._on_exit is not None:
@@ -488,8 +355,21 @@ class Supervisor:
             self._state = State.RUNNING
             self._spawn(command)
             return
-        self._outcome = decide_outcome(engine.returncode, engine.phase, self._restarts, self._stop)
+        self._outcome = decide_outcome(engine.returncode, engine.phase, self._restarts, self._stopper.book)
         self._state = State.FINISHED
+
+    def _spawn(self, command: EngineCommand) -> None:
+        """Start engine number ``generation + 1``; everything kept per engine starts afresh."""
+        engine = start_engine(command, self._generation + 1, group_guard=self._opts.group_guard)
+        self._generation = engine.generation
+        self._streams.attach(engine, self._selector, self._on_line, self._opts.max_line_bytes, self._opts.line_filter)
+        self._engine = engine
+        now = time.monotonic()
+        self._stopper.reset()
+        self._watches.arm(now)
+        self._health.start(engine.generation)
+        log.info("engine started", pid=engine.pid, argv=list(command.shown or command.argv), restarts=self._restarts)
+        self._keepalive.starting(engine.pid, now)
 
     def _abandon(self) -> None:
         """After an unexpected exception: stop the group without the loop, briefly."""
@@ -502,58 +382,28 @@ class Supervisor:
         assert self._engine is not None, "no engine started yet"
         return self._engine
 
-    def _spawn(self, command: EngineCommand) -> None:
-        popen = spawn_engine(command)
-        self._generation += 1
-        guard = None
-        if self._opts.group_guard:
-            try:
-                guard = GroupGuard(popen.pid)
-            except OSError as exc:
-                log.warning("no group guard: engine children may outlive a SIGKILLed safe-serve", error=str(exc))
-        engine = Engine(command, popen, guard, self._generation)
-        self._streams.attach(engine, self._selector, self._on_line, self._opts.max_line_bytes, self._opts.line_filter)
-        self._engine = engine
-        now = time.monotonic()
-        self._stop = StopBook()
-        self._drain_deadline = self._drain_limit = None
-        self._liveness.reset()
-        self._watch_deadlines = {name: now + seconds for name, seconds in self._opts.watch_timeouts_s.items()}
-        if self._opts.health is not None:  # the poller's thread only enqueues
-            generation = self._generation
-            self._health = HealthPoller(self._opts.health, lambda: self._events.post(Healthy(generation)),
-                                        lambda healthy: self._events.post(HealthResult(generation, healthy)))
-            self._health.start()
-        log.info("engine started", pid=popen.pid, argv=list(command.shown or command.argv), restarts=self._restarts)
-        self._keepalive.starting(popen.pid, now)
-
     def _close_pipe(self, fd: int, *, hook: bool = True) -> None:
         self._streams.detach(self._current(), fd, self._selector, hook=hook)
 
-    def _stop_health(self) -> None:
-        if self._health is not None:
-            self._health.stop()
-            self._health = None
+    def _release(self, engine: Engine, *, hook: bool) -> None:
+        """Let go of what an engine held: its pipes (with ``hook``, the line hook sees their last
+        lines), its health poller, its guard."""
+        for fd in list(engine.pipes):
+            self._close_pipe(fd, hook=hook)
+        self._health.stop()
+        if engine.guard is not None:
+            engine.guard.disarm()
 
     def _signals(self) -> AbstractContextManager[None]:
         if not self._opts.handle_signals:
             return nullcontext()
-        return installed_signal_handlers(self._signal_table, self._handle_signal, self._events.write_fd)
-
-    def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
-        """The signal handler: enqueue only (NO LOGGING); the C-level handler already woke us."""
-        self._events.put_signal(signum)
+        return self._events.signals_queued(self._signal_table)
 
     def _close(self) -> None:
-        self._stop_health()
         if self._engine is not None:
-            for fd in list(self._engine.pipes):  # only after an exception: no more hook calls
-                self._close_pipe(fd, hook=False)
-            if self._engine.guard is not None:
-                self._engine.guard.disarm()
+            self._release(self._engine, hook=False)  # pipes left only after an exception: no more hook calls
         self._ready_file.remove()
         self._keepalive.close()
         self._streams.close(min(1.0, self._opts.output_flush_s))  # after an exception: what was read still goes out
         self._selector.close()
         self._events.close()
-

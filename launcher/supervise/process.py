@@ -27,8 +27,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+import structlog
+
 from launcher.common.errors import ExitCode, SafeServeError
 from launcher.supervise.outcome import Phase
+
+log = structlog.get_logger("safe_serve.supervisor")
 
 SYSTEMD_CHILD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
 PIPE_SIZE = 1 << 20  # asked for with F_SETPIPE_SZ; 1 MiB is the unprivileged Linux maximum
@@ -255,3 +259,35 @@ class Engine:
         self.popen.returncode = self.returncode  # we reaped it; Popen must not wait again
 
 
+def start_engine(command: EngineCommand, generation: int, *, group_guard: bool) -> Engine:
+    """Spawn ``command`` as engine number ``generation``, with its group guard if asked (a guard
+    that cannot start is said and done without).
+
+    Raises:
+        EngineSpawnError: as ``spawn_engine``.
+    """
+    popen = spawn_engine(command)
+    guard = None
+    if group_guard:
+        try:
+            guard = GroupGuard(popen.pid)
+        except OSError as exc:
+            log.warning("no group guard: engine children may outlive a SIGKILLed safe-serve", error=str(exc))
+    return Engine(command, popen, guard, generation)
+
+
+def reap(engine: Engine, *, every_child: bool) -> None:
+    """Collect exit statuses without blocking: the engine's, and with ``every_child`` (we are
+    PID 1) every orphan's too."""
+    while every_child or engine.returncode is None:
+        try:
+            pid, status = os.waitpid(-1 if every_child else engine.pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid == engine.pid:
+            engine.record_exit(status)
+            log.info("engine exited", pid=pid, returncode=engine.returncode)
+        else:
+            log.debug("reaped an orphaned process", pid=pid)

@@ -1,10 +1,11 @@
-"""Readiness and liveness: the health poller, the failure count after ready, the ready file.
+"""Readiness and liveness: the health poller, the failure count after ready, the ready file, the watches.
 
 The poller runs in a thread from each engine start. Until the first 200 it polls every
 ``interval_s`` and calls ``on_healthy()`` once; after that, when liveness is on
 (``live_interval_s > 0``), it probes every ``live_interval_s`` and reports every result to
 ``on_live(healthy)``, so the loop can count failures in a row (``Liveness``) and feed
-systemd's watchdog while the engine answers.
+systemd's watchdog while the engine answers. ``Watches`` hold the events an engine must report
+within a time from its start (``SupervisorOptions.watch_timeouts_s``: its KV cache line).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+
+from launcher.supervise.events import HealthResult, Healthy
 
 log = structlog.get_logger("safe_serve.supervisor")
 
@@ -159,6 +162,31 @@ class Liveness:
         return None
 
 
+class Health:
+    """The current engine's health: its poller, a fresh one from every start whose reports carry
+    that engine's generation (the loop drops an older engine's late reports), and its liveness."""
+
+    def __init__(self, check: HealthCheck | None, post: Callable[[object], None]) -> None:
+        self._check = check
+        self._post = post  # the loop's inbox: the poller's thread only enqueues
+        self._poller: HealthPoller | None = None
+        self.liveness = Liveness(check)
+
+    def start(self, generation: int) -> None:
+        self.liveness.reset()
+        if self._check is None:
+            return
+        post = self._post
+        self._poller = HealthPoller(self._check, lambda: post(Healthy(generation)),
+                                    lambda healthy: post(HealthResult(generation, healthy)))
+        self._poller.start()
+
+    def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.stop()
+            self._poller = None
+
+
 class ReadyFile:
     """The ``--ready-file``: exists (holding the engine pid) exactly while the engine is ready."""
 
@@ -188,3 +216,28 @@ class ReadyFile:
             self.path.unlink(missing_ok=True)
         except OSError as exc:
             log.warning("cannot remove the ready file", path=str(self.path), error=str(exc))
+
+
+class Watches:
+    """Events the engine must report in time, armed at every start: name -> seconds from it."""
+
+    def __init__(self, timeouts_s: Mapping[str, float]) -> None:
+        self._timeouts_s = timeouts_s
+        self._deadlines: dict[str, float] = {}
+
+    def arm(self, now: float) -> None:
+        self._deadlines = {name: now + seconds for name, seconds in self._timeouts_s.items()}
+
+    def mark(self, name: str) -> None:
+        """The event happened: its watch is off."""
+        self._deadlines.pop(name, None)
+
+    def missed(self, now: float) -> list[str]:
+        """The watches whose time ran out, taken off (each is missed once)."""
+        missed = [name for name, deadline in self._deadlines.items() if now >= deadline]
+        for name in missed:
+            del self._deadlines[name]
+        return missed
+
+    def deadlines(self) -> list[float]:
+        return list(self._deadlines.values())

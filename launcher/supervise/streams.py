@@ -1,6 +1,7 @@
 """The supervisor's two output streams: writers, back-pressure, the status line, our own log lines.
 
-``Streams`` owns the two ``QueuedWriter``s (stdout, stderr), the engine pipes paused while a
+``Streams`` reads the engine's pipes into their pumps, owns the two ``QueuedWriter``s (stdout,
+stderr), the engine pipes paused while a
 writer is over its high-water mark (unregistered from the loop's selector, registered again
 when the writer drains), the terminal's live status line, and ``own_stream``: where our own
 log lines go so that they queue behind the engine's stderr lines instead of blocking.
@@ -8,6 +9,7 @@ log lines go so that they queue behind the engine's stderr lines instead of bloc
 
 from __future__ import annotations
 
+import os
 import selectors
 import time
 from collections.abc import Callable
@@ -15,10 +17,12 @@ from typing import Any
 
 import structlog
 
-from launcher.supervise.output import LineHook, QueuedWriter, StatusLine, StreamPump
+from launcher.supervise.output import PARTIAL_FLUSH_AFTER_S, LineHook, QueuedWriter, StatusLine, StreamPump
 from launcher.supervise.process import Engine, grow_pipe
 
 log = structlog.get_logger("safe_serve.supervisor")
+
+READ_CHUNK = 1 << 20  # bytes per os.read
 
 
 class OwnStream:
@@ -113,6 +117,32 @@ class Streams:
             grow_pipe(fileobj.fileno())
             engine.pipes[fileobj.fileno()] = (pump, fileobj)
             selector.register(fileobj.fileno(), selectors.EVENT_READ, pump)
+
+    def read(self, fd: int, pump: StreamPump, selector: selectors.BaseSelector, *, may_pause: bool) -> bool:
+        """Feed what the pipe holds to its pump; False at its end (EOF or a read error). With
+        ``may_pause``, a pipe whose writer went over its high-water mark is paused."""
+        try:
+            chunk = os.read(fd, READ_CHUNK)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return False
+        pump.feed(chunk)
+        if may_pause and getattr(pump.out, "full", False):
+            self.pause(fd, pump, selector)
+        return True
+
+    @staticmethod
+    def flush_stale_partials(engine: Engine, now: float) -> None:
+        """A line without its newline for ``PARTIAL_FLUSH_AFTER_S`` goes out as it is (a prompt, a bar)."""
+        for pump, _file in engine.pipes.values():
+            if pump.pending_since is not None and now - pump.pending_since >= PARTIAL_FLUSH_AFTER_S:
+                pump.flush_partial()
+
+    @staticmethod
+    def partial_deadlines(engine: Engine) -> list[float]:
+        return [pump.pending_since + PARTIAL_FLUSH_AFTER_S for pump, _file in engine.pipes.values()
+                if pump.pending_since is not None]
 
     def detach(self, engine: Engine, fd: int, selector: selectors.BaseSelector, *, hook: bool = True) -> None:
         """Close one engine pipe: what was read goes out; the hook sees the last line unless ``hook`` is off."""

@@ -4,6 +4,7 @@ imports its own package back (the hidden cycle `vllm/budget.py` once had inside 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ def test_every_adapter_meets_the_whole_contract(engine: str) -> None:
 
 def test_the_contract_says_what_a_third_engine_lacks() -> None:
     """A new engine with only its spec (names, flags) still lacks exactly the ten methods only it can answer;
-    mypy reports the same on `ADAPTER: EngineAdapter = ...` in its adapter.py."""
+    `ModuleAdapter` takes them from its modules (below), and mypy reports what is missing either way."""
     import dataclasses
 
     from launcher.engines.base import SpecAdapter
@@ -104,6 +105,61 @@ def test_the_contract_says_what_a_third_engine_lacks() -> None:
     missing = {name for name in _contract() if not hasattr(third, name)}
     assert missing == {"rules_version", "plan", "engine_decides", "verified_architectures", "engine_argv",
                        "parse_line", "log_reader", "retuned_args", "kv_shortfall", "measurements"}
+
+
+# What `ModuleAdapter` calls in an engine package for those ten methods: its module protocols' members.
+MODULE_FUNCTIONS = {"rules": {"ranks", "rules_for"}, "architectures": {"proof_summary"},
+                    "planner": {"plan", "engine_decides"},
+                    "runtime": {"engine_argv", "retuned_args", "kv_shortfall", "measurements_for"},
+                    "logs": {"parse", "reader"}}
+
+
+def test_the_module_protocols_name_what_each_engine_module_must_hold() -> None:
+    """The ten methods come from five modules; each protocol lists what its module must define, and both
+    engines' modules define it (mypy checks the signatures)."""
+    import importlib
+
+    from launcher.engines import base
+
+    protocols = {"rules": base.RulesModule, "architectures": base.ArchitecturesModule,
+                 "planner": base.PlannerModule, "runtime": base.RuntimeModule, "logs": base.LogsModule}
+    members = {module: {name for name in vars(proto) if callable(getattr(proto, name)) and not name.startswith("_")}
+               for module, proto in protocols.items()}
+    assert members == MODULE_FUNCTIONS
+    for engine in ENGINES:
+        for module, names in MODULE_FUNCTIONS.items():
+            loaded = importlib.import_module(f"launcher.engines.{engine}.{module}")
+            assert {name for name in names if not callable(getattr(loaded, name, None))} == set(), (engine, module)
+
+
+def test_mypy_names_the_function_a_third_engine_module_lacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third engine whose runtime module lacks `kv_shortfall`: mypy --strict on its adapter.py says so."""
+    api = pytest.importorskip("mypy.api")
+    package = tmp_path / "third"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "runtime.py").write_text(
+        "from launcher.engines.vllm.runtime import engine_argv, measurements_for, retuned_args\n\n"
+        "__all__ = ['engine_argv', 'measurements_for', 'retuned_args']\n")
+    (package / "adapter.py").write_text(
+        "import dataclasses\n\n"
+        "from launcher.engines.base import EngineAdapter, ModuleAdapter, PlannerModule\n"
+        "from launcher.engines.vllm import architectures, logs, rules\n"
+        "from launcher.engines.vllm.adapter import SPEC\n"
+        "from third import runtime\n\n\n"
+        "def _planner() -> PlannerModule:\n"
+        "    from launcher.engines.vllm import planner\n\n"
+        "    return planner\n\n\n"
+        "ADAPTER: EngineAdapter = ModuleAdapter(dataclasses.replace(SPEC, name='third'), rules=rules,\n"
+        "                                       architectures=architectures, planner=_planner, runtime=runtime,\n"
+        "                                       logs=logs)\n")
+    monkeypatch.setenv("MYPYPATH", f"{ENGINES_DIR.parents[1]}{os.pathsep}{tmp_path}")
+    out, _err, status = api.run(["--strict", "--cache-dir", str(tmp_path / "cache"), "-p", "third"])
+    assert status == 1, out
+    lines = out.splitlines()
+    assert 'incompatible type Module; expected "RuntimeModule"' in lines[0]
+    assert lines[1].endswith('is missing following "RuntimeModule" protocol member:')
+    assert lines[2].endswith("note:     kv_shortfall")
 
 
 def test_no_any_and_no_bare_ignore_in_the_adapter_path() -> None:

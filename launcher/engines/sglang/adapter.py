@@ -1,21 +1,19 @@
 """SGLang's adapter: the `EngineAdapter` through which the rest of safe-serve meets SGLang.
 
-The spec is data from `rules.py`; each method below calls this package's own module for it,
-typed, so mypy checks the whole path (`ADAPTER: EngineAdapter`).
+The spec is data from `rules.py`; `ModuleAdapter` answers the rest from this package's own
+modules, each checked by mypy against its module protocol (`launcher/engines/base.py`), and
+`ADAPTER: EngineAdapter` checks the whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from launcher.engines.base import EngineAdapter, EngineSpec, Measurements, SpecAdapter
+from launcher.engines.base import EngineAdapter, EngineSpec, ModuleAdapter
 from launcher.engines.sglang import architectures, logs, rules, runtime
 
 if TYPE_CHECKING:
-    from launcher.common.errors import SafeServeError
-    from launcher.engines.events import EngineEvent, LogReader
-    from launcher.plan.types import PinnedValue, Plan, PlanRequest
+    from launcher.engines.base import PlannerModule
 
 SPEC = EngineSpec(
     name="sglang", newest=rules.NEWEST, distributions=("sglang",), length_flag=rules.LENGTH_FLAG,
@@ -31,51 +29,11 @@ SPEC = EngineSpec(
 )
 
 
-class SglangAdapter(SpecAdapter):
-    # planning
-    def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]:
-        return rules.ranks(pinned)
+def _planner() -> PlannerModule:
+    from launcher.engines.sglang import planner  # on first plan: keeps `safe-serve gpus` light
 
-    def rules_version(self, version: str | None) -> tuple[str, str | None]:
-        chosen, note = rules.rules_for(version)
-        return chosen.version, note
-
-    def plan(self, request: PlanRequest) -> Plan:
-        from launcher.engines.sglang import planner  # on first plan: keeps `safe-serve gpus` light
-
-        return planner.plan(request)
-
-    def engine_decides(self, request: PlanRequest, refusal: SafeServeError) -> Plan:
-        from launcher.engines.sglang import planner
-
-        return planner.engine_decides(request, refusal)
-
-    def verified_architectures(self) -> tuple[str, list[tuple[str, str]]]:
-        """(how they were proven, [(architecture, its proof)]) for `safe-serve models --architectures`."""
-        return architectures.proof_summary()
-
-    # launching
-    def engine_argv(self, plan: Plan, model_ref: str, passthrough: Sequence[str],
-                    engine_cmd: str | None) -> list[str]:
-        return runtime.engine_argv(plan, model_ref, passthrough, engine_cmd)
-
-    # watching
-    def parse_line(self, line: str) -> EngineEvent | None:
-        return logs.parse(line)
-
-    def log_reader(self, env: Mapping[str, str]) -> LogReader:
-        """A reader of one engine start's lines in order (traceback state per stream)."""
-        return logs.reader(env)
-
-    def retuned_args(self, plan: Plan, args: Sequence[str], event: EngineEvent, *,
-                     concurrency: int) -> list[str] | None:
-        return runtime.retuned_args(plan, args, event, concurrency=concurrency)
-
-    def kv_shortfall(self, plan: Plan, event: EngineEvent, *, concurrency: int, tolerance: float) -> str | None:
-        return runtime.kv_shortfall(plan, event, concurrency=concurrency, tolerance=tolerance)
-
-    def measurements(self, plan: Plan) -> Measurements:
-        return runtime.measurements_for(plan)
+    return planner
 
 
-ADAPTER: EngineAdapter = SglangAdapter(SPEC)
+ADAPTER: EngineAdapter = ModuleAdapter(SPEC, rules=rules, architectures=architectures, planner=_planner,
+                                       runtime=runtime, logs=logs)
