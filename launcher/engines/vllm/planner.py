@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.common.errors import SafeServeError, UnsupportedModel, UsageError, WontFit
-from launcher.common.units import GiB, MiB, format_gib
+from launcher.common.units import GiB, format_gib
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
@@ -427,7 +427,9 @@ class _Sizing:
     repack_rule: str
     non_torch: int
     non_torch_error: int
-    cudagraph: int
+    cudagraph: int  # the graphs' estimate where the version subtracts it, else 0
+    cudagraph_error: int
+    graphs: vb.CudaGraphs | None  # None: --enforce-eager
     total_error: int
     verified: bool
     calibrated_non_kv: int | None  # an earlier start's non-KV bytes on the same key
@@ -470,7 +472,7 @@ class _Sizing:
     def available_error(self, length: int) -> int:
         """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
         return int(math.ceil(self.total_error * self.utilization) + self.non_torch_error
-                   + self.peak_at(length)[2].error_bytes + vb.cudagraph_error_bytes(self.cudagraph))
+                   + self.peak_at(length)[2].error_bytes + self.cudagraph_error)
 
     def bytes_error_at(self, length: int) -> int:
         """+/- on the KV bytes vLLM reports: the sum of the estimated budget terms' errors (0 when none
@@ -530,16 +532,31 @@ def _queued_beyond_max_num_seqs(request: PlanRequest, setup: _VllmSetup, default
     return dataclasses.replace(request, concurrency=running)
 
 
-def _graphs_outside(setup: _VllmSetup) -> int:
+def _cuda_graphs(request: PlanRequest, setup: _VllmSetup, defaults: vb.BatchDefaults,
+                 gpu: GpuDevice) -> vb.CudaGraphs | None:
+    """The graphs vLLM captures on a rank (None with --enforce-eager), from the batch limits it runs with."""
+    pinned = setup.pinned
+    if pinned.get("--enforce-eager", False):
+        return None
+    return vb.cuda_graphs(request.model.geometry, rules=setup.rules, version=request.engine_version,
+                          layers=setup.layout.group_size * len(setup.layout.groups),
+                          max_num_seqs=int(pinned.get("--max-num-seqs", defaults.max_num_seqs)),
+                          max_num_batched_tokens=int(pinned.get("--max-num-batched-tokens",
+                                                                defaults.max_num_batched_tokens)),
+                          compute_capability=gpu.compute_capability,
+                          interactivity=pinned.get("--performance-mode") == "interactivity")
+
+
+def _graphs_outside(graphs: vb.CudaGraphs | None) -> int:
     """Where the estimate is not subtracted, the graphs are captured after the KV cache from what vLLM
     did not request (gpu_worker.py compile_or_warm_up_model): keep their band's unfavourable end out."""
-    if setup.pinned.get("--enforce-eager", False) or setup.rules.cudagraph_estimate_subtracted:
+    if graphs is None or graphs.subtracted:
         return 0
-    return vb.cudagraph_outside_bytes(setup.layout.group_size * len(setup.layout.groups))
+    return graphs.estimate_bytes + graphs.error_bytes
 
 
 def _utilization(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, context: int,
-                 warnings: list[str]) -> _Utilization:
+                 graphs: vb.CudaGraphs | None, warnings: list[str]) -> _Utilization:
     """Pinned, or the most we can request from *free* memory (other tenants make vLLM refuse to
     start when free < total x utilization), capped by the engine default."""
     cal, rules, total = request.calibration, setup.rules, gpu.usable_total_bytes
@@ -553,7 +570,7 @@ def _utilization(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, contex
     room = free - context - request.margin_bytes
     if request.max_gpu_memory_bytes is not None:
         room = min(room, request.max_gpu_memory_bytes - context)
-    graphs_outside = _graphs_outside(setup)
+    graphs_outside = _graphs_outside(graphs)
     room -= graphs_outside
     value = min(rules.default_utilization, vb.utilization_for(max(room, 0), total))
     source = ENGINE_DEFAULT if value == rules.default_utilization else FORMULA
@@ -589,7 +606,7 @@ def _refuse_no_room(request: PlanRequest, gpu: GpuDevice, context: int) -> None:
 
 
 def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_init: int,
-                   setup: _VllmSetup) -> str | None:
+                   setup: _VllmSetup, graphs: vb.CudaGraphs | None) -> str | None:
     """vLLM refuses to start when it requests more than is free at init: refused beyond the
     CUDA context's error, doubted inside it."""
     total = gpu.usable_total_bytes
@@ -602,7 +619,7 @@ def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_i
         return (f"--gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)} is "
                 f"above the ~{format_gib(free_at_init)} free at start by less than the CUDA context's "
                 "error: vLLM may refuse to start")
-    graphs_outside = _graphs_outside(setup)
+    graphs_outside = _graphs_outside(graphs)
     if graphs_outside > free_at_init - requested:
         return (f"vLLM {setup.rules.version} captures CUDA graphs after sizing the KV cache, from the "
                 f"~{format_gib(free_at_init - requested)} it did not request; they may take up to "
@@ -611,15 +628,13 @@ def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_i
 
 
 def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,
-                utilization: float, context: int, verified: bool) -> _Sizing:
+                utilization: float, context: int, verified: bool, graphs: vb.CudaGraphs | None) -> _Sizing:
     """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
     pinned, rules, tp, pp = setup.pinned, setup.rules, setup.tp, setup.pp
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
     non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=version_key(rules.version) >= version_key("0.19"),
                                                     compute_capability=gpu.compute_capability)
-    eager = pinned.get("--enforce-eager", False)
-    cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
-        setup.layout.group_size * len(setup.layout.groups))
+    subtracted = graphs is not None and graphs.subtracted
     cal = request.calibration
     repack, repack_rule = vb.mxfp4_repack_extra_bytes(request.model.geometry, version=rules.version, tp=tp, pp=pp,
                                                       compute_capability=gpu.compute_capability)
@@ -630,7 +645,9 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         # vLLM's "Model loading took": the weights as its kernels hold them.
         weights=max(request.model.weight_bytes // (tp * pp) - offloaded, 0) + repack, repack=repack,
         repack_rule=repack_rule,
-        non_torch=non_torch, non_torch_error=non_torch_error, cudagraph=cudagraph,
+        non_torch=non_torch, non_torch_error=non_torch_error, graphs=graphs,
+        cudagraph=graphs.estimate_bytes if graphs is not None and subtracted else 0,
+        cudagraph_error=graphs.error_bytes if graphs is not None and subtracted else 0,
         total_error=gpu.usable_total_error_bytes,  # the spread of published totals, or of NVML's reserve
         verified=verified, calibrated_non_kv=cal.non_kv_bytes if cal is not None else None,
         pinned_kv_bytes=pinned.get("--kv-cache-memory-bytes"), blocks_override=pinned.get("--num-gpu-blocks-override"))
@@ -648,12 +665,13 @@ def plan_gpu(request: PlanRequest) -> Plan:
     defaults = _batch_defaults(setup, gpu)
     warnings = not_modelled_warnings(pinned, vr.NOT_MODELLED)
     request = _queued_beyond_max_num_seqs(request, setup, defaults, warnings)
-    utilization = _utilization(request, setup, gpu, context, warnings)
+    graphs = _cuda_graphs(request, setup, defaults, gpu)
+    utilization = _utilization(request, setup, gpu, context, graphs, warnings)
     if utilization.value <= 0:
         _refuse_no_room(request, gpu, context)
     verified, architecture_note = architecture_status(request.model.geometry)
-    sizing = _gpu_sizing(request, setup, gpu, defaults, utilization.value, context, verified)
-    startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup)
+    sizing = _gpu_sizing(request, setup, gpu, defaults, utilization.value, context, verified, graphs)
+    startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup, graphs)
     if not verified:
         warnings.append(architecture_note)
     chosen = _vllm_length(request, setup, sizing.capacity_at, sizing.band(), _weights_cause(sizing))
@@ -796,13 +814,16 @@ def _activation_item(sizing: _Sizing, length: int) -> BudgetItem:
 
 
 def _cudagraph_item(sizing: _Sizing) -> BudgetItem:
-    cudagraph, rules = sizing.cudagraph, sizing.setup.rules
+    cudagraph, rules, graphs = sizing.cudagraph, sizing.setup.rules, sizing.graphs
+    if graphs is None:
+        detail = "--enforce-eager: no graphs"
+    elif not graphs.subtracted:
+        detail = (f"not subtracted by vLLM {rules.version} (no estimate: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS "
+                  "off, or the V2 runner before 0.29); captured after the KV cache: " + graphs.describe())
+    else:
+        detail = graphs.describe()
     return BudgetItem("cudagraph", "CUDA graph estimate", cudagraph, FORMULA if cudagraph else ENGINE_DEFAULT,
-                      "--enforce-eager: no graphs" if sizing.setup.pinned.get("--enforce-eager", False) else
-                      (f"not subtracted by vLLM {rules.version} (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off)"
-                       if not cudagraph else
-                       f"{vb.CUDAGRAPH_BASE_BYTES // MiB} MiB + {vb.CUDAGRAPH_PER_LAYER_BYTES / MiB:.1f} MiB x layers"),
-                      bar="graphs", error_bytes=vb.cudagraph_error_bytes(cudagraph))
+                      detail, bar="graphs", error_bytes=sizing.cudagraph_error)
 
 
 def _kv_item(sizing: _Sizing, kv: int, capacity: KvCapacity) -> BudgetItem:
