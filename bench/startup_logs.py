@@ -48,9 +48,10 @@ from launcher.common.errors import SafeServeError, WontFit  # noqa: E402
 from launcher.common.units import GiB  # noqa: E402
 from launcher.engines import vllm as vl  # noqa: E402
 from launcher.engines.vllm import budget as vb  # noqa: E402
+from launcher.engines.vllm import rules as vr  # noqa: E402
 from launcher.model import cuda_totals  # noqa: E402
 from launcher.model.catalog import CatalogGpu, find, hypothetical_gpus, load_catalog  # noqa: E402
-from launcher.model.config import geometry_from_config  # noqa: E402
+from launcher.model.config import ModelGeometry, geometry_from_config  # noqa: E402
 from launcher.model.resolve import ResolvedModel, model_from_profile, profile_for_repo, resolve_model  # noqa: E402
 from launcher.plan.planner import make_plan  # noqa: E402
 from launcher.plan.types import Plan, PlanRequest  # noqa: E402
@@ -214,11 +215,22 @@ class Fit:
     term: str  # the budget row holding it
     reference: str  # where the planner states it
     band: str = ""  # the planner's +/- on the term (an attribute of the same module)
+    # A constant per unit (CUDA graphs: bytes per graph and layer): the units this log's term counts.
+    per_unit: Callable[[Mapping[str, Any], Plan, ModelGeometry], int] | None = None
 
-    def residual(self, case: Mapping[str, Any], plan: Plan) -> float:
-        """Bytes the constant must be for this log: logged - (row - constant)."""
+    unit_name: str = "GiB"
+
+    @property
+    def unit(self) -> tuple[str, int]:
+        return (self.unit_name, 2**20) if self.per_unit else ("GiB", GiB)
+
+    def residual(self, case: Mapping[str, Any], plan: Plan, geometry: ModelGeometry) -> float:
+        """What the constant must be for this log: logged - (row - constant), or logged / units."""
+        logged = float(case["observed"][self.observed]) * GiB
+        if self.per_unit is not None:
+            return logged / max(self.per_unit(case, plan, geometry), 1)
         row = next(i.bytes for i in plan.budget if i.key == self.term)
-        return float(case["observed"][self.observed]) * GiB - (row - int(getattr(self.module, self.attribute)))
+        return logged - (row - int(getattr(self.module, self.attribute)))
 
 
 def _version(case: Mapping[str, Any]) -> tuple[int, ...]:
@@ -231,6 +243,35 @@ def _observed(case: Mapping[str, Any], key: str) -> bool:
     return case["engine"] == "vllm" and (case.get("observed") or {}).get(key) is not None
 
 
+def graphs_for(case: Mapping[str, Any], plan: Plan, geometry: ModelGeometry) -> vb.CudaGraphs:
+    """The graphs the planner counts for the log's engine, GPU and flags (batch limits as planned)."""
+    gpu = find(plan.gpu_name or "")
+    pinned = plan.pinned
+    return vb.cuda_graphs(geometry, rules=vr.rules_for(plan.engine_version)[0], version=plan.engine_version,
+                          layers=-(-geometry.kv_layers // max(_pp(case), 1)),
+                          max_num_seqs=int(pinned.get("--max-num-seqs", plan.engine_defaults["max_num_seqs"])),
+                          max_num_batched_tokens=int(pinned.get("--max-num-batched-tokens",
+                                                                plan.engine_defaults["max_num_batched_tokens"])),
+                          compute_capability=gpu.compute_capability if gpu else None)
+
+
+def _graph_layers(case: Mapping[str, Any], plan: Plan, geometry: ModelGeometry) -> int:
+    graphs = graphs_for(case, plan, geometry)
+    return graphs.count * graphs.layers
+
+
+def _graphs(case: Mapping[str, Any], plan: Plan, geometry: ModelGeometry) -> int:
+    return graphs_for(case, plan, geometry).count
+
+
+def _captured(case: Mapping[str, Any], moe: bool) -> bool:
+    """A capture with its model's config, FULL_AND_PIECEWISE's default (0.11+), dense or MoE."""
+    if not _observed(case, "cudagraph_gib") or _version(case) < (0, 11) or not case.get("model_config"):
+        return False
+    config = json.loads((DATA / "models" / case["model_config"] / "config.json").read_text())
+    return bool(geometry_from_config(config).num_experts) == moe
+
+
 FITS = (
     Fit("profile-run constant (V1)", vb, "PROFILE_CONSTANT_BYTES", "peak_torch_memory_gib",
         lambda c: _observed(c, "peak_torch_memory_gib") and (0, 19) <= _version(c) < (0, 29), "activation",
@@ -241,6 +282,15 @@ FITS = (
     Fit("non-torch, parallel ranks (0.19+, sm90/100)", vb, "NON_TORCH_BYTES_TP_V019", "non_torch_memory_gib",
         lambda c: _observed(c, "non_torch_memory_gib") and _version(c) >= (0, 19) and _tp(c) * _pp(c) > 1,
         "non_torch", "launcher/engines/vllm/budget.py NON_TORCH_BYTES_TP_V019", "NON_TORCH_TP_ERROR_BYTES"),
+    Fit("CUDA graphs per graph and layer, dense (0.11+)", vb, "CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER", "cudagraph_gib",
+        lambda c: _captured(c, moe=False), "cudagraph",
+        "launcher/engines/vllm/budget.py CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER",
+        "CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER",
+        per_unit=_graph_layers, unit_name="MiB per graph and layer"),
+    Fit("CUDA graphs per graph, MoE (0.11+)", vb, "CUDAGRAPH_MOE_BYTES_PER_GRAPH", "cudagraph_gib",
+        lambda c: _captured(c, moe=True), "cudagraph",
+        "launcher/engines/vllm/budget.py CUDAGRAPH_MOE_BYTES_PER_GRAPH", "CUDAGRAPH_MOE_ERROR_PER_GRAPH",
+        per_unit=_graphs, unit_name="MiB per graph"),
 )
 
 
@@ -295,14 +345,15 @@ def prepare(cases: list[Mapping[str, Any]], in_sample: bool) -> Scoring:
             continue
         for fit in FITS:
             if fit.applies(case):
-                residuals[fit][_source(case)] = fit.residual(case, planned[1])
+                residuals[fit][_source(case)] = fit.residual(case, planned[1], planned[2])
     return Scoring(cases, residuals, cuda_totals.load(TOTALS), in_sample)
 
 
 # --------------------------------------------------------------------------- planning one case
 
 
-def plan_case(case: Mapping[str, Any], catalog: Sequence[CatalogGpu]) -> tuple[Row, Plan, int] | Row | str:
+def plan_case(case: Mapping[str, Any],
+              catalog: Sequence[CatalogGpu]) -> tuple[Row, Plan, ModelGeometry] | Row | str:
     """The row and plan for a case, the row alone for a refusal, or why it was skipped."""
     version = str(case.get("engine_version") or "").lstrip("v") or None
     if version is None:
@@ -329,7 +380,7 @@ def plan_case(case: Mapping[str, Any], catalog: Sequence[CatalogGpu]) -> tuple[R
         return dataclasses.replace(base, note=f"{weights_note} {refusal.message[:80]}".strip())
     except SafeServeError as exc:
         return f"not planned: {exc.message[:100]}"
-    return _planned(base, plan), plan, model.geometry.kv_layers
+    return _planned(base, plan), plan, model.geometry
 
 
 def _planned(base: Row, plan: Plan) -> Row:
@@ -433,9 +484,10 @@ def print_fits(scoring: Scoring) -> None:
         worst = max((abs(x) for x in loo), default=float("nan"))
         band = int(getattr(fit.module, fit.band)) if fit.band else 0
         covers = "covers them" if band >= worst else "does NOT cover them"
-        print(f"  {fit.name}: shipped {shipped / GiB:.3f} GiB, median of {len(by_source)} logs "
-              f"{every / GiB:.3f} GiB; held-out residuals " + ", ".join(f"{x / GiB:+.3f}" for x in loo)
-              + f" GiB; largest {worst / GiB:.3f} GiB; the plan's band +/- {band / GiB:.3f} GiB {covers} "
+        name, scale = fit.unit
+        print(f"  {fit.name}: shipped {shipped / scale:.3f} {name}, median of {len(by_source)} logs "
+              f"{every / scale:.3f}; held-out residuals " + ", ".join(f"{x / scale:+.3f}" for x in loo)
+              + f"; largest {worst / scale:.3f}; the plan's band +/- {band / scale:.3f} {covers} "
               f"({fit.reference})")
 
 
@@ -443,22 +495,24 @@ def print_terms(scoring: Scoring) -> None:
     """Each budget term against the figure the log printed, leave-one-out."""
     keys = (("weights", "weights_gib"), ("non_torch", "non_torch_memory_gib"),
             ("activation", "peak_torch_memory_gib"), ("cudagraph", "cudagraph_gib"))
-    print("\nterms against the log (planned - logged, GiB; cudagraph: the plan's formula vs what capture took, "
-          "also where the version does not subtract it)")
+    print("\nterms against the log (planned - logged, GiB, leave-one-out; cudagraph: the graphs as counted x the "
+          "fitted cost vs what capture took, also where the version does not subtract it)")
     print(f"  {'case':62} " + " ".join(f"{k:>11}" for k, _ in keys))
     for case in scoring.cases:
         source = _source(case)
         with constants(scoring.refit(source)):
             outcome = plan_case(case, scoring.catalog(source))
-        if not isinstance(outcome, tuple) or case["engine"] != "vllm":
-            continue
+            if not isinstance(outcome, tuple) or case["engine"] != "vllm":
+                continue
+            # Not subtracted by this version: the graphs as counted, at the constants refitted without it.
+            graphs = graphs_for(case, outcome[1], outcome[2]).estimate_bytes
         plan, observed = outcome[1], case.get("observed") or {}
         cells = []
         for key, field in keys:
             row = next((i.bytes for i in plan.budget if i.key == key), None)
             logged = observed.get(field)
-            if key == "cudagraph" and not row:  # not subtracted by this version: the formula, unsubtracted
-                row = vb.cudagraph_estimate_bytes(-(-outcome[2] // max(_pp(case), 1)))
+            if key == "cudagraph" and not row:
+                row = graphs
             cells.append(f"{'':>11}" if row is None or logged is None else f"{row / GiB - float(logged):+11.2f}")
         print(f"  {case['id'][:62]:62} " + " ".join(cells))
 

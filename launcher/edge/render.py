@@ -153,6 +153,7 @@ def render_plan(plan: Plan, command: Sequence[str] | None = None, *,
     if low is not None and high is not None and high != low:
         lines.append(f"  KV band        {format_gib(low, unit=False)} .. {format_gib(high)}"
                      " (the estimates' expected errors)")
+    lines.extend(_length_band_lines(plan))
     lines.extend(_risk_lines(plan))
     requests = "request" if plan.max_concurrency == 1 else "requests"
     lines.append(f"  concurrency    {plan.max_concurrency:.2f} {requests} of {plan.max_model_len:,} tokens")
@@ -200,9 +201,12 @@ def plan_to_json(plan: Plan, command: Sequence[str] | None = None, *,
         "kv_cache_bytes_low": plan.kv_cache_bytes_low if plan.kv_cache_bytes_low is not None else plan.kv_cache_bytes,
         "kv_cache_bytes_high": plan.kv_cache_bytes_high if plan.kv_cache_bytes_high is not None
         else plan.kv_cache_bytes,
+        "max_model_len_low_end": plan.max_model_len_low_end,
+        "max_model_len_central": plan.max_model_len_central,
         "fits": plan.may_not_fit is None,  # a plain yes; otherwise the risk and its reason say why not
         "risk": "may-not-fit" if plan.may_not_fit else "none",
         "may_not_fit": plan.may_not_fit,
+        "at_risk": list(plan.at_risk),
         "alternatives": [a.to_json() for a in plan.alternatives],
         "engine_defaults": dict(plan.engine_defaults),
         "warnings": list(plan.warnings),
@@ -318,9 +322,20 @@ def _shared_reasons(results: Sequence[Any]) -> list[tuple[str, int]]:
     return [(why, len(gpus)) for why, gpus in grouped_misses(results) if len(gpus) > 1]
 
 
+def _length_band_lines(plan: Plan) -> list[str]:
+    """The lengths that hold at the KV band's low end and at its centre, where they differ."""
+    low, central = plan.max_model_len_low_end, plan.max_model_len_central
+    if low is None or central is None or low == central:
+        return []
+    return [f"  length band    {low:,} holds at the KV band's low end"
+            + ("" if low else " (none)") + f", {central:,} at the central estimate"
+            + (" (the length added is the low end's)" if plan.max_model_len == low and low < central else "")]
+
+
 def _risk_lines(plan: Plan) -> list[str]:
     """MAY NOT FIT and the planned alternatives (without the risk, or over every GPU given)."""
-    lines = [f"  MAY NOT FIT    {plan.may_not_fit}"] if plan.may_not_fit else []
+    at_risk = f"[at risk: {', '.join(plan.at_risk)}] " if plan.at_risk else ""
+    lines = [f"  MAY NOT FIT    {at_risk}{plan.may_not_fit}"] if plan.may_not_fit else []
     label = "would fit:" if plan.may_not_fit else "or:"
     return lines + [f"  {label:14} {alternative}" for alternative in plan.alternatives]
 

@@ -166,6 +166,13 @@ class Plan:
     # Set when the configuration fits only inside the error band: the plan is kept (exit 0),
     # the engine's own numbers decide at start and the watch retunes.
     may_not_fit: str | None = None
+    # The figures whose promise rests on more than the low end of the band, by their JSON names
+    # (max_model_len, max_concurrency, gpu_memory_utilization, ...): what may_not_fit is about.
+    at_risk: tuple[str, ...] = ()
+    # The longest length that carries the planned concurrency at the low end of the KV band and
+    # at the central estimate (0: none); None where the engine's planner does not assess it.
+    max_model_len_low_end: int | None = None
+    max_model_len_central: int | None = None
     # What the engine's own defaults would choose on this GPU, for comparison.
     engine_defaults: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.common.units import GiB, MiB, format_gib
+from launcher.engines.versions import version_key
 from launcher.engines.vllm.rules import VllmRules, uses_v2_runner
 from launcher.model.config import ModelGeometry
 
@@ -38,22 +39,12 @@ NON_TORCH_BYTES_TP = 400 * MiB
 NON_TORCH_BYTES_TP1_V019 = 266 * MiB
 NON_TORCH_BYTES_TP_V019 = int(2.08 * GiB)
 NON_TORCH_TP_ERROR_BYTES = 1 * GiB  # TP > 1: one GPU model in the data; older logs showed 0.34-0.43 GiB
-# CUDA graphs (PIECEWISE+FULL capture, sizes up to 512): "Graph capturing finished ...
-# took 0.67 GiB" for a 32-layer 7B, 0.55 GiB for a 24-layer 0.5B. A fixed part plus per layer.
-CUDAGRAPH_BASE_BYTES = 256 * MiB
-CUDAGRAPH_PER_LAYER_BYTES = int(13.5 * MiB)
 
 
 # Expected errors of the estimates above (+/-), from the published logs behind each. The CUDA
 # total's own error is the GPU's (`GpuDevice.usable_total_error_bytes`, launcher/model/gpu.py).
 NON_TORCH_ERROR_BYTES = 256 * MiB  # logs: 0.03-0.43 GiB against 0.16/0.39 GiB estimates
 CONTEXT_ERROR_BYTES = 128 * MiB  # CUDA context + torch before the snapshot: 0.45-0.62 GiB seen
-CUDAGRAPH_ERROR_FRACTION = 0.5  # vLLM measures its graphs when profiling; ours is a fit on few logs
-# ... and at least the farthest the formula is from what capture took in the published logs
-# ("Graph capturing finished ... took X GiB"): -0.18 to +1.27 GiB over the ten published captures
-# (vLLM 0.11-0.19), MoE models farthest (gpt-oss-20b 1.84 GiB for 0.57 estimated); the formula is
-# low on all eight vLLM 0.19 H100 sweep logs. tests/engines/vllm/test_budget_cudagraph.py.
-CUDAGRAPH_ERROR_FLOOR_BYTES = int(1.27 * GiB)
 
 
 @dataclass(frozen=True)
@@ -263,21 +254,6 @@ def cpu_activation_peak_bytes(geometry: ModelGeometry, *, batched_tokens: int, n
     return max(forward, int(num_seqs * geometry.vocab_size * 4 * CPU_SAMPLER_LOGIT_COPIES))
 
 
-def cudagraph_estimate_bytes(kv_layers_on_rank: int) -> int:
-    return CUDAGRAPH_BASE_BYTES + CUDAGRAPH_PER_LAYER_BYTES * kv_layers_on_rank
-
-
-def cudagraph_outside_bytes(kv_layers_on_rank: int) -> int:
-    """The graphs' unfavourable end, where a version captures them outside the budget."""
-    estimate = cudagraph_estimate_bytes(kv_layers_on_rank)
-    return estimate + cudagraph_error_bytes(estimate)
-
-
-def cudagraph_error_bytes(estimate: int) -> int:
-    """+/- on the CUDA-graph estimate (0 when none is subtracted)."""
-    return max(int(estimate * CUDAGRAPH_ERROR_FRACTION), CUDAGRAPH_ERROR_FLOOR_BYTES) if estimate else 0
-
-
 def context_bytes(tp: int, pp: int) -> int:
     """Memory a worker holds before vLLM's init snapshot (outside the budget)."""
     return CUDA_CONTEXT_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
@@ -362,3 +338,121 @@ def mxfp4_repack_extra_bytes(geometry: ModelGeometry, *, version: str, tp: int, 
     rule = ("MXFP4 experts swizzled for Hopper's Triton kernels: padded values and scales, fp32 biases"
             + (", loaded scales kept (before 0.25)" if scales_kept else ""))
     return extra, rule
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+#
+# What vLLM subtracts from the KV budget (0.20+, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1) is a
+# measurement on the GPU, not a formula: it captures the two largest graphs of each mode into a
+# throwaway pool and extrapolates, estimate = first capture + (graphs - 1) x max(second, 1 MiB)
+# (V1 runner: vllm/v1/worker/gpu_model_runner.py:6333-6480 in 0.32, the larger first capture of the
+# two modes, which share a pool; V2 runner from 0.29: v1/worker/gpu/cudagraph_utils.py:873-990,
+# PIECEWISE measured in full, FULL extrapolated). Before 0.29 the V2 runner estimates nothing
+# (v1/worker/gpu/model_runner.py:843 in 0.28: "return 0"): its graphs are captured after the KV
+# cache, outside the budget. The engine then logs the actual pool against the estimate
+# (gpu_worker.py:964-980), which it is built to match.
+#
+# The arithmetic is how many graphs. With the default FULL_AND_PIECEWISE (config/vllm.py:303) one
+# PIECEWISE graph per capture size and one FULL decode graph per size up to max_num_seqs
+# (v1/cudagraph_dispatcher.py:164-230; v1/worker/gpu/cudagraph_utils.py:251-373), the sizes from
+# `_set_cudagraph_sizes` (config/vllm.py:2292-2500). What one graph costs is fitted: per graph and
+# per layer on the rank (the kernels a graph records grow with the layers), on every published
+# capture with a known model ("Graph capturing finished ... took X GiB": nine logs, vLLM 0.11 and
+# 0.19, 102 graphs each). Leave-one-out (bench/startup_logs.py): dense 0.197-0.301 MiB, held-out
+# residuals within 0.078. MoE captures do not grow with the layers (Qwen3-30B-A3B 48 layers 14.2 MiB per
+# graph, Kimi-VL-A3B 27 layers 15.1, gpt-oss-20b 24 layers 18.5; per graph and layer 0.30-0.77): per graph,
+# held-out residuals within 3.9 MiB, and never less than a dense model of as many layers.
+# One capture outside the data (vLLM 0.31, A100-80GB, 32 layers, 86 graphs: 0.23 GiB, 0.084 MiB)
+# is below the dense band: the V2 runner's graphs may cost less; the plan stays on the safe side.
+CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER = int(0.242 * MiB)
+CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER = int(0.08 * MiB)
+CUDAGRAPH_MOE_BYTES_PER_GRAPH = int(15.1 * MiB)
+CUDAGRAPH_MOE_ERROR_PER_GRAPH = int(4.0 * MiB)
+# Before 0.11 no capture in the data has a known count (V0 graphs cost more: 0.8.2 Phi-4, 1.12 GiB for
+# 35 sizes x 40 layers, 0.82 MiB each): the band stays at least the farthest the old fixed formula
+# (256 MiB + 13.5 MiB per layer) was from a published capture, and the reported OOM in capture on
+# 0.8.5 (4 x A10, Qwen3-30B-A3B) stays a doubt.
+CUDAGRAPH_UNFITTED_ERROR_BYTES = int(1.27 * GiB)
+CUDAGRAPH_FITTED_SINCE = "0.11"
+V2_CUDAGRAPH_ESTIMATE_SINCE = "0.29"  # v1/worker/gpu/cudagraph_utils.py:718 profile_cudagraph_memory (0.29.0)
+
+
+def capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, version: str,
+                  compute_capability: tuple[int, int] | None = None, interactivity: bool = False) -> tuple[int, ...]:
+    """`VllmConfig._set_cudagraph_sizes` without a speculative config (config/vllm.py:2292-2500 in 0.32).
+
+    The ceiling is min(2 x max_num_seqs, 512), 1024 on the data-centre Blackwell family (compute
+    capability 10.x) from 0.28 (not in 0.27), then at most max_num_batched_tokens. From 0.26 (not in
+    0.20) max_num_batched_tokens is captured when under the ceiling; from 0.32 (not in 0.29)
+    max_num_seqs too. Before 0.12 every multiple of 8 up to the ceiling (0.11.0 config/__init__.py:595,
+    scheduler.py:227); from 0.12 multiples of 16 above 256 (0.12.0 config/vllm.py:1069-1074)."""
+    since = version_key(version)
+    if since < version_key("0.12"):
+        ceiling = min(max_num_seqs * 2, 512)
+        return tuple(n for n in [1, 2, 4, *range(8, ceiling + 1, 8)] if n <= max_num_batched_tokens)
+    blackwell = compute_capability is not None and compute_capability[0] == 10 and since >= version_key("0.28")
+    ceiling = min(max_num_seqs * 2, 1024 if blackwell else 512, max_num_batched_tokens)
+    sizes = set(range(1, min(ceiling, 32) + 1)) if interactivity else {n for n in (1, 2, 4) if n <= ceiling}
+    sizes |= set(range(8, min(ceiling + 1, 256), 8)) | set(range(256, ceiling + 1, 16))
+    if since >= version_key("0.26") and max_num_batched_tokens <= ceiling:
+        sizes.add(max_num_batched_tokens)
+    if since >= version_key("0.32") and max_num_seqs <= min(max_num_seqs * 2, 1024 if blackwell else 512):
+        sizes |= {max_num_seqs} if max_num_seqs <= max_num_batched_tokens else set()
+    return tuple(sorted(sizes))
+
+
+@dataclass(frozen=True)
+class CudaGraphs:
+    """The CUDA graphs vLLM captures on a rank and what they are planned to take (bytes)."""
+
+    piecewise: int  # one per capture size (mixed prefill-decode batches)
+    full: int  # one per capture size up to max_num_seqs (uniform decode batches)
+    largest: int  # the largest capture size
+    layers: int  # layers on the rank
+    moe: bool
+    subtracted: bool  # whether this version takes its estimate out of the KV budget
+    fitted: bool = True  # a version whose captures the per-graph cost was fitted on (0.11+)
+
+    @property
+    def count(self) -> int:
+        return self.piecewise + self.full
+
+    @property
+    def per_graph_bytes(self) -> int:
+        dense = self.layers * CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER
+        return max(CUDAGRAPH_MOE_BYTES_PER_GRAPH, dense) if self.moe else dense
+
+    @property
+    def estimate_bytes(self) -> int:
+        return self.count * self.per_graph_bytes
+
+    @property
+    def error_bytes(self) -> int:
+        dense = self.layers * CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER
+        error = self.count * (max(CUDAGRAPH_MOE_ERROR_PER_GRAPH, dense) if self.moe else dense)
+        return error if self.fitted else max(error, CUDAGRAPH_UNFITTED_ERROR_BYTES)
+
+    def describe(self) -> str:
+        graphs = f"{self.piecewise} PIECEWISE + {self.full} FULL graphs (sizes up to {self.largest})"
+        if self.moe:
+            return f"{graphs} x {self.per_graph_bytes / MiB:.1f} MiB (MoE, per graph: fitted on published captures)"
+        return (f"{graphs} x {self.layers} layers x {CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER / MiB:.3f} MiB "
+                "(fitted on published captures)")
+
+
+def cuda_graphs(geometry: ModelGeometry, *, rules: VllmRules, layers: int, max_num_seqs: int,
+                max_num_batched_tokens: int, compute_capability: tuple[int, int] | None = None,
+                interactivity: bool = False, version: str | None = None) -> CudaGraphs:
+    """The graphs FULL_AND_PIECEWISE captures on one rank, and whether the version subtracts them.
+    `version`: the engine's own (the rule rows do not mark every release these read), else the rules'."""
+    version = version or rules.version
+    sizes = capture_sizes(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          version=version, compute_capability=compute_capability, interactivity=interactivity)
+    v2_estimates = version_key(version) >= version_key(V2_CUDAGRAPH_ESTIMATE_SINCE)
+    subtracted = rules.cudagraph_estimate_subtracted and (
+        v2_estimates or not uses_v2_runner(rules, geometry.architecture))
+    # FULL_AND_PIECEWISE is the default from 0.11 (0.11.0 config/compilation.py:233); before, PIECEWISE only.
+    full = sum(1 for n in sizes if n <= max_num_seqs) if version_key(version) >= version_key("0.11") else 0
+    return CudaGraphs(piecewise=len(sizes), full=full,
+                      largest=sizes[-1] if sizes else 0, layers=layers, moe=bool(geometry.num_experts),
+                      subtracted=subtracted, fitted=version_key(version) >= version_key(CUDAGRAPH_FITTED_SINCE))

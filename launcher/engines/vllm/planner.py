@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.common.errors import SafeServeError, UnsupportedModel, UsageError, WontFit
-from launcher.common.units import GiB, MiB, format_gib
+from launcher.common.units import GiB, format_gib
 from launcher.engines.checks_common import CheckInput, EngineRule
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
@@ -199,89 +199,178 @@ def _refuse_cpu_combinations(request: PlanRequest, geometry: ModelGeometry, bloc
                       hint="pin --block-size 16", rule="cpu-sliding-kernel")
 
 
-def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[[int], KvCapacity],
-                 favourable_at: Callable[[int], KvCapacity] | None = None,
-                 cause: str = "") -> tuple[int, str, KvCapacity, str | None]:
-    """Keep a pinned --max-model-len, or choose the longest that carries `concurrency` requests.
+@dataclass(frozen=True)
+class _Band:
+    """The KV capacity at the two ends of the estimates' error band, by length."""
 
-    `favourable_at` is the capacity at the favourable end of the estimate's error band: a
-    configuration is refused only when it fails there too. When it fails at the central
-    estimate only, the plan keeps it and says why it may not fit (the fourth value); the
-    engine's own numbers then decide, and the watch retunes.
+    low: Callable[[int], KvCapacity]  # the unfavourable end: every estimated term at its worst
+    high: Callable[[int], KvCapacity]  # the favourable end
+
+
+@dataclass(frozen=True)
+class _Length:
+    """The planned --max-model-len, the capacity there, and what holds at each end of the KV band."""
+
+    value: int
+    reason: str
+    capacity: KvCapacity
+    doubt: str | None = None
+    at_risk: tuple[str, ...] = ()  # the figures a doubt is about, by their JSON names
+    low_end: int | None = None  # the longest length carrying the concurrency at the band's low end (0: none)
+    central: int | None = None  # ... at the central estimate
+
+
+def _carries(request: PlanRequest, at: Callable[[int], KvCapacity]) -> Callable[[int], bool]:
+    """Whether `request.concurrency` requests of a length fit, with vLLM's one spare block."""
+    def fits(length: int) -> bool:
+        cap = at(length)
+        return bool(cap.fits_one_request and (cap.num_blocks - 1) / cap.blocks_per_request >= request.concurrency)
+    return fits
+
+
+def _band_lengths(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[[int], KvCapacity],
+                  band: _Band | None) -> tuple[int, int]:
+    """The longest lengths carrying the concurrency at the band's low end and at the central estimate."""
+    central = largest_length(_carries(request, capacity_at), setup.model_max_len, setup.block)
+    if band is None or central <= 0:
+        return central, central
+    # The low end carries no more than the centre: search below it.
+    return largest_length(_carries(request, band.low), central, setup.block), central
+
+
+def _vllm_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[[int], KvCapacity],
+                 band: _Band | None = None, cause: str = "") -> _Length:
+    """Keep a pinned --max-model-len, or choose the longest that carries `concurrency` requests
+    at the low end of the KV estimate's error band.
+
+    The safe side: vLLM refuses to start when one request of max_model_len needs more KV than it
+    has (vllm/v1/core/kv_cache_utils.py `check_enough_kv_cache_memory`, "the estimated maximum
+    model length is N"), so the length the plan adds must hold when every estimated term lands at
+    its unfavourable end. Only when nothing does is the central length kept, with the doubt
+    said; a configuration is refused only when it fails at the favourable end too.
     """
     pinned_len = setup.pinned.get("--max-model-len")
+    low_end, central = _band_lengths(request, setup, capacity_at, band)
     if pinned_len is not None and pinned_len > 0:
         # Above the model's maximum is start_checks' to decide (VLLM_ALLOW_LONG_MAX_MODEL_LEN).
         capacity = capacity_at(pinned_len)
-        doubt = _checked_in_band(request, capacity, pinned_len, favourable_at)
-        return pinned_len, "pinned --max-model-len", capacity, doubt
-
+        doubt, risk = _checked_in_band(request, capacity, pinned_len, band)
+        return _Length(pinned_len, "pinned --max-model-len", capacity, doubt, risk, low_end, central)
     if pinned_len == -1:
-        # --max-model-len auto: vLLM's own auto-fit sizes for ONE request (binary search on
-        # the KV check); predict its answer, then hold it to the concurrency asked for.
-        at_max = capacity_at(setup.model_max_len)
-        length = setup.model_max_len if at_max.fits_one_request else at_max.estimated_max_model_len
-        if length <= 0:
-            raise WontFit("vLLM will fail with 'Cannot auto-fit max_model_len': no KV room for a single token")
-        capacity = capacity_at(length)
-        doubt = _checked_in_band(request, capacity, length, favourable_at)
-        return length, "vLLM auto-fit (pinned --max-model-len auto), predicted", capacity, doubt
+        return _auto_length(request, setup, capacity_at, band)
+    if low_end > 0:
+        return _Length(low_end, _chosen_reason(request, setup, low_end, central), capacity_at(low_end),
+                       low_end=low_end, central=central)
+    if central > 0:
+        low = band.low(central) if band is not None else capacity_at(central)
+        doubt = (f"{request.concurrency} request(s) of {central} tokens fit at the central estimate "
+                 f"({format_gib(capacity_at(central).kv_bytes)} KV) but not at the low end of its error band "
+                 f"({format_gib(low.kv_bytes)}): vLLM refuses to start there ('estimated maximum model length "
+                 f"is {low.estimated_max_model_len}', kv_cache_utils.py check_enough_kv_cache_memory)"
+                 if not low.fits_one_request else
+                 f"{request.concurrency} request(s) of {central} tokens fit at the central estimate "
+                 f"({format_gib(capacity_at(central).kv_bytes)} KV); at the low end of its error band "
+                 f"({format_gib(low.kv_bytes)}) only {max((low.num_blocks - 1) / low.blocks_per_request, 0):.2f} do")
+        risk = ("max_model_len",) if not low.fits_one_request else ("max_concurrency",)
+        return _Length(central, _chosen_reason(request, setup, central, central), capacity_at(central), doubt, risk,
+                       0, central)
+    return _favourable_length(request, setup, capacity_at, band, cause)
 
-    def carries(at: Callable[[int], KvCapacity]) -> Callable[[int], bool]:
-        def fits(length: int) -> bool:
-            cap = at(length)
-            return bool(cap.fits_one_request and (cap.num_blocks - 1) / cap.blocks_per_request >= request.concurrency)
-        return fits
 
-    length = largest_length(carries(capacity_at), setup.model_max_len, setup.block)
-    doubt = None
-    if length <= 0 and favourable_at is not None:
-        length = largest_length(carries(favourable_at), setup.model_max_len, setup.block)
-        if length > 0:
-            doubt = (f"{request.concurrency} request(s) of {length} tokens fit only at the favourable end of the "
-                     f"estimate's error band ({format_gib(capacity_at(length).kv_bytes)} KV at the central "
-                     f"estimate, {format_gib(favourable_at(length).kv_bytes)} at best)")
+def _chosen_reason(request: PlanRequest, setup: _VllmSetup, length: int, central: int) -> str:
+    if length == setup.model_max_len:
+        return f"model maximum ({setup.model_max_len_reason})"
+    if length < central:
+        return (f"longest that fits {request.concurrency} request(s) at the low end of the KV band "
+                f"(model maximum {setup.model_max_len})")
+    return f"longest that fits {request.concurrency} request(s) (model maximum {setup.model_max_len})"
+
+
+def _auto_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[[int], KvCapacity],
+                 band: _Band | None) -> _Length:
+    """--max-model-len auto: vLLM's own auto-fit sizes for ONE request (binary search on the KV
+    check) from the KV it finds, so it never refuses the length; predict its answer at the centre
+    and at the band's low end, then hold it to the concurrency asked for."""
+    def predicted(at: Callable[[int], KvCapacity]) -> int:
+        at_max = at(setup.model_max_len)
+        return setup.model_max_len if at_max.fits_one_request else at_max.estimated_max_model_len
+
+    length = predicted(capacity_at)
     if length <= 0:
-        capacity = (favourable_at or capacity_at)(setup.block)
-        raise WontFit(
-            f"no KV room for {request.concurrency} request(s) of even {setup.block} tokens: "
-            + (f"{format_gib(capacity.kv_bytes)} left for the KV cache" if capacity.kv_bytes >= 0 else
-               f"{format_gib(-capacity.kv_bytes)} short of any KV cache")
-            + (" at the favourable end of the estimate" if favourable_at is not None else "") + cause,
-            rule="kv-capacity", figures={"kv_cache_bytes": capacity.kv_bytes, "concurrency": request.concurrency})
-    reason = (f"model maximum ({setup.model_max_len_reason})" if length == setup.model_max_len
-              else f"longest that fits {request.concurrency} request(s) (model maximum {setup.model_max_len})")
-    return length, reason, capacity_at(length), doubt
+        raise WontFit("vLLM will fail with 'Cannot auto-fit max_model_len': no KV room for a single token")
+    low_length = predicted(band.low) if band is not None else length
+    capacity = capacity_at(length)
+    doubt, risk = _checked_in_band(request, capacity, length, band, low_length=low_length)
+    return _Length(length, "vLLM auto-fit (pinned --max-model-len auto), predicted", capacity, doubt, risk,
+                   max(low_length, 0), length)
 
 
-def _pinned_kv_fits(kv: int, available: int, error: int, doubt: str | None, flag: str) -> str | None:
+def _favourable_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Callable[[int], KvCapacity],
+                       band: _Band | None, cause: str) -> _Length:
+    """Nothing fits at the central estimate: the longest that fits at the favourable end, as a doubt,
+    or the refusal."""
+    length = largest_length(_carries(request, band.high), setup.model_max_len, setup.block) if band else 0
+    if length > 0 and band is not None:
+        doubt = (f"{request.concurrency} request(s) of {length} tokens fit only at the favourable end of the "
+                 f"estimate's error band ({format_gib(capacity_at(length).kv_bytes)} KV at the central "
+                 f"estimate, {format_gib(band.high(length).kv_bytes)} at best)")
+        return _Length(length, _chosen_reason(request, setup, length, length), capacity_at(length), doubt,
+                       ("max_model_len",), 0, 0)
+    capacity = (band.high if band else capacity_at)(setup.block)
+    raise WontFit(
+        f"no KV room for {request.concurrency} request(s) of even {setup.block} tokens: "
+        + (f"{format_gib(capacity.kv_bytes)} left for the KV cache" if capacity.kv_bytes >= 0 else
+           f"{format_gib(-capacity.kv_bytes)} short of any KV cache")
+        + (" at the favourable end of the estimate" if band is not None else "") + cause,
+        rule="kv-capacity", figures={"kv_cache_bytes": capacity.kv_bytes, "concurrency": request.concurrency})
+
+
+def _pinned_kv_fits(kv: int, available: int, error: int, flag: str) -> str | None:
     """A pinned KV size must fit what the weights, activations and graphs leave, or vLLM runs out
-    of memory allocating it: refused beyond the band, doubted inside it."""
-    if kv <= available:
-        return doubt
+    of memory allocating it: refused beyond the band's favourable end, doubted beyond its low end."""
+    if kv <= available - error:
+        return None
     message = (f"{flag}: {format_gib(kv)} of KV cache, but only ~{format_gib(max(available, 0))} is left after "
-               "the weights, activations and CUDA graphs: vLLM runs out of memory allocating it")
+               "the weights, activations and CUDA graphs at the central estimate"
+               + (f" ({format_gib(max(available - error, 0))} at the low end of its error band)" if error else "")
+               + ": vLLM runs out of memory allocating it")
     if kv > available + error:
         raise WontFit(message, hint=f"lower {flag}", rule="pinned-kv")
-    return "; ".join(d for d in (doubt, message + " (inside the estimate's error band)") if d)
+    return message + (" (inside the estimate's error band)" if kv > available else " if the estimates land low")
 
 
-def _checked_in_band(request: PlanRequest, capacity: KvCapacity, length: int,
-                     favourable_at: Callable[[int], KvCapacity] | None) -> str | None:
-    """None when `length` fits at the central estimate; the doubt when it fits only at the
-    favourable end; `WontFit` when it fails there too."""
+def _checked_in_band(request: PlanRequest, capacity: KvCapacity, length: int, band: _Band | None,
+                     low_length: int | None = None) -> tuple[str | None, tuple[str, ...]]:
+    """(None, ()) when `length` holds at the low end of the KV band; else the doubt and the figure at
+    risk: it fits at the central estimate only, or only at the favourable end; `WontFit` when it fails
+    there too. `low_length`: the length checked at the low end (vLLM's auto-fit picks its own)."""
     try:
         _check_vllm_capacity(request, capacity, length)
-        return None
     except WontFit as central:
-        if favourable_at is None:
+        if band is None:
             raise
         try:
-            _check_vllm_capacity(request, favourable_at(length), length)
+            _check_vllm_capacity(request, band.high(length), length)
         except WontFit as favourable:
             raise WontFit(f"{favourable.message} (at the favourable end of the estimate)", hint=favourable.hint,
                           rule=favourable.rule, figures=favourable.figures) from None
-        return f"{central.message} at the central estimate; it fits at the favourable end of the error band"
+        risk = "max_model_len" if not capacity.fits_one_request else "max_concurrency"
+        return f"{central.message} at the central estimate; it fits at the favourable end of the error band", (risk,)
+    if band is None:
+        return None, ()
+    at_low = low_length if low_length is not None else length
+    if at_low <= 0:
+        return ("at the low end of the KV band vLLM's auto-fit finds no room for a single token ('Cannot auto-fit "
+                "max_model_len'); it fits at the central estimate", ("max_model_len",))
+    low = band.low(at_low)
+    try:
+        _check_vllm_capacity(request, low, at_low)
+    except WontFit as unfavourable:
+        one_fits = low.kv_bytes > 0 and low.fits_one_request
+        return (f"at the low end of the KV band, {unfavourable.message}"
+                + ("" if one_fits else " (vLLM refuses to start there)") + "; it fits at the central estimate",
+                ("max_concurrency",) if one_fits else ("max_model_len",))
+    return None, ()
 
 
 def _check_vllm_capacity(request: PlanRequest, capacity: KvCapacity, length: int) -> None:
@@ -339,7 +428,9 @@ class _Sizing:
     repack_rule: str
     non_torch: int
     non_torch_error: int
-    cudagraph: int
+    cudagraph: int  # the graphs' estimate where the version subtracts it, else 0
+    cudagraph_error: int
+    graphs: vb.CudaGraphs | None  # None: --enforce-eager
     total_error: int
     verified: bool
     calibrated_non_kv: int | None  # an earlier start's non-KV bytes on the same key
@@ -382,7 +473,7 @@ class _Sizing:
     def available_error(self, length: int) -> int:
         """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
         return int(math.ceil(self.total_error * self.utilization) + self.non_torch_error
-                   + self.peak_at(length)[2].error_bytes + vb.cudagraph_error_bytes(self.cudagraph))
+                   + self.peak_at(length)[2].error_bytes + self.cudagraph_error)
 
     def bytes_error_at(self, length: int) -> int:
         """+/- on the KV bytes vLLM reports: the sum of the estimated budget terms' errors (0 when none
@@ -408,6 +499,12 @@ class _Sizing:
 
     def favourable_at(self, length: int) -> KvCapacity:
         return self.capacity_for(length, self.kv_at(length) + self.kv_error_at(length))
+
+    def unfavourable_at(self, length: int) -> KvCapacity:
+        return self.capacity_for(length, self.kv_at(length) - self.kv_error_at(length))
+
+    def band(self) -> _Band:
+        return _Band(low=self.unfavourable_at, high=self.favourable_at)
 
     def budget_at(self, length: int) -> VllmBudget:
         return VllmBudget(total=self.total, requested=self.requested, weights=self.weights,
@@ -436,16 +533,31 @@ def _queued_beyond_max_num_seqs(request: PlanRequest, setup: _VllmSetup, default
     return dataclasses.replace(request, concurrency=running)
 
 
-def _graphs_outside(setup: _VllmSetup) -> int:
+def _cuda_graphs(request: PlanRequest, setup: _VllmSetup, defaults: vb.BatchDefaults,
+                 gpu: GpuDevice) -> vb.CudaGraphs | None:
+    """The graphs vLLM captures on a rank (None with --enforce-eager), from the batch limits it runs with."""
+    pinned = setup.pinned
+    if pinned.get("--enforce-eager", False):
+        return None
+    return vb.cuda_graphs(request.model.geometry, rules=setup.rules, version=request.engine_version,
+                          layers=setup.layout.group_size * len(setup.layout.groups),
+                          max_num_seqs=int(pinned.get("--max-num-seqs", defaults.max_num_seqs)),
+                          max_num_batched_tokens=int(pinned.get("--max-num-batched-tokens",
+                                                                defaults.max_num_batched_tokens)),
+                          compute_capability=gpu.compute_capability,
+                          interactivity=pinned.get("--performance-mode") == "interactivity")
+
+
+def _graphs_outside(graphs: vb.CudaGraphs | None) -> int:
     """Where the estimate is not subtracted, the graphs are captured after the KV cache from what vLLM
     did not request (gpu_worker.py compile_or_warm_up_model): keep their band's unfavourable end out."""
-    if setup.pinned.get("--enforce-eager", False) or setup.rules.cudagraph_estimate_subtracted:
+    if graphs is None or graphs.subtracted:
         return 0
-    return vb.cudagraph_outside_bytes(setup.layout.group_size * len(setup.layout.groups))
+    return graphs.estimate_bytes + graphs.error_bytes
 
 
 def _utilization(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, context: int,
-                 warnings: list[str]) -> _Utilization:
+                 graphs: vb.CudaGraphs | None, warnings: list[str]) -> _Utilization:
     """Pinned, or the most we can request from *free* memory (other tenants make vLLM refuse to
     start when free < total x utilization), capped by the engine default."""
     cal, rules, total = request.calibration, setup.rules, gpu.usable_total_bytes
@@ -459,7 +571,7 @@ def _utilization(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, contex
     room = free - context - request.margin_bytes
     if request.max_gpu_memory_bytes is not None:
         room = min(room, request.max_gpu_memory_bytes - context)
-    graphs_outside = _graphs_outside(setup)
+    graphs_outside = _graphs_outside(graphs)
     room -= graphs_outside
     value = min(rules.default_utilization, vb.utilization_for(max(room, 0), total))
     source = ENGINE_DEFAULT if value == rules.default_utilization else FORMULA
@@ -495,7 +607,7 @@ def _refuse_no_room(request: PlanRequest, gpu: GpuDevice, context: int) -> None:
 
 
 def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_init: int,
-                   setup: _VllmSetup) -> str | None:
+                   setup: _VllmSetup, graphs: vb.CudaGraphs | None) -> str | None:
     """vLLM refuses to start when it requests more than is free at init: refused beyond the
     CUDA context's error, doubted inside it."""
     total = gpu.usable_total_bytes
@@ -508,7 +620,7 @@ def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_i
         return (f"--gpu-memory-utilization {utilization} x {format_gib(total)} = {format_gib(requested)} is "
                 f"above the ~{format_gib(free_at_init)} free at start by less than the CUDA context's "
                 "error: vLLM may refuse to start")
-    graphs_outside = _graphs_outside(setup)
+    graphs_outside = _graphs_outside(graphs)
     if graphs_outside > free_at_init - requested:
         return (f"vLLM {setup.rules.version} captures CUDA graphs after sizing the KV cache, from the "
                 f"~{format_gib(free_at_init - requested)} it did not request; they may take up to "
@@ -517,15 +629,13 @@ def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_i
 
 
 def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,
-                utilization: float, context: int, verified: bool) -> _Sizing:
+                utilization: float, context: int, verified: bool, graphs: vb.CudaGraphs | None) -> _Sizing:
     """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
     pinned, rules, tp, pp = setup.pinned, setup.rules, setup.tp, setup.pp
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
     non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=version_key(rules.version) >= version_key("0.19"),
                                                     compute_capability=gpu.compute_capability)
-    eager = pinned.get("--enforce-eager", False)
-    cudagraph = 0 if eager or not rules.cudagraph_estimate_subtracted else vb.cudagraph_estimate_bytes(
-        setup.layout.group_size * len(setup.layout.groups))
+    subtracted = graphs is not None and graphs.subtracted
     cal = request.calibration
     repack, repack_rule = vb.mxfp4_repack_extra_bytes(request.model.geometry, version=rules.version, tp=tp, pp=pp,
                                                       compute_capability=gpu.compute_capability)
@@ -536,7 +646,9 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         # vLLM's "Model loading took": the weights as its kernels hold them.
         weights=max(request.model.weight_bytes // (tp * pp) - offloaded, 0) + repack, repack=repack,
         repack_rule=repack_rule,
-        non_torch=non_torch, non_torch_error=non_torch_error, cudagraph=cudagraph,
+        non_torch=non_torch, non_torch_error=non_torch_error, graphs=graphs,
+        cudagraph=graphs.estimate_bytes if graphs is not None and subtracted else 0,
+        cudagraph_error=graphs.error_bytes if graphs is not None and subtracted else 0,
         total_error=gpu.usable_total_error_bytes,  # the spread of published totals, or of NVML's reserve
         verified=verified, calibrated_non_kv=cal.non_kv_bytes if cal is not None else None,
         pinned_kv_bytes=pinned.get("--kv-cache-memory-bytes"), blocks_override=pinned.get("--num-gpu-blocks-override"))
@@ -554,20 +666,25 @@ def plan_gpu(request: PlanRequest) -> Plan:
     defaults = _batch_defaults(setup, gpu)
     warnings = not_modelled_warnings(pinned, vr.NOT_MODELLED)
     request = _queued_beyond_max_num_seqs(request, setup, defaults, warnings)
-    utilization = _utilization(request, setup, gpu, context, warnings)
+    graphs = _cuda_graphs(request, setup, defaults, gpu)
+    utilization = _utilization(request, setup, gpu, context, graphs, warnings)
     if utilization.value <= 0:
         _refuse_no_room(request, gpu, context)
     verified, architecture_note = architecture_status(request.model.geometry)
-    sizing = _gpu_sizing(request, setup, gpu, defaults, utilization.value, context, verified)
-    startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup)
+    sizing = _gpu_sizing(request, setup, gpu, defaults, utilization.value, context, verified, graphs)
+    startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup, graphs)
     if not verified:
         warnings.append(architecture_note)
-    length, length_reason, capacity, doubt = _vllm_length(
-        request, setup, sizing.capacity_at, sizing.favourable_at, _weights_cause(sizing))
+    chosen = _vllm_length(request, setup, sizing.capacity_at, sizing.band(), _weights_cause(sizing))
+    length, capacity, doubt, at_risk = chosen.value, chosen.capacity, chosen.doubt, chosen.at_risk
     if sizing.pinned_kv_bytes is not None or sizing.blocks_override is not None:
-        doubt = _pinned_kv_fits(sizing.kv_at(length), sizing.available_at(length), sizing.available_error(length),
-                                doubt, "--kv-cache-memory-bytes" if sizing.pinned_kv_bytes is not None
-                                else "--num-gpu-blocks-override")
+        flag = "--kv-cache-memory-bytes" if sizing.pinned_kv_bytes is not None else "--num-gpu-blocks-override"
+        kv_doubt = _pinned_kv_fits(sizing.kv_at(length), sizing.available_at(length), sizing.available_error(length),
+                                   flag)
+        doubt = "; ".join(d for d in (doubt, kv_doubt) if d) or None
+        at_risk += (flag.lstrip("-").replace("-", "_"),) if kv_doubt else ()
+    if startup_doubt:
+        at_risk = ("gpu_memory_utilization", *at_risk)
     budget = sizing.budget_at(length)
     if not verified:
         warnings.append(f"KV tokens +/- {UNVERIFIED_KV_ERROR_FRACTION:.0%} (the layout is not proven); the KV bytes "
@@ -580,7 +697,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
                        f"--gpu-memory-utilization {utilization.value:g}", utilization.detail))
     return Plan(
         engine="vllm", engine_version=request.engine_version or vr.NEWEST, rules_version=setup.rules.version,
-        device="cuda", model=request.model.name, max_model_len=length, max_model_len_source=length_reason,
+        device="cuda", model=request.model.name, max_model_len=length, max_model_len_source=chosen.reason,
         kv_cache_bytes=budget.kv, kv_cache_tokens=capacity.tokens, max_concurrency=round(capacity.max_concurrency, 2),
         budget=_gpu_items(request, sizing, gpu, utilization, length, capacity, context),
         engine_args=tuple(_gpu_args(pinned, utilization.value, length)), engine_env={}, pinned=dict(pinned),
@@ -589,7 +706,8 @@ def plan_gpu(request: PlanRequest) -> Plan:
         gpu_name=gpu.name, gpu_count=len(devices), notes=tuple(_gpu_notes(setup, request.calibration)),
         engine_version_assumed=request.engine_version_assumed,
         kv_cache_bytes_low=budget.kv - budget.kv_error, kv_cache_bytes_high=budget.kv + budget.kv_error,
-        may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None, warnings=tuple(warnings),
+        may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None, at_risk=at_risk,
+        max_model_len_low_end=chosen.low_end, max_model_len_central=chosen.central, warnings=tuple(warnings),
         architecture_verified=verified,
         engine_defaults={"gpu_memory_utilization": setup.rules.default_utilization,
                          "max_num_batched_tokens": defaults.max_num_batched_tokens,
@@ -697,13 +815,16 @@ def _activation_item(sizing: _Sizing, length: int) -> BudgetItem:
 
 
 def _cudagraph_item(sizing: _Sizing) -> BudgetItem:
-    cudagraph, rules = sizing.cudagraph, sizing.setup.rules
+    cudagraph, rules, graphs = sizing.cudagraph, sizing.setup.rules, sizing.graphs
+    if graphs is None:
+        detail = "--enforce-eager: no graphs"
+    elif not graphs.subtracted:
+        detail = (f"not subtracted by vLLM {rules.version} (no estimate: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS "
+                  "off, or the V2 runner before 0.29); captured after the KV cache: " + graphs.describe())
+    else:
+        detail = graphs.describe()
     return BudgetItem("cudagraph", "CUDA graph estimate", cudagraph, FORMULA if cudagraph else ENGINE_DEFAULT,
-                      "--enforce-eager: no graphs" if sizing.setup.pinned.get("--enforce-eager", False) else
-                      (f"not subtracted by vLLM {rules.version} (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off)"
-                       if not cudagraph else
-                       f"{vb.CUDAGRAPH_BASE_BYTES // MiB} MiB + {vb.CUDAGRAPH_PER_LAYER_BYTES / MiB:.1f} MiB x layers"),
-                      bar="graphs", error_bytes=vb.cudagraph_error_bytes(cudagraph))
+                      detail, bar="graphs", error_bytes=sizing.cudagraph_error)
 
 
 def _kv_item(sizing: _Sizing, kv: int, capacity: KvCapacity) -> BudgetItem:
@@ -788,7 +909,8 @@ def plan_cpu(request: PlanRequest) -> Plan:
     def capacity_at(length: int) -> KvCapacity:
         return _cpu_capacity(request, setup, defaults, kv, length)
 
-    length, length_reason, capacity, _ = _vllm_length(request, setup, capacity_at)
+    chosen = _vllm_length(request, setup, capacity_at)
+    length, length_reason, capacity = chosen.value, chosen.reason, chosen.capacity
     batched, activation = _cpu_activation_at(request, setup, defaults, length)
     weights = model.weight_bytes
     if weights + activation + kv + request.margin_bytes > host.available_bytes:
