@@ -594,6 +594,40 @@ class TestNotify:
             False, False, os.environ["PATH"])
 
 
+class TestStateHook:
+    def test_stop_signal_runs_stopping_then_finished(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """SIGTERM while serving: on_state sees RUNNING, STOPPING, FINISHED, nothing else."""
+        engine = Engine(tmp_path, "engine", graceful(steps=serving_steps()), port=free_port())
+        driver = Driver(tmp_path, engine)
+        cleanup += [engine.pids()["engine"], driver.proc.pid]
+        wait_for(lambda: b"Application startup complete" in driver.stderr(), what="uvicorn startup line")
+        driver.proc.send_signal(signal.SIGTERM)
+        assert 0 == driver.wait()
+        assert ["RUNNING", "STOPPING", "FINISHED"] == driver.result()["states_seen"]
+
+    def test_a_second_stop_signal_is_no_new_state(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """A SIGTERM while already stopping (the engine ignores the first) is not reported again."""
+        engine = Engine(tmp_path, "engine", graceful(on_sigterm="ignore", steps=serving_steps()), port=free_port())
+        driver = Driver(tmp_path, engine, grace_s=1.0)
+        cleanup += [engine.pids()["engine"], driver.proc.pid]
+        wait_for(lambda: b"Application startup complete" in driver.stderr(), what="uvicorn startup line")
+        driver.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        driver.proc.send_signal(signal.SIGTERM)
+        assert 137 == driver.wait()  # killed after the grace: the second SIGTERM came while stopping
+        assert ["RUNNING", "STOPPING", "FINISHED"] == driver.result()["states_seen"]
+
+    def test_restart_runs_restarting_then_running_again(self, tmp_path: Path, cleanup: list[int]) -> None:
+        """request_restart: RUNNING, RESTARTING, RUNNING (engine 2), then FINISHED when it exits."""
+        first = Engine(tmp_path, "first", graceful(steps=[{"text": VLLM_KV}, {"hang": True}]))
+        second = Engine(tmp_path, "second", graceful(steps=[{"exit": 0}]))
+        trigger = {"match": "KV cache size", "action": "restart", "argv": second.argv}
+        driver = Driver(tmp_path, first, triggers=[trigger])
+        cleanup.append(driver.proc.pid)
+        assert 70 == driver.wait()
+        assert ["RUNNING", "RESTARTING", "RUNNING", "FINISHED"] == driver.result()["states_seen"]
+
+
 # --------------------------------------------------------------------------- devlock
 
 # --------------------------------------------------------------------------- the driver
@@ -647,6 +681,7 @@ def _driver(config_path: str) -> int:
         sup.request_stop(f"watch {name} timed out", cfg["on_watch_timeout"]["code"])
 
     exits_seen: list[int] = []
+    states_seen: list[str] = []
 
     def on_exit(returncode: int) -> None:
         exits_seen.append(returncode)
@@ -660,12 +695,14 @@ def _driver(config_path: str) -> int:
         on_ready=on_ready if cfg.get("on_ready") == "ignore" else None,
         on_watch_timeout=on_watch_timeout if cfg.get("on_watch_timeout") else None,
         on_exit=on_exit if cfg.get("on_exit_restart") else None,
+        on_state=lambda state: states_seen.append(state.name),
     )
     outcome = sup.run()
     result = {
         "outcome": {**asdict(outcome), "phase": outcome.phase.name.lower()},
         "lines": {name: {**stats[name], "sha256": hashes[name].hexdigest()} for name in hashes},
         "exits_seen": exits_seen,
+        "states_seen": states_seen,
     }
     Path(cfg["result"]).write_text(json.dumps(result))
     return outcome.exit_code

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +38,6 @@ ENGINE_PHASES = {
     "pre_load": "loading weights", "weights": "weights loaded", "available_kv": "memory profiled",
     "kv_alloc": "KV cache allocated", "kv": "KV cache sized", "ready": "serving",
 }
-# How often the status file's reporter looks for a stop that has begun (see Watch._watch_for_stop).
-STOP_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,6 @@ class Watch:
                  on_state: Callable[[Mapping[str, object]], None] | None = None) -> None:
         self.plan, self.model, self.options, self.concurrency = plan, model, options, concurrency
         self.on_state = on_state  # the instance's status file (launcher.serve.instances)
-        self.reported_lock = threading.Lock()  # _report runs on the loop's thread and the stop watcher's
         self.stopping = False  # `stopping` reported: no later state replaces it
         self.engine = adapter(plan.engine)
         self.on_measured, self.on_runtime_oom = on_measured, on_runtime_oom
@@ -121,6 +117,7 @@ class Watch:
                 ready_file=Path(options.ready_file) if options.ready_file else None,
                 watch_timeouts_s={"kv": options.watch_timeout_s}),
             on_line=self.on_line, on_ready=self.on_healthy, on_watch_timeout=self.on_watch_timeout,
+            on_state=self.on_supervisor_state,
         )
         if self.progress is not None:
             self.supervisor.set_status_line(self.progress.text)
@@ -132,17 +129,10 @@ class Watch:
         old = structlog.get_config()
         # Our log lines queue behind the engine's stderr lines: a stalled reader blocks neither.
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(self.supervisor.own_stream))  # type: ignore[arg-type]
-        done = threading.Event()
-        watcher = threading.Thread(target=self._watch_for_stop, args=(done,), name="stop-watcher", daemon=True)
         try:
             self._report("starting")
-            if self.on_state is not None:
-                watcher.start()
             outcome = self.supervisor.run()
         finally:
-            done.set()
-            if watcher.is_alive():
-                watcher.join()  # before the caller removes the status file: no write after it
             structlog.configure(logger_factory=old["logger_factory"])
             self.lock.release()
         say = log.info if outcome.exit_code == 0 else log.error  # the level follows the outcome
@@ -150,27 +140,13 @@ class Watch:
             engine_phase=self.engine_phase, restarts=outcome.restarts, engine_returncode=outcome.engine_returncode)
         return outcome.exit_code
 
-    def _watch_for_stop(self, done: threading.Event) -> None:
-        """Report `stopping` once a stop to exit has begun: a stop signal, an abort, a failure.
-
-        The supervisor calls no hook when a stop begins (its signal handlers only enqueue); its
-        public `state` says so, read here every STOP_POLL_S until the supervision ends.
-        """
-        while not done.wait(STOP_POLL_S):
-            if self.supervisor.state is State.STOPPING:
-                self._report("stopping")
-                return
-
     def _report(self, state: str) -> None:
-        if self.on_state is None:
-            return
-        with self.reported_lock:
-            if self.stopping:
-                return  # a KV line logged while stopping does not make it `serving` again
-            self.stopping = state == "stopping"
-            tokens = self.kv.get("tokens")
-            self.on_state({"state": state, "engine_phase": self.engine_phase, "retunes": self.retunes,
-                           "engine_kv_tokens": tokens if isinstance(tokens, int) else None})
+        if self.on_state is None or self.stopping:
+            return  # once `stopping`, a KV line logged while stopping does not make it `serving` again
+        self.stopping = state == "stopping"
+        tokens = self.kv.get("tokens")
+        self.on_state({"state": state, "engine_phase": self.engine_phase, "retunes": self.retunes,
+                       "engine_kv_tokens": tokens if isinstance(tokens, int) else None})
 
     def _argv_for(self, flags: Sequence[str]) -> tuple[str, ...]:
         return tuple(self.engine.engine_argv(self.bare, self.model, flags, self.options.engine_cmd))
@@ -190,6 +166,11 @@ class Watch:
             self.reader = self.engine.log_reader(child_env(self.plan))
 
     # ------------------------------------------------------------------ hooks
+
+    def on_supervisor_state(self, state: State) -> None:
+        """A stop to exit has begun (a stop signal, an abort, a failure while serving): say `stopping`."""
+        if state is State.STOPPING:
+            self._report("stopping")
 
     def on_line(self, stream: str, raw: bytes) -> None:
         self._sync()

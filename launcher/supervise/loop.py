@@ -65,6 +65,8 @@ class Supervisor(Controls):
       in time (:meth:`mark_event`).
     * ``on_exit(returncode)``: the engine exited on its own (not stopped by us), after its
       last line was read; may call :meth:`request_restart`.
+    * ``on_state(state)``: the loop changed state, each change once and in order, before the
+      new state's first action (SIGTERM to the group, the next spawn).
 
     After the first 200, with ``HealthCheck.live_interval_s`` set, ``health.failures`` failed
     probes in a row stop the engine with ``liveness_exit_code``; while the probes pass and
@@ -85,6 +87,7 @@ class Supervisor(Controls):
         on_ready: Callable[[], None] | None = None,
         on_watch_timeout: Callable[[str], None] | None = None,
         on_exit: Callable[[int], None] | None = None,
+        on_state: Callable[[State], None] | None = None,
     ) -> None:
         super().__init__()  # the inbox the control methods post to
         self._command = command
@@ -93,6 +96,7 @@ class Supervisor(Controls):
         self._on_ready = on_ready
         self._on_watch_timeout = on_watch_timeout
         self._on_exit = on_exit
+        self._on_state = on_state
         self._state = State.NEW
         self._engine: Engine | None = None
         self._generation = 0
@@ -179,9 +183,9 @@ class Supervisor(Controls):
                 stopsignals.supervised()  # a stop signal from now on is ours to handle
                 for name in stopsignals.take_noted():
                     log.warning("signal ignored: it does not stop safe-serve", signal=name)
-                self._state = State.RUNNING
+                self._enter(State.RUNNING)
                 self._spawn(self._command)
-                while self._state is not State.FINISHED:
+                while self.state is not State.FINISHED:  # the property: mypy keeps self._state narrowed to NEW
                     self._pump_io(self._next_timeout(time.monotonic()))
                     self._drain_events()
                     self._reconcile(time.monotonic())
@@ -272,7 +276,7 @@ class Supervisor(Controls):
         self._stopper.request(request.reason, request.exit_code)
         if request.after_s > 0 and not request.kill and not self._stopper.group_signalled:
             self._pending_restart = None
-            self._state = State.STOPPING
+            self._enter(State.STOPPING)
             self._stopper.term_later(request.after_s)
             return
         self._begin_stop(signal.SIGTERM, State.STOPPING)
@@ -325,13 +329,19 @@ class Supervisor(Controls):
 
     # ------------------------------------------------------------------ transitions
 
+    def _enter(self, state: State) -> None:
+        if state is not self._state:  # a second stop signal while stopping is no change
+            self._state = state
+            if self._on_state is not None:
+                self._on_state(state)
+
     def _begin_stop(self, signum: int, state: State) -> None:
         # A paused engine blocks in its own write and could not shut down: while it stops, its
         # output is read beyond the bound (what it writes in the grace period), still not dropped.
         self._streams.resume_all(self._selector)
         if state is State.STOPPING:
             self._pending_restart = None  # stopping wins over a restart in progress
-        self._state = state
+        self._enter(state)
         self._stopper.signal_group(self._current(), signum)
         if state is State.STOPPING:
             self._keepalive.stopping(self._opts.stopping_covers_s)
@@ -352,11 +362,11 @@ class Supervisor(Controls):
         if self._state is State.RESTARTING and self._pending_restart is not None:
             command, self._pending_restart = self._pending_restart, None
             self._restarts += 1
-            self._state = State.RUNNING
+            self._enter(State.RUNNING)
             self._spawn(command)
             return
         self._outcome = decide_outcome(engine.returncode, engine.phase, self._restarts, self._stopper.book)
-        self._state = State.FINISHED
+        self._enter(State.FINISHED)
 
     def _spawn(self, command: EngineCommand) -> None:
         """Start engine number ``generation + 1``; everything kept per engine starts afresh."""
