@@ -18,14 +18,49 @@ from launcher.engines.sglang.architectures import breakable_graph_multimodal_ok
 from launcher.engines.sglang.rules import RULES, SglangRules
 from launcher.model.config import ModelGeometry
 
-# Memory SGLang holds before its "pre-load" baseline (CUDA context; NCCL with TP).
-CUDA_CONTEXT_BYTES = 560 * 1024**2
-NCCL_BYTES = 320 * 1024**2
-# Expected error (+/-) of that estimate, from the published SGLang logs: the driver's and PyTorch's
-# context, not SGLang's arithmetic (what is allocated after the baseline is `load_overhead`).
-CONTEXT_ERROR_BYTES = 128 * 1024**2
+# What a rank holds below the card's CUDA total at SGLang's pre-load baseline (P, taken right before
+# "Load weight begin", distributed/bootstrap.py:193-223 in 0.5.23): the CUDA context, and with more
+# than one rank NCCL's and the all-reduce buffers. From the first free-memory reading of the
+# published starts (tests/data/startup-logs; bench/startup_logs.py derives and scores them):
+# - one rank, H100 80GB: 522 MiB (SGLang 0.5.2 grok-2: 79.19 - 77.43 GiB free before load - 1.25
+#   GiB "Init torch distributed"), 522 MiB (vLLM 0.19 llm-d sweep), 543 MiB (vLLM 0.10.2 llava),
+#   625 MiB (vLLM, llm-d-benchmark write-up): "Free memory on device" is read after the same torch
+#   context. Median 532 MiB; left out one source at a time the others' median misses by at most
+#   102 MiB, + 15 MiB of two-decimal GiB prints: +/- 117 MiB. No one-rank reading on another card
+#   class is clean (the RTX 3090 one is under WSL2 with a desktop), so every card carries this band.
+CUDA_CONTEXT_BYTES = 532 * 1024**2
+CONTEXT_ERROR_BYTES = 117 * 1024**2
+# - more ranks without NVLink SHARP (PCIe, GeForce, A100): 579 MiB on 4 x RTX 4090 (Qwen3-14B TP 4,
+#   the card's 23.645 GiB total - 16.00 - 7.08 GiB), 47 MiB beyond the context; one source, so no
+#   band of its own (4 x L4 at SGLang 0.4.3 held ~340 +/- 226 MiB, the L4's total being NVML less the
+#   typical reserve: inside the context's band).
+NCCL_BYTES = 47 * 1024**2
+# - more ranks on NVSwitch Hopper/Blackwell boards (NCCL's NVLS multicast buffers): 1280 MiB on
+#   8 x H100 (SGLang 0.5.2 "Init torch distributed ends. mem usage=1.25 GB"); 1035, 1035, 1526 MiB
+#   on 2 x H100 (vLLM 0.19's startup free, read after its distributed init, less the context; one
+#   sweep, median 1035). Median 1157 MiB; each source left out misses by 245 MiB, + 15 MiB of prints.
+NVLS_NCCL_BYTES = 1157 * 1024**2
+NVLS_NCCL_ERROR_BYTES = 260 * 1024**2
 # SGLANG_VLM_CACHE_SIZE_MB: kept out of the KV budget for multimodal models.
 MULTIMODAL_RESERVE_BYTES = 100 * 1024**2
+
+
+
+
+def nvls_board(name: str, compute_capability: tuple[int, int] | None) -> bool:
+    """A Hopper or Blackwell data-centre card on an NVSwitch board (SXM), where NCCL's NVLS is on by
+    default: not the PCIe or NVL (bridged pairs) variants, nor GeForce/RTX (compute capability 12)."""
+    return (compute_capability is not None and compute_capability[0] in (9, 10)
+            and not any(word in name for word in ("PCIe", "NVL", "GH200")))
+
+
+def parallel_bytes(name: str, compute_capability: tuple[int, int] | None, ranks: int) -> tuple[int, int]:
+    """(bytes, +/- bytes) a rank holds at the baseline beyond the CUDA context: 0 on one rank."""
+    if ranks <= 1:
+        return 0, 0
+    if nvls_board(name, compute_capability):
+        return NVLS_NCCL_BYTES, NVLS_NCCL_ERROR_BYTES
+    return NCCL_BYTES, 0
 
 
 # --------------------------------------------------------------------------- default fraction

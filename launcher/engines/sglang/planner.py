@@ -129,7 +129,17 @@ class _SglangSetup:
     @property
     def context(self) -> int:
         """CUDA context (+ NCCL with more than one rank), held before SGLang's pre-load baseline."""
-        return sb.CUDA_CONTEXT_BYTES + (sb.NCCL_BYTES if self.tp * self.pp > 1 else 0)
+        return sb.CUDA_CONTEXT_BYTES + self.parallel[0]
+
+    @property
+    def parallel(self) -> tuple[int, int]:
+        """(bytes, +/- bytes) NCCL and the all-reduce buffers hold at the baseline, by board class."""
+        return sb.parallel_bytes(self.gpu.name, self.gpu.compute_capability, self.tp * self.pp)
+
+    @property
+    def context_error(self) -> int:
+        """+/- on `context`: the CUDA context's and the parallel term's."""
+        return sb.CONTEXT_ERROR_BYTES + self.parallel[1]
 
 
 def _sglang_setup(request: PlanRequest) -> _SglangSetup:
@@ -323,7 +333,7 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
         setup=setup, fraction=fraction, pre_load=pre_load, weights=weights, load=load,
         after_load=after_load, state_slot=_state_slot(setup),
         state_ratio=float(setup.pinned.get("--mamba-full-memory-ratio", layouts.DEFAULT_MAMBA_FULL_MEMORY_RATIO)),
-        context_error=sb.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0))
+        context_error=setup.context_error + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0))
 
 
 # --------------------------------------------------------------------------- tokens and length
@@ -440,8 +450,9 @@ def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central:
                    f"tier heuristic uses {setup.gpu_mem_mib:.0f} MiB"),
         BudgetItem("other", "held by others", budget.others, gpu_source, tenants_detail(gpu), bar="other"),
         BudgetItem("context", "CUDA context (+NCCL)", budget.context, FORMULA,
-                   "before SGLang's pre-load baseline: the driver's and PyTorch's, from published logs",
-                   bar="other", error_bytes=sb.CONTEXT_ERROR_BYTES),
+                   "before SGLang's pre-load baseline: the driver's and PyTorch's (+ NCCL by board class), "
+                   "from the first free-memory readings of published logs (sglang/budget.py)",
+                   bar="other", error_bytes=setup.context_error),
         BudgetItem("pre_load", "free at baseline (P)", budget.pre_load, FORMULA, "min over ranks of free - context",
                    error_bytes=sizing.context_error),
         BudgetItem("weights", "weights (per rank)", budget.weights, weights_source(model), model.weight_bytes_source,
@@ -494,6 +505,7 @@ def _band_note(sizing: _Sizing, budget: SglangBudget, verified: bool) -> tuple[s
     gpu, fraction = sizing.setup.gpu, sizing.fraction
     spread = gpu.usable_total_error_bytes if gpu.source == "catalog" else 0
     terms = sorted(((sb.CONTEXT_ERROR_BYTES * fraction, "the CUDA context before SGLang's baseline"),
+                    (sizing.setup.parallel[1] * fraction, "NCCL's NVLS buffers at the baseline"),
                     (spread * fraction, "the card's CUDA total (spread of published totals)"),
                     (sizing.load.error_bytes, "the loader's leftovers")), reverse=True)
     named = ", ".join(f"{what} +/- {size / MiB:.0f} MiB" for size, what in terms if size)

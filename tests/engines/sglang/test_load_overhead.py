@@ -95,14 +95,14 @@ def _plan(model: str, gpu: str) -> object:
 
 class TestBand:
     def test_small_pool_names_the_terms_at_risk(self) -> None:
-        """Qwen2.5-7B on an RTX 4090: a 1.94 GiB pool, +/- 7.4 %; the CUDA context dominates."""
+        """Qwen2.5-7B on an RTX 4090: a 1.96 GiB pool, +/- 7.0 %; the CUDA context dominates."""
         plan = _plan("qwen2.5-7b", "rtx4090")
-        assert plan.kv_cache_tokens == 36303
+        assert plan.kv_cache_tokens == 36663
         assert (plan.kv_cache_bytes_low, plan.kv_cache_bytes, plan.kv_cache_bytes_high) == (
-            1_927_274_496, 2_081_759_232, 2_236_243_968)  # +/- 2694 tokens: 0.704 x (128 + 36) + 32 MiB
+            1_956_061_184, 2_102_403_072, 2_248_802_304)  # +/- 2552 tokens: 0.704 x (117 + 36) + 32 MiB
         assert plan.item("load_overhead").error_bytes == 32 * MiB
         note = next(n for n in plan.notes if n.startswith("KV band"))
-        assert "+/- 7.4%" in note and "CUDA context before SGLang's baseline +/- 90 MiB" in note
+        assert "+/- 7.0%" in note and "CUDA context before SGLang's baseline +/- 82 MiB" in note
 
     def test_large_pool_stays_within_five_percent(self) -> None:
         plan = _plan("qwen3-32b", "h100")
@@ -129,17 +129,44 @@ class TestSafeSide:
                            engine_args=engine_args)
 
     def test_pool_limited_length_from_the_low_end(self) -> None:
-        """Qwen3-8B on an RTX 4090: 6978 tokens at the central estimate, 5930 at the low end: 5930."""
+        """Qwen3-8B on an RTX 4090: 7118 tokens at the central estimate, 6125 at the low end: 6125."""
         plan = make_plan(self._request())
-        assert (plan.kv_cache_tokens, plan.max_model_len) == (6978, 5930)
-        assert plan.kv_cache_bytes_low == 5930 * 147456
+        assert (plan.kv_cache_tokens, plan.max_model_len) == (7118, 6125)
+        assert plan.kv_cache_bytes_low == 6125 * 147456
         assert plan.may_not_fit is None
-        assert "at the band's low end (5930 tokens; 6978 at the central estimate" in plan.max_model_len_source
+        assert "at the band's low end (6125 tokens; 7118 at the central estimate" in plan.max_model_len_source
 
     def test_pinned_length_above_the_low_end_is_at_risk(self) -> None:
         plan = make_plan(self._request("--context-length", "6500"))
         assert plan.max_model_len == 6500
-        assert plan.may_not_fit is not None and "5930 at the band's low end" in plan.may_not_fit
+        assert plan.may_not_fit is not None and "6125 at the band's low end" in plan.may_not_fit
 
     def test_pinned_length_within_the_low_end_fits(self) -> None:
-        assert make_plan(self._request("--context-length", "5930")).may_not_fit is None
+        assert make_plan(self._request("--context-length", "6125")).may_not_fit is None
+
+
+class TestContext:
+    """What a rank holds below the CUDA total at SGLang's baseline, by board class (budget.py)."""
+
+    def test_one_rank_holds_the_cuda_context_only(self) -> None:
+        assert sb.parallel_bytes("NVIDIA GeForce RTX 4090", (8, 9), 1) == (0, 0)
+        assert sb.parallel_bytes("NVIDIA H100 80GB HBM3", (9, 0), 1) == (0, 0)
+
+    def test_nvswitch_hopper_holds_nvls_buffers(self) -> None:
+        assert sb.parallel_bytes("NVIDIA H100 80GB HBM3", (9, 0), 8) == (1157 * MiB, 260 * MiB)
+        assert sb.parallel_bytes("NVIDIA B200", (10, 0), 2) == (1157 * MiB, 260 * MiB)
+
+    def test_pcie_and_consumer_cards_hold_little_beyond_the_context(self) -> None:
+        for name, cc in (("NVIDIA GeForce RTX 4090", (8, 9)), ("NVIDIA H100 PCIe", (9, 0)),
+                         ("NVIDIA H100 NVL", (9, 0)), ("NVIDIA A100-SXM4-80GB", (8, 0)),
+                         ("NVIDIA GeForce RTX 5090", (12, 0))):
+            assert sb.parallel_bytes(name, cc, 4) == (47 * MiB, 0), name
+
+    def test_the_plan_carries_the_class_and_its_band(self) -> None:
+        request = PlanRequest(model=resolve_model("qwen3-32b"), engine="sglang", gpus=hypothetical_gpus(["2xh100"]),
+                              engine_args=("--tp-size", "2"))
+        context = make_plan(request).item("context")
+        assert (context.bytes, context.error_bytes) == ((532 + 1157) * MiB, (117 + 260) * MiB)
+        small = make_plan(dataclasses.replace(request, model=resolve_model("qwen2.5-7b"),
+                                              gpus=hypothetical_gpus(["rtx4090"]), engine_args=()))
+        assert (small.item("context").bytes, small.item("context").error_bytes) == (532 * MiB, 117 * MiB)
