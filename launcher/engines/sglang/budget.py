@@ -30,6 +30,9 @@ from launcher.model.config import ModelGeometry
 #   class is clean (the RTX 3090 one is under WSL2 with a desktop), so every card carries this band.
 CUDA_CONTEXT_BYTES = 532 * 1024**2
 CONTEXT_ERROR_BYTES = 117 * 1024**2
+# Measured at an earlier start of the setup (free at the plan - "Load weight begin. avail mem"): the
+# print's two decimals of GiB, +/- 5 MiB, and as much for the free memory read at the plan.
+MEASURED_CONTEXT_ERROR_BYTES = 10 * 1024**2
 # - more ranks without NVLink SHARP (PCIe, GeForce, A100): 579 MiB on 4 x RTX 4090 (Qwen3-14B TP 4,
 #   the card's 23.645 GiB total - 16.00 - 7.08 GiB), 47 MiB beyond the context; one source, so no
 #   band of its own (4 x L4 at SGLang 0.4.3 held ~340 +/- 226 MiB, the L4's total being NVML less the

@@ -102,7 +102,7 @@ class TestBand:
             1_956_061_184, 2_102_403_072, 2_248_802_304)  # +/- 2552 tokens: 0.704 x (117 + 36) + 32 MiB
         assert plan.item("load_overhead").error_bytes == 32 * MiB
         note = next(n for n in plan.notes if n.startswith("KV band"))
-        assert "+/- 7.0%" in note and "CUDA context before SGLang's baseline +/- 82 MiB" in note
+        assert "+/- 7.0%" in note and "CUDA context (+ NCCL) before SGLang's baseline +/- 82 MiB" in note
 
     def test_large_pool_stays_within_five_percent(self) -> None:
         plan = _plan("qwen3-32b", "h100")
@@ -170,3 +170,31 @@ class TestContext:
         small = make_plan(dataclasses.replace(request, model=resolve_model("qwen2.5-7b"),
                                               gpus=hypothetical_gpus(["rtx4090"]), engine_args=()))
         assert (small.item("context").bytes, small.item("context").error_bytes) == (532 * MiB, 117 * MiB)
+
+
+class TestMeasuredContext:
+    """After a start, the context is what the plan's free memory and SGLang's "Load weight begin" differ by."""
+
+    def _request(self, model: str, calibration: object = None) -> PlanRequest:
+        return PlanRequest(model=resolve_model(model), engine="sglang", gpus=hypothetical_gpus(["rtx4090"]),
+                           calibration=calibration)  # type: ignore[arg-type]
+
+    def test_the_start_measures_the_context(self) -> None:
+        from launcher.engines.events import EngineEvent
+        from launcher.engines.sglang.runtime import SglangMeasurements
+        plan = make_plan(self._request("qwen2.5-7b"))
+        free = plan.item("pre_load").bytes + plan.item("context").bytes  # 23.645 GiB on the catalog 4090
+        measured = SglangMeasurements(plan).feed(EngineEvent("pre_load", {"gib": 23.10}))
+        assert measured is not None and measured.context_bytes == free - int(23.10 * GiB)
+        assert SglangMeasurements(plan).feed(EngineEvent("pre_load", {"gib": 24.0})) is None  # more free than planned
+
+    def test_measured_context_and_leftovers_bring_small_pools_within_five_percent(self) -> None:
+        from launcher.plan.types import Calibration
+        for model in ("qwen2.5-7b", "qwen3-8b", "llama-3.1-8b"):
+            plan = make_plan(self._request(model, Calibration(context_bytes=600 * MiB, load_overhead_bytes=300 * MiB,
+                                                              key="k")))
+            context = plan.item("context")
+            assert (context.bytes, context.error_bytes, context.source) == (600 * MiB, 10 * MiB, "calibrated")
+            band = (plan.kv_cache_bytes_high - plan.kv_cache_bytes) / plan.kv_cache_bytes
+            assert band <= 0.05, (model, band)  # 0.704 x (10 + 36 MiB of the catalog total's spread)
+            assert not any(n.startswith("KV band") for n in plan.notes)
