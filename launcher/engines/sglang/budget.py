@@ -200,12 +200,32 @@ def _vlm_factor(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> float | N
     return 0.95 * min(max(1 - 0.1 * (ratio - 1), 0.8), 1.05)
 
 
+QWEN3_VL_ARCHITECTURES = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"})
+
+
+def _hopper_qwen3_vl_bs(geometry: ModelGeometry, pinned: Mapping[str, Any], rules: SglangRules,
+                        decode_bs: int | None, gpu_mem_mib: float | None,
+                        compute_capability: tuple[int, int] | None) -> int | None:
+    """`expand_multimodal_decode_graph_to_running_limit`: Qwen3-VL on Hopper (sm90, 60 GiB or more)
+    captures decode graphs up to a pinned --max-running-requests of at most 512."""
+    mrr = pinned.get("--max-running-requests")
+    if (not rules.hopper_qwen3_vl_bs or decode_bs is None or mrr is None or not decode_bs < mrr <= 512
+            or gpu_mem_mib is None or gpu_mem_mib < 60 * 1024 or compute_capability is None
+            or compute_capability[0] != 9 or not geometry.is_multimodal
+            or geometry.architecture not in QWEN3_VL_ARCHITECTURES
+            or {"--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"} & set(pinned)):
+        return decode_bs
+    return int(mrr)
+
+
 def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: int, pp: int,
-                     pinned: Mapping[str, Any], rules: SglangRules, device: str = "cuda") -> FractionDerivation:
+                     pinned: Mapping[str, Any], rules: SglangRules, device: str = "cuda",
+                     compute_capability: tuple[int, int] | None = None) -> FractionDerivation:
     """`handle_gpu_memory_settings` for the common path (no DP attention, DeepEP or PD split)."""
     chunk_default, bs_default = tier_defaults(gpu_mem_mib, tp, rules)
     chunked = pinned.get("--chunked-prefill-size", chunk_default)
     decode_bs = _decode_graph_bs(pinned, rules, bs_default, device)
+    decode_bs = _hopper_qwen3_vl_bs(geometry, pinned, rules, decode_bs, gpu_mem_mib, compute_capability)
     prefill_on = _prefill_graph_on(geometry, pinned, rules, pp, device)
     max_prefill_tokens = pinned.get("--max-prefill-tokens", 16384)
     activation_tokens = max(chunked if chunked > 0 else max_prefill_tokens, 2048)

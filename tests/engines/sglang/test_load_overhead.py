@@ -198,3 +198,31 @@ class TestMeasuredContext:
             band = (plan.kv_cache_bytes_high - plan.kv_cache_bytes) / plan.kv_cache_bytes
             assert band <= 0.05, (model, band)  # 0.704 x (10 + 36 MiB of the catalog total's spread)
             assert not any(n.startswith("KV band") for n in plan.notes)
+
+
+class TestHopperQwen3Vl:
+    """0.5.20+ (arg_groups/model_overrides/qwen3_vl.py:34-62): Qwen3-VL on an H100 captures decode graphs up
+    to a pinned --max-running-requests <= 512; the reserve grows 2 MiB per batch size."""
+
+    def _fraction(self, gpu: str, *args: str, version: str = "0.5.23") -> sb.FractionDerivation:
+        import json
+
+        from launcher.engines.sglang.rules import pinned_flags, rules_for
+        config = json.loads((Path(__file__).resolve().parents[2] / "data" / "configs" /
+                             "qwen3-vl-8b-instruct.json").read_text())
+        geometry = geometry_from_config({k: v for k, v in config.items() if not k.startswith("_")})
+        card = hypothetical_gpus([gpu])[0]
+        return sb.default_fraction(geometry, gpu_mem_mib=card.total_bytes / MiB, tp=1, pp=1,
+                                   pinned=pinned_flags(args), rules=rules_for(version)[0],
+                                   compute_capability=card.compute_capability)
+
+    def test_hopper_raises_the_decode_bs_to_the_running_limit(self) -> None:
+        assert self._fraction("h100").decode_max_bs == 256
+        assert self._fraction("h100", "--max-running-requests", "400").decode_max_bs == 400
+        assert self._fraction("h100", "--max-running-requests", "600").decode_max_bs == 256  # over 512
+
+    def test_not_on_other_cards_versions_or_a_pinned_bs(self) -> None:
+        assert self._fraction("a100-80gb", "--max-running-requests", "400").decode_max_bs == 256
+        assert self._fraction("h100", "--max-running-requests", "400", version="0.5.19").decode_max_bs == 256
+        assert self._fraction("h100", "--max-running-requests", "400",
+                              "--cuda-graph-max-bs-decode", "128").decode_max_bs == 128
