@@ -174,7 +174,7 @@ def _uses_kda(geometry: ModelGeometry) -> bool:
 
 
 def _graph_reserve(geometry: ModelGeometry, pinned: Mapping[str, Any], rules: SglangRules, chunked: int,
-                   decode_bs: int | None, prefill_on: bool) -> tuple[float, int]:
+                   decode_bs: int | None, prefill_on: bool, model_path: str = "") -> tuple[float, int]:
     """(graph reserve MiB, prefill buckets; -1: MLA's flat reserve) as `reserve_for_graph_mb` counts them."""
     graph, buckets = 0.0, 0
     if decode_bs is not None:
@@ -188,6 +188,10 @@ def _graph_reserve(geometry: ModelGeometry, pinned: Mapping[str, Any], rules: Sg
         prefill_max = min(prefill_max, pinned["--max-total-tokens"])
     if rules.prefill_cap_context and "--context-length" in pinned:
         prefill_max = min(prefill_max, pinned["--context-length"])
+    if rules.prefill_graph == "breakable" and "llama-2" in model_path.lower():
+        # "For Llama2 series models, max_bs is limited to 4096" (0.5.23 memory_hook.py:258-263, by the
+        # model path; 0.5.20-0.5.22 alike, also seen in 0.5.19): fewer buckets on cards of 60 GiB or more.
+        prefill_max = min(prefill_max, 4096)
     buckets = len(prefill_graph_buckets(prefill_max))
     return graph + 8 * buckets, buckets
 
@@ -220,7 +224,7 @@ def _hopper_qwen3_vl_bs(geometry: ModelGeometry, pinned: Mapping[str, Any], rule
 
 def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: int, pp: int,
                      pinned: Mapping[str, Any], rules: SglangRules, device: str = "cuda",
-                     compute_capability: tuple[int, int] | None = None) -> FractionDerivation:
+                     compute_capability: tuple[int, int] | None = None, model_path: str = "") -> FractionDerivation:
     """`handle_gpu_memory_settings` for the common path (no DP attention, DeepEP or PD split)."""
     chunk_default, bs_default = tier_defaults(gpu_mem_mib, tp, rules)
     chunked = pinned.get("--chunked-prefill-size", chunk_default)
@@ -229,7 +233,7 @@ def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: 
     prefill_on = _prefill_graph_on(geometry, pinned, rules, pp, device)
     max_prefill_tokens = pinned.get("--max-prefill-tokens", 16384)
     activation_tokens = max(chunked if chunked > 0 else max_prefill_tokens, 2048)
-    graph, buckets = _graph_reserve(geometry, pinned, rules, chunked, decode_bs, prefill_on)
+    graph, buckets = _graph_reserve(geometry, pinned, rules, chunked, decode_bs, prefill_on, model_path)
     parallel = tp * pp / 8 * 1024
     reserved = 512 + activation_tokens * 1.5 + parallel + graph
     floor = gpu_mem_mib is not None and gpu_mem_mib > 61440 and reserved < 10240

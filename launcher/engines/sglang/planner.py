@@ -165,7 +165,7 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
     gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB
     derivation = sb.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules,
-                                     compute_capability=gpu.compute_capability)
+                                     compute_capability=gpu.compute_capability, model_path=request.model.name)
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=gpu.compute_capability, device="cuda",
                                            pinned=pinned.get("--dtype"))
     derived_len, derived_reason = sr.derived_context_length(geometry)

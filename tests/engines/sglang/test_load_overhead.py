@@ -226,3 +226,15 @@ class TestHopperQwen3Vl:
         assert self._fraction("h100", "--max-running-requests", "400", version="0.5.19").decode_max_bs == 256
         assert self._fraction("h100", "--max-running-requests", "400",
                               "--cuda-graph-max-bs-decode", "128").decode_max_bs == 128
+
+
+def test_llama_2_paths_cap_the_prefill_graph_at_4096_tokens() -> None:
+    """0.5.20+ memory_hook.py:258-263: a model path naming llama-2 captures prefill buckets up to 4096
+    tokens, not the 8192 chunk of an 80 GB card: 8 buckets (64 MiB of reserve) fewer."""
+    from launcher.engines.sglang.rules import rules_for
+    geometry = resolve_model("llama-3.1-8b").geometry
+    kwargs = dict(gpu_mem_mib=81559, tp=1, pp=1, pinned={}, rules=rules_for("0.5.23")[0])
+    plain = sb.default_fraction(geometry, **kwargs)  # type: ignore[arg-type]
+    llama2 = sb.default_fraction(geometry, model_path="meta-llama/Llama-2-7b-hf", **kwargs)  # type: ignore[arg-type]
+    assert (plain.prefill_buckets, llama2.prefill_buckets) == (58, 50)
+    assert plain.graph_mib - llama2.graph_mib == 64
