@@ -46,12 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launcher.common.errors import SafeServeError, WontFit  # noqa: E402
 from launcher.common.units import GiB  # noqa: E402
+from launcher.engines import sglang as sg  # noqa: E402
 from launcher.engines import vllm as vl  # noqa: E402
+from launcher.engines.sglang import budget as sgb  # noqa: E402
 from launcher.engines.vllm import budget as vb  # noqa: E402
 from launcher.engines.vllm import rules as vr  # noqa: E402
 from launcher.model import cuda_totals  # noqa: E402
 from launcher.model.catalog import CatalogGpu, find, hypothetical_gpus, load_catalog  # noqa: E402
 from launcher.model.config import ModelGeometry, geometry_from_config  # noqa: E402
+from launcher.model.gpu import GpuDevice  # noqa: E402
 from launcher.model.resolve import ResolvedModel, model_from_profile, profile_for_repo, resolve_model  # noqa: E402
 from launcher.plan.planner import make_plan  # noqa: E402
 from launcher.plan.types import Plan, PlanRequest  # noqa: E402
@@ -69,6 +72,22 @@ VLLM_FLAGS = {"max_model_len": "--max-model-len", "gpu_memory_utilization": "--g
 SGLANG_FLAGS = {"tp_size": "--tp-size", "tp": "--tp-size", "mem_fraction_static": "--mem-fraction-static",
                 "context_length": "--context-length", "chunked_prefill_size": "--chunked-prefill-size",
                 "page_size": "--page-size"}
+# SGLang logs that print no version, scored with the rule set their date and printed defaults fit
+# (said in the row's note); a log whose date or features fit none stays skipped.
+ASSUMED_VERSIONS = {
+    # A source checkout of mid-2026 (report dated 2026-06-14, torch 2.9.1): after 0.5.23's rules
+    # (Dec 2025-2026); --mem-fraction-static is pinned, so only the pool arithmetic is used.
+    "sglang-qwen3-14b-4x4090-tp4-mf080": ("0.5.23", "version assumed: newest rules (mid-2026 checkout)"),
+    # An image of early Feb 2025 (0.4.x): older than every rule set here; the defaults it printed
+    # (mem_fraction_static 0.88, chunked_prefill_size 2048, cuda graph bs 8 on a 24 GiB card) are
+    # 0.5.1's table (server_args.py:449-530 in 0.5.2), and the pool formula is the same.
+    "sglang-jerryzsj-rtx3090-r1-distill-qwen-7b-wsl2": (
+        "0.5.1", "version assumed: 0.5.1 table (a 0.4.x image printing the same defaults); WSL2 desktop"),
+}
+# Logs whose card was shared (a desktop under WSL2): planned on the host as it was, i.e. with the free
+# memory the log's first reading shows (plus the planned CUDA context, which the host's NVML free still
+# held) and the fraction the engine printed, since the planner's own would add a margin for the tenant.
+SHARED_CARD = {"sglang-jerryzsj-rtx3090-r1-distill-qwen-7b-wsl2": "0.88"}
 # Values the log calls a default: the user did not type them.
 _DEFAULT_NOTE = re.compile(r"default|auto", re.IGNORECASE)
 
@@ -217,6 +236,10 @@ class Fit:
     band: str = ""  # the planner's +/- on the term (an attribute of the same module)
     # A constant per unit (CUDA graphs: bytes per graph and layer): the units this log's term counts.
     per_unit: Callable[[Mapping[str, Any], Plan, ModelGeometry], int] | None = None
+    # The constant read straight off a log (bytes), where the log prints it apart from any plan; such
+    # a fit keeps the median of a source's logs and applies where the reading exists.
+    reading: Callable[[Mapping[str, Any]], float | None] | None = None
+    fallback: float | None = None  # the value where no other source has a reading (None: the shipped one)
 
     unit_name: str = "GiB"
 
@@ -291,7 +314,63 @@ FITS = (
         lambda c: _captured(c, moe=True), "cudagraph",
         "launcher/engines/vllm/budget.py CUDAGRAPH_MOE_BYTES_PER_GRAPH", "CUDAGRAPH_MOE_ERROR_PER_GRAPH",
         per_unit=_graphs, unit_name="MiB per graph"),
+    Fit("CUDA context before the baseline, one rank", sgb, "CUDA_CONTEXT_BYTES", "", lambda c: True, "context",
+        "launcher/engines/sglang/budget.py CUDA_CONTEXT_BYTES", "CONTEXT_ERROR_BYTES",
+        reading=lambda c: context_reading(c)),
+    Fit("NCCL at the baseline, ranks without NVLS", sgb, "NCCL_BYTES", "", lambda c: True, "context",
+        "launcher/engines/sglang/budget.py NCCL_BYTES", reading=lambda c: parallel_reading(c, nvls=False),
+        fallback=0.0),
+    Fit("NCCL at the baseline, NVSwitch Hopper/Blackwell (NVLS)", sgb, "NVLS_NCCL_BYTES", "", lambda c: True,
+        "context", "launcher/engines/sglang/budget.py NVLS_NCCL_BYTES", "NVLS_NCCL_ERROR_BYTES",
+        reading=lambda c: parallel_reading(c, nvls=True)),
 )
+
+_STARTUP_FREE = re.compile(r"Free memory on device \(?([\d.]+)/([\d.]+) GiB\)? on startup")
+_DISTRIBUTED = re.compile(r"Init torch distributed ends\. mem usage=([\d.]+) GB")
+
+
+def _first_reading(case: Mapping[str, Any]) -> tuple[float, float | None] | None:
+    """(GiB held below the CUDA total at the engine's first free-memory reading, GiB of it that the
+    log gives to distributed init, if it says) from a start that did not fail (one failed because
+    another process held the card) on a card not shared with a desktop; None where the log has none.
+    vLLM prints its reading with the total ("Free memory on device (x/y GiB) on startup", after its
+    distributed init); SGLang prints free memory before load, the total comes from the catalog."""
+    observed = case.get("observed") or {}
+    if observed.get("startup_failed") or case["id"] in SHARED_CARD:
+        return None
+    text = f"{observed.get('log') or ''} {case.get('gpu_total_memory_source') or ''}"
+    if case["engine"] == "vllm":
+        match = _STARTUP_FREE.search(text)
+        return (float(match.group(2)) - float(match.group(1)), None) if match else None
+    before = observed.get("avail_mem_before_load_gb")
+    if before is None and observed.get("weights_gb") is not None and observed.get("avail_mem_after_load_gb"):
+        before = float(observed["weights_gb"]) + float(observed["avail_mem_after_load_gb"])
+    gpu = gpu_for(case, load_catalog())
+    if before is None or gpu is None or gpu.cuda_total_bytes is None:
+        return None
+    distributed = _DISTRIBUTED.search(text)
+    return gpu.cuda_total_bytes / GiB - float(before), float(distributed.group(1)) if distributed else None
+
+
+def context_reading(case: Mapping[str, Any]) -> float | None:
+    """Bytes of CUDA context: a one-rank reading, or a parallel one less what distributed init took."""
+    reading = _first_reading(case)
+    if reading is None:
+        return None
+    held, distributed = reading
+    if distributed is not None:
+        return (held - distributed) * GiB
+    return held * GiB if _tp(case) * _pp(case) == 1 else None
+
+
+def parallel_reading(case: Mapping[str, Any], nvls: bool) -> float | None:
+    """Bytes held beyond the CUDA context with more than one rank, on boards with NVLS or without."""
+    reading, gpu = _first_reading(case), gpu_for(case, load_catalog())
+    if reading is None or gpu is None or _tp(case) * _pp(case) == 1 or \
+            sgb.nvls_board(gpu.name, gpu.compute_capability) != nvls:
+        return None
+    held, distributed = reading
+    return distributed * GiB if distributed is not None else held * GiB - sgb.CUDA_CONTEXT_BYTES
 
 
 @contextlib.contextmanager
@@ -316,14 +395,17 @@ class Scoring:
     totals: list[cuda_totals.Observation]
     in_sample: bool = False
 
-    def refit(self, source: str) -> dict[Fit, float]:
+    def refit(self, case: Mapping[str, Any]) -> dict[Fit, float]:
         if self.in_sample:
             return {}
         values = {}
         for fit, by_source in self.residuals.items():
+            source = _publisher(case) if fit.reading else _source(case)
             others = [r for s, r in by_source.items() if s != source]
             if others:
                 values[fit] = statistics.median(others)
+            elif source in by_source and fit.fallback is not None:
+                values[fit] = fit.fallback
         return values
 
     def catalog(self, source: str) -> tuple[CatalogGpu, ...]:
@@ -337,15 +419,28 @@ def _source(case: Mapping[str, Any]) -> str:
     return str(case.get("source") or case["id"])
 
 
+def _publisher(case: Mapping[str, Any]) -> str:
+    """The repository a log was published in (one sweep's logs are one source), else the log."""
+    match = re.match(r"https://github\.com/([^/]+/[^/]+)", str(case.get("source") or ""))
+    return match.group(1) if match else _source(case)
+
+
 def prepare(cases: list[Mapping[str, Any]], in_sample: bool) -> Scoring:
     residuals: dict[Fit, dict[str, float]] = {fit: {} for fit in FITS}
+    readings: dict[Fit, dict[str, list[float]]] = {fit: defaultdict(list) for fit in FITS if fit.reading}
     for case in cases:
+        for fit, by_source in readings.items():
+            value = fit.reading(case) if fit.reading else None
+            if value is not None:
+                by_source[_publisher(case)].append(value)
         planned = plan_case(case, load_catalog())
         if not isinstance(planned, tuple):
             continue
         for fit in FITS:
-            if fit.applies(case):
+            if fit.reading is None and fit.applies(case):
                 residuals[fit][_source(case)] = fit.residual(case, planned[1], planned[2])
+    for fit, by_source in readings.items():
+        residuals[fit] = {source: statistics.median(values) for source, values in by_source.items()}
     return Scoring(cases, residuals, cuda_totals.load(TOTALS), in_sample)
 
 
@@ -356,6 +451,8 @@ def plan_case(case: Mapping[str, Any],
               catalog: Sequence[CatalogGpu]) -> tuple[Row, Plan, ModelGeometry] | Row | str:
     """The row and plan for a case, the row alone for a refusal, or why it was skipped."""
     version = str(case.get("engine_version") or "").lstrip("v") or None
+    assumed, assumed_note = ASSUMED_VERSIONS.get(case["id"], (None, ""))
+    version = version or assumed
     if version is None:
         return "engine version not stated"
     logged = logged_figure(case)
@@ -369,10 +466,13 @@ def plan_case(case: Mapping[str, Any],
     except (LookupError, SafeServeError) as exc:
         return str(exc)
     count = int(case.get("gpu_count") or 1) if str(case.get("gpu_count") or "1").isdigit() else 1
-    request = PlanRequest(model=model, engine=case["engine"],
-                          gpus=hypothetical_gpus([f"{count}x{gpu.name}"], catalog),
-                          engine_version=version, engine_args=engine_args(case))
+    gpus, args = hypothetical_gpus([f"{count}x{gpu.name}"], catalog), engine_args(case)
+    if case["id"] in SHARED_CARD:
+        gpus, args = _as_shared(case, gpus), (*args, "--mem-fraction-static", SHARED_CARD[case["id"]])
+        weights_note = f"{weights_note}; free memory and fraction from the log (shared card)".strip("; ")
+    request = PlanRequest(model=model, engine=case["engine"], gpus=gpus, engine_version=version, engine_args=args)
     failed = bool((case.get("observed") or {}).get("startup_failed"))
+    weights_note = f"{weights_note}; {assumed_note}".strip("; ") if assumed else weights_note
     base = Row(case["id"], case["engine"], version, gpu.name, logged, None, engine_failed=failed, note=weights_note)
     try:
         plan = make_plan(request)
@@ -381,6 +481,13 @@ def plan_case(case: Mapping[str, Any],
     except SafeServeError as exc:
         return f"not planned: {exc.message[:100]}"
     return _planned(base, plan), plan, model.geometry
+
+
+def _as_shared(case: Mapping[str, Any], gpus: Sequence[GpuDevice]) -> tuple[GpuDevice, ...]:
+    """The cards with the free memory NVML showed: the log's first reading plus the planned context."""
+    before = int(float(case["observed"]["avail_mem_before_load_gb"]) * GiB)
+    context = sg.CUDA_CONTEXT_BYTES + sgb.parallel_bytes(gpus[0].name, gpus[0].compute_capability, len(gpus))[0]
+    return tuple(dataclasses.replace(g, free_bytes=before + context) for g in gpus)
 
 
 def _planned(base: Row, plan: Plan) -> Row:
@@ -406,7 +513,7 @@ def rows(in_sample: bool = False) -> tuple[list[Row], list[tuple[str, str]], Sco
     skipped: list[tuple[str, str]] = []
     for case in scoring.cases:
         source = _source(case)
-        with constants(scoring.refit(source)):
+        with constants(scoring.refit(case)):
             outcome = plan_case(case, scoring.catalog(source))
         if isinstance(outcome, str):
             skipped.append((case["id"], outcome))
@@ -477,6 +584,9 @@ def print_fits(scoring: Scoring) -> None:
             continue
         every = statistics.median(by_source.values())
         shipped = getattr(fit.module, fit.attribute)
+        if fit.reading is not None:
+            _print_reading_fit(fit, by_source)
+            continue
         loo = []
         for source, value in by_source.items():
             others = [r for s, r in by_source.items() if s != source]
@@ -491,6 +601,27 @@ def print_fits(scoring: Scoring) -> None:
               f"({fit.reference})")
 
 
+def _print_reading_fit(fit: Fit, by_source: Mapping[str, float]) -> None:
+    """A constant read off the logs (MiB): each source's reading and what the others' median misses it by."""
+    shipped, band = getattr(fit.module, fit.attribute), int(getattr(fit.module, fit.band)) if fit.band else 0
+    parts, loo = [], []
+    for source, value in by_source.items():
+        others = [r for s, r in by_source.items() if s != source]
+        if others:
+            loo.append(value - statistics.median(others))
+        parts.append(f"{source} {value / 2**20:.0f}" + (f" ({loo[-1] / 2**20:+.0f})" if others else ""))
+    if not loo:
+        verdict = (f"one source: no held-out residual (left out, the plan uses {fit.fallback / 2**20:.0f} MiB)"
+                   if fit.fallback is not None else "one source: no held-out residual")
+    else:
+        worst = max(abs(x) for x in loo)
+        verdict = f"largest held-out residual {worst / 2**20:.0f} MiB; the plan's band +/- {band / 2**20:.0f} MiB " + (
+            "covers it" if band >= worst else "does NOT cover it")
+    median = statistics.median(by_source.values())
+    print(f"  {fit.name}: shipped {shipped / 2**20:.0f} MiB, median {median / 2**20:.0f} MiB over "
+          f"{len(by_source)} source(s): " + ", ".join(parts) + f" MiB; {verdict} ({fit.reference})")
+
+
 def print_terms(scoring: Scoring) -> None:
     """Each budget term against the figure the log printed, leave-one-out."""
     keys = (("weights", "weights_gib"), ("non_torch", "non_torch_memory_gib"),
@@ -500,7 +631,7 @@ def print_terms(scoring: Scoring) -> None:
     print(f"  {'case':62} " + " ".join(f"{k:>11}" for k, _ in keys))
     for case in scoring.cases:
         source = _source(case)
-        with constants(scoring.refit(source)):
+        with constants(scoring.refit(case)):
             outcome = plan_case(case, scoring.catalog(source))
             if not isinstance(outcome, tuple) or case["engine"] != "vllm":
                 continue

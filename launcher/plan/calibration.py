@@ -53,11 +53,12 @@ _LOCK_POLL_S = 0.02
 FIELDS: dict[str, tuple[int, int]] = {
     "non_kv_bytes": (0, 1 << 50),
     "load_overhead_bytes": (0, 1 << 50),
+    "context_bytes": (0, 1 << 50),
     "extra_headroom_bytes": (0, RUNTIME_OOM_CAP_BYTES),
     "runtime_oom_count": (0, 1_000_000),
     "recorded_at": (0, 1 << 40),  # unix seconds: which entries go first when the file is full
 }
-_BYTE_FIELDS = ("non_kv_bytes", "load_overhead_bytes", "extra_headroom_bytes")
+_BYTE_FIELDS = ("non_kv_bytes", "load_overhead_bytes", "context_bytes", "extra_headroom_bytes")
 
 
 class CalibrationNotSaved(OSError):

@@ -38,6 +38,7 @@ class Calibration:
 
     non_kv_bytes: int | None = None  # vLLM: requested - available KV (weights + act + graphs + other)
     load_overhead_bytes: int | None = None  # SGLang: P - A beyond the weights
+    context_bytes: int | None = None  # SGLang: free at the plan - P (the CUDA context, + NCCL with ranks)
     extra_headroom_bytes: int = 0  # added after a runtime CUDA OOM on this setup (bounded)
     key: str = ""
 

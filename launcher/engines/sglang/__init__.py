@@ -22,6 +22,7 @@ from launcher.engines.sglang.budget import (
     CUDA_CONTEXT_BYTES,
     MULTIMODAL_RESERVE_BYTES,
     NCCL_BYTES,
+    NVLS_NCCL_BYTES,
     FractionDerivation,
     default_fraction,
     max_running_requests,
@@ -57,7 +58,7 @@ from launcher.engines.sglang.rules import (
 __all__ = [
     "ALLOW_LONG_ENV", "AS_WRITTEN", "CALIBRATION_KEY_FLAGS", "CONTEXT_ERROR_BYTES", "CUDA_CONTEXT_BYTES",
     "ENV_KEYS", "FLAGS", "KV_CACHE_DTYPES",
-    "MEMORY_FLAGS", "MULTIMODAL_RESERVE_BYTES", "NCCL_BYTES",
+    "MEMORY_FLAGS", "MULTIMODAL_RESERVE_BYTES", "NCCL_BYTES", "NVLS_NCCL_BYTES",
     "NEWEST", "NOT_MODELLED", "OTHER_FLAGS", "RULES", "TP_FLAG", "UNVERIFIED_KV_ERROR_FRACTION",
     "FractionDerivation", "SglangRules", "architecture_status", "cell_size_bytes",
     "default_fraction", "default_page_size", "derived_context_length", "is_hybrid_swa", "kv_dtype_bytes",

@@ -18,14 +18,52 @@ from launcher.engines.sglang.architectures import breakable_graph_multimodal_ok
 from launcher.engines.sglang.rules import RULES, SglangRules
 from launcher.model.config import ModelGeometry
 
-# Memory SGLang holds before its "pre-load" baseline (CUDA context; NCCL with TP).
-CUDA_CONTEXT_BYTES = 560 * 1024**2
-NCCL_BYTES = 320 * 1024**2
-# Expected error (+/-) of that estimate, from the published SGLang logs: the driver's and PyTorch's
-# context, not SGLang's arithmetic (what is allocated after the baseline is `load_overhead`).
-CONTEXT_ERROR_BYTES = 128 * 1024**2
+# What a rank holds below the card's CUDA total at SGLang's pre-load baseline (P, taken right before
+# "Load weight begin", distributed/bootstrap.py:193-223 in 0.5.23): the CUDA context, and with more
+# than one rank NCCL's and the all-reduce buffers. From the first free-memory reading of the
+# published starts (tests/data/startup-logs; bench/startup_logs.py derives and scores them):
+# - one rank, H100 80GB: 522 MiB (SGLang 0.5.2 grok-2: 79.19 - 77.43 GiB free before load - 1.25
+#   GiB "Init torch distributed"), 522 MiB (vLLM 0.19 llm-d sweep), 543 MiB (vLLM 0.10.2 llava),
+#   625 MiB (vLLM, llm-d-benchmark write-up): "Free memory on device" is read after the same torch
+#   context. Median 532 MiB; left out one source at a time the others' median misses by at most
+#   102 MiB, + 15 MiB of two-decimal GiB prints: +/- 117 MiB. No one-rank reading on another card
+#   class is clean (the RTX 3090 one is under WSL2 with a desktop), so every card carries this band.
+CUDA_CONTEXT_BYTES = 532 * 1024**2
+CONTEXT_ERROR_BYTES = 117 * 1024**2
+# Measured at an earlier start of the setup (free at the plan - "Load weight begin. avail mem"): the
+# print's two decimals of GiB, +/- 5 MiB, and as much for the free memory read at the plan.
+MEASURED_CONTEXT_ERROR_BYTES = 10 * 1024**2
+# - more ranks without NVLink SHARP (PCIe, GeForce, A100): 579 MiB on 4 x RTX 4090 (Qwen3-14B TP 4,
+#   the card's 23.645 GiB total - 16.00 - 7.08 GiB), 47 MiB beyond the context; one source, so no
+#   band of its own (4 x L4 at SGLang 0.4.3 held ~340 +/- 226 MiB, the L4's total being NVML less the
+#   typical reserve: inside the context's band).
+NCCL_BYTES = 47 * 1024**2
+# - more ranks on NVSwitch Hopper/Blackwell boards (NCCL's NVLS multicast buffers): 1280 MiB on
+#   8 x H100 (SGLang 0.5.2 "Init torch distributed ends. mem usage=1.25 GB"); 1035, 1035, 1526 MiB
+#   on 2 x H100 (vLLM 0.19's startup free, read after its distributed init, less the context; one
+#   sweep, median 1035). Median 1157 MiB; each source left out misses by 245 MiB, + 15 MiB of prints.
+NVLS_NCCL_BYTES = 1157 * 1024**2
+NVLS_NCCL_ERROR_BYTES = 260 * 1024**2
 # SGLANG_VLM_CACHE_SIZE_MB: kept out of the KV budget for multimodal models.
 MULTIMODAL_RESERVE_BYTES = 100 * 1024**2
+
+
+
+
+def nvls_board(name: str, compute_capability: tuple[int, int] | None) -> bool:
+    """A Hopper or Blackwell data-centre card on an NVSwitch board (SXM), where NCCL's NVLS is on by
+    default: not the PCIe or NVL (bridged pairs) variants, nor GeForce/RTX (compute capability 12)."""
+    return (compute_capability is not None and compute_capability[0] in (9, 10)
+            and not any(word in name for word in ("PCIe", "NVL", "GH200")))
+
+
+def parallel_bytes(name: str, compute_capability: tuple[int, int] | None, ranks: int) -> tuple[int, int]:
+    """(bytes, +/- bytes) a rank holds at the baseline beyond the CUDA context: 0 on one rank."""
+    if ranks <= 1:
+        return 0, 0
+    if nvls_board(name, compute_capability):
+        return NVLS_NCCL_BYTES, NVLS_NCCL_ERROR_BYTES
+    return NCCL_BYTES, 0
 
 
 # --------------------------------------------------------------------------- default fraction
@@ -136,7 +174,7 @@ def _uses_kda(geometry: ModelGeometry) -> bool:
 
 
 def _graph_reserve(geometry: ModelGeometry, pinned: Mapping[str, Any], rules: SglangRules, chunked: int,
-                   decode_bs: int | None, prefill_on: bool) -> tuple[float, int]:
+                   decode_bs: int | None, prefill_on: bool, model_path: str = "") -> tuple[float, int]:
     """(graph reserve MiB, prefill buckets; -1: MLA's flat reserve) as `reserve_for_graph_mb` counts them."""
     graph, buckets = 0.0, 0
     if decode_bs is not None:
@@ -150,6 +188,10 @@ def _graph_reserve(geometry: ModelGeometry, pinned: Mapping[str, Any], rules: Sg
         prefill_max = min(prefill_max, pinned["--max-total-tokens"])
     if rules.prefill_cap_context and "--context-length" in pinned:
         prefill_max = min(prefill_max, pinned["--context-length"])
+    if rules.prefill_graph == "breakable" and "llama-2" in model_path.lower():
+        # "For Llama2 series models, max_bs is limited to 4096" (0.5.23 memory_hook.py:258-263, by the
+        # model path; 0.5.20-0.5.22 alike, also seen in 0.5.19): fewer buckets on cards of 60 GiB or more.
+        prefill_max = min(prefill_max, 4096)
     buckets = len(prefill_graph_buckets(prefill_max))
     return graph + 8 * buckets, buckets
 
@@ -162,16 +204,36 @@ def _vlm_factor(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> float | N
     return 0.95 * min(max(1 - 0.1 * (ratio - 1), 0.8), 1.05)
 
 
+QWEN3_VL_ARCHITECTURES = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"})
+
+
+def _hopper_qwen3_vl_bs(geometry: ModelGeometry, pinned: Mapping[str, Any], rules: SglangRules,
+                        decode_bs: int | None, gpu_mem_mib: float | None,
+                        compute_capability: tuple[int, int] | None) -> int | None:
+    """`expand_multimodal_decode_graph_to_running_limit`: Qwen3-VL on Hopper (sm90, 60 GiB or more)
+    captures decode graphs up to a pinned --max-running-requests of at most 512."""
+    mrr = pinned.get("--max-running-requests")
+    if (not rules.hopper_qwen3_vl_bs or decode_bs is None or mrr is None or not decode_bs < mrr <= 512
+            or gpu_mem_mib is None or gpu_mem_mib < 60 * 1024 or compute_capability is None
+            or compute_capability[0] != 9 or not geometry.is_multimodal
+            or geometry.architecture not in QWEN3_VL_ARCHITECTURES
+            or {"--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"} & set(pinned)):
+        return decode_bs
+    return int(mrr)
+
+
 def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: int, pp: int,
-                     pinned: Mapping[str, Any], rules: SglangRules, device: str = "cuda") -> FractionDerivation:
+                     pinned: Mapping[str, Any], rules: SglangRules, device: str = "cuda",
+                     compute_capability: tuple[int, int] | None = None, model_path: str = "") -> FractionDerivation:
     """`handle_gpu_memory_settings` for the common path (no DP attention, DeepEP or PD split)."""
     chunk_default, bs_default = tier_defaults(gpu_mem_mib, tp, rules)
     chunked = pinned.get("--chunked-prefill-size", chunk_default)
     decode_bs = _decode_graph_bs(pinned, rules, bs_default, device)
+    decode_bs = _hopper_qwen3_vl_bs(geometry, pinned, rules, decode_bs, gpu_mem_mib, compute_capability)
     prefill_on = _prefill_graph_on(geometry, pinned, rules, pp, device)
     max_prefill_tokens = pinned.get("--max-prefill-tokens", 16384)
     activation_tokens = max(chunked if chunked > 0 else max_prefill_tokens, 2048)
-    graph, buckets = _graph_reserve(geometry, pinned, rules, chunked, decode_bs, prefill_on)
+    graph, buckets = _graph_reserve(geometry, pinned, rules, chunked, decode_bs, prefill_on, model_path)
     parallel = tp * pp / 8 * 1024
     reserved = 512 + activation_tokens * 1.5 + parallel + graph
     floor = gpu_mem_mib is not None and gpu_mem_mib > 61440 and reserved < 10240

@@ -125,11 +125,26 @@ class _SglangSetup:
     cell: float  # bytes per token of the pool
     page: int
     page_reason: str
+    measured_context: int | None = None  # measured at an earlier start of this setup (calibration)
 
     @property
     def context(self) -> int:
         """CUDA context (+ NCCL with more than one rank), held before SGLang's pre-load baseline."""
-        return sb.CUDA_CONTEXT_BYTES + (sb.NCCL_BYTES if self.tp * self.pp > 1 else 0)
+        if self.measured_context is not None:
+            return self.measured_context
+        return sb.CUDA_CONTEXT_BYTES + self.parallel[0]
+
+    @property
+    def parallel(self) -> tuple[int, int]:
+        """(bytes, +/- bytes) NCCL and the all-reduce buffers hold at the baseline, by board class."""
+        return sb.parallel_bytes(self.gpu.name, self.gpu.compute_capability, self.tp * self.pp)
+
+    @property
+    def context_error(self) -> int:
+        """+/- on `context`: the CUDA context's and the parallel term's, or the measurement's."""
+        if self.measured_context is not None:
+            return sb.MEASURED_CONTEXT_ERROR_BYTES
+        return sb.CONTEXT_ERROR_BYTES + self.parallel[1]
 
 
 def _sglang_setup(request: PlanRequest) -> _SglangSetup:
@@ -149,7 +164,8 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     gpu = tightest(devices)
     # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
     gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB
-    derivation = sb.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules)
+    derivation = sb.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules,
+                                     compute_capability=gpu.compute_capability, model_path=request.model.name)
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=gpu.compute_capability, device="cuda",
                                            pinned=pinned.get("--dtype"))
     derived_len, derived_reason = sr.derived_context_length(geometry)
@@ -165,8 +181,9 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
         raise UsageError(str(exc)) from None
     cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=tp, pp=pp, pinned=pinned)
     page, page_reason = _page_size(geometry, gpu, pinned)
+    measured = request.calibration.context_bytes if request.calibration else None
     return _SglangSetup(rules, rules_note, pinned, geometry, layout, tp, pp, devices, gpu, gpu_mem_mib, derivation,
-                        dtype, dtype_reason, derived_len, derived_reason, kv_reason, cell, page, page_reason)
+                        dtype, dtype_reason, derived_len, derived_reason, kv_reason, cell, page, page_reason, measured)
 
 
 def _refuse_what_sglang_refuses(refusals: tuple[EngineRule, ...]) -> None:
@@ -323,7 +340,7 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
         setup=setup, fraction=fraction, pre_load=pre_load, weights=weights, load=load,
         after_load=after_load, state_slot=_state_slot(setup),
         state_ratio=float(setup.pinned.get("--mamba-full-memory-ratio", layouts.DEFAULT_MAMBA_FULL_MEMORY_RATIO)),
-        context_error=sb.CONTEXT_ERROR_BYTES + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0))
+        context_error=setup.context_error + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0))
 
 
 # --------------------------------------------------------------------------- tokens and length
@@ -439,9 +456,13 @@ def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central:
         BudgetItem("total", "GPU total (NVML)", budget.total, gpu_source,
                    f"tier heuristic uses {setup.gpu_mem_mib:.0f} MiB"),
         BudgetItem("other", "held by others", budget.others, gpu_source, tenants_detail(gpu), bar="other"),
-        BudgetItem("context", "CUDA context (+NCCL)", budget.context, FORMULA,
-                   "before SGLang's pre-load baseline: the driver's and PyTorch's, from published logs",
-                   bar="other", error_bytes=sb.CONTEXT_ERROR_BYTES),
+        BudgetItem("context", "CUDA context (+NCCL)", budget.context,
+                   FORMULA if setup.measured_context is None else CALIBRATED,
+                   "before SGLang's pre-load baseline: " + (
+                       "the driver's and PyTorch's (+ NCCL by board class), from the first free-memory readings "
+                       "of published logs (sglang/budget.py)" if setup.measured_context is None else
+                       f"measured at an earlier start ({request.calibration.key if request.calibration else ''})"),
+                   bar="other", error_bytes=setup.context_error),
         BudgetItem("pre_load", "free at baseline (P)", budget.pre_load, FORMULA, "min over ranks of free - context",
                    error_bytes=sizing.context_error),
         BudgetItem("weights", "weights (per rank)", budget.weights, weights_source(model), model.weight_bytes_source,
@@ -493,7 +514,8 @@ def _band_note(sizing: _Sizing, budget: SglangBudget, verified: bool) -> tuple[s
         return ()
     gpu, fraction = sizing.setup.gpu, sizing.fraction
     spread = gpu.usable_total_error_bytes if gpu.source == "catalog" else 0
-    terms = sorted(((sb.CONTEXT_ERROR_BYTES * fraction, "the CUDA context before SGLang's baseline"),
+    context_error = sizing.setup.context_error
+    terms = sorted(((context_error * fraction, "the CUDA context (+ NCCL) before SGLang's baseline"),
                     (spread * fraction, "the card's CUDA total (spread of published totals)"),
                     (sizing.load.error_bytes, "the loader's leftovers")), reverse=True)
     named = ", ".join(f"{what} +/- {size / MiB:.0f} MiB" for size, what in terms if size)

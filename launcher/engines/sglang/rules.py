@@ -53,6 +53,10 @@ class SglangRules:
     decode_reserve_when_off: bool = False
     # 0.5.22+: --max-running-requests below the tier's decode bs lowers it (oracle: <= 0.5.21 not).
     mrr_shrinks_bs: bool = False
+    # 0.5.20+: Qwen3-VL on a Hopper card of 60 GiB or more raises the decode bs to a pinned
+    # --max-running-requests of at most 512 (arg_groups/model_overrides/qwen3_vl.py:20-62, called
+    # from memory_hook.py:194 in 0.5.23, :185 in 0.5.20-0.5.21; absent in 0.5.19).
+    hopper_qwen3_vl_bs: bool = False
     source: str = dataclasses.field(default="", compare=False)  # the code of the set's first change
 
 
@@ -94,6 +98,7 @@ RULES: tuple[SglangRules, ...] = _history(
     ("0.5.17", 19, dict(prefill_cap_context=False,
                         source="0.5.18 server_args.py:4802-4990; 0.5.19 arg_groups/memory_hook.py:26-270")),
     ("0.5.20", 21, dict(tiers=_TIERS_NEW, prefill_graph="breakable", fallback_fraction=FALLBACK_FRACTION,
+                        hopper_qwen3_vl_bs=True,
                         source="0.5.21 arg_groups/memory_hook.py:47-330, :350")),
     ("0.5.22", 23, dict(mrr_shrinks_bs=True,
                         source="0.5.23 arg_groups/memory_hook.py:47-330, :357 reserve_for_graph_mb, "

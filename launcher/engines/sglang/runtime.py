@@ -41,15 +41,21 @@ def kv_shortfall(plan: Plan, event: EngineEvent, *, concurrency: int, tolerance:
 
 
 class SglangMeasurements:
-    """What loading cost beyond the weights: pre-load free minus free after load, less the weights."""
+    """What loading cost beyond the weights (pre-load free minus free after load, less the weights), and
+    what the rank held before SGLang's baseline (the free memory the plan saw minus the pre-load free)."""
 
     def __init__(self, plan: Plan) -> None:
         self._weights = plan.item("weights")
+        pre_load, context = plan.item("pre_load"), plan.item("context")
+        self._free_at_plan = pre_load.bytes + context.bytes if pre_load and context else None
         self._pre_load_gib: float | None = None
 
     def feed(self, event: EngineEvent) -> Calibration | None:
         if event.kind == "pre_load":
             self._pre_load_gib = event.values["gib"]
+            held = None if self._free_at_plan is None else self._free_at_plan - int(self._pre_load_gib * GiB)
+            # Not a measurement where free memory grew since the plan (a tenant left).
+            return Calibration(context_bytes=held) if held is not None and held > 0 else None
         if event.kind == "weights" and self._pre_load_gib is not None and self._weights is not None:
             used = int((self._pre_load_gib - event.values["avail_gib"]) * GiB)
             return Calibration(load_overhead_bytes=max(used - self._weights.bytes, 0))

@@ -95,14 +95,14 @@ def _plan(model: str, gpu: str) -> object:
 
 class TestBand:
     def test_small_pool_names_the_terms_at_risk(self) -> None:
-        """Qwen2.5-7B on an RTX 4090: a 1.94 GiB pool, +/- 7.4 %; the CUDA context dominates."""
+        """Qwen2.5-7B on an RTX 4090: a 1.96 GiB pool, +/- 7.0 %; the CUDA context dominates."""
         plan = _plan("qwen2.5-7b", "rtx4090")
-        assert plan.kv_cache_tokens == 36303
+        assert plan.kv_cache_tokens == 36663
         assert (plan.kv_cache_bytes_low, plan.kv_cache_bytes, plan.kv_cache_bytes_high) == (
-            1_927_274_496, 2_081_759_232, 2_236_243_968)  # +/- 2694 tokens: 0.704 x (128 + 36) + 32 MiB
+            1_956_061_184, 2_102_403_072, 2_248_802_304)  # +/- 2552 tokens: 0.704 x (117 + 36) + 32 MiB
         assert plan.item("load_overhead").error_bytes == 32 * MiB
         note = next(n for n in plan.notes if n.startswith("KV band"))
-        assert "+/- 7.4%" in note and "CUDA context before SGLang's baseline +/- 90 MiB" in note
+        assert "+/- 7.0%" in note and "CUDA context (+ NCCL) before SGLang's baseline +/- 82 MiB" in note
 
     def test_large_pool_stays_within_five_percent(self) -> None:
         plan = _plan("qwen3-32b", "h100")
@@ -129,17 +129,112 @@ class TestSafeSide:
                            engine_args=engine_args)
 
     def test_pool_limited_length_from_the_low_end(self) -> None:
-        """Qwen3-8B on an RTX 4090: 6978 tokens at the central estimate, 5930 at the low end: 5930."""
+        """Qwen3-8B on an RTX 4090: 7118 tokens at the central estimate, 6125 at the low end: 6125."""
         plan = make_plan(self._request())
-        assert (plan.kv_cache_tokens, plan.max_model_len) == (6978, 5930)
-        assert plan.kv_cache_bytes_low == 5930 * 147456
+        assert (plan.kv_cache_tokens, plan.max_model_len) == (7118, 6125)
+        assert plan.kv_cache_bytes_low == 6125 * 147456
         assert plan.may_not_fit is None
-        assert "at the band's low end (5930 tokens; 6978 at the central estimate" in plan.max_model_len_source
+        assert "at the band's low end (6125 tokens; 7118 at the central estimate" in plan.max_model_len_source
 
     def test_pinned_length_above_the_low_end_is_at_risk(self) -> None:
         plan = make_plan(self._request("--context-length", "6500"))
         assert plan.max_model_len == 6500
-        assert plan.may_not_fit is not None and "5930 at the band's low end" in plan.may_not_fit
+        assert plan.may_not_fit is not None and "6125 at the band's low end" in plan.may_not_fit
 
     def test_pinned_length_within_the_low_end_fits(self) -> None:
-        assert make_plan(self._request("--context-length", "5930")).may_not_fit is None
+        assert make_plan(self._request("--context-length", "6125")).may_not_fit is None
+
+
+class TestContext:
+    """What a rank holds below the CUDA total at SGLang's baseline, by board class (budget.py)."""
+
+    def test_one_rank_holds_the_cuda_context_only(self) -> None:
+        assert sb.parallel_bytes("NVIDIA GeForce RTX 4090", (8, 9), 1) == (0, 0)
+        assert sb.parallel_bytes("NVIDIA H100 80GB HBM3", (9, 0), 1) == (0, 0)
+
+    def test_nvswitch_hopper_holds_nvls_buffers(self) -> None:
+        assert sb.parallel_bytes("NVIDIA H100 80GB HBM3", (9, 0), 8) == (1157 * MiB, 260 * MiB)
+        assert sb.parallel_bytes("NVIDIA B200", (10, 0), 2) == (1157 * MiB, 260 * MiB)
+
+    def test_pcie_and_consumer_cards_hold_little_beyond_the_context(self) -> None:
+        for name, cc in (("NVIDIA GeForce RTX 4090", (8, 9)), ("NVIDIA H100 PCIe", (9, 0)),
+                         ("NVIDIA H100 NVL", (9, 0)), ("NVIDIA A100-SXM4-80GB", (8, 0)),
+                         ("NVIDIA GeForce RTX 5090", (12, 0))):
+            assert sb.parallel_bytes(name, cc, 4) == (47 * MiB, 0), name
+
+    def test_the_plan_carries_the_class_and_its_band(self) -> None:
+        request = PlanRequest(model=resolve_model("qwen3-32b"), engine="sglang", gpus=hypothetical_gpus(["2xh100"]),
+                              engine_args=("--tp-size", "2"))
+        context = make_plan(request).item("context")
+        assert (context.bytes, context.error_bytes) == ((532 + 1157) * MiB, (117 + 260) * MiB)
+        small = make_plan(dataclasses.replace(request, model=resolve_model("qwen2.5-7b"),
+                                              gpus=hypothetical_gpus(["rtx4090"]), engine_args=()))
+        assert (small.item("context").bytes, small.item("context").error_bytes) == (532 * MiB, 117 * MiB)
+
+
+class TestMeasuredContext:
+    """After a start, the context is what the plan's free memory and SGLang's "Load weight begin" differ by."""
+
+    def _request(self, model: str, calibration: object = None) -> PlanRequest:
+        return PlanRequest(model=resolve_model(model), engine="sglang", gpus=hypothetical_gpus(["rtx4090"]),
+                           calibration=calibration)  # type: ignore[arg-type]
+
+    def test_the_start_measures_the_context(self) -> None:
+        from launcher.engines.events import EngineEvent
+        from launcher.engines.sglang.runtime import SglangMeasurements
+        plan = make_plan(self._request("qwen2.5-7b"))
+        free = plan.item("pre_load").bytes + plan.item("context").bytes  # 23.645 GiB on the catalog 4090
+        measured = SglangMeasurements(plan).feed(EngineEvent("pre_load", {"gib": 23.10}))
+        assert measured is not None and measured.context_bytes == free - int(23.10 * GiB)
+        assert SglangMeasurements(plan).feed(EngineEvent("pre_load", {"gib": 24.0})) is None  # more free than planned
+
+    def test_measured_context_and_leftovers_bring_small_pools_within_five_percent(self) -> None:
+        from launcher.plan.types import Calibration
+        for model in ("qwen2.5-7b", "qwen3-8b", "llama-3.1-8b"):
+            plan = make_plan(self._request(model, Calibration(context_bytes=600 * MiB, load_overhead_bytes=300 * MiB,
+                                                              key="k")))
+            context = plan.item("context")
+            assert (context.bytes, context.error_bytes, context.source) == (600 * MiB, 10 * MiB, "calibrated")
+            band = (plan.kv_cache_bytes_high - plan.kv_cache_bytes) / plan.kv_cache_bytes
+            assert band <= 0.05, (model, band)  # 0.704 x (10 + 36 MiB of the catalog total's spread)
+            assert not any(n.startswith("KV band") for n in plan.notes)
+
+
+class TestHopperQwen3Vl:
+    """0.5.20+ (arg_groups/model_overrides/qwen3_vl.py:34-62): Qwen3-VL on an H100 captures decode graphs up
+    to a pinned --max-running-requests <= 512; the reserve grows 2 MiB per batch size."""
+
+    def _fraction(self, gpu: str, *args: str, version: str = "0.5.23") -> sb.FractionDerivation:
+        import json
+
+        from launcher.engines.sglang.rules import pinned_flags, rules_for
+        config = json.loads((Path(__file__).resolve().parents[2] / "data" / "configs" /
+                             "qwen3-vl-8b-instruct.json").read_text())
+        geometry = geometry_from_config({k: v for k, v in config.items() if not k.startswith("_")})
+        card = hypothetical_gpus([gpu])[0]
+        return sb.default_fraction(geometry, gpu_mem_mib=card.total_bytes / MiB, tp=1, pp=1,
+                                   pinned=pinned_flags(args), rules=rules_for(version)[0],
+                                   compute_capability=card.compute_capability)
+
+    def test_hopper_raises_the_decode_bs_to_the_running_limit(self) -> None:
+        assert self._fraction("h100").decode_max_bs == 256
+        assert self._fraction("h100", "--max-running-requests", "400").decode_max_bs == 400
+        assert self._fraction("h100", "--max-running-requests", "600").decode_max_bs == 256  # over 512
+
+    def test_not_on_other_cards_versions_or_a_pinned_bs(self) -> None:
+        assert self._fraction("a100-80gb", "--max-running-requests", "400").decode_max_bs == 256
+        assert self._fraction("h100", "--max-running-requests", "400", version="0.5.19").decode_max_bs == 256
+        assert self._fraction("h100", "--max-running-requests", "400",
+                              "--cuda-graph-max-bs-decode", "128").decode_max_bs == 128
+
+
+def test_llama_2_paths_cap_the_prefill_graph_at_4096_tokens() -> None:
+    """0.5.20+ memory_hook.py:258-263: a model path naming llama-2 captures prefill buckets up to 4096
+    tokens, not the 8192 chunk of an 80 GB card: 8 buckets (64 MiB of reserve) fewer."""
+    from launcher.engines.sglang.rules import rules_for
+    geometry = resolve_model("llama-3.1-8b").geometry
+    kwargs = dict(gpu_mem_mib=81559, tp=1, pp=1, pinned={}, rules=rules_for("0.5.23")[0])
+    plain = sb.default_fraction(geometry, **kwargs)  # type: ignore[arg-type]
+    llama2 = sb.default_fraction(geometry, model_path="meta-llama/Llama-2-7b-hf", **kwargs)  # type: ignore[arg-type]
+    assert (plain.prefill_buckets, llama2.prefill_buckets) == (58, 50)
+    assert plain.graph_mib - llama2.graph_mib == 64
