@@ -84,7 +84,9 @@ def plan(request: PlanRequest) -> Plan:
         warnings=(*not_modelled_warnings(pinned, sr.NOT_MODELLED), *(() if verified else (architecture_note,))),
         kv_cache_bytes_low=max(budget.kv_low - unverified_error, 0),
         kv_cache_bytes_high=budget.kv_high + unverified_error,
-        may_not_fit=doubt,
+        may_not_fit=doubt, at_risk=_at_risk(pool, doubt),
+        max_model_len_low_end=_longest(setup, pool.low, request.concurrency),
+        max_model_len_central=_longest(setup, pool.planned, request.concurrency),
         engine_defaults={"mem_fraction_static": derivation.fraction,
                          "chunked_prefill_size": derivation.chunked_prefill_size},
     )
@@ -396,6 +398,19 @@ def _context_length(request: PlanRequest, setup: _SglangSetup, pool: _PoolTokens
     return length, (f"model maximum ({setup.derived_reason})" if length == setup.derived_len
                     else f"longest that fits {concurrency} request(s) in the pool (SGLang would cap "
                          f"silently at {tokens} tokens)"), doubt
+
+
+def _longest(setup: _SglangSetup, pool_tokens: int, concurrency: int) -> int:
+    """The longest context carrying `concurrency` requests in a pool of `pool_tokens` (0: none)."""
+    return max(min(setup.derived_len, pool_tokens // concurrency // setup.page * setup.page), 0)
+
+
+def _at_risk(pool: _PoolTokens, doubt: str | None) -> tuple[str, ...]:
+    """The figures a doubt is about, by their JSON names: the length (and with it the concurrency)
+    where only the central pool carries it; the fraction too where only the favourable end has a pool."""
+    if doubt is None:
+        return ()
+    return ("mem_fraction_static", "max_model_len") if pool.low <= 0 else ("max_model_len",)
 
 
 def _pinned_length_doubt(pool: _PoolTokens, length: int, concurrency: int, doubt: str | None) -> str | None:

@@ -135,11 +135,20 @@ class TestSafeSide:
         assert plan.kv_cache_bytes_low == 6125 * 147456
         assert plan.may_not_fit is None
         assert "at the band's low end (6125 tokens; 7118 at the central estimate" in plan.max_model_len_source
+        assert (plan.max_model_len_low_end, plan.max_model_len_central, plan.at_risk) == (6125, 7118, ())
+
+    def test_lengths_at_both_ends_divide_the_pool_by_the_concurrency(self) -> None:
+        plan = make_plan(self._request("--context-length", "1000", "--max-running-requests", "4"))
+        both = make_plan(PlanRequest(model=resolve_model("qwen3-8b"), engine="sglang",
+                                     gpus=hypothetical_gpus(["rtx4090"]), concurrency=2))
+        assert (both.max_model_len_low_end, both.max_model_len_central) == (6125 // 2, 7118 // 2)
+        assert plan.at_risk == () and plan.max_model_len == 1000
 
     def test_pinned_length_above_the_low_end_is_at_risk(self) -> None:
         plan = make_plan(self._request("--context-length", "6500"))
         assert plan.max_model_len == 6500
         assert plan.may_not_fit is not None and "6125 at the band's low end" in plan.may_not_fit
+        assert plan.at_risk == ("max_model_len",)
 
     def test_pinned_length_within_the_low_end_fits(self) -> None:
         assert make_plan(self._request("--context-length", "6125")).may_not_fit is None
