@@ -90,6 +90,8 @@ ENGINE_CMD = f"env HF_TOKEN={ENV_TOKEN} python -m vllm.entrypoints.openai.api_se
     ("plan", "qwen2.5-7b", "--gpu", "rtx4090", "--json", "--", *PASSTHROUGH),
     ("plan", "llama-3.1-70b", "--gpu", "rtx4090", "--", *PASSTHROUGH),  # a refusal: alternatives
     ("plan", "llama-3.1-70b", "--gpu", "rtx4090", "--json", "--", *PASSTHROUGH),
+    # a pinned length above the model's: the "longest that fits" alternative repeats the flags
+    ("plan", "qwen2.5-7b", "--gpu", "rtx4090", "--json", "--", *PASSTHROUGH, "--max-model-len", "999999"),
     ("fit", "qwen2.5-7b", "--concurrency", "4", "--tokens", "4096", "--gpu", "rtx4090", "--", *PASSTHROUGH),
     ("fit", "qwen2.5-7b", "--concurrency", "4", "--tokens", "4096", "--gpu", "rtx4090", "--json", "--",
      *PASSTHROUGH),
