@@ -388,9 +388,20 @@ def _fail(code: int, kind: str, reason: str, hint: str | None = None) -> NoRetur
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI; expected failures print one line and exit with their documented code.
 
-    One handler per kind of failure, most specific first (WontFit is a SafeServeError)."""
+    Saying the failure can fail too (`2>&1 | head -0`, the JSON error object `> /dev/full`): that is
+    our own output failing, 141 or 74 as for a result, never a traceback."""
     args = list(argv) if argv is not None else sys.argv[1:]
     _JSON.wanted, _JSON.written = _wants_json(args), False
+    try:
+        _handled(args)
+    except OSError as exc:
+        _os_error(exc)
+
+
+def _handled(args: list[str]) -> None:
+    """The command, each expected failure printed as one line and exited with its documented code.
+
+    One handler per kind of failure, most specific first (WontFit is a SafeServeError)."""
     try:
         _run(args)
     except WontFit as exc:
