@@ -61,6 +61,19 @@ def test_argparse_spellings_the_engines_take() -> None:
         check_engine_args(SGLANG, "0.5.23", ["--tp_size", "2"])  # plain argparse: no underscore spelling
 
 
+@pytest.mark.parametrize("flags", [["-O3"], ["-O", "3"], ["-O=3"], ["-O0", "--enforce-eager"], ["-Odecode"]])
+def test_vllm_optimization_short_flag_is_taken(flags: list[str]) -> None:
+    """vLLM rewrites -O3 / -O 3 / -O=3 to --optimization-level (argparse_utils.py:358-369): not exit 2 (was)."""
+    for version in ("0.31.0", "0.32.0"):
+        assert check_engine_args(VLLM, version, flags) == ()
+
+
+def test_vllm_bare_short_o_without_a_level_is_still_refused() -> None:
+    """`-O decode` is not rewritten by vLLM (only 0-3 follow a bare -O): its argparse refuses `-O`."""
+    with pytest.raises(UsageError, match="-O"):
+        check_engine_args(VLLM, "0.32.0", ["-O", "decode"])
+
+
 def test_a_newer_release_than_our_table_warns_not_blocks() -> None:
     warnings = check_engine_args(VLLM, "0.40.0", ["--some-new-flag", "3"])
     assert len(warnings) == 1 and "--some-new-flag" in warnings[0] and "0.32.0" in warnings[0]

@@ -16,7 +16,7 @@ import difflib
 import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,8 @@ class AcceptedFlags:
     equivalents: Mapping[str, str]  # another engine's spelling -> this engine's
     model_flags: frozenset[str]  # flags that name the model: the positional MODEL already does
     underscores: bool = True  # the parser also takes --max_model_len for --max-model-len
+    # The engine's own rewriting of its argv before argparse sees it (vLLM: -O3 -> --optimization-level 3)
+    rewrite: Callable[[Sequence[str]], list[str]] | None = None
 
     def table_for(self, version: str | None) -> tuple[str, bool]:
         """The release whose table applies to `version`, and whether it is that release exactly
@@ -83,7 +85,8 @@ def check_engine_args(table: AcceptedFlags, version: str | None, engine_args: Se
     accepted = table.versions[release]
     everywhere = frozenset().union(*table.versions.values())
     warnings: list[str] = []
-    for name in _names(engine_args):
+    parsed = table.rewrite(engine_args) if table.rewrite else engine_args
+    for name in _names(parsed):
         normal = name.replace("_", "-") if table.underscores else name
         if normal in table.model_flags or name in table.model_flags:
             raise UsageError(f"engine flag {name} names a second model: the model is the positional MODEL",
