@@ -37,8 +37,22 @@ class DefaultToServe(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and (not args[0].startswith("-") or
                                                       args[0].partition("=")[0] == "--config"):
+            self._not_a_typo(args[0])
             args = ["serve", *args]
         return super().parse_args(ctx, args)
+
+    def _not_a_typo(self, word: str) -> None:
+        """`safe-serve gpu` or `safe-serve stauts x` is a mistyped command, not a model to serve: exit 2
+        naming the command (it was served: an NVML error, or model 'gpu' not found). A directory of that
+        name, a repo id or `safe-serve serve WORD` still serves it."""
+        import difflib
+
+        if "/" in word or os.path.exists(word):
+            return
+        close = difflib.get_close_matches(word.lower(), sorted(self.commands), n=1, cutoff=0.75)
+        if close:
+            raise UsageError(f"no command {word!r}: did you mean `safe-serve {close[0]}`?",
+                             hint=f"to serve a model named {word!r}: safe-serve serve {word}")
 
 
 @click.group(cls=DefaultToServe, context_settings={"help_option_names": ["-h", "--help"]}, epilog=cli_hints.EPILOG)
