@@ -74,6 +74,19 @@ def test_vllm_bare_short_o_without_a_level_is_still_refused() -> None:
         check_engine_args(VLLM, "0.32.0", ["-O", "decode"])
 
 
+@pytest.mark.parametrize(("engine", "argv"), [
+    ("vllm", ["qwen2.5-7b", "stray", "--dry-run", "--gpu", "h100"]),  # before `--`: click collects it too
+    ("vllm", ["qwen2.5-7b", "--dry-run", "--gpu", "h100", "--", "8000", "--port", "8001"]),
+    ("sglang", ["qwen2.5-7b", "--engine", "sglang", "--dry-run", "--gpu", "h100", "--", "Qwen/Other"]),
+])
+def test_a_leading_word_that_is_not_a_flag_is_exit_2(engine: str, argv: list[str]) -> None:
+    """`vllm serve MODEL stray` / `launch_server stray` fail in the engine's argparse ("unrecognized
+    arguments"); it was passed through to the engine command (`vllm serve Qwen/... stray ...`)."""
+    code, out, err = run(argv)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "is neither a flag nor a flag's value" in err and ("vLLM" if engine == "vllm" else "SGLang") in err
+
+
 def test_a_newer_release_than_our_table_warns_not_blocks() -> None:
     warnings = check_engine_args(VLLM, "0.40.0", ["--some-new-flag", "3"])
     assert len(warnings) == 1 and "--some-new-flag" in warnings[0] and "0.32.0" in warnings[0]

@@ -86,6 +86,10 @@ def check_engine_args(table: AcceptedFlags, version: str | None, engine_args: Se
     everywhere = frozenset().union(*table.versions.values())
     warnings: list[str] = []
     parsed = table.rewrite(engine_args) if table.rewrite else engine_args
+    if parsed and not parsed[0].startswith("-"):  # neither engine takes a positional after the model
+        raise UsageError(f"engine argument {parsed[0]!r} is neither a flag nor a flag's value: "
+                         f"{table.engine_label} would refuse it as an unrecognized argument",
+                         hint="the model is MODEL; engine flags after `--` start with - or --")
     for name in _names(parsed):
         normal = name.replace("_", "-") if table.underscores else name
         if normal in table.model_flags or name in table.model_flags:
