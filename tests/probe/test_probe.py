@@ -295,6 +295,17 @@ class TestDegradedFields:
         assert ("NVIDIA GB10", None, (12, 1)) == (gb10.name, gb10.free_bytes, gb10.compute_capability)
         assert ("memory: NVML reports a total of 0 (unified memory part?): free unknown",) == gb10.notes
 
+    def test_free_above_total_means_free_unknown(self, stub_libs: StubLibs, tmp_path: Path) -> None:
+        """An impossible reading (999 GB free of 80 GiB) was planned as is: 857.68 GiB 'left free' in the
+        budget and a bar longer than the card. Free unknown, with a note, like a part that cannot say."""
+        text = ("system driver=550.54.15 nvml=12.550.54.15 cuda=12040\n"
+                'gpu name="NVIDIA H100 80GB HBM3" uuid=GPU-00000000-aaaa-bbbb-cccc-000000000000 '
+                "total=85899345920 reserved=0 used=0 free=999999999999 cc=9.0 mig=unsupported\n")
+        device = probe(stub_libs.current, text, tmp_path).devices[0]
+        assert device.free_bytes is None
+        assert ("memory: NVML reports 999999999999 bytes free of a total of 85899345920 (an impossible "
+                "reading): free unknown",) == device.notes
+
     def test_capability_and_permission_failures_are_noted(self, stub_libs: StubLibs, sleeper: psutil.Process,
                                                           tmp_path: Path) -> None:
         """Unsupported compute capability and forbidden process lists are None/empty plus notes."""
