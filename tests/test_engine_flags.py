@@ -113,13 +113,13 @@ def test_every_flag_we_read_or_set_is_in_every_release_we_read(engine: str) -> N
     table = VLLM if engine == "vllm" else SGLANG
     ours = {n for spec in rules.FLAGS for n in (spec.name, *spec.aliases)} | set(rules.OTHER_FLAGS)
     ours |= {adapter(engine).length_flag, adapter(engine).tp_flag, adapter(engine).pp_flag}
-    from launcher.engines.accepted_flags import _known
+    from launcher.engines.accepted_flags import known_flag
     from launcher.engines.versions import version_key
 
     newest = max(table.versions, key=version_key)
     everywhere = frozenset().union(*table.versions.values())
-    assert {f for f in ours if not _known(f, everywhere, table.underscores)} == set()  # each is real somewhere
-    assert all(_known(f, table.versions[newest], table.underscores) for f in
+    assert {f for f in ours if not known_flag(f, everywhere, table.underscores)} == set()  # each is real somewhere
+    assert all(known_flag(f, table.versions[newest], table.underscores) for f in
                (adapter(engine).length_flag, adapter(engine).tp_flag, adapter(engine).pp_flag))  # what we set
     for foreign, spelling in table.equivalents.items():
         assert foreign not in frozenset().union(*table.versions.values()), foreign

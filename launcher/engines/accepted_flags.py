@@ -61,7 +61,7 @@ def _names(engine_args: Sequence[str]) -> list[str]:
     return [token.partition("=")[0] for token in engine_args if _FLAG.fullmatch(token.partition("=")[0])]
 
 
-def _known(name: str, accepted: frozenset[str], underscores: bool) -> bool:
+def known_flag(name: str, accepted: frozenset[str], underscores: bool) -> bool:
     normal = name.replace("_", "-") if underscores else name
     if normal in accepted:
         return True
@@ -95,7 +95,7 @@ def check_engine_args(table: AcceptedFlags, version: str | None, engine_args: Se
         if normal in table.model_flags or name in table.model_flags:
             raise UsageError(f"engine flag {name} names a second model: the model is the positional MODEL",
                              hint=f"drop {name} after `--`, or give that model as MODEL")
-        if _known(name, accepted, table.underscores):
+        if known_flag(name, accepted, table.underscores):
             continue
         if name in table.equivalents or normal in table.equivalents:
             ours = table.equivalents.get(name) or table.equivalents[normal]
@@ -106,7 +106,7 @@ def check_engine_args(table: AcceptedFlags, version: str | None, engine_args: Se
             raise UsageError(f"{table.engine_label} {release} does not take engine flag {name}",
                              hint=("did you mean " + " or ".join(close)) if close else
                              "engine flags after `--` go to the engine exactly as written")
-        if _known(name, everywhere, table.underscores):
+        if known_flag(name, everywhere, table.underscores):
             warnings.append(f"engine flag {name} is not in {table.engine_label} {release}'s argparse "
                             f"(it is in another release's); the engine decides")
         else:

@@ -187,6 +187,20 @@ def mask_secret_flags(argv: Sequence[str], secrets: Sequence[SecretFlag], plain:
     return shown_assignments(out)
 
 
+def secret_flag_before_a_dash(argv: Sequence[str], secrets: Sequence[SecretFlag], plain: frozenset[str],
+                              is_flag: Callable[[str], bool]) -> str | None:
+    """The secret flag (as written) followed by a `-` word that is no flag of the engine: argparse
+    reads that word as an unknown flag, so the value (perhaps the secret itself, `--api-key -Xy...`)
+    must not be named in a "does not take engine flag" message. (`--hf-token --port 1`: a bare
+    optional-value flag before a real one is fine.)"""
+    spellings = {spelling: spec for spec in secrets for spelling in _spellings(spec)}
+    for word, following in zip(argv, argv[1:], strict=False):
+        if word.startswith("--") and "=" not in word and following.startswith("-") \
+                and _secret_for(word, spellings, plain) is not None and not is_flag(following.partition("=")[0]):
+            return word
+    return None
+
+
 def _secret_for(name: str, spellings: Mapping[str, SecretFlag], plain: frozenset[str]) -> SecretFlag | None:
     if name in spellings:
         return spellings[name]
