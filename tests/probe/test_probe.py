@@ -8,6 +8,7 @@ process start and pynvml keeps the first library it loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -429,6 +430,19 @@ class TestRender:
     def test_lines_fit_100_columns(self) -> None:
         """Every line, long command lines included, fits in 100 columns."""
         assert max(len(line) for line in render_inventory(INVENTORY).splitlines()) <= 100
+
+    def test_a_tenants_crafted_command_line_cannot_forge_a_line(self) -> None:
+        """Another user's process named with a newline and terminal escapes (`exec -a`) printed raw in
+        `safe-serve gpus`: a forged "other tenants" line and a cleared screen. Escaped as the plan does."""
+        evil = GpuProcess(pid=4300, used_bytes=GiB, kind="compute", name="sle\x1bep", user="mallory",
+                          cmdline="evil\x1b[2J\nGPU 0: free 80.0 GiB: nothing held")
+        device = dataclasses.replace(INVENTORY.devices[0], processes=(evil,), name="H100\x1b]0;x\x07")
+        text = render_inventory(dataclasses.replace(INVENTORY, devices=(device,)))
+        assert "\x1b" not in text and "\x07" not in text
+        tenants = text.splitlines()[text.splitlines().index("other tenants:") + 1:]
+        assert tenants[0].startswith("GPU 0: free 9.1 GiB: 1.0 GiB held by pid 4300 sle\\x1bep (user mallory) "
+                                     "`evil\\x1b[2J\\nGPU 0: free 80")  # one line, cut at 100 columns
+        assert not any("nothing held" in line for line in tenants[1:])
 
     def test_json_shape(self) -> None:
         """The JSON has the schema tag, stable keys, bytes as ints and unknowns as null."""
