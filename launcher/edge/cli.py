@@ -220,6 +220,8 @@ def serve_command(**opts: Any) -> None:
     if opts.get("ready_file") and not opts["dry_run"]:
         inputs.check_ready_file(opts["ready_file"])
     configure_logging(opts.get("log_format"))
+    if not opts["dry_run"]:  # a flag the engine refuses is exit 2 now, not after the lock wait and the probe
+        _check_engine_args(options)
     lock = None if opts["dry_run"] else take_start_lock(options, opts["lock_timeout"])
     prepared = prepare(options, os.environ, engine_cmd=opts.get("engine_cmd"))
     if opts["dry_run"]:
@@ -234,6 +236,15 @@ def serve_command(**opts: Any) -> None:
                                  health_failures=opts["health_failures"], health_interval_s=opts["health_interval"])
     sys.exit(launch(prepared, serve_options, lock, os.environ, warn=lambda line: click.echo(line, err=True),
                     name=opts.get("name")))
+
+
+def _check_engine_args(options: PlanOptions) -> None:
+    """The engine flags against the engine's argparse (exit 2), as planning checks them again later."""
+    from launcher.engines import adapter
+    from launcher.engines.versions import installed_version
+
+    version = options.engine_version or installed_version(options.engine)
+    adapter(options.engine).check_engine_args(options.engine_args, version)
 
 
 @cli.command("fit")
