@@ -111,6 +111,14 @@ def test_no_output_shows_a_secret(argv: tuple[str, ...], tmp_path: Path) -> None
         assert "<redacted>" in result.stdout
 
 
+@pytest.mark.parametrize("engine_cmd", [f"env HF_TOKEN={ENV_TOKEN} 'vllm serve", f"vllm serve --api-key {API_KEY} \"'"])
+def test_an_engine_cmd_that_cannot_be_split_is_not_repeated(engine_cmd: str) -> None:
+    """The usage error repeated the whole --engine-cmd, secrets and all (it cannot be split, so not masked)."""
+    result = _run("qwen2.5-7b", "--gpu", "h100", "--dry-run", "--json", "--engine-cmd", engine_cmd)
+    assert result.returncode == 2 and "No closing quotation" in result.stderr, result.stderr
+    _no_secret(result.stdout, result.stderr)
+
+
 def test_a_bare_optional_secret_flag_before_another_flag_is_fine() -> None:
     """vLLM's --hf-token takes an optional value: `--hf-token --port 8001` is two flags, not a hidden value."""
     result = _run("plan", "qwen2.5-7b", "--gpu", "rtx4090", "--", "--hf-token", "--port", "8001")

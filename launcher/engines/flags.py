@@ -150,7 +150,11 @@ def split_engine_cmd(engine_cmd: str) -> list[str]:
     try:
         return shlex.split(engine_cmd)
     except ValueError as exc:
-        raise UsageError(f"--engine-cmd {engine_cmd!r}: {exc}", hint="quote it as one shell word") from None
+        # Not repeated: it cannot be split into words, so a secret in it (env HF_TOKEN=..., --api-key ...)
+        # could not be masked.
+        raise UsageError(f"--engine-cmd cannot be split into words like a shell would: {exc}",
+                         hint="quote it as one shell word; the command is not repeated here, it may hold a secret") \
+            from None
 
 
 def mask_secret_flags(argv: Sequence[str], secrets: Sequence[SecretFlag], plain: frozenset[str] = frozenset()
