@@ -221,7 +221,7 @@ def serve_command(**opts: Any) -> None:
         inputs.check_ready_file(opts["ready_file"])
     configure_logging(opts.get("log_format"))
     if not opts["dry_run"]:  # a flag the engine refuses is exit 2 now, not after the lock wait and the probe
-        _check_engine_args(options)
+        _check_engine_args(options, opts.get("engine_cmd"))
     lock = None if opts["dry_run"] else take_start_lock(options, opts["lock_timeout"])
     prepared = prepare(options, os.environ, engine_cmd=opts.get("engine_cmd"))
     if opts["dry_run"]:
@@ -238,11 +238,15 @@ def serve_command(**opts: Any) -> None:
                     name=opts.get("name")))
 
 
-def _check_engine_args(options: PlanOptions) -> None:
-    """The engine flags against the engine's argparse (exit 2), as planning checks them again later."""
+def _check_engine_args(options: PlanOptions, engine_cmd: str | None) -> None:
+    """The engine flags against the engine's argparse and --engine-cmd split into words (exit 2), as
+    planning and the launch do them again later."""
     from launcher.engines import adapter
+    from launcher.engines.flags import split_engine_cmd
     from launcher.engines.versions import installed_version
 
+    if engine_cmd:
+        split_engine_cmd(engine_cmd)
     version = options.engine_version or installed_version(options.engine)
     adapter(options.engine).check_engine_args(options.engine_args, version)
 

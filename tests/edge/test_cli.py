@@ -123,11 +123,13 @@ def test_a_word_near_a_command_that_is_a_directory_or_named_by_serve_is_served(t
         assert run.returncode in (65, 66) and "no command" not in run.stderr, run.stderr
 
 
-@pytest.mark.parametrize("flags", [["--bogus-flag"], ["--context-length", "4096"], ["--model", "other/model"]])
+@pytest.mark.parametrize("flags", [["--", "--bogus-flag"], ["--", "--context-length", "4096"],
+                                   ["--", "--model", "other/model"], ["--engine-cmd", "vllm 'serve"]])
 def test_serve_refuses_an_engine_flag_before_the_start_lock_and_the_probe(flags: list[str]) -> None:
     """Was checked only when planning, after the start lock (a wait of up to --lock-timeout behind another
     start) and the NVML probe: without a GPU, 69 'NVML could not be loaded' instead of the flag's 2."""
-    run = subprocess.run([sys.executable, "-m", "launcher", "qwen2.5-7b", "--", *flags], capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "launcher", "qwen2.5-7b", *flags], capture_output=True,
                          text=True, timeout=60, env={**os.environ, "LD_LIBRARY_PATH": "/nonexistent"})
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
-    assert flags[0] in run.stderr and "NVML" not in run.stderr
+    named = "--engine-cmd" if flags[0] == "--engine-cmd" else flags[1]
+    assert named in run.stderr and "NVML" not in run.stderr
