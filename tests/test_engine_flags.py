@@ -61,6 +61,32 @@ def test_argparse_spellings_the_engines_take() -> None:
         check_engine_args(SGLANG, "0.5.23", ["--tp_size", "2"])  # plain argparse: no underscore spelling
 
 
+@pytest.mark.parametrize("flags", [["-O3"], ["-O", "3"], ["-O=3"], ["-O0", "--enforce-eager"], ["-Odecode"]])
+def test_vllm_optimization_short_flag_is_taken(flags: list[str]) -> None:
+    """vLLM rewrites -O3 / -O 3 / -O=3 to --optimization-level (argparse_utils.py:358-369): not exit 2 (was)."""
+    for version in ("0.31.0", "0.32.0"):
+        assert check_engine_args(VLLM, version, flags) == ()
+
+
+def test_vllm_bare_short_o_without_a_level_is_still_refused() -> None:
+    """`-O decode` is not rewritten by vLLM (only 0-3 follow a bare -O): its argparse refuses `-O`."""
+    with pytest.raises(UsageError, match="-O"):
+        check_engine_args(VLLM, "0.32.0", ["-O", "decode"])
+
+
+@pytest.mark.parametrize(("engine", "argv"), [
+    ("vllm", ["qwen2.5-7b", "stray", "--dry-run", "--gpu", "h100"]),  # before `--`: click collects it too
+    ("vllm", ["qwen2.5-7b", "--dry-run", "--gpu", "h100", "--", "8000", "--port", "8001"]),
+    ("sglang", ["qwen2.5-7b", "--engine", "sglang", "--dry-run", "--gpu", "h100", "--", "Qwen/Other"]),
+])
+def test_a_leading_word_that_is_not_a_flag_is_exit_2(engine: str, argv: list[str]) -> None:
+    """`vllm serve MODEL stray` / `launch_server stray` fail in the engine's argparse ("unrecognized
+    arguments"); it was passed through to the engine command (`vllm serve Qwen/... stray ...`)."""
+    code, out, err = run(argv)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "is neither a flag nor a flag's value" in err and ("vLLM" if engine == "vllm" else "SGLang") in err
+
+
 def test_a_newer_release_than_our_table_warns_not_blocks() -> None:
     warnings = check_engine_args(VLLM, "0.40.0", ["--some-new-flag", "3"])
     assert len(warnings) == 1 and "--some-new-flag" in warnings[0] and "0.32.0" in warnings[0]
@@ -87,13 +113,13 @@ def test_every_flag_we_read_or_set_is_in_every_release_we_read(engine: str) -> N
     table = VLLM if engine == "vllm" else SGLANG
     ours = {n for spec in rules.FLAGS for n in (spec.name, *spec.aliases)} | set(rules.OTHER_FLAGS)
     ours |= {adapter(engine).length_flag, adapter(engine).tp_flag, adapter(engine).pp_flag}
-    from launcher.engines.accepted_flags import _known
+    from launcher.engines.accepted_flags import known_flag
     from launcher.engines.versions import version_key
 
     newest = max(table.versions, key=version_key)
     everywhere = frozenset().union(*table.versions.values())
-    assert {f for f in ours if not _known(f, everywhere, table.underscores)} == set()  # each is real somewhere
-    assert all(_known(f, table.versions[newest], table.underscores) for f in
+    assert {f for f in ours if not known_flag(f, everywhere, table.underscores)} == set()  # each is real somewhere
+    assert all(known_flag(f, table.versions[newest], table.underscores) for f in
                (adapter(engine).length_flag, adapter(engine).tp_flag, adapter(engine).pp_flag))  # what we set
     for foreign, spelling in table.equivalents.items():
         assert foreign not in frozenset().union(*table.versions.values()), foreign

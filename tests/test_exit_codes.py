@@ -25,6 +25,35 @@ def test_a_reader_that_goes_away_is_a_quiet_141() -> None:
     assert err == b""
 
 
+@pytest.mark.parametrize(("argv", "closed"), [
+    pytest.param(["plan", "qwen2.5-7b", "--gpu", "nosuchgpu"], "stderr", id="usage-line-on-stderr"),
+    pytest.param(["plan", "qwen2.5-7b", "--gpu", "nosuchgpu", "--json"], "stderr", id="json-usage-line"),
+    pytest.param(["plan", "qwen2.5-7b", "--gpu", "nosuchgpu", "--json"], "stdout", id="json-error-object"),
+])
+def test_a_failure_whose_reader_went_away_is_a_quiet_141(argv: list[str], closed: str) -> None:
+    """`safe-serve plan ... 2>&1 | head -0`: saying the failure meets EPIPE; 141 like a result's output,
+    not a BrokenPipeError traceback and exit 1 (was 1)."""
+    proc = subprocess.Popen([*SAFE, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    getattr(proc, closed).close()  # before it writes
+    said = (proc.stderr if closed == "stdout" else proc.stdout).read().decode()
+    assert proc.wait(timeout=60) == 141, said
+    assert "Traceback" not in said
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_json_error_object_on_a_full_disk_is_one_line_and_74() -> None:
+    """`safe-serve plan --gpu nosuchgpu --json > /dev/full`: the usage line, then one line and 74 (was an
+    OSError traceback and exit 1)."""
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([*SAFE, "plan", "qwen2.5-7b", "--gpu", "nosuchgpu", "--json"], cwd=REPO,
+                              stdout=full, stderr=subprocess.PIPE, timeout=120)
+    assert done.returncode == 74
+    lines = done.stderr.decode().splitlines()
+    assert lines[0].startswith("safe-serve: --gpu 'nosuchgpu': not a GPU in the catalog")
+    assert lines[1:] == ["safe-serve: cannot write the output: No space left on device"]
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_full_output_is_one_line_and_74() -> None:
     """`safe-serve plan ... > /dev/full`: one clear line and 74 (EX_IOERR), not an internal error (was 1)."""

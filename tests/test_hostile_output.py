@@ -90,10 +90,15 @@ ENGINE_CMD = f"env HF_TOKEN={ENV_TOKEN} python -m vllm.entrypoints.openai.api_se
     ("plan", "qwen2.5-7b", "--gpu", "rtx4090", "--json", "--", *PASSTHROUGH),
     ("plan", "llama-3.1-70b", "--gpu", "rtx4090", "--", *PASSTHROUGH),  # a refusal: alternatives
     ("plan", "llama-3.1-70b", "--gpu", "rtx4090", "--json", "--", *PASSTHROUGH),
+    # a pinned length above the model's: the "longest that fits" alternative repeats the flags
+    ("plan", "qwen2.5-7b", "--gpu", "rtx4090", "--json", "--", *PASSTHROUGH, "--max-model-len", "999999"),
     ("fit", "qwen2.5-7b", "--concurrency", "4", "--tokens", "4096", "--gpu", "rtx4090", "--", *PASSTHROUGH),
     ("fit", "qwen2.5-7b", "--concurrency", "4", "--tokens", "4096", "--gpu", "rtx4090", "--json", "--",
      *PASSTHROUGH),
     ("plan", "qwen2.5-7b", "--gpu", "rtx4090", "--api-key", API_KEY),  # before `--`: the usage hint
+    # a key starting with '-' (base64url): argparse reads it as a flag; it was named in "does not take"
+    ("plan", "qwen2.5-7b", "--gpu", "rtx4090", "--json", "--", "--api-key", "-" + API_KEY),
+    ("plan", "qwen2.5-7b", "--engine", "sglang", "--gpu", "h100", "--", "--admin-api-k", "-" + HF_TOKEN),
 ])
 def test_no_output_shows_a_secret(argv: tuple[str, ...], tmp_path: Path) -> None:
     """Before: the dry-run command (human and JSON), the alternatives, fit's flags and the usage
@@ -104,6 +109,20 @@ def test_no_output_shows_a_secret(argv: tuple[str, ...], tmp_path: Path) -> None
     _no_secret(result.stdout, result.stderr)
     if "--dry-run" in argv:
         assert "<redacted>" in result.stdout
+
+
+@pytest.mark.parametrize("engine_cmd", [f"env HF_TOKEN={ENV_TOKEN} 'vllm serve", f"vllm serve --api-key {API_KEY} \"'"])
+def test_an_engine_cmd_that_cannot_be_split_is_not_repeated(engine_cmd: str) -> None:
+    """The usage error repeated the whole --engine-cmd, secrets and all (it cannot be split, so not masked)."""
+    result = _run("qwen2.5-7b", "--gpu", "h100", "--dry-run", "--json", "--engine-cmd", engine_cmd)
+    assert result.returncode == 2 and "No closing quotation" in result.stderr, result.stderr
+    _no_secret(result.stdout, result.stderr)
+
+
+def test_a_bare_optional_secret_flag_before_another_flag_is_fine() -> None:
+    """vLLM's --hf-token takes an optional value: `--hf-token --port 8001` is two flags, not a hidden value."""
+    result = _run("plan", "qwen2.5-7b", "--gpu", "rtx4090", "--", "--hf-token", "--port", "8001")
+    assert result.returncode == 0, result.stderr
 
 
 # --------------------------------------------------------------------------- the serve run

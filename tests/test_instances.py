@@ -97,6 +97,23 @@ def test_ps_and_status_commands(tmp_path: Path) -> None:
     assert code == 66 and json.loads(out)["schema"] == "safe-serve.error/1" and "qwen-8000" in err
 
 
+def test_ps_and_status_print_a_hostile_model_path_escaped(tmp_path: Path) -> None:
+    """A model directory named with a newline and terminal escapes (served as ./NAME) was printed raw by
+    `ps` and `status`: it could forge a row or repaint the terminal. Escaped as the plan prints it;
+    the JSON keeps the real name."""
+    model = "./evil\n\x1b]0;owned\x07\x1b[2J"
+    write_status(tmp_path, status_doc(model=model, memory_knob="--gpu-memory-utilization 0.9\x1b[1A"))
+    for argv in (("ps",), ("status", "qwen-8000")):
+        code, out, _ = cli(*argv, state=tmp_path)
+        assert code == 0 and "\x1b" not in out and "\x07" not in out, out
+        assert "./evil\\n\\x1b]0;owned\\x07\\x1b[2J" in out
+    assert len(cli("ps", state=tmp_path)[1].splitlines()) == 2  # the header and one row
+    assert json.loads(cli("ps", "--json", state=tmp_path)[1])["instances"][0]["model"] == model
+    write_status(tmp_path, status_doc(memory_knob=""))  # valid by type: was an IndexError, exit 1
+    code, out, _ = cli("ps", state=tmp_path)
+    assert code == 0 and out.splitlines()[1].split()[8] == "-"  # after "vllm 0.32.0", GPUS, PORT, PID, KV
+
+
 def test_a_running_serve_is_listed_then_gone(serve: Callable[..., Served]) -> None:  # noqa: F811
     plan = plan_json("qwen2.5-7b", "vllm", "rtx4090")
     served = serve(VLLM, sets=vllm_agrees(plan), options=("--name", "chat"))

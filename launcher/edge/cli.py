@@ -37,8 +37,22 @@ class DefaultToServe(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and (not args[0].startswith("-") or
                                                       args[0].partition("=")[0] == "--config"):
+            self._not_a_typo(args[0])
             args = ["serve", *args]
         return super().parse_args(ctx, args)
+
+    def _not_a_typo(self, word: str) -> None:
+        """`safe-serve gpu` or `safe-serve stauts x` is a mistyped command, not a model to serve: exit 2
+        naming the command (it was served: an NVML error, or model 'gpu' not found). A directory of that
+        name, a repo id or `safe-serve serve WORD` still serves it."""
+        import difflib
+
+        if "/" in word or os.path.exists(word):
+            return
+        close = difflib.get_close_matches(word.lower(), sorted(self.commands), n=1, cutoff=0.75)
+        if close:
+            raise UsageError(f"no command {word!r}: did you mean `safe-serve {close[0]}`?",
+                             hint=f"to serve a model named {word!r}: safe-serve serve {word}")
 
 
 @click.group(cls=DefaultToServe, context_settings={"help_option_names": ["-h", "--help"]}, epilog=cli_hints.EPILOG)
@@ -207,6 +221,8 @@ def serve_command(**opts: Any) -> None:
     if opts.get("ready_file") and not opts["dry_run"]:
         inputs.check_ready_file(opts["ready_file"])
     configure_logging(opts.get("log_format"))
+    if not opts["dry_run"]:  # a flag the engine refuses is exit 2 now, not after the lock wait and the probe
+        _check_engine_args(options, opts.get("engine_cmd"))
     lock = None if opts["dry_run"] else take_start_lock(options, opts["lock_timeout"])
     prepared = prepare(options, os.environ, engine_cmd=opts.get("engine_cmd"))
     if opts["dry_run"]:
@@ -221,6 +237,19 @@ def serve_command(**opts: Any) -> None:
                                  health_failures=opts["health_failures"], health_interval_s=opts["health_interval"])
     sys.exit(launch(prepared, serve_options, lock, os.environ, warn=lambda line: click.echo(line, err=True),
                     name=opts.get("name")))
+
+
+def _check_engine_args(options: PlanOptions, engine_cmd: str | None) -> None:
+    """The engine flags against the engine's argparse and --engine-cmd split into words (exit 2), as
+    planning and the launch do them again later."""
+    from launcher.engines import adapter
+    from launcher.engines.flags import split_engine_cmd
+    from launcher.engines.versions import installed_version
+
+    if engine_cmd:
+        split_engine_cmd(engine_cmd)
+    version = options.engine_version or installed_version(options.engine)
+    adapter(options.engine).check_engine_args(options.engine_args, version)
 
 
 @cli.command("fit")
@@ -389,9 +418,20 @@ def _fail(code: int, kind: str, reason: str, hint: str | None = None) -> NoRetur
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI; expected failures print one line and exit with their documented code.
 
-    One handler per kind of failure, most specific first (WontFit is a SafeServeError)."""
+    Saying the failure can fail too (`2>&1 | head -0`, the JSON error object `> /dev/full`): that is
+    our own output failing, 141 or 74 as for a result, never a traceback."""
     args = list(argv) if argv is not None else sys.argv[1:]
     _JSON.wanted, _JSON.written = _wants_json(args), False
+    try:
+        _handled(args)
+    except OSError as exc:
+        _os_error(exc)
+
+
+def _handled(args: list[str]) -> None:
+    """The command, each expected failure printed as one line and exited with its documented code.
+
+    One handler per kind of failure, most specific first (WontFit is a SafeServeError)."""
     try:
         _run(args)
     except WontFit as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Final
 
+from launcher.common.shown import printable
 from launcher.common.units import format_gib
 from launcher.model.gpu import GpuDevice, GpuInventory, GpuProcess, HostMemory
 
@@ -126,7 +127,7 @@ def _process_line(prefix: str, process: GpuProcess) -> str:
 
 
 def _wrap(note: str) -> str:
-    return textwrap.fill(note, width=WIDTH, initial_indent="  ", subsequent_indent="    ")
+    return textwrap.fill(printable(note), width=WIDTH, initial_indent="  ", subsequent_indent="    ")
 
 
 def _known_total(device: GpuDevice) -> int | None:
@@ -139,6 +140,9 @@ def _gib_or_unknown(num_bytes: int | None) -> str:
 
 
 def _cut(text: str, width: int) -> str:
+    """`text` escaped (a tenant's command line or a device name with a newline or terminal escape
+    cannot forge a line or repaint the screen), then cut to `width`."""
+    text = printable(text)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from launcher.common.shown import printable
 from launcher.serve.instances import PS_SCHEMA
 
 COLUMNS = ("NAME", "MODEL", "ENGINE", "GPUS", "PORT", "PID", "KV TOKENS (ENGINE/PLAN)", "KNOB", "RETUNES", "STATE",
@@ -16,9 +17,11 @@ def _row(status: Mapping[str, Any]) -> tuple[str, ...]:
     kv = f"{engine_kv:,}/{status['planned_kv_tokens']:,}" if engine_kv is not None else \
         f"-/{status['planned_kv_tokens']:,}"
     version = f" {status['engine_version']}" if status["engine_version"] else ""
-    return (status["name"], status["model"], status["engine"] + version, str(len(status["gpus"])),
-            str(status["port"]), str(status["pid"]), kv, status["memory_knob"].split()[-1], str(status["retunes"]),
-            status["state"], status["since"])
+    knob = status["memory_knob"].split() or ["-"]
+    cells = (status["name"], status["model"], status["engine"] + version, str(len(status["gpus"])),
+             str(status["port"]), str(status["pid"]), kv, knob[-1], str(status["retunes"]),
+             status["state"], status["since"])
+    return tuple(printable(cell) for cell in cells)  # a model path with a newline or escape: one row, no repaint
 
 
 def render_ps(instances: Sequence[Mapping[str, Any]]) -> str:
@@ -40,7 +43,7 @@ def render_status(status: Mapping[str, Any]) -> str:
             continue
         shown = ", ".join(value) if isinstance(value, list) else "-" if value is None else \
             f"{value:,}" if isinstance(value, int) and key.endswith("tokens") else str(value)
-        lines.append(f"{label + ':':20} {shown}")
+        lines.append(f"{label + ':':20} {printable(shown)}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ import difflib
 import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,8 @@ class AcceptedFlags:
     equivalents: Mapping[str, str]  # another engine's spelling -> this engine's
     model_flags: frozenset[str]  # flags that name the model: the positional MODEL already does
     underscores: bool = True  # the parser also takes --max_model_len for --max-model-len
+    # The engine's own rewriting of its argv before argparse sees it (vLLM: -O3 -> --optimization-level 3)
+    rewrite: Callable[[Sequence[str]], list[str]] | None = None
 
     def table_for(self, version: str | None) -> tuple[str, bool]:
         """The release whose table applies to `version`, and whether it is that release exactly
@@ -59,7 +61,7 @@ def _names(engine_args: Sequence[str]) -> list[str]:
     return [token.partition("=")[0] for token in engine_args if _FLAG.fullmatch(token.partition("=")[0])]
 
 
-def _known(name: str, accepted: frozenset[str], underscores: bool) -> bool:
+def known_flag(name: str, accepted: frozenset[str], underscores: bool) -> bool:
     normal = name.replace("_", "-") if underscores else name
     if normal in accepted:
         return True
@@ -83,12 +85,17 @@ def check_engine_args(table: AcceptedFlags, version: str | None, engine_args: Se
     accepted = table.versions[release]
     everywhere = frozenset().union(*table.versions.values())
     warnings: list[str] = []
-    for name in _names(engine_args):
+    parsed = table.rewrite(engine_args) if table.rewrite else engine_args
+    if parsed and not parsed[0].startswith("-"):  # neither engine takes a positional after the model
+        raise UsageError(f"engine argument {parsed[0]!r} is neither a flag nor a flag's value: "
+                         f"{table.engine_label} would refuse it as an unrecognized argument",
+                         hint="the model is MODEL; engine flags after `--` start with - or --")
+    for name in _names(parsed):
         normal = name.replace("_", "-") if table.underscores else name
         if normal in table.model_flags or name in table.model_flags:
             raise UsageError(f"engine flag {name} names a second model: the model is the positional MODEL",
                              hint=f"drop {name} after `--`, or give that model as MODEL")
-        if _known(name, accepted, table.underscores):
+        if known_flag(name, accepted, table.underscores):
             continue
         if name in table.equivalents or normal in table.equivalents:
             ours = table.equivalents.get(name) or table.equivalents[normal]
@@ -99,7 +106,7 @@ def check_engine_args(table: AcceptedFlags, version: str | None, engine_args: Se
             raise UsageError(f"{table.engine_label} {release} does not take engine flag {name}",
                              hint=("did you mean " + " or ".join(close)) if close else
                              "engine flags after `--` go to the engine exactly as written")
-        if _known(name, everywhere, table.underscores):
+        if known_flag(name, everywhere, table.underscores):
             warnings.append(f"engine flag {name} is not in {table.engine_label} {release}'s argparse "
                             f"(it is in another release's); the engine decides")
         else:

@@ -203,9 +203,19 @@ class SpecAdapter:
     def check_engine_args(self, engine_args: Sequence[str], version: str | None) -> tuple[str, ...]:
         """UsageError (exit 2) for a flag the engine's argparse does not take or a second model;
         warnings where our table cannot vouch for `version` (launcher/engines/accepted_flags.py)."""
-        from launcher.engines.accepted_flags import check_engine_args
+        from launcher.common.errors import UsageError
+        from launcher.engines.accepted_flags import check_engine_args, known_flag
+        from launcher.engines.flags import secret_flag_before_a_dash
 
-        return check_engine_args(self._accepted(), version, engine_args)
+        table = self._accepted()
+        everywhere = self.accepted_flag_names()
+        secret = secret_flag_before_a_dash(engine_args, self.spec.secret_flags, self.spec.plain_flags_like_secrets,
+                                           lambda name: known_flag(name, everywhere, table.underscores))
+        if secret is not None:
+            raise UsageError(f"engine flag {secret} is followed by a word starting with '-', which the engine's "
+                             "argparse reads as another flag, not as the value (the word is not shown: it may be "
+                             "the secret)", hint=f"write {secret}=VALUE")
+        return check_engine_args(table, version, engine_args)
 
     def accepted_flag_names(self) -> frozenset[str]:
         """Every option string any release we read takes (for the CLI's `--` hint)."""

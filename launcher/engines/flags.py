@@ -150,7 +150,11 @@ def split_engine_cmd(engine_cmd: str) -> list[str]:
     try:
         return shlex.split(engine_cmd)
     except ValueError as exc:
-        raise UsageError(f"--engine-cmd {engine_cmd!r}: {exc}", hint="quote it as one shell word") from None
+        # Not repeated: it cannot be split into words, so a secret in it (env HF_TOKEN=..., --api-key ...)
+        # could not be masked.
+        raise UsageError(f"--engine-cmd cannot be split into words like a shell would: {exc}",
+                         hint="quote it as one shell word; the command is not repeated here, it may hold a secret") \
+            from None
 
 
 def mask_secret_flags(argv: Sequence[str], secrets: Sequence[SecretFlag], plain: frozenset[str] = frozenset()
@@ -185,6 +189,20 @@ def mask_secret_flags(argv: Sequence[str], secrets: Sequence[SecretFlag], plain:
             if spec.nargs != "+":
                 break
     return shown_assignments(out)
+
+
+def secret_flag_before_a_dash(argv: Sequence[str], secrets: Sequence[SecretFlag], plain: frozenset[str],
+                              is_flag: Callable[[str], bool]) -> str | None:
+    """The secret flag (as written) followed by a `-` word that is no flag of the engine: argparse
+    reads that word as an unknown flag, so the value (perhaps the secret itself, `--api-key -Xy...`)
+    must not be named in a "does not take engine flag" message. (`--hf-token --port 1`: a bare
+    optional-value flag before a real one is fine.)"""
+    spellings = {spelling: spec for spec in secrets for spelling in _spellings(spec)}
+    for word, following in zip(argv, argv[1:], strict=False):
+        if word.startswith("--") and "=" not in word and following.startswith("-") \
+                and _secret_for(word, spellings, plain) is not None and not is_flag(following.partition("=")[0]):
+            return word
+    return None
 
 
 def _secret_for(name: str, spellings: Mapping[str, SecretFlag], plain: frozenset[str]) -> SecretFlag | None:

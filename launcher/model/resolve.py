@@ -402,13 +402,19 @@ def safetensors_tensor_bytes(path: Path) -> int:
         if header_len > _HEADER_LIMIT:
             raise ModelConfigError(f"{path}: safetensors header of {header_len} bytes is not plausible")
         raw = handle.read(header_len)
+        data_held = os.fstat(handle.fileno()).st_size - 8 - header_len
     if len(raw) != header_len:
         raise ModelConfigError(f"{path}: safetensors header cut short ({len(raw)} of {header_len} bytes)")
     try:
         header = _parse_json(raw, str(path))
     except ModelConfigError:
         raise ModelConfigError(f"{path}: unreadable safetensors header") from None
-    return tensor_bytes_from_header(header, str(path))
+    total = tensor_bytes_from_header(header, str(path))
+    data_end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
+    if data_end > data_held:  # safetensors refuses it too (MetadataIncompleteBuffer); the engine would, after loading
+        raise ModelConfigError(f"{path}: cut short: its header places tensor data up to byte {data_end} "
+                               f"and the file holds {data_held} (an incomplete download?)")
+    return total
 
 
 def tensor_bytes_from_header(header: Any, where: str) -> int:
@@ -422,8 +428,29 @@ def tensor_bytes_from_header(header: Any, where: str) -> int:
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
                 and 0 <= offsets[0] <= offsets[1] <= _MAX_TOTAL_SIZE):
             raise ModelConfigError(f"{where}: tensor {_value(name)} has no valid data_offsets")
+        _check_tensor_size(entry, offsets[1] - offsets[0], f"{where}: tensor {_value(name)}")
         total += offsets[1] - offsets[0]
     return total
+
+
+# Bits per element of the safetensors dtypes (safetensors' Dtype::bitsize); another dtype is taken at its offsets.
+_DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
+               "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64,
+               "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+
+
+def _check_tensor_size(entry: Mapping[str, Any], span: int, what: str) -> None:
+    """The bytes a tensor's dtype and shape need are the bytes its offsets span (safetensors checks the
+    same, TensorInvalidInfo): a header that says otherwise is not planned from its offsets."""
+    bits, shape = _DTYPE_BITS.get(str(entry.get("dtype"))), entry.get("shape")
+    if bits is None or not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        return
+    elements = 1
+    for dim in shape:
+        elements *= dim
+    if elements * bits != span * 8:
+        raise ModelConfigError(f"{what} of dtype {entry['dtype']} and shape {_value(shape)} needs "
+                               f"{elements * bits // 8} bytes, its data_offsets span {span}")
 
 
 # --------------------------------------------------------------------------- Hugging Face Hub

@@ -137,11 +137,24 @@ def fit_report(base: PlanRequest, workload: Workload, gpus: Sequence[GpuDevice],
                inverse: bool) -> FitReport:
     """`fit` over `gpus` (`asked`: their names as the operator gave them); `inverse` (one GPU type
     asked for) adds the largest concurrency and the longest length."""
+    refuse_flags_fit_chooses(base)
     results = tuple(fit(base, workload, gpus))
     answers = None
     if inverse:
         answers = (largest_concurrency(base, workload.tokens), longest_length(base, workload.concurrency))
     return FitReport(results, workload, answers, fit_refusal(results, workload, asked))
+
+
+def refuse_flags_fit_chooses(base: PlanRequest) -> None:
+    """fit chooses the GPU count (tensor parallel), the KV dtype and the length (--tokens) itself: one of
+    them pinned after `--` would be overridden by each configuration, or (the length) given twice to the
+    engine, so it is exit 2 naming `plan`, which keeps pinned flags."""
+    engine = adapter(base.engine)
+    for flag in (engine.length_flag, engine.tp_flag, engine.kv_dtype_flag):
+        if flag in base.pinned.values:
+            raise UsageError(f"fit chooses {flag} itself (the length from --tokens, the GPU count and the KV "
+                             f"dtype per configuration): {flag} after `--` would be overridden",
+                             hint=f"drop {flag} after `--`, or plan that setup with `safe-serve plan`")
 
 
 def fit_refusal(results: Sequence[GpuFit], workload: Workload, asked: Sequence[str]) -> WontFit | None:

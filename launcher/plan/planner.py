@@ -167,9 +167,10 @@ class _Alternatives:
         plan = self.with_args(self.free_len)
         if plan is not None:
             length_flag = self.engine.length_flag
+            args = self.engine.set_flag(self.free_len, length_flag, str(plan.max_model_len))
             self.found.append(Alternative(
                 f"{length_flag} {plan.max_model_len} (the longest that fits)",
-                engine_args=tuple(self.engine.set_flag(self.free_len, length_flag, str(plan.max_model_len))),
+                engine_args=tuple(self.engine.shown_argv(args)),  # printed: secret flags stay masked
                 kv_cache_tokens=plan.kv_cache_tokens, max_model_len=plan.max_model_len))
 
     def fewer_requests(self) -> None:

@@ -205,6 +205,10 @@ class NvmlSession:
         if total == 0:
             notes.append("memory: NVML reports a total of 0 (unified memory part?): free unknown")
             return None
+        if free > total:  # planned as is, the budget would leave more free than the card holds
+            notes.append(f"memory: NVML reports {free} bytes free of a total of {total} (an impossible reading): "
+                         "free unknown")
+            return None
         return total, free, used, reserved
 
     def _memory_info(self, handle: object) -> tuple[int, int, int, int | None]:

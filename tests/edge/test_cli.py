@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,37 @@ def test_trust_engine_launches_a_hybrid_model_unplanned() -> None:
     assert "3 of 4 layers" in str(refused.exception)
     doc = json.loads(trusted.output)
     assert doc["engine_args"] == [] and doc["kv_cache_tokens"] == 0 and "the engine decides" in doc["notes"][0]
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("gpu", "gpus"), ("stauts", "status"), ("plna", "plan"),
+                                              ("model", "models")])
+def test_a_mistyped_command_is_exit_2_naming_the_command(typed: str, meant: str) -> None:
+    """`safe-serve gpu` was served as model 'gpu' (an NVML error without a GPU, 66 with one)."""
+    run = subprocess.run([sys.executable, "-m", "launcher", typed, "--dry-run", "--gpu", "h100", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stderr.splitlines() == [
+        f"safe-serve: no command '{typed}': did you mean `safe-serve {meant}`? "
+        f"(to serve a model named '{typed}': safe-serve serve {typed})"]
+    assert json.loads(run.stdout)["error"] == "UsageError"
+
+
+def test_a_word_near_a_command_that_is_a_directory_or_named_by_serve_is_served(tmp_path: Path) -> None:
+    """A local directory named like a command, and `safe-serve serve gpu`, still mean the model."""
+    (tmp_path / "gpu").mkdir()
+    for argv in (["gpu", "--dry-run", "--gpu", "h100"], ["serve", "gpu", "--dry-run", "--gpu", "h100"]):
+        run = subprocess.run([sys.executable, "-m", "launcher", *argv], capture_output=True, text=True,
+                             timeout=60, cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+        assert run.returncode in (65, 66) and "no command" not in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("flags", [["--", "--bogus-flag"], ["--", "--context-length", "4096"],
+                                   ["--", "--model", "other/model"], ["--engine-cmd", "vllm 'serve"]])
+def test_serve_refuses_an_engine_flag_before_the_start_lock_and_the_probe(flags: list[str]) -> None:
+    """Was checked only when planning, after the start lock (a wait of up to --lock-timeout behind another
+    start) and the NVML probe: without a GPU, 69 'NVML could not be loaded' instead of the flag's 2."""
+    run = subprocess.run([sys.executable, "-m", "launcher", "qwen2.5-7b", *flags], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "LD_LIBRARY_PATH": "/nonexistent"})
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+    named = "--engine-cmd" if flags[0] == "--engine-cmd" else flags[1]
+    assert named in run.stderr and "NVML" not in run.stderr

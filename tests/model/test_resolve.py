@@ -89,6 +89,31 @@ class TestWeightFiles:
         (model / "model.safetensors").write_bytes((1000).to_bytes(8, "little") + b"{}")
         assert str(_error(str(model))) == f"{model}/model.safetensors: safetensors header cut short (2 of 1000 bytes)"
 
+    def test_a_truncated_file_is_one_line_65(self, tmp_path: Path) -> None:
+        """An interrupted download: the header is whole, the tensor data stops short. Was planned as if
+        complete (the engine then fails to load it after the start lock)."""
+        model = _model_dir(tmp_path / "m")
+        raw = json.dumps({"w": {"dtype": "BF16", "shape": [64, 32], "data_offsets": [0, 4096]}}).encode()
+        (model / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0" * 1000)
+        assert str(_error(str(model))) == (f"{model}/model.safetensors: cut short: its header places tensor data "
+                                           "up to byte 4096 and the file holds 1000 (an incomplete download?)")
+
+    def test_a_header_whose_shape_and_offsets_disagree_is_one_line_65(self, tmp_path: Path) -> None:
+        """A header that lies: shape x dtype says 2 TB, the offsets 10 bytes. Was planned as 0.00 GiB of weights."""
+        model = _model_dir(tmp_path / "m")
+        raw = json.dumps({"w": {"dtype": "BF16", "shape": [10**6, 10**6], "data_offsets": [0, 10]}}).encode()
+        (model / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0" * 10)
+        assert str(_error(str(model))) == (f"{model}/model.safetensors: tensor 'w' of dtype BF16 and shape "
+                                           "[1000000, 1000000] needs 2000000000000 bytes, its data_offsets span 10")
+
+    def test_sub_byte_and_unknown_dtypes_are_read_by_their_offsets(self, tmp_path: Path) -> None:
+        """F4 packs two values a byte (safetensors' bit sizes); a dtype we do not know is taken at its offsets."""
+        model = _model_dir(tmp_path / "m")
+        raw = json.dumps({"a": {"dtype": "F4", "shape": [64, 32], "data_offsets": [0, 1024]},
+                          "b": {"dtype": "NEWTYPE", "shape": [3], "data_offsets": [1024, 1031]}}).encode()
+        (model / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0" * 1031)
+        assert resolve_model(str(model)).weight_bytes == 1031
+
     def test_header_nested_too_deeply(self, tmp_path: Path) -> None:
         raw = b"[" * 100_000 + b"]" * 100_000
         (tmp_path / "w.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)

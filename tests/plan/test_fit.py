@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -93,3 +95,20 @@ def test_cli_json_schema() -> None:
     # 23.64 GiB (tests/data/cuda-totals.yaml).
     assert doc["largest_concurrency_at_tokens"] == largest_concurrency(base(), 4096) == 24
     assert doc["longest_tokens_at_concurrency"] == longest_length(base(), 32) == 3072
+
+
+@pytest.mark.parametrize(("engine", "pinned"), [
+    ("vllm", ["--max-model-len", "100"]),  # was given twice: --max-model-len 100 --max-model-len 8192
+    ("vllm", ["--tensor-parallel-size", "4"]),  # was overridden by each configuration's count
+    ("vllm", ["--kv-cache-dtype=fp8"]),
+    ("sglang", ["--context-length", "100"]),
+    ("sglang", ["--tp", "2"]),
+])
+def test_a_pinned_flag_fit_chooses_is_exit_2(engine: str, pinned: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "launcher", "fit", "qwen2.5-7b", "--concurrency", "8", "--tokens",
+                             "8192", "--gpu", "h100", "--engine", engine, "--json", "--", *pinned],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "safe-serve.error/1" and "would be overridden" in doc["reason"]
+    assert "safe-serve plan" in doc["hint"]

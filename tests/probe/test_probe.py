@@ -8,6 +8,7 @@ process start and pynvml keeps the first library it loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -295,6 +296,17 @@ class TestDegradedFields:
         assert ("NVIDIA GB10", None, (12, 1)) == (gb10.name, gb10.free_bytes, gb10.compute_capability)
         assert ("memory: NVML reports a total of 0 (unified memory part?): free unknown",) == gb10.notes
 
+    def test_free_above_total_means_free_unknown(self, stub_libs: StubLibs, tmp_path: Path) -> None:
+        """An impossible reading (999 GB free of 80 GiB) was planned as is: 857.68 GiB 'left free' in the
+        budget and a bar longer than the card. Free unknown, with a note, like a part that cannot say."""
+        text = ("system driver=550.54.15 nvml=12.550.54.15 cuda=12040\n"
+                'gpu name="NVIDIA H100 80GB HBM3" uuid=GPU-00000000-aaaa-bbbb-cccc-000000000000 '
+                "total=85899345920 reserved=0 used=0 free=999999999999 cc=9.0 mig=unsupported\n")
+        device = probe(stub_libs.current, text, tmp_path).devices[0]
+        assert device.free_bytes is None
+        assert ("memory: NVML reports 999999999999 bytes free of a total of 85899345920 (an impossible "
+                "reading): free unknown",) == device.notes
+
     def test_capability_and_permission_failures_are_noted(self, stub_libs: StubLibs, sleeper: psutil.Process,
                                                           tmp_path: Path) -> None:
         """Unsupported compute capability and forbidden process lists are None/empty plus notes."""
@@ -418,6 +430,19 @@ class TestRender:
     def test_lines_fit_100_columns(self) -> None:
         """Every line, long command lines included, fits in 100 columns."""
         assert max(len(line) for line in render_inventory(INVENTORY).splitlines()) <= 100
+
+    def test_a_tenants_crafted_command_line_cannot_forge_a_line(self) -> None:
+        """Another user's process named with a newline and terminal escapes (`exec -a`) printed raw in
+        `safe-serve gpus`: a forged "other tenants" line and a cleared screen. Escaped as the plan does."""
+        evil = GpuProcess(pid=4300, used_bytes=GiB, kind="compute", name="sle\x1bep", user="mallory",
+                          cmdline="evil\x1b[2J\nGPU 0: free 80.0 GiB: nothing held")
+        device = dataclasses.replace(INVENTORY.devices[0], processes=(evil,), name="H100\x1b]0;x\x07")
+        text = render_inventory(dataclasses.replace(INVENTORY, devices=(device,)))
+        assert "\x1b" not in text and "\x07" not in text
+        tenants = text.splitlines()[text.splitlines().index("other tenants:") + 1:]
+        assert tenants[0].startswith("GPU 0: free 9.1 GiB: 1.0 GiB held by pid 4300 sle\\x1bep (user mallory) "
+                                     "`evil\\x1b[2J\\nGPU 0: free 80")  # one line, cut at 100 columns
+        assert not any("nothing held" in line for line in tenants[1:])
 
     def test_json_shape(self) -> None:
         """The JSON has the schema tag, stable keys, bytes as ints and unknowns as null."""

@@ -5,6 +5,7 @@ vllm/engine/arg_utils.py:934 EngineArgs.add_cli_args on 0.32), and SGLang's spel
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.engines.accepted_flags import AcceptedFlags, load_table
@@ -30,5 +31,24 @@ EQUIVALENTS = {
 # vLLM's parser moves `--model X` to the positional model (vllm/utils/argparse_utils.py:288).
 MODEL_FLAGS = frozenset({"--model"})
 
+OPTIMIZATION_LEVELS = frozenset({"0", "1", "2", "3"})
+
+
+def optimization_short_flag(engine_args: Sequence[str]) -> list[str]:
+    """`-O3`, `-O=3`, `-Odecode` and `-O 3` as vLLM's FlexibleArgumentParser rewrites them before argparse
+    (`--optimization-level X`; vllm/utils/argparse_utils.py:358-369 on 0.32, :353-364 on 0.31): `-O` is
+    not an argparse option string, so the table alone would refuse what vLLM takes."""
+    rewritten: list[str] = []
+    for i, arg in enumerate(engine_args):
+        if arg.startswith("-O") and arg != "-O":
+            rewritten += ["--optimization-level", arg[3:] if arg[2] == "=" else arg[2:]]
+        elif arg == "-O" and i + 1 < len(engine_args) and engine_args[i + 1] in OPTIMIZATION_LEVELS:
+            rewritten.append("--optimization-level")
+        else:
+            rewritten.append(arg)
+    return rewritten
+
+
 ACCEPTED = AcceptedFlags("vLLM", load_table(Path(__file__).with_name("argparse_flags.json")), EQUIVALENTS,
-                         MODEL_FLAGS, underscores=True)  # FlexibleArgumentParser: _ -> - (argparse_utils.py:337)
+                         MODEL_FLAGS, underscores=True,  # FlexibleArgumentParser: _ -> - (argparse_utils.py:337)
+                         rewrite=optimization_short_flag)
