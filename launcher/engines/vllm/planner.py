@@ -117,7 +117,8 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     hybrid.refuse_pinned_state_dtype(geometry, pinned)
     model_bytes = vk.kv_dtype_bytes(None, dtype)[0]
     state = vk.hybrid_layout_for(geometry, block=block, kv_bytes=kv_bytes, model_dtype_bytes=model_bytes, tp=tp,
-                                 device=request.device, pinned=pinned)
+                                 device=request.device, pinned=pinned, rules=rules,
+                                 cpu_amx=request.host.cpu_amx if request.host else None)
     if state is not None:
         return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, state.block,
                           state.block_reason, state.layout, max_len, max_len_reason, state.notes)

@@ -23,6 +23,7 @@ from launcher.common.errors import UnsupportedModel, WontFit
 from launcher.common.units import GiB
 from launcher.engines.vllm import hybrid
 from launcher.engines.vllm.architectures import architecture_status
+from launcher.engines.vllm.rules import rules_for
 from launcher.model.catalog import hypothetical_gpus
 from launcher.model.config import FULL, LINEAR, NO_CACHE, geometry_from_config
 from launcher.model.gpu import HostMemory
@@ -259,3 +260,41 @@ def test_cpu_ssm_state_is_float32_unless_asked_for_16_bits() -> None:
     assert hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cpu",
                                pinned={"--mamba-ssm-cache-dtype": "bfloat16"}).ssm_bytes == 2
     assert hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cuda", pinned={}).ssm_bytes == 2
+
+
+def _plan_cpu_at(kind: str, version: str, *args: str, amx: bool = False) -> Any:
+    config = next(c["config"] for c in TRUTH["cases"] if c["kind"] == kind)
+    return make_plan(PlanRequest(model=_model(config, kind), engine="vllm", device="cpu",
+                                 host=HostMemory(total_bytes=24 * GiB, available_bytes=20 * GiB, cpu_amx=amx),
+                                 engine_args=("--enforce-eager", "--max-model-len", "4096", *args),
+                                 engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"}, engine_version=version))
+
+
+def test_mamba_cache_mode_all_exists_until_031_only() -> None:
+    """0.31.0 config/cache.py:62 has 'all' (a state block per block of tokens, v1/kv_cache_interface.py:
+    1083-1088); 0.32's MambaCacheMode is ['align', 'none'] and the engine refuses the flag."""
+    with pytest.raises(WontFit, match="no mamba cache mode 'all'"):
+        _plan_cpu_at("nemotron_h", "0.32.0", "--mamba-cache-mode", "all")
+    plan = _plan_cpu_at("nemotron_h", "0.31.0", "--mamba-cache-mode", "all")
+    # 4096 / 256 state blocks per request beside the attention's 16: a third of 'align''s concurrency.
+    assert (plan.kv_cache_tokens, f"{plan.max_concurrency:.2f}") == (1398101, "341.33")
+    # Qwen3-Next is no SupportsMambaPrefixCaching class: 'all' falls back to 'align' (models/config.py:649-658).
+    fallback = _plan_cpu_at("qwen3_next", "0.31.0", "--mamba-cache-mode", "all")
+    assert fallback.kv_cache_tokens == BY_ID["qwen3_next-base"]["tokens"]
+
+
+def test_before_029_the_cpu_ssm_reset_needs_amx() -> None:
+    """0.27.1 / 0.28.0 platforms/cpu.py reset the SSM state to float32 on AMX hosts only; 0.29.0
+    cpu.py:239-259 on AVX512-BF16 hosts (the reference host has no AMX)."""
+    geometry = geometry_from_config(BY_ID["qwen3_next-base"]["config"])
+    for version, amx, ssm in (("0.28.0", False, 2), ("0.28.0", True, 4), ("0.29.0", False, 4)):
+        dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cpu", pinned={},
+                                     rules=rules_for(version)[0], cpu_amx=amx)
+        assert dtypes.ssm_bytes == ssm, (version, amx)
+
+
+def test_027_starts_prefix_caching_runs_in_mode_all_where_the_class_supports_it() -> None:
+    """0.27.1 models/config.py:613-618: 'all' for SupportsMambaPrefixCaching classes, else 'align'."""
+    assert _plan_cpu_at("nemotron_h", "0.27.1").kv_cache_tokens == _plan_cpu_at(
+        "nemotron_h", "0.31.0", "--mamba-cache-mode", "all").kv_cache_tokens
+    assert _plan_cpu_at("nemotron_h", "0.28.0").kv_cache_tokens == BY_ID["nemotron_h-base"]["tokens"]
