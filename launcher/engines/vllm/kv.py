@@ -418,7 +418,7 @@ def hybrid_layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, mod
                                  rules=rules, cpu_amx=cpu_amx)
     state_bytes = layers.shape.bytes(dtypes.conv_bytes, dtypes.ssm_bytes)
     mode = hybrid.mamba_cache_mode(pinned, layers=layers, rules=rules)
-    per_request = hybrid.blocks_per_request(layers, mode)
+    per_request = hybrid.blocks_per_request(layers, mode, rules)
     held = f"{per_request} state block(s)" if per_request is not None else "a state block per block of tokens"
     notes = [f"{layers.count} state layers ({layers.family.mixer}) of {state_bytes:,} B each on a rank "
              f"({dtypes.reason}); mamba cache mode '{mode}': {held} per request"]

