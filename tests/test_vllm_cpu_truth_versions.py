@@ -50,7 +50,7 @@ BROKEN = [c for c in ALL if c not in SERVED]
 # Every hybrid family at both settings, on each release with a hybrid run.
 HYBRID_IDS = frozenset(f"{kind}-{setting}" for kind in ("qwen3_next", "nemotron_h", "granitemoehybrid", "falcon_h1",
                                                        "zamba2", "mamba2", "lfm2") for setting in ("base", "noprefix"))
-HYBRID_VERSIONS = ("0.28.0", "0.31.0")
+HYBRID_VERSIONS = ("0.28.0", "0.30.0", "0.31.0")
 
 
 def _id(case: dict[str, Any]) -> str:
