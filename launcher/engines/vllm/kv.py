@@ -99,7 +99,7 @@ class StateCache:
 
     layers: int
     page_bytes: int  # the padded page (the attention page), or the state itself when nothing attends
-    blocks_per_request: int  # 'align': 2 (+1 Mamba-2 checkpoint); otherwise 1
+    blocks_per_request: int | None  # 'align': 2 (+1 Mamba-2 checkpoint); 'none': 1; 'all': None (as attention)
 
 
 @dataclass(frozen=True)
@@ -408,17 +408,20 @@ _KERNEL_BLOCK = {"cpu": 32, "cuda": 16}
 
 
 def hybrid_layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, model_dtype_bytes: int, tp: int,
-                      device: str, pinned: Mapping[str, Any]) -> HybridSetup | None:
+                      device: str, pinned: Mapping[str, Any], rules: VllmRules | None = None,
+                      cpu_amx: bool | None = None) -> HybridSetup | None:
     """The layout of a model with state layers, after the platform's page unification; None without them."""
     layers = hybrid.state_layers(geometry, tp=tp)
     if layers is None:
         return None
-    dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=model_dtype_bytes, device=device, pinned=pinned)
+    dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=model_dtype_bytes, device=device, pinned=pinned,
+                                 rules=rules, cpu_amx=cpu_amx)
     state_bytes = layers.shape.bytes(dtypes.conv_bytes, dtypes.ssm_bytes)
-    mode = hybrid.mamba_cache_mode(pinned, attention_free=layers.attention_free)
-    per_request = hybrid.blocks_per_request(layers, mode)
+    mode = hybrid.mamba_cache_mode(pinned, layers=layers, rules=rules)
+    per_request = hybrid.blocks_per_request(layers, mode, rules)
+    held = f"{per_request} state block(s)" if per_request is not None else "a state block per block of tokens"
     notes = [f"{layers.count} state layers ({layers.family.mixer}) of {state_bytes:,} B each on a rank "
-             f"({dtypes.reason}); mamba cache mode '{mode}': {per_request} state block(s) per request"]
+             f"({dtypes.reason}); mamba cache mode '{mode}': {held} per request"]
     reason = "pinned --block-size" if pinned.get("--block-size") else "the backend's block"
     if layers.attention_free:
         page = state_bytes

@@ -117,7 +117,8 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     hybrid.refuse_pinned_state_dtype(geometry, pinned)
     model_bytes = vk.kv_dtype_bytes(None, dtype)[0]
     state = vk.hybrid_layout_for(geometry, block=block, kv_bytes=kv_bytes, model_dtype_bytes=model_bytes, tp=tp,
-                                 device=request.device, pinned=pinned)
+                                 device=request.device, pinned=pinned, rules=rules,
+                                 cpu_amx=request.host.cpu_amx if request.host else None)
     if state is not None:
         return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, state.block,
                           state.block_reason, state.layout, max_len, max_len_reason, state.notes)
@@ -182,7 +183,7 @@ def _refuse_cpu_combinations(request: PlanRequest, geometry: ModelGeometry, bloc
     unservable = cpu_unservable(geometry, kv_dtype_bytes=kv_bytes, cpu_amx=amx)  # MLA kernel limits
     if unservable:
         raise WontFit(unservable[0], hint=unservable[1], rule="cpu-kernel")
-    state_failure = hybrid.cpu_failure(geometry)  # state kernels: tests/data/vllm_cpu_truth.json
+    state_failure = hybrid.cpu_failure(geometry, rules, amx, request.pinned.values)  # vllm_cpu_truth*.json
     if state_failure:
         raise WontFit(state_failure, hint="serve it on a GPU", rule="cpu-kernel")
     multiple = rules.cpu_block_multiple

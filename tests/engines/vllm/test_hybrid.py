@@ -22,7 +22,9 @@ import pytest
 from launcher.common.errors import UnsupportedModel, WontFit
 from launcher.common.units import GiB
 from launcher.engines.vllm import hybrid
+from launcher.engines.vllm import kv as vk
 from launcher.engines.vllm.architectures import architecture_status
+from launcher.engines.vllm.rules import rules_for
 from launcher.model.catalog import hypothetical_gpus
 from launcher.model.config import FULL, LINEAR, NO_CACHE, geometry_from_config
 from launcher.model.gpu import HostMemory
@@ -259,3 +261,63 @@ def test_cpu_ssm_state_is_float32_unless_asked_for_16_bits() -> None:
     assert hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cpu",
                                pinned={"--mamba-ssm-cache-dtype": "bfloat16"}).ssm_bytes == 2
     assert hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cuda", pinned={}).ssm_bytes == 2
+
+
+def _plan_cpu_at(kind: str, version: str, *args: str, amx: bool = False) -> Any:
+    config = next(c["config"] for c in TRUTH["cases"] if c["kind"] == kind)
+    return make_plan(PlanRequest(model=_model(config, kind), engine="vllm", device="cpu",
+                                 host=HostMemory(total_bytes=24 * GiB, available_bytes=20 * GiB, cpu_amx=amx),
+                                 engine_args=("--enforce-eager", "--max-model-len", "4096", *args),
+                                 engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"}, engine_version=version))
+
+
+def test_mamba_cache_mode_all_exists_until_031_only() -> None:
+    """0.31.0 config/cache.py:62 has 'all' (a state block per block of tokens, v1/kv_cache_interface.py:
+    1083-1088); 0.32's MambaCacheMode is ['align', 'none'] and the engine refuses the flag."""
+    with pytest.raises(WontFit, match="no mamba cache mode 'all'"):
+        _plan_cpu_at("nemotron_h", "0.32.0", "--mamba-cache-mode", "all")
+    # vllm-cpu 0.31.0 nemotron_h-mode-all: 1,398,101 tokens / 341.33x, then the first request failed.
+    with pytest.raises(WontFit, match="cannot be converted to Scalar"):
+        _plan_cpu_at("nemotron_h", "0.31.0", "--mamba-cache-mode", "all")
+    setup = vk.hybrid_layout_for(geometry_from_config(BY_ID["nemotron_h-base"]["config"]), block=128, kv_bytes=2,
+                                 model_dtype_bytes=2, tp=1, device="cpu", pinned={"--mamba-cache-mode": "all"},
+                                 rules=rules_for("0.31.0")[0])
+    assert setup is not None and setup.block == 256
+    assert f"{16384 / setup.layout.blocks_per_request(4096, 2048):.2f}" == "341.33"  # 16 attention + 2 x 16 state
+    # Qwen3-Next is no SupportsMambaPrefixCaching class: 'all' falls back to 'align' (models/config.py:649-658).
+    fallback = _plan_cpu_at("qwen3_next", "0.31.0", "--mamba-cache-mode", "all")
+    assert fallback.kv_cache_tokens == BY_ID["qwen3_next-base"]["tokens"]
+
+
+def test_before_029_the_cpu_ssm_reset_needs_amx() -> None:
+    """0.27.1 / 0.28.0 platforms/cpu.py reset the SSM state to float32 on AMX hosts only; 0.29.0
+    cpu.py:239-259 on AVX512-BF16 hosts (the reference host has no AMX)."""
+    geometry = geometry_from_config(BY_ID["qwen3_next-base"]["config"])
+    for version, amx, ssm in (("0.28.0", False, 2), ("0.28.0", True, 4), ("0.29.0", False, 4)):
+        dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cpu", pinned={},
+                                     rules=rules_for(version)[0], cpu_amx=amx)
+        assert dtypes.ssm_bytes == ssm, (version, amx)
+
+
+def test_027_starts_prefix_caching_runs_in_mode_all_where_the_class_supports_it() -> None:
+    """0.27.1 models/config.py:613-618: 'all' for SupportsMambaPrefixCaching classes, else 'align'."""
+    with pytest.raises(WontFit, match="mamba cache mode 'all'"):  # 'all' fails its first request on CPU
+        _plan_cpu_at("nemotron_h", "0.27.1")
+    align = _plan_cpu_at("nemotron_h", "0.28.0").kv_cache_tokens  # 0.28.0 models/config.py:603-604 'align'
+    assert align == _plan_cpu_at("nemotron_h", "0.31.0").kv_cache_tokens
+    # Qwen3-Next has no Mamba prefix caching: 'align' on 0.27 too; its 16-bit GDN state fails without AMX.
+    with pytest.raises(WontFit, match="initial_state dtype mismatch"):
+        _plan_cpu_at("qwen3_next", "0.27.1")
+
+
+def test_before_032_a_conv_width_other_than_4_stops_the_cpu_engine() -> None:
+    """vllm-cpu 0.31.0 lfm2-base (conv_L_cache 3): 'causal_conv1d_weight_pack: support only width of 4'
+    at start; 0.32 prepacks width-4 weights only (utils.py:488-505) and serves it; before 0.29 only AMX
+    hosts prepack (0.28.0 model_executor/layers/utils.py:283)."""
+    with pytest.raises(WontFit, match="support only width of 4"):
+        _plan_cpu_at("lfm2", "0.31.0")
+    assert _plan_cpu_at("lfm2", "0.32.0").kv_cache_tokens == BY_ID["lfm2-base"]["tokens"]
+    assert _plan_cpu_at("lfm2", "0.28.0").kv_cache_tokens == BY_ID["lfm2-base"]["tokens"]
+    with pytest.raises(WontFit, match="support only width of 4"):
+        _plan_cpu_at("lfm2", "0.28.0", amx=True)
+    assert _plan_cpu_at("nemotron_h", "0.31.0").kv_cache_tokens > 0  # conv_kernel 4 serves
