@@ -541,6 +541,11 @@ ARCH_SECOND: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
     "kimi_linear": (("noprefix", ("--max-model-len", "4096", "--no-enable-prefix-caching"),
                      "KDA + MLA: the CPU engine cannot build the model (no KV line)"),),
 }
+# A pinned bfloat16 SSM state: the CPU backend keeps it only for the accelerated GDN backend
+# (vllm/platforms/cpu.py:301-320); a Mamba-2 mixer is reset to float32.
+for _kind in ("qwen3_next", "nemotron_h"):
+    ARCH_SECOND[_kind] += (("ssm-bf16", ("--max-model-len", "4096", "--mamba-ssm-cache-dtype", "bfloat16"),
+                            "pinned --mamba-ssm-cache-dtype bfloat16"),)
 # Base length per family where the model's own maximum is under 4096.
 ARCH_BASE_LEN = {"phi": "2048", "bloom": "2048", "opt": "2048", "gpt2": "1024"}
 # transformers 5 saves DBRX experts under names vLLM 0.32's loader does not map

