@@ -337,3 +337,19 @@ def test_version_key_orders_as_pip_does() -> None:
 
     assert version_key("0.10.0rc1") < version_key("0.10.0") < version_key("0.10.0.post1") < version_key("0.10.1")
     assert version_key("0.8.5.dev169+g1234abc") < version_key("0.8.5")
+
+
+class TestGivenSizeTotal:
+    """`--gpu 80GB`: the total row says the operator's size is taken as the total, not a catalog figure."""
+
+    @pytest.mark.parametrize("engine", ["vllm", "sglang"])
+    def test_bare_size_is_pinned_not_catalog(self, engine: str) -> None:
+        plan = make_plan(request("qwen2.5-7b", "80GB", engine=engine))
+        total = plan.item("total")
+        assert total.bytes == 80_000_000_000
+        assert total.source == "pinned"
+        assert "the --gpu size given" in total.detail and "catalog" not in total.detail
+
+    def test_catalog_card_keeps_catalog(self) -> None:
+        total = make_plan(request("qwen2.5-7b", "a100-80gb")).item("total")
+        assert total.source == "catalog" and "published totals" in total.detail

@@ -468,8 +468,9 @@ def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central:
     setup, model, gpu = sizing.setup, request.model, sizing.setup.gpu
     gpu_source = MEASURED if gpu.source == "nvml" else CATALOG
     return (
-        BudgetItem("total", "GPU total (NVML)", budget.total, gpu_source,
-                   f"tier heuristic uses {setup.gpu_mem_mib:.0f} MiB"),
+        BudgetItem("total", "GPU total (NVML)", budget.total, PINNED if gpu.size_given else gpu_source,
+                   ("the --gpu size given, taken as the NVML and CUDA total; " if gpu.size_given else "")
+                   + f"tier heuristic uses {setup.gpu_mem_mib:.0f} MiB"),
         BudgetItem("other", "held by others", budget.others, gpu_source, tenants_detail(gpu), bar="other"),
         BudgetItem("context", "CUDA context (+NCCL)", budget.context,
                    FORMULA if setup.measured_context is None else CALIBRATED,

@@ -780,6 +780,9 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
 
 
 def _total_item(gpu: GpuDevice, total: int, error: int) -> BudgetItem:
+    if gpu.size_given:  # --gpu 80GB: the operator's figure, not a card's published total
+        return BudgetItem("total", "GPU total (CUDA)", total, PINNED,
+                          "cudaMemGetInfo total (the --gpu size given, taken as the CUDA total)", error_bytes=error)
     return BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
                       "cudaMemGetInfo total" + (" (catalog: published totals for this card)"
                                                 if gpu.cuda_total_bytes and gpu.source == "catalog" else
