@@ -97,6 +97,15 @@ def test_ps_and_status_commands(tmp_path: Path) -> None:
     assert code == 66 and json.loads(out)["schema"] == "safe-serve.error/1" and "qwen-8000" in err
 
 
+def test_status_of_a_prefix_of_two_names_is_a_usage_error_naming_both(tmp_path: Path) -> None:
+    write_status(tmp_path, status_doc(name="qwen-8000"))
+    write_status(tmp_path, status_doc(name="qwen-8001", port=8001))
+    code, _, err = cli("status", "q", state=tmp_path)
+    assert code == 2 and "'q' matches 2 running instances: qwen-8000, qwen-8001" in err
+    code, out, _ = cli("status", "qwen-8001", "--json", state=tmp_path)  # the whole name still picks one
+    assert code == 0 and json.loads(out)["port"] == 8001
+
+
 def test_ps_and_status_print_a_hostile_model_path_escaped(tmp_path: Path) -> None:
     """A model directory named with a newline and terminal escapes (served as ./NAME) was printed raw by
     `ps` and `status`: it could forge a row or repaint the terminal. Escaped as the plan prints it;

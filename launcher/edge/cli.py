@@ -325,16 +325,19 @@ def ps_command(as_json: bool) -> None:
 @option("--json", "as_json", is_flag=True, help="Print the instance's safe-serve.status/1 object.")
 def status_command(name: str, as_json: bool) -> None:
     """One running instance: model, engine, GPUs, port, KV tokens planned and seen, retunes, state."""
-    from launcher.common.errors import InstanceNotFound
+    from launcher.common.errors import InstanceNotFound, UsageError
     from launcher.common.paths import state_dir
     from launcher.edge.instances_view import render_status
     from launcher.serve.instances import running
 
     instances = list(running(state_dir(os.environ)))
     found = [s for s in instances if s["name"] == name] or [s for s in instances if s["name"].startswith(name)]
-    if len(found) != 1:
-        names = ", ".join(s["name"] for s in (found or instances))
-        raise InstanceNotFound(f"no running instance {name!r}" if not found else f"{name!r} is ambiguous",
+    if len(found) > 1:  # a prefix of several names: the NAME given is too short, not missing (exit 2)
+        raise UsageError(f"{name!r} matches {len(found)} running instances: "
+                         f"{', '.join(s['name'] for s in found)}", hint="give more of the name")
+    if not found:
+        names = ", ".join(s["name"] for s in instances)
+        raise InstanceNotFound(f"no running instance {name!r}",
                                hint=f"running: {names}" if names else "no instance is running")
     if as_json:
         emit_json(found[0])

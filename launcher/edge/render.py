@@ -34,7 +34,7 @@ class PlanFacts:
     unused_reason: str | None
     nvml_total_bytes: int | None  # of the rank that sets the budget (the tightest)
     cuda_total_bytes: int | None
-    total_source: str | None  # "measured" (NVML) or "catalog"
+    total_source: str | None  # "measured" (NVML), "catalog", or "pinned" (a bare --gpu size)
     engine_version_assumed: bool
 
     @property
@@ -64,7 +64,8 @@ def plan_facts(plan: Plan, given: Sequence[GpuDevice] | None = None) -> PlanFact
     tight = _tightest(used, plan.gpu_name)
     nvml = tight.total_bytes if tight is not None and tight.total_bytes else None
     cuda = tight.usable_total_bytes if tight is not None else None
-    source = None if tight is None else ("catalog" if tight.source == "catalog" else "measured")
+    source = (None if tight is None else "pinned" if tight.size_given else
+              "catalog" if tight.source == "catalog" else "measured")
     return PlanFacts(tuple(d.name for d in used), tuple(d.name for d in given), reason, nvml, cuda, source, assumed)
 
 

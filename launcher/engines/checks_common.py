@@ -23,6 +23,19 @@ class EngineRule:
     message: str  # the engine's own message, filled in with the values
     source: str  # "vllm/config/model.py:1549 (vLLM 0.32.0)"
     hint: str | None = None  # what would work, e.g. "--tensor-parallel-size 2 or 4"
+    # The engine's argparse refuses the command line itself (an invalid choice): a usage error
+    # (exit 2), raised before any refusal of the setup, as the engine exits before reading a config.
+    bad_argument: bool = False
+
+
+def refuse_bad_argument(rules: Sequence[EngineRule], engine: str) -> None:
+    """The first rule that is the engine's argparse refusing an argument, as exit 2 on one line."""
+    bad = next((r for r in rules if r.bad_argument), None)
+    if bad is not None:
+        from launcher.common.errors import UsageError
+
+        raise UsageError(f"{engine} refuses the command line: {' '.join(bad.message.split())} [{bad.source}]",
+                         hint=bad.hint)
 
 
 @dataclass(frozen=True)

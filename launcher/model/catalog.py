@@ -119,7 +119,7 @@ def _device(what: str, spec: str, index: int, catalog: Sequence[CatalogGpu] | No
         if size < MiB:
             raise UsageError(f"--gpu {_shown(spec)}: a GPU needs some memory")
         return GpuDevice(index=index, name=f"{size / MiB:.0f} MiB GPU", total_bytes=size, free_bytes=size,
-                         used_bytes=0, cuda_total_bytes=size, source="catalog")
+                         used_bytes=0, cuda_total_bytes=size, source="catalog", size_given=True)
     raise UsageError(f"--gpu {_shown(spec)}: not a GPU in the catalog nor a size like 24GiB",
                      hint=suggest(what, catalog or load_catalog()))
 

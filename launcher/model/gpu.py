@@ -51,6 +51,7 @@ class GpuDevice:
     mig_mode: bool | None = None  # MIG enabled on this (parent) GPU
     processes: tuple[GpuProcess, ...] = ()
     source: str = "nvml"  # "nvml" (measured) or "catalog" (hypothetical, from --gpu)
+    size_given: bool = False  # --gpu 80GB: a bare size the operator typed, taken as the CUDA total
     notes: tuple[str, ...] = ()  # fields that degraded and why
 
     @property

@@ -337,3 +337,39 @@ def test_version_key_orders_as_pip_does() -> None:
 
     assert version_key("0.10.0rc1") < version_key("0.10.0") < version_key("0.10.0.post1") < version_key("0.10.1")
     assert version_key("0.8.5.dev169+g1234abc") < version_key("0.8.5")
+
+
+class TestGivenSizeTotal:
+    """`--gpu 80GB`: the total row says the operator's size is taken as the total, not a catalog figure."""
+
+    @pytest.mark.parametrize("engine", ["vllm", "sglang"])
+    def test_bare_size_is_pinned_not_catalog(self, engine: str) -> None:
+        plan = make_plan(request("qwen2.5-7b", "80GB", engine=engine))
+        total = plan.item("total")
+        assert total.bytes == 80_000_000_000
+        assert total.source == "pinned"
+        assert "the --gpu size given" in total.detail and "catalog" not in total.detail
+
+    def test_catalog_card_keeps_catalog(self) -> None:
+        total = make_plan(request("qwen2.5-7b", "a100-80gb")).item("total")
+        assert total.source == "catalog" and "published totals" in total.detail
+
+
+class TestInvalidKvCacheDtype:
+    """`-- --kv-cache-dtype int3`: the engine's argparse refuses the command line (exit 2), not a fit (78)."""
+
+    @pytest.mark.parametrize(("engine", "choice"), [("vllm", "fp8_e5m2"), ("sglang", "'fp8_e4m3'")])
+    def test_invalid_choice_is_a_usage_error_naming_the_choices(self, engine: str, choice: str) -> None:
+        with pytest.raises(UsageError) as caught:
+            make_plan(request("qwen2.5-7b", "80GB", engine=engine, engine_args=("--kv-cache-dtype", "int3")))
+        assert caught.value.exit_code == ExitCode.USAGE == 2
+        message = caught.value.message
+        assert "invalid choice: 'int3'" in message and choice in message and "\n" not in message
+
+    def test_invalid_choice_wins_over_a_setup_refusal(self) -> None:
+        """argparse stops before the config is read: 28 heads over TP 3 still reads as the bad flag."""
+        with pytest.raises(UsageError, match="invalid choice: 'int3'"):
+            make_plan(request("qwen2.5-7b", "3x80GB", engine_args=("--kv-cache-dtype", "int3", "-tp", "3")))
+        # the setup refusal it would otherwise be
+        with pytest.raises(WontFit, match="must be divisible by tensor parallel size"):
+            make_plan(request("qwen2.5-7b", "3x80GB", engine_args=("-tp", "3")))

@@ -109,7 +109,8 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             f"argument --kv-cache-dtype: invalid choice: {inp.kv_cache_dtype!r} "
             f"(choose from {', '.join(repr(c) for c in choices)})",
             f"{_SRC['kv_dtype']} (SGLang {read_from} and later)",
-            hint="--kv-cache-dtype fp8_e4m3" if "fp8" in inp.kv_cache_dtype else "--kv-cache-dtype auto"))
+            hint="--kv-cache-dtype fp8_e4m3" if "fp8" in inp.kv_cache_dtype else "--kv-cache-dtype auto",
+            bad_argument=True))
 
     out.extend(_quant_rules(inp))
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from launcher.common.errors import SafeServeError, UsageError, WontFit
 from launcher.common.units import MiB, floor_to, format_gib
-from launcher.engines.checks_common import CheckInput, EngineRule
+from launcher.engines.checks_common import CheckInput, EngineRule, refuse_bad_argument
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
 from launcher.engines.sglang import architectures as layouts
@@ -189,7 +189,9 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
 
 
 def _refuse_what_sglang_refuses(refusals: tuple[EngineRule, ...]) -> None:
-    """The first start-time rule SGLang would stop on, as a refusal (exit 78) before any budget."""
+    """The first start-time rule SGLang would stop on, as a refusal (exit 78) before any budget;
+    an argument its argparse refuses first, as a usage error (exit 2)."""
+    refuse_bad_argument(refusals, "SGLang")
     if refusals:
         first = refusals[0]
         raise WontFit(f"SGLang refuses this at start: {' '.join(first.message.split())} [{first.source}]",
@@ -468,8 +470,9 @@ def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central:
     setup, model, gpu = sizing.setup, request.model, sizing.setup.gpu
     gpu_source = MEASURED if gpu.source == "nvml" else CATALOG
     return (
-        BudgetItem("total", "GPU total (NVML)", budget.total, gpu_source,
-                   f"tier heuristic uses {setup.gpu_mem_mib:.0f} MiB"),
+        BudgetItem("total", "GPU total (NVML)", budget.total, PINNED if gpu.size_given else gpu_source,
+                   ("the --gpu size given, taken as the NVML and CUDA total; " if gpu.size_given else "")
+                   + f"tier heuristic uses {setup.gpu_mem_mib:.0f} MiB"),
         BudgetItem("other", "held by others", budget.others, gpu_source, tenants_detail(gpu), bar="other"),
         BudgetItem("context", "CUDA context (+NCCL)", budget.context,
                    FORMULA if setup.measured_context is None else CALIBRATED,

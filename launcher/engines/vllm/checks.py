@@ -578,7 +578,7 @@ def _kv_dtype_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], versi
             "kv-cache-dtype-unknown",
             f"argument --kv-cache-dtype: invalid choice: {inp.kv_cache_dtype!r} "
             f"(choose from {', '.join(CACHE_DTYPES)})",
-            _src(lines, version, "kv_dtype"), hint="--kv-cache-dtype auto or fp8"))
+            _src(lines, version, "kv_dtype"), hint="--kv-cache-dtype auto or fp8", bad_argument=True))
     else:
         out.extend(_attention_rules(inp, lines, version))
     return out

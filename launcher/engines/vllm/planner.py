@@ -16,7 +16,7 @@ from typing import Any
 
 from launcher.common.errors import SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.common.units import GiB, format_gib
-from launcher.engines.checks_common import CheckInput, EngineRule
+from launcher.engines.checks_common import CheckInput, EngineRule, refuse_bad_argument
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
 from launcher.engines.versions import version_key
@@ -162,7 +162,9 @@ def _without_fallback(rules: vr.VllmRules, geometry: ModelGeometry, dtype: str, 
 
 
 def refuse_what_vllm_refuses(rules: tuple[EngineRule, ...]) -> None:
-    """The first start-time rule vLLM would stop on, as a refusal (exit 78) before any budget."""
+    """The first start-time rule vLLM would stop on, as a refusal (exit 78) before any budget;
+    an argument its argparse refuses first, as a usage error (exit 2)."""
+    refuse_bad_argument(rules, "vLLM")
     if rules:
         first = rules[0]
         others = f" (and {len(rules) - 1} more: {', '.join(r.rule for r in rules[1:])})" if len(rules) > 1 else ""
@@ -781,6 +783,9 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
 
 
 def _total_item(gpu: GpuDevice, total: int, error: int) -> BudgetItem:
+    if gpu.size_given:  # --gpu 80GB: the operator's figure, not a card's published total
+        return BudgetItem("total", "GPU total (CUDA)", total, PINNED,
+                          "cudaMemGetInfo total (the --gpu size given, taken as the CUDA total)", error_bytes=error)
     return BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
                       "cudaMemGetInfo total" + (" (catalog: published totals for this card)"
                                                 if gpu.cuda_total_bytes and gpu.source == "catalog" else
