@@ -15,7 +15,7 @@ ENGINES_DIR = Path(__file__).resolve().parents[1].parent / "launcher" / "engines
 LAYOUT = {"__init__.py", "adapter.py", "architectures.py", "budget.py", "checks.py", "kv.py", "logs.py",
           "planner.py", "rules.py", "runtime.py", "accepted.py"}
 # What one engine needs beyond the shared layout, named so a new module is a decision, not an accident.
-EXTRA = {"vllm": {"hybrid.py"}, "sglang": set()}
+EXTRA = {"vllm": {"hybrid.py", "compilation.py"}, "sglang": set()}  # compilation: the CUDA-graph flags
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -22,6 +22,7 @@ from typing import Any
 
 from launcher.common.units import GiB, MiB, format_gib
 from launcher.engines.versions import version_key
+from launcher.engines.vllm.compilation import GraphMode, GraphPins, graph_mode
 from launcher.engines.vllm.rules import VllmRules, uses_v2_runner
 from launcher.model.config import ModelGeometry
 
@@ -378,25 +379,31 @@ V2_CUDAGRAPH_ESTIMATE_SINCE = "0.29"  # v1/worker/gpu/cudagraph_utils.py:718 pro
 
 
 def capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, version: str,
-                  compute_capability: tuple[int, int] | None = None, interactivity: bool = False) -> tuple[int, ...]:
+                  compute_capability: tuple[int, int] | None = None, interactivity: bool = False,
+                  explicit: tuple[int, ...] | None = None, max_capture_size: int | None = None) -> tuple[int, ...]:
     """`VllmConfig._set_cudagraph_sizes` without a speculative config (config/vllm.py:2292-2500 in 0.32).
 
     The ceiling is min(2 x max_num_seqs, 512), 1024 on the data-centre Blackwell family (compute
     capability 10.x) from 0.28 (not in 0.27), then at most max_num_batched_tokens. From 0.26 (not in
     0.20) max_num_batched_tokens is captured when under the ceiling; from 0.32 (not in 0.29)
     max_num_seqs too. Before 0.12 every multiple of 8 up to the ceiling (0.11.0 config/__init__.py:595,
-    scheduler.py:227); from 0.12 multiples of 16 above 256 (0.12.0 config/vllm.py:1069-1074)."""
+    scheduler.py:227); from 0.12 multiples of 16 above 256 (0.12.0 config/vllm.py:1069-1074).
+    `explicit` sizes (0.12+) are kept as given up to max_num_batched_tokens (config/vllm.py:2453-2463);
+    an explicit `max_capture_size` replaces the ceiling, and then max_num_seqs is not appended (:2346-2444)."""
     since = version_key(version)
+    if explicit is not None:
+        return tuple(sorted({n for n in explicit if n <= max_num_batched_tokens}))
     if since < version_key("0.12"):
         ceiling = min(max_num_seqs * 2, 512)
         return tuple(n for n in [1, 2, 4, *range(8, ceiling + 1, 8)] if n <= max_num_batched_tokens)
     blackwell = compute_capability is not None and compute_capability[0] == 10 and since >= version_key("0.28")
-    ceiling = min(max_num_seqs * 2, 1024 if blackwell else 512, max_num_batched_tokens)
+    default_ceiling = min(max_num_seqs * 2, 1024 if blackwell else 512)
+    ceiling = min(default_ceiling if max_capture_size is None else max_capture_size, max_num_batched_tokens)
     sizes = set(range(1, min(ceiling, 32) + 1)) if interactivity else {n for n in (1, 2, 4) if n <= ceiling}
     sizes |= set(range(8, min(ceiling + 1, 256), 8)) | set(range(256, ceiling + 1, 16))
     if since >= version_key("0.26") and max_num_batched_tokens <= ceiling:
         sizes.add(max_num_batched_tokens)
-    if since >= version_key("0.32") and max_num_seqs <= min(max_num_seqs * 2, 1024 if blackwell else 512):
+    if since >= version_key("0.32") and max_capture_size is None and max_num_seqs <= default_ceiling:
         sizes |= {max_num_seqs} if max_num_seqs <= max_num_batched_tokens else set()
     return tuple(sorted(sizes))
 
@@ -412,6 +419,8 @@ class CudaGraphs:
     moe: bool
     subtracted: bool  # whether this version takes its estimate out of the KV budget
     fitted: bool = True  # a version whose captures the per-graph cost was fitted on (0.11+)
+    mode: str = "FULL_AND_PIECEWISE"  # vLLM's cudagraph_mode
+    mode_reason: str = ""  # why that mode (pinned, the version's default)
 
     @property
     def count(self) -> int:
@@ -428,12 +437,18 @@ class CudaGraphs:
 
     @property
     def error_bytes(self) -> int:
+        if not self.count:
+            return 0
         dense = self.layers * CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER
         error = self.count * (max(CUDAGRAPH_MOE_ERROR_PER_GRAPH, dense) if self.moe else dense)
         return error if self.fitted else max(error, CUDAGRAPH_UNFITTED_ERROR_BYTES)
 
     def describe(self) -> str:
+        if not self.count:
+            return f"{self.mode_reason}: no graphs" if self.mode == "NONE" else f"{self.mode_reason}: no sizes"
         graphs = f"{self.piecewise} PIECEWISE + {self.full} FULL graphs (sizes up to {self.largest})"
+        if self.mode_reason:
+            graphs = f"{self.mode_reason}; {graphs}"
         if self.moe:
             return f"{graphs} x {self.per_graph_bytes / MiB:.1f} MiB (MoE, per graph: fitted on published captures)"
         return (f"{graphs} x {self.layers} layers x {CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER / MiB:.3f} MiB "
@@ -442,17 +457,27 @@ class CudaGraphs:
 
 def cuda_graphs(geometry: ModelGeometry, *, rules: VllmRules, layers: int, max_num_seqs: int,
                 max_num_batched_tokens: int, compute_capability: tuple[int, int] | None = None,
-                interactivity: bool = False, version: str | None = None) -> CudaGraphs:
-    """The graphs FULL_AND_PIECEWISE captures on one rank, and whether the version subtracts them.
-    `version`: the engine's own (the rule rows do not mark every release these read), else the rules'."""
+                interactivity: bool = False, version: str | None = None,
+                mode: GraphMode | None = None) -> CudaGraphs:
+    """The graphs `mode` (FULL_AND_PIECEWISE by default) captures on one rank, and whether the version
+    subtracts them. `version`: the engine's own (the rule rows do not mark every release these read),
+    else the rules'."""
     version = version or rules.version
-    sizes = capture_sizes(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                          version=version, compute_capability=compute_capability, interactivity=interactivity)
+    mode = mode or graph_mode(GraphPins(), enforce_eager=False, version=version)
+    sizes = () if mode.mode == "NONE" else capture_sizes(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, version=version,
+        compute_capability=compute_capability, interactivity=interactivity, explicit=mode.capture_sizes,
+        max_capture_size=mode.max_capture_size)
     v2_estimates = version_key(version) >= version_key(V2_CUDAGRAPH_ESTIMATE_SINCE)
     subtracted = rules.cudagraph_estimate_subtracted and (
         v2_estimates or not uses_v2_runner(rules, geometry.architecture))
-    # FULL_AND_PIECEWISE is the default from 0.11 (0.11.0 config/compilation.py:233); before, PIECEWISE only.
-    full = sum(1 for n in sizes if n <= max_num_seqs) if version_key(version) >= version_key("0.11") else 0
-    return CudaGraphs(piecewise=len(sizes), full=full,
+    # One piecewise graph per size for mixed batches; one full graph per size up to max_num_seqs for
+    # uniform decode batches (FULL_AND_PIECEWISE's separate decode routine, FULL_DECODE_ONLY), or per size
+    # in FULL (config/compilation.py `CUDAGraphMode`; v1/cudagraph_dispatcher.py).
+    decode = sum(1 for n in sizes if n <= max_num_seqs)
+    piecewise = len(sizes) if mode.mode in ("PIECEWISE", "FULL_AND_PIECEWISE") else 0
+    full = {"FULL": len(sizes), "FULL_DECODE_ONLY": decode, "FULL_AND_PIECEWISE": decode}.get(mode.mode, 0)
+    return CudaGraphs(piecewise=piecewise, full=full,
                       largest=sizes[-1] if sizes else 0, layers=layers, moe=bool(geometry.num_experts),
-                      subtracted=subtracted, fitted=version_key(version) >= version_key(CUDAGRAPH_FITTED_SINCE))
+                      subtracted=subtracted, fitted=version_key(version) >= version_key(CUDAGRAPH_FITTED_SINCE),
+                      mode=mode.mode, mode_reason=mode.reason if mode.pinned else "")

@@ -26,6 +26,7 @@ from launcher.engines.vllm import kv as vk
 from launcher.engines.vllm import rules as vr
 from launcher.engines.vllm.architectures import LAYER_PATTERNS, REMOVED, architecture_status, cpu_unservable, uses_mla
 from launcher.engines.vllm.checks import start_checks
+from launcher.engines.vllm.compilation import GraphPins, graph_mode
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
 from launcher.model.config import SLIDING, ModelGeometry
 from launcher.model.gpu import GpuDevice, HostMemory
@@ -433,7 +434,7 @@ class _Sizing:
     non_torch_error: int
     cudagraph: int  # the graphs' estimate where the version subtracts it, else 0
     cudagraph_error: int
-    graphs: vb.CudaGraphs | None  # None: --enforce-eager
+    graphs: vb.CudaGraphs  # none captured with --enforce-eager, -O0, cudagraph_mode NONE
     total_error: int
     verified: bool
     calibrated_non_kv: int | None  # an earlier start's non-KV bytes on the same key
@@ -537,30 +538,31 @@ def _queued_beyond_max_num_seqs(request: PlanRequest, setup: _VllmSetup, default
 
 
 def _cuda_graphs(request: PlanRequest, setup: _VllmSetup, defaults: vb.BatchDefaults,
-                 gpu: GpuDevice) -> vb.CudaGraphs | None:
-    """The graphs vLLM captures on a rank (None with --enforce-eager), from the batch limits it runs with."""
+                 gpu: GpuDevice) -> vb.CudaGraphs:
+    """The graphs vLLM captures on a rank, in the mode the pinned flags leave (none with --enforce-eager
+    or -O0), from the batch limits it runs with."""
     pinned = setup.pinned
-    if pinned.get("--enforce-eager", False):
-        return None
+    mode = graph_mode(GraphPins.from_pinned(pinned), enforce_eager=bool(pinned.get("--enforce-eager", False)),
+                      version=request.engine_version or setup.rules.version)
     return vb.cuda_graphs(request.model.geometry, rules=setup.rules, version=request.engine_version,
                           layers=setup.layout.group_size * len(setup.layout.groups),
                           max_num_seqs=int(pinned.get("--max-num-seqs", defaults.max_num_seqs)),
                           max_num_batched_tokens=int(pinned.get("--max-num-batched-tokens",
                                                                 defaults.max_num_batched_tokens)),
                           compute_capability=gpu.compute_capability,
-                          interactivity=pinned.get("--performance-mode") == "interactivity")
+                          interactivity=pinned.get("--performance-mode") == "interactivity", mode=mode)
 
 
-def _graphs_outside(graphs: vb.CudaGraphs | None) -> int:
+def _graphs_outside(graphs: vb.CudaGraphs) -> int:
     """Where the estimate is not subtracted, the graphs are captured after the KV cache from what vLLM
     did not request (gpu_worker.py compile_or_warm_up_model): keep their band's unfavourable end out."""
-    if graphs is None or graphs.subtracted:
+    if graphs.subtracted:
         return 0
     return graphs.estimate_bytes + graphs.error_bytes
 
 
 def _utilization(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, context: int,
-                 graphs: vb.CudaGraphs | None, warnings: list[str]) -> _Utilization:
+                 graphs: vb.CudaGraphs, warnings: list[str]) -> _Utilization:
     """Pinned, or the most we can request from *free* memory (other tenants make vLLM refuse to
     start when free < total x utilization), capped by the engine default."""
     cal, rules, total = request.calibration, setup.rules, gpu.usable_total_bytes
@@ -610,7 +612,7 @@ def _refuse_no_room(request: PlanRequest, gpu: GpuDevice, context: int) -> None:
 
 
 def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_init: int,
-                   setup: _VllmSetup, graphs: vb.CudaGraphs | None) -> str | None:
+                   setup: _VllmSetup, graphs: vb.CudaGraphs) -> str | None:
     """vLLM refuses to start when it requests more than is free at init: refused beyond the
     CUDA context's error, doubted inside it."""
     total = gpu.usable_total_bytes
@@ -632,13 +634,13 @@ def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_i
 
 
 def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,
-                utilization: float, context: int, verified: bool, graphs: vb.CudaGraphs | None) -> _Sizing:
+                utilization: float, context: int, verified: bool, graphs: vb.CudaGraphs) -> _Sizing:
     """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
     pinned, rules, tp, pp = setup.pinned, setup.rules, setup.tp, setup.pp
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
     non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=version_key(rules.version) >= version_key("0.19"),
                                                     compute_capability=gpu.compute_capability)
-    subtracted = graphs is not None and graphs.subtracted
+    subtracted = graphs.subtracted
     cal = request.calibration
     repack, repack_rule = vb.mxfp4_repack_extra_bytes(request.model.geometry, version=rules.version, tp=tp, pp=pp,
                                                       compute_capability=gpu.compute_capability)
@@ -650,8 +652,8 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         weights=max(request.model.weight_bytes // (tp * pp) - offloaded, 0) + repack, repack=repack,
         repack_rule=repack_rule,
         non_torch=non_torch, non_torch_error=non_torch_error, graphs=graphs,
-        cudagraph=graphs.estimate_bytes if graphs is not None and subtracted else 0,
-        cudagraph_error=graphs.error_bytes if graphs is not None and subtracted else 0,
+        cudagraph=graphs.estimate_bytes if subtracted else 0,
+        cudagraph_error=graphs.error_bytes if subtracted else 0,
         total_error=gpu.usable_total_error_bytes,  # the spread of published totals, or of NVML's reserve
         verified=verified, calibrated_non_kv=cal.non_kv_bytes if cal is not None else None,
         pinned_kv_bytes=pinned.get("--kv-cache-memory-bytes"), blocks_override=pinned.get("--num-gpu-blocks-override"))
@@ -822,14 +824,15 @@ def _activation_item(sizing: _Sizing, length: int) -> BudgetItem:
 
 def _cudagraph_item(sizing: _Sizing) -> BudgetItem:
     cudagraph, rules, graphs = sizing.cudagraph, sizing.setup.rules, sizing.graphs
-    if graphs is None:
-        detail = "--enforce-eager: no graphs"
+    if not graphs.count:
+        detail = graphs.describe()
     elif not graphs.subtracted:
         detail = (f"not subtracted by vLLM {rules.version} (no estimate: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS "
                   "off, or the V2 runner before 0.29); captured after the KV cache: " + graphs.describe())
     else:
         detail = graphs.describe()
-    return BudgetItem("cudagraph", "CUDA graph estimate", cudagraph, FORMULA if cudagraph else ENGINE_DEFAULT,
+    source = FORMULA if cudagraph else (PINNED if graphs.mode_reason else ENGINE_DEFAULT)
+    return BudgetItem("cudagraph", "CUDA graph estimate", cudagraph, source,
                       detail, bar="graphs", error_bytes=sizing.cudagraph_error)
 
 

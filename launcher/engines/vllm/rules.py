@@ -221,7 +221,10 @@ FLAGS = (
 # measured under other values of these belongs to another setup.
 CALIBRATION_KEY_FLAGS = ("--max-num-batched-tokens", "--max-num-seqs", "--enforce-eager", "--dtype",
                          "--kv-cache-dtype", "--tensor-parallel-size", "--pipeline-parallel-size",
-                         "--no-enable-chunked-prefill", "--cpu-offload-gb", "--block-size")
+                         "--no-enable-chunked-prefill", "--cpu-offload-gb", "--block-size",
+                         # the CUDA graphs captured (launcher/engines/vllm/compilation.py)
+                         "--optimization-level", "--compilation-config", "--cudagraph-capture-sizes",
+                         "--max-cudagraph-capture-size")
 # The flags that size vLLM's memory directly (a preset's cap gives way to them).
 MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"})
 # Environment the planner reads because vLLM reads it: the CPU KV space (whole GiB), and the
@@ -247,7 +250,10 @@ AS_WRITTEN: dict[tuple[str, bool | int | float | str], str] = {("--max-model-len
 
 
 def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
-    return parse_pinned(engine_args, FLAGS)
+    """The one parse of the pinned flags: the table's, and the CUDA-graph settings in all their spellings."""
+    from launcher.engines.vllm.compilation import pinned_graph_flags
+
+    return {**parse_pinned(engine_args, FLAGS), **pinned_graph_flags(engine_args)}
 
 
 def ranks(pinned: Mapping[str, Any]) -> tuple[int, int]:

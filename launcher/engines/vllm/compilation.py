@@ -1,0 +1,256 @@
+"""Which CUDA graphs vLLM captures, from the flags the operator pinned, read as vLLM reads them.
+
+vLLM 0.32 takes the graph settings five ways, and the plan must count what they leave:
+  * `--enforce-eager`: no graphs (config/vllm.py:1692-1693, :1929-1933);
+  * `-O N` / `--optimization-level N` (0.12+): a default `cudagraph_mode` per level, NONE at O0,
+    PIECEWISE at O1, FULL_AND_PIECEWISE at O2 and O3 (config/vllm.py:261, :282, :303, :324), applied
+    only where the compilation config does not name one (`_apply_optimization_level_defaults`,
+    config/vllm.py:1009-1037);
+  * `--compilation-config JSON` / `-cc JSON` with `cudagraph_mode`, `cudagraph_capture_sizes`,
+    `max_cudagraph_capture_size`; or the same keys dotted, `-cc.cudagraph_mode=NONE`, which
+    FlexibleArgumentParser merges per flag spelling into one JSON appended after every other word,
+    so it replaces an explicit JSON (utils/argparse_utils.py:337-470);
+  * `--cudagraph-capture-sizes N [N ...]` and `--max-cudagraph-capture-size N` (0.12+), which vLLM
+    copies into the compilation config and refuses beside the same key there (engine/arg_utils.py:2788-2803).
+0.11 has no optimization levels: `-O` is `--compilation-config` itself (0.11.0 engine/arg_utils.py:934),
+a bare digit is the compilation level, and a level other than 3 (PIECEWISE) with no `cudagraph_mode`
+means no graphs (0.11.0 config/__init__.py:336-376).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.common.errors import UsageError
+from launcher.engines.versions import version_key
+
+# CUDAGraphMode's names (config/compilation.py, `CUDAGraphMode`); vLLM reads them case-blind.
+MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+DEFAULT_MODE = "FULL_AND_PIECEWISE"  # from 0.11 (0.11.0 config/__init__.py:362-366); PIECEWISE before
+LEVEL_MODES = {0: "NONE", 1: "PIECEWISE", 2: "FULL_AND_PIECEWISE", 3: "FULL_AND_PIECEWISE"}
+OPTIMIZATION_LEVELS_SINCE = "0.12"  # 0.12.0 config/vllm.py:61 `OptimizationLevel`
+MODES_SINCE = "0.11"  # the first release whose graph settings are read here
+PIECEWISE_LEVEL = 3  # 0.11's CompilationLevel.PIECEWISE
+LEVELS_AFTER_BARE_O = frozenset({"0", "1", "2", "3"})
+
+_CONFIG_FLAGS = ("--compilation-config", "--compilation_config", "-cc")
+# What the plan reads of the compilation config. Its `mode` (compilation off) is not read: vLLM then turns
+# the default FULL_AND_PIECEWISE into FULL (config/vllm.py:1077-1094), fewer graphs than counted.
+_KEYS = ("cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "level")
+
+
+# The pinned values' keys: vLLM's own flag names, values JSON-friendly (shown as kept, in the calibration key).
+LEVEL_FLAG, CONFIG_FLAG = "--optimization-level", "--compilation-config"
+SIZES_FLAG, MAX_SIZE_FLAG = "--cudagraph-capture-sizes", "--max-cudagraph-capture-size"
+
+
+@dataclass(frozen=True)
+class GraphPins:
+    """The graph settings as written, before any version's defaults apply (None: not pinned)."""
+
+    optimization_level: str | None = None  # `-O` / `--optimization-level` as written
+    config: str | None = None  # the compilation config's graph keys, as JSON text
+    capture_sizes: tuple[int, ...] | None = None  # --cudagraph-capture-sizes
+    max_capture_size: int | None = None  # --max-cudagraph-capture-size
+
+    def as_pinned(self) -> dict[str, object]:
+        """The pinned values, under vLLM's flag names (only what was written)."""
+        values = {LEVEL_FLAG: self.optimization_level, CONFIG_FLAG: self.config, SIZES_FLAG: self.capture_sizes,
+                  MAX_SIZE_FLAG: self.max_capture_size}
+        return {flag: value for flag, value in values.items() if value is not None}
+
+    @classmethod
+    def from_pinned(cls, pinned: Mapping[str, Any]) -> GraphPins:
+        return cls(pinned.get(LEVEL_FLAG), pinned.get(CONFIG_FLAG), pinned.get(SIZES_FLAG), pinned.get(MAX_SIZE_FLAG))
+
+    def value(self, key: str) -> object:
+        return json.loads(self.config).get(key) if self.config else None
+
+
+@dataclass(frozen=True)
+class GraphMode:
+    """The `cudagraph_mode` vLLM runs with and the capture sizes the operator fixed, with why."""
+
+    mode: str
+    reason: str
+    capture_sizes: tuple[int, ...] | None = None  # explicit sizes (before vLLM's max_num_batched_tokens cut)
+    max_capture_size: int | None = None  # an explicit ceiling for vLLM's default list
+    pinned: bool = False
+
+
+def read_graph_pins(argv: Sequence[str]) -> GraphPins:
+    """The graph settings in `argv`, as FlexibleArgumentParser and argparse would leave them."""
+    level: str | None = None
+    explicit: dict[str, object] | None = None  # the last `--compilation-config JSON`
+    dotted: dict[str, dict[str, object]] = {}  # per spelling, merged in order (argparse_utils.py:405-455)
+    sizes: tuple[int, ...] | None = None
+    max_size: int | None = None
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        name, eq, inline = word.partition("=")
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if word.startswith("-O") and word != "-O":  # argparse_utils.py:358-362
+            level, i = word[3:] if word[2:3] == "=" else word[2:], i + 1
+        elif word == "-O" and following in LEVELS_AFTER_BARE_O:  # :363-369
+            level, i = following, i + 2
+        elif name in ("--optimization-level", "--optimization_level"):
+            level, i = _value(name, inline if eq else following), i + (1 if eq else 2)
+        elif name in _CONFIG_FLAGS:
+            explicit, i = _json_config(name, inline if eq else following), i + (1 if eq else 2)
+        elif name.split(".", 1)[0] in _CONFIG_FLAGS and "." in name:
+            flag, key = name.split(".", 1)
+            text = inline if eq else following
+            i += 1 if eq else 2
+            parsed: object
+            if key.endswith("+"):  # `-cc.key+ a,b`: a list of strings (argparse_utils.py:434-436)
+                key, parsed = key[:-1], _value(name, text).split(",")
+            else:
+                parsed = _dotted_value(_value(name, text))
+            dotted.setdefault(flag.replace("_", "-"), {})[key] = parsed
+        elif name in ("--cudagraph-capture-sizes", "--cudagraph_capture_sizes", "--cuda-graph-sizes"):
+            values, i = _int_list(name, argv, i, inline if eq else None)
+            sizes = tuple(values)
+        elif name in ("--max-cudagraph-capture-size", "--max_cudagraph_capture_size"):
+            max_size, i = _int(name, _value(name, inline if eq else following)), i + (1 if eq else 2)
+        else:
+            i += 1
+    config = next(reversed(dotted.values()), None) if dotted else explicit
+    return GraphPins(optimization_level=level, config=_graph_keys(config), capture_sizes=sizes,
+                     max_capture_size=max_size)
+
+
+def pinned_graph_flags(argv: Sequence[str]) -> dict[str, object]:
+    """The graph settings of `argv` as pinned values (read once, with the other pinned flags)."""
+    return read_graph_pins(argv).as_pinned()
+
+
+def graph_mode(pins: GraphPins, *, enforce_eager: bool, version: str) -> GraphMode:
+    """The mode vLLM `version` resolves from the pins (and the ceiling or sizes it captures)."""
+    since = version_key(version)
+    if enforce_eager:
+        return GraphMode("NONE", "--enforce-eager", pinned=True)
+    if since < version_key(MODES_SINCE):
+        return GraphMode("PIECEWISE", f"vLLM {version}: PIECEWISE graphs (FULL_AND_PIECEWISE from 0.11)")
+    sizes, ceiling = _capture_pins(pins, version)
+    named = pins.value("cudagraph_mode")
+    if named is not None:
+        mode = str(named).upper()
+        if mode not in MODES:
+            raise UsageError(f"engine flag compilation config: cudagraph_mode {named!r} is not one of vLLM's "
+                             f"modes ({', '.join(MODES)})")
+        return GraphMode(mode, f"pinned cudagraph_mode {mode}", sizes, ceiling, pinned=True)
+    if since < version_key(OPTIMIZATION_LEVELS_SINCE):
+        return _mode_from_level_0_11(pins, version, sizes, ceiling)
+    if pins.optimization_level is not None and pins.optimization_level in {"0", "1", "2", "3"}:
+        mode = LEVEL_MODES[int(pins.optimization_level)]
+        return GraphMode(mode, f"pinned -O{pins.optimization_level}: cudagraph_mode {mode} (config/vllm.py:261-324)",
+                         sizes, ceiling, pinned=True)
+    fixed = sizes is not None or ceiling is not None
+    reason = f"{DEFAULT_MODE} (vLLM's default -O2)" + (" at the pinned capture sizes" if fixed else "")
+    return GraphMode(DEFAULT_MODE, reason, sizes, ceiling, pinned=fixed)
+
+
+def _mode_from_level_0_11(pins: GraphPins, version: str, sizes: tuple[int, ...] | None,
+                          ceiling: int | None) -> GraphMode:
+    """0.11: `-O N` is the compilation level; below PIECEWISE (3) no graphs unless a mode is named."""
+    level = pins.value("level")
+    if level is None and pins.optimization_level is not None and pins.optimization_level.isdigit():
+        level = int(pins.optimization_level)
+    if level is not None and level != PIECEWISE_LEVEL:
+        return GraphMode("NONE", f"pinned compilation level {level} on vLLM {version}: no graphs "
+                         "(0.11.0 config/__init__.py:359-376)", pinned=True)
+    return GraphMode(DEFAULT_MODE, f"vLLM {version}'s default", sizes, ceiling)
+
+
+def _capture_pins(pins: GraphPins, version: str) -> tuple[tuple[int, ...] | None, int | None]:
+    """The explicit sizes and ceiling, refusing what vLLM refuses (engine/arg_utils.py:2789-2800)."""
+    in_config_sizes, in_config_max = pins.value("cudagraph_capture_sizes"), pins.value("max_cudagraph_capture_size")
+    if pins.capture_sizes is not None and in_config_sizes is not None:
+        raise UsageError("vLLM refuses --cudagraph-capture-sizes beside compilation_config.cudagraph_capture_sizes: "
+                         "they are mutually exclusive (engine/arg_utils.py:2789-2793)")
+    if pins.max_capture_size is not None and in_config_max is not None:
+        raise UsageError("vLLM refuses --max-cudagraph-capture-size beside "
+                         "compilation_config.max_cudagraph_capture_size: they are mutually exclusive "
+                         "(engine/arg_utils.py:2796-2800)")
+    sizes = pins.capture_sizes if pins.capture_sizes is not None else _ints(in_config_sizes, "cudagraph_capture_sizes")
+    ceiling = pins.max_capture_size if pins.max_capture_size is not None else in_config_max
+    if ceiling is not None and not isinstance(ceiling, int):
+        raise UsageError(f"engine flag compilation config: max_cudagraph_capture_size {ceiling!r} is not a count")
+    if sizes is not None and not sizes:
+        raise UsageError("vLLM refuses an empty cudagraph_capture_sizes with CUDA graphs on (config/vllm.py:2455-2458)")
+    if version_key(version) < version_key(OPTIMIZATION_LEVELS_SINCE) and (sizes is not None or ceiling is not None):
+        return None, None  # not read for 0.11 here: vLLM's defaults are counted (more graphs: the safe side)
+    return sizes, ceiling
+
+
+def _ints(value: object, key: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, int) or (isinstance(v, str) and v.isdigit())
+                                              for v in value):
+        raise UsageError(f"engine flag compilation config: {key} {value!r} is not a list of counts")
+    return tuple(sorted({int(v) for v in value}))
+
+
+def _graph_keys(config: dict[str, object] | None) -> str | None:
+    """The graph keys of a compilation config as compact JSON (None: none of them)."""
+    kept = {key: config[key] for key in _KEYS if key in config} if config else {}
+    return json.dumps(kept, separators=(",", ":")) if kept else None
+
+
+def _value(name: str, text: str | None) -> str:
+    if text is None:
+        raise UsageError(f"engine flag {name} needs a value")
+    return text
+
+
+def _int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"engine flag {name}: cannot read {text!r} as a count") from None
+
+
+def _int_list(name: str, argv: Sequence[str], i: int, inline: str | None) -> tuple[list[int], int]:
+    """`--cudagraph-capture-sizes 1 2 4` (nargs "+", type int) or `--cudagraph-capture-sizes=8`."""
+    if inline is not None:
+        return [_int(name, inline)], i + 1
+    values: list[int] = []
+    i += 1
+    while i < len(argv) and argv[i].isdigit():
+        values.append(_int(name, argv[i]))
+        i += 1
+    if not values:
+        raise UsageError(f"engine flag {name} needs at least one count")
+    return values, i
+
+
+def _json_config(name: str, text: str | None) -> dict[str, object]:
+    """`--compilation-config JSON`, or a bare digit: the level (0.11's `-O3`, CompilationConfig.from_cli)."""
+    raw = _value(name, text)
+    if raw.strip().isdigit():
+        return {"level": int(raw)}
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError:
+        raise UsageError(f"engine flag {name}: cannot read {raw[:80]!r} as JSON") from None
+    if not isinstance(parsed, dict):
+        raise UsageError(f"engine flag {name}: the compilation config must be a JSON object")
+    return parsed
+
+
+def _dotted_value(text: str) -> object:
+    """A dotted key's value: JSON, else a human-readable count, else the text (argparse_utils.py:438-446)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        from launcher.engines.flags import human_int
+
+        try:
+            return human_int(text)
+        except ValueError:
+            return text

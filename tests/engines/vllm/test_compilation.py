@@ -1,0 +1,158 @@
+"""The CUDA graphs the pinned flags leave: `-O`, `--compilation-config` / `-cc` (JSON and dotted),
+`--cudagraph-capture-sizes`, `--max-cudagraph-capture-size`, `--enforce-eager`, read as vLLM reads them
+(tests/data/vllm_graphs_oracle.json: vLLM 0.32's own parser and `_set_cudagraph_sizes`), and what the
+plan then counts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.common.errors import UsageError
+from launcher.common.units import GiB
+from launcher.engines.vllm import budget as vb
+from launcher.engines.vllm import rules as vr
+from launcher.engines.vllm.compilation import GraphPins, graph_mode
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.config import geometry_from_config
+from launcher.model.resolve import resolve_model
+from launcher.plan.calibration import calibration_key
+from launcher.plan.planner import make_plan
+from launcher.plan.types import Plan, PlanRequest
+
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = ROOT / "tests" / "data" / "vllm_graphs_oracle.json"
+RECORDS = json.loads(GOLDEN.read_text())["records"]
+
+
+def _resolve(argv: list[str], *, version: str = "0.32.0", seqs: int = 256, batched: int = 8192,
+             family: int = 90) -> tuple[str, tuple[int, ...]]:
+    pinned = vr.pinned_flags(argv)
+    mode = graph_mode(GraphPins.from_pinned(pinned), enforce_eager=bool(pinned.get("--enforce-eager")),
+                      version=version)
+    if mode.mode == "NONE":
+        return mode.mode, ()
+    return mode.mode, vb.capture_sizes(max_num_seqs=seqs, max_num_batched_tokens=batched, version=version,
+                                       compute_capability=(family // 10, family % 10),
+                                       interactivity=pinned.get("--performance-mode") == "interactivity",
+                                       explicit=mode.capture_sizes, max_capture_size=mode.max_capture_size)
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=[" ".join(r["argv"]) or "defaults" for r in RECORDS])
+def test_the_engine_resolves_the_same_mode_and_sizes(record: dict[str, Any]) -> None:
+    kwargs = {"seqs": record["seqs"], "batched": record["batched"], "family": record["family"]}
+    if record["outcome"] == "refuse":
+        with pytest.raises(UsageError, match="mutually exclusive"):
+            _resolve(record["argv"], **kwargs)
+        return
+    mode, sizes = _resolve(record["argv"], **kwargs)
+    assert (mode, list(sizes)) == (record["mode"], record["sizes"])
+
+
+def test_the_golden_file_covers_every_spelling_and_both_refusals() -> None:
+    spellings = {w.split("=")[0].split(".")[0] for r in RECORDS for w in r["argv"] if w.startswith("-")}
+    assert {"-O0", "-O", "--optimization-level", "-cc", "--compilation-config", "--compilation_config",
+            "--cudagraph-capture-sizes", "--max-cudagraph-capture-size", "--enforce-eager"} <= spellings
+    assert sum(r["outcome"] == "refuse" for r in RECORDS) == 2
+    assert {r["mode"] for r in RECORDS if r["outcome"] == "accept"} == {
+        "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"}
+
+
+@pytest.mark.slow
+def test_the_oracle_still_says_so(tmp_path: Path) -> None:
+    """vLLM's code, run now, gives the golden file (the real parser: a spelling it reads otherwise shows)."""
+    python = os.environ.get("SAFE_SERVE_VLLM_PYTHON")
+    if not python:
+        pytest.skip("SAFE_SERVE_VLLM_PYTHON not set (.ci/run builds the vLLM CPU venv)")
+    out = tmp_path / "graphs.json"
+    subprocess.run([python, str(ROOT / "tests" / "oracles" / "vllm_graphs_oracle.py"), "--output", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    assert json.loads(out.read_text())["records"] == RECORDS
+
+
+class TestVersions:
+    def test_0_11_reads_a_digit_after_o_as_the_compilation_level(self) -> None:
+        """0.11: `-O` is `--compilation-config`; a level other than 3 with no named mode: no graphs
+        (0.11.0 config/__init__.py:359-376)."""
+        assert _resolve(["-O0"], version="0.11.0")[0] == "NONE"
+        assert _resolve(["-O2"], version="0.11.0")[0] == "NONE"
+        assert _resolve(["-O3"], version="0.11.0")[0] == "FULL_AND_PIECEWISE"
+        assert _resolve(["-O0", "-cc.cudagraph_mode=PIECEWISE"], version="0.11.0")[0] == "PIECEWISE"
+
+    def test_before_0_11_piecewise_only_and_pins_not_read(self) -> None:
+        assert _resolve(["-O0"], version="0.10.1")[0] == "PIECEWISE"
+        assert _resolve(["--enforce-eager"], version="0.10.1")[0] == "NONE"
+
+    def test_an_unknown_mode_is_refused_like_vllm_refuses_it(self) -> None:
+        with pytest.raises(UsageError, match="not one of vLLM's modes"):
+            _resolve(["-cc.cudagraph_mode=SOMETIMES"])
+
+
+def _graphs(argv: list[str], version: str = "0.32.0") -> vb.CudaGraphs:
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+    pinned = vr.pinned_flags(argv)
+    mode = graph_mode(GraphPins.from_pinned(pinned), enforce_eager=bool(pinned.get("--enforce-eager")),
+                      version=version)
+    return vb.cuda_graphs(geometry_from_config(config), rules=vr.rules_for(version)[0], version=version, layers=32,
+                          max_num_seqs=256, max_num_batched_tokens=8192, compute_capability=(9, 0), mode=mode)
+
+
+class TestGraphCounts:
+    def test_each_mode_counts_its_graphs(self) -> None:
+        """51 sizes up to 512 at max_num_seqs 256, 35 of them decode sizes (1, 2, 4, 8..248 by 8, 256)."""
+        assert (_graphs([]).piecewise, _graphs([]).full) == (51, 35)
+        assert (_graphs(["-O1"]).piecewise, _graphs(["-O1"]).full) == (51, 0)
+        assert (_graphs(["-cc.cudagraph_mode=FULL"]).piecewise, _graphs(["-cc.cudagraph_mode=FULL"]).full) == (0, 51)
+        decode_only = _graphs(["-cc.cudagraph_mode=FULL_DECODE_ONLY"])
+        assert (decode_only.piecewise, decode_only.full) == (0, 35)
+        assert _graphs(["--cudagraph-capture-sizes", "1", "2", "4", "8"]).count == 8
+
+    def test_no_graphs_cost_nothing_not_even_a_band(self) -> None:
+        for argv in (["-O0"], ["--enforce-eager"], ["-cc.cudagraph_mode=NONE"]):
+            graphs = _graphs(argv)
+            assert (graphs.count, graphs.estimate_bytes, graphs.error_bytes) == (0, 0, 0)
+        # 0.10: the unfitted band is 1.27 GiB with graphs, nothing without them
+        assert _graphs(["--enforce-eager"], version="0.10.1").error_bytes == 0
+        assert _graphs([], version="0.10.1").error_bytes >= int(1.27 * GiB) - 1
+
+
+def plan_for(model: str, *, gpu: str, engine_args: list[str] | None = None) -> Plan:
+    base = PlanRequest(model=resolve_model(model), engine="vllm", gpus=hypothetical_gpus([gpu]))
+    return make_plan(dataclasses.replace(base, engine_args=tuple(engine_args or ())))
+
+
+class TestThePlan:
+    def test_o0_plans_like_enforce_eager_and_o1_counts_half(self) -> None:
+        default = plan_for("qwen2.5-7b", gpu="h100")
+        eager = plan_for("qwen2.5-7b", gpu="h100", engine_args=["--enforce-eager"])
+        o0 = plan_for("qwen2.5-7b", gpu="h100", engine_args=["-O0"])
+        o1 = plan_for("qwen2.5-7b", gpu="h100", engine_args=["-O", "1"])
+        assert o0.item("cudagraph").bytes == 0 and o0.kv_cache_bytes == eager.kv_cache_bytes
+        graphs = default.item("cudagraph").bytes
+        assert graphs > 0 and o1.item("cudagraph").bytes == graphs * 51 // (51 + 51)
+        assert default.kv_cache_bytes < o1.kv_cache_bytes < o0.kv_cache_bytes
+        assert "pinned -O0" in o0.item("cudagraph").detail and o0.item("cudagraph").source == "pinned"
+
+    def test_the_graph_flags_are_kept_and_shown_as_written(self) -> None:
+        plan = plan_for("qwen2.5-7b", gpu="h100", engine_args=["-cc.cudagraph_mode=PIECEWISE",
+                                                                "--max-cudagraph-capture-size", "64"])
+        assert plan.pinned["--compilation-config"] == '{"cudagraph_mode":"PIECEWISE"}'
+        assert plan.pinned["--max-cudagraph-capture-size"] == 64
+        assert plan.item("cudagraph").detail.startswith("pinned cudagraph_mode PIECEWISE; 11 PIECEWISE + 0 FULL")
+        json.dumps(plan.pinned)  # the JSON output carries them
+
+    def test_another_graph_setting_is_another_calibration_setup(self) -> None:
+        def key(argv: list[str]) -> str:
+            return calibration_key(gpu_name="H100", model="m", engine="vllm", engine_version="0.32.0",
+                                   pinned=vr.pinned_flags(argv), key_flags=vr.CALIBRATION_KEY_FLAGS)
+
+        assert len({key([]), key(["-O0"]), key(["-O1"]), key(["-cc.cudagraph_mode=NONE"]),
+                    key(["--cudagraph-capture-sizes", "1", "2"])}) == 5
+        assert key(["-O", "1"]) == key(["--optimization-level=1"])

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Oracle: the CUDA-graph mode and capture sizes vLLM's own code resolves from an engine argv.
+
+Runs in the vLLM CPU venv (vLLM 0.32.0):
+
+    nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_graphs_oracle.py --output tests/data/vllm_graphs_oracle.json
+
+What runs for real: vLLM's FlexibleArgumentParser with EngineArgs' arguments (the `-O`, `-cc.key=value`
+and JSON spellings, argparse itself), `EngineArgs.from_cli_args`, the optimization-level table
+(`OPTIMIZATION_LEVEL_TO_CONFIG`, config/vllm.py:333-337) and `VllmConfig._set_cudagraph_sizes`
+(config/vllm.py:2292-2546) called on the resolved configs. What is restated, cited: the copy of the
+top-level capture flags into the compilation config (engine/arg_utils.py:2788-2803, with its two
+mutual-exclusion errors), `--enforce-eager` forcing NONE (config/vllm.py:1692-1693), and a level's
+mode applied only where none was named (`_set_config_default`, config/vllm.py:995-1008). The CPU
+platform captures no graphs, so `VllmConfig.__post_init__` itself cannot be run here;
+`current_platform.is_device_capability_family` is patched to the case's card family.
+`tests/engines/vllm/test_compilation.py` replays every record through
+`launcher.engines.vllm.compilation` and `launcher.engines.vllm.budget.capture_sizes`.
+"""
+
+# ruff: noqa: BLE001  (an oracle records whatever vLLM raises)
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import types
+from typing import Any
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+CASES: list[dict[str, Any]] = [
+    {"argv": []},
+    {"argv": ["--enforce-eager"]},
+    {"argv": ["-O0"]}, {"argv": ["-O1"]}, {"argv": ["-O2"]}, {"argv": ["-O3"]},
+    {"argv": ["-O", "0"]}, {"argv": ["-O=1"]}, {"argv": ["--optimization-level", "0"]},
+    {"argv": ["--optimization-level=1"]}, {"argv": ["--optimization_level", "0"]},
+    {"argv": ["-cc.cudagraph_mode=NONE"]}, {"argv": ["-cc.cudagraph_mode=none"]},
+    {"argv": ["-cc.cudagraph_mode", "PIECEWISE"]}, {"argv": ["--compilation-config.cudagraph_mode=FULL"]},
+    {"argv": ["--compilation_config.cudagraph_mode=FULL_DECODE_ONLY"]},
+    {"argv": ["--compilation-config", '{"cudagraph_mode": "PIECEWISE"}']},
+    {"argv": ["-cc", '{"cudagraph_mode": "NONE"}']},
+    {"argv": ["--compilation-config={\"cudagraph_mode\": \"FULL\"}"]},
+    # A named mode wins over the level's; the dotted form replaces an explicit JSON (appended last).
+    {"argv": ["-O0", "-cc.cudagraph_mode=PIECEWISE"]},
+    {"argv": ["-O1", "-cc.cudagraph_mode=FULL_AND_PIECEWISE"]},
+    {"argv": ["-cc.cudagraph_mode=NONE", "--compilation-config", '{"cudagraph_mode": "FULL"}']},
+    {"argv": ["--enforce-eager", "-cc.cudagraph_mode=FULL"]},
+    {"argv": ["-O3", "--enforce-eager"]},
+    # Capture sizes: explicit lists, ceilings, both spellings, and what vLLM refuses.
+    {"argv": ["--cudagraph-capture-sizes", "1", "2", "4", "8"]},
+    {"argv": ["--cudagraph-capture-sizes", "8", "4", "4", "1"]},
+    {"argv": ["--cudagraph-capture-sizes", "1", "4096"], "batched": 2048},
+    {"argv": ["-cc.cudagraph_capture_sizes=[1,2,4]"]},
+    {"argv": ["-cc.cudagraph_capture_sizes+", "1,2,16"]},
+    {"argv": ["--compilation-config", '{"cudagraph_capture_sizes": [2, 6, 10]}']},
+    {"argv": ["--max-cudagraph-capture-size", "16"]},
+    {"argv": ["--max-cudagraph-capture-size", "300"]},
+    {"argv": ["--max-cudagraph-capture-size", "1000"], "seqs": 128},
+    {"argv": ["--max-cudagraph-capture-size", "4096"], "batched": 2048},
+    {"argv": ["-cc.max_cudagraph_capture_size=64"]},
+    {"argv": ["--max-cudagraph-capture-size", "100"], "seqs": 48},
+    {"argv": ["-O1", "--cudagraph-capture-sizes", "1", "2"]},
+    {"argv": ["--cudagraph-capture-sizes", "4", "-cc.cudagraph_capture_sizes=[8]"]},
+    {"argv": ["--max-cudagraph-capture-size", "8", "-cc.max_cudagraph_capture_size=16"]},
+    # vLLM's defaults around them: batch limits, the Blackwell ceiling, interactivity.
+    {"argv": [], "seqs": 48}, {"argv": [], "seqs": 100}, {"argv": [], "seqs": 256, "batched": 300},
+    {"argv": [], "seqs": 1024, "batched": 16384, "family": 100},
+    {"argv": ["--max-cudagraph-capture-size", "2048"], "seqs": 1024, "batched": 16384, "family": 100},
+    {"argv": ["--performance-mode", "interactivity"], "seqs": 256},
+]
+
+
+def resolve(case: dict[str, Any]) -> dict[str, Any]:
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG, OptimizationLevel, VllmConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    seqs, batched = case.get("seqs", 256), case.get("batched", 8192)
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    try:
+        args = EngineArgs.from_cli_args(parser.parse_args(["--model", "m", *case["argv"]]))
+    except SystemExit:
+        return {"outcome": "refuse", "stage": "argparse"}
+    compilation = copy.deepcopy(args.compilation_config)  # engine/arg_utils.py:2788-2803
+    if args.cudagraph_capture_sizes is not None:
+        if compilation.cudagraph_capture_sizes is not None:
+            return {"outcome": "refuse", "stage": "create_engine_config", "message": "cudagraph_capture_sizes and "
+                    "compilation_config.cudagraph_capture_sizes are mutually exclusive"}
+        compilation.cudagraph_capture_sizes = args.cudagraph_capture_sizes
+    if args.max_cudagraph_capture_size is not None:
+        if compilation.max_cudagraph_capture_size is not None:
+            return {"outcome": "refuse", "stage": "create_engine_config", "message": "max_cudagraph_capture_size "
+                    "and compilation_config.max_cudagraph_capture_size are mutually exclusive"}
+        compilation.max_cudagraph_capture_size = args.max_cudagraph_capture_size
+    if args.enforce_eager:
+        compilation.cudagraph_mode = CUDAGraphMode.NONE
+    elif compilation.cudagraph_mode is None:
+        level = OptimizationLevel(int(args.optimization_level))  # VllmConfig's field type converts it
+        compilation.cudagraph_mode = OPTIMIZATION_LEVEL_TO_CONFIG[level]["compilation_config"]["cudagraph_mode"]
+    config = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(enforce_eager=args.enforce_eager), compilation_config=compilation,
+        scheduler_config=types.SimpleNamespace(max_num_seqs=seqs, max_num_batched_tokens=batched),
+        performance_mode=args.performance_mode, speculative_config=None, uniform_decode_query_len=1)
+    family = case.get("family", 90)
+    original = current_platform.is_device_capability_family
+    current_platform.is_device_capability_family = lambda f, *a, **k: f == family  # type: ignore[method-assign]
+    try:
+        VllmConfig._set_cudagraph_sizes(config)  # type: ignore[arg-type]
+    except Exception as exc:
+        return {"outcome": "refuse", "stage": "_set_cudagraph_sizes", "message": f"{type(exc).__name__}: {exc}"}
+    finally:
+        current_platform.is_device_capability_family = original  # type: ignore[method-assign]
+    mode = compilation.cudagraph_mode.name
+    return {"outcome": "accept", "mode": mode,
+            "sizes": list(compilation.cudagraph_capture_sizes or []) if mode != "NONE" else []}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", required=True)
+    out = parser.parse_args()
+    import vllm
+
+    records = [{**case, "seqs": case.get("seqs", 256), "batched": case.get("batched", 8192),
+                "family": case.get("family", 90), **resolve(case)} for case in CASES]
+    doc = {"generator": "nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_graphs_oracle.py "
+                        "--output tests/data/vllm_graphs_oracle.json",
+           "vllm": vllm.__version__, "records": records}
+    with open(out.output, "w") as fh:
+        json.dump(doc, fh, indent=1)
+        fh.write("\n")
+    print(f"{len(records)} records, {sum(r['outcome'] == 'refuse' for r in records)} refused", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
