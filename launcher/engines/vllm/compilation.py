@@ -83,44 +83,91 @@ class GraphMode:
 
 def read_graph_pins(argv: Sequence[str]) -> GraphPins:
     """The graph settings in `argv`, as FlexibleArgumentParser and argparse would leave them."""
-    level: str | None = None
-    explicit: dict[str, object] | None = None  # the last `--compilation-config JSON`
-    dotted: dict[str, dict[str, object]] = {}  # per spelling, merged in order (argparse_utils.py:405-455)
-    sizes: tuple[int, ...] | None = None
-    max_size: int | None = None
-    i = 0
-    while i < len(argv):
-        word = argv[i]
+    reader = _Reader(tuple(argv))
+    while reader.i < len(argv):
+        reader.step()
+    return reader.pins()
+
+
+class _Reader:
+    """One pass over the argv; each flag's value read as argparse reads it (`--flag v` or `--flag=v`)."""
+
+    def __init__(self, argv: tuple[str, ...]) -> None:
+        self.argv, self.i = argv, 0
+        self.level: str | None = None
+        self.explicit: dict[str, object] | None = None  # the last `--compilation-config JSON`
+        self.dotted: dict[str, dict[str, object]] = {}  # per spelling, merged in order (argparse_utils.py:405-455)
+        self.sizes: tuple[int, ...] | None = None
+        self.max_size: int | None = None
+
+    def pins(self) -> GraphPins:
+        # The dotted keys are appended as one JSON per spelling after every other word: the last wins.
+        config = next(reversed(self.dotted.values())) if self.dotted else self.explicit
+        return GraphPins(self.level, _graph_keys(config), self.sizes, self.max_size)
+
+    def step(self) -> None:
+        word = self.argv[self.i]
         name, eq, inline = word.partition("=")
-        following = argv[i + 1] if i + 1 < len(argv) else None
         if word.startswith("-O") and word != "-O":  # argparse_utils.py:358-362
-            level, i = word[3:] if word[2:3] == "=" else word[2:], i + 1
-        elif word == "-O" and following in LEVELS_AFTER_BARE_O:  # :363-369
-            level, i = following, i + 2
-        elif name in ("--optimization-level", "--optimization_level"):
-            level, i = _value(name, inline if eq else following), i + (1 if eq else 2)
-        elif name in _CONFIG_FLAGS:
-            explicit, i = _json_config(name, inline if eq else following), i + (1 if eq else 2)
-        elif name.split(".", 1)[0] in _CONFIG_FLAGS and "." in name:
-            flag, key = name.split(".", 1)
-            text = inline if eq else following
-            i += 1 if eq else 2
-            parsed: object
-            if key.endswith("+"):  # `-cc.key+ a,b`: a list of strings (argparse_utils.py:434-436)
-                key, parsed = key[:-1], _value(name, text).split(",")
-            else:
-                parsed = _dotted_value(_value(name, text))
-            dotted.setdefault(flag.replace("_", "-"), {})[key] = parsed
-        elif name in ("--cudagraph-capture-sizes", "--cudagraph_capture_sizes", "--cuda-graph-sizes"):
-            values, i = _int_list(name, argv, i, inline if eq else None)
-            sizes = tuple(values)
-        elif name in ("--max-cudagraph-capture-size", "--max_cudagraph_capture_size"):
-            max_size, i = _int(name, _value(name, inline if eq else following)), i + (1 if eq else 2)
+            self.level = word[3:] if word[2:3] == "=" else word[2:]
+            self.i += 1
+        elif word == "-O" and self._following() in LEVELS_AFTER_BARE_O:  # :363-369
+            self.level = self._following()
+            self.i += 2
+        elif "." in name and name.split(".", 1)[0] in _CONFIG_FLAGS:
+            self._dotted(name, self._value(name, inline if eq else None))
+        elif name in _READERS:
+            _READERS[name](self, name, inline if eq else None)
         else:
-            i += 1
-    config = next(reversed(dotted.values()), None) if dotted else explicit
-    return GraphPins(optimization_level=level, config=_graph_keys(config), capture_sizes=sizes,
-                     max_capture_size=max_size)
+            self.i += 1
+
+    def _following(self) -> str | None:
+        return self.argv[self.i + 1] if self.i + 1 < len(self.argv) else None
+
+    def _value(self, name: str, inline: str | None) -> str:
+        """The flag's one value (`--flag=v` or `--flag v`); moves past it."""
+        text = inline if inline is not None else self._following()
+        self.i += 1 if inline is not None else 2
+        return _value(name, text)
+
+    def _dotted(self, name: str, text: str) -> None:
+        flag, key = name.split(".", 1)
+        parsed: object
+        if key.endswith("+"):  # `-cc.key+ a,b`: a list of strings (argparse_utils.py:434-436)
+            key, parsed = key[:-1], text.split(",")
+        else:
+            parsed = _dotted_value(text)
+        self.dotted.setdefault(flag.replace("_", "-"), {})[key] = parsed
+
+    def read_level(self, name: str, inline: str | None) -> None:
+        self.level = self._value(name, inline)
+
+    def read_config(self, name: str, inline: str | None) -> None:
+        self.explicit = _json_config(name, self._value(name, inline))
+
+    def read_sizes(self, name: str, inline: str | None) -> None:
+        """`--cudagraph-capture-sizes 1 2 4` (nargs "+", type int) or `--cudagraph-capture-sizes=8`."""
+        if inline is not None:
+            self.sizes, self.i = (_int(name, inline),), self.i + 1
+            return
+        end = self.i + 1
+        while end < len(self.argv) and self.argv[end].isdigit():
+            end += 1
+        if end == self.i + 1:
+            raise UsageError(f"engine flag {name} needs at least one count")
+        self.sizes, self.i = tuple(int(word) for word in self.argv[self.i + 1:end]), end
+
+    def read_max_size(self, name: str, inline: str | None) -> None:
+        self.max_size = _int(name, self._value(name, inline))
+
+
+_READERS = {
+    **dict.fromkeys(("--optimization-level", "--optimization_level"), _Reader.read_level),
+    **dict.fromkeys(_CONFIG_FLAGS, _Reader.read_config),
+    **dict.fromkeys(("--cudagraph-capture-sizes", "--cudagraph_capture_sizes", "--cuda-graph-sizes"),
+                    _Reader.read_sizes),
+    **dict.fromkeys(("--max-cudagraph-capture-size", "--max_cudagraph_capture_size"), _Reader.read_max_size),
+}
 
 
 def pinned_graph_flags(argv: Sequence[str]) -> dict[str, object]:
@@ -213,20 +260,6 @@ def _int(name: str, text: str) -> int:
         return int(text)
     except ValueError:
         raise UsageError(f"engine flag {name}: cannot read {text!r} as a count") from None
-
-
-def _int_list(name: str, argv: Sequence[str], i: int, inline: str | None) -> tuple[list[int], int]:
-    """`--cudagraph-capture-sizes 1 2 4` (nargs "+", type int) or `--cudagraph-capture-sizes=8`."""
-    if inline is not None:
-        return [_int(name, inline)], i + 1
-    values: list[int] = []
-    i += 1
-    while i < len(argv) and argv[i].isdigit():
-        values.append(_int(name, argv[i]))
-        i += 1
-    if not values:
-        raise UsageError(f"engine flag {name} needs at least one count")
-    return values, i
 
 
 def _json_config(name: str, text: str | None) -> dict[str, object]:
