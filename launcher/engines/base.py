@@ -111,6 +111,8 @@ class EngineAdapter(Protocol):
     memory_knob_flag: str | None  # the memory fraction an alternative may set
     cpu_offload_flag: str | None  # weights offloaded to CPU memory, where the engine's plan models it
 
+    def online_quantization_args(self, version: str | None) -> tuple[str, ...] | None: ...
+
     # planning
     def pin(self, engine_args: Sequence[str]) -> PinnedFlags: ...
     def pinned_with(self, pinned: PinnedFlags, flag: str, value: int) -> PinnedFlags: ...
@@ -170,6 +172,9 @@ class EngineSpec:
     plain_flags_like_secrets: frozenset[str] = frozenset()  # flags that are prefixes of secret ones
     memory_knob_flag: str | None = None  # the memory fraction an alternative may set
     cpu_offload_flag: str | None = None  # weights offloaded to CPU memory, where the plan models it
+    # Quantizing an unquantized checkpoint while loading, where the plan models it: (since version, argv)
+    # rows, the newest not newer than the version planned applies.
+    online_quantization: tuple[tuple[str, tuple[str, ...]], ...] = ()
     accepted_module: str = ""  # the engine's argparse by release (`accepted.ACCEPTED`), imported when checked
     flag_names: frozenset[str] = field(init=False)
 
@@ -193,6 +198,14 @@ class SpecAdapter:
         self.figure_keys = spec.figure_keys
         self.oldest, self.memory_knob_flag, self.cpu_offload_flag = spec.oldest, spec.memory_knob_flag, \
             spec.cpu_offload_flag
+
+    def online_quantization_args(self, version: str | None) -> tuple[str, ...] | None:
+        """The flags that quantize an unquantized checkpoint while `version` loads it, if the plan models it."""
+        from launcher.engines.versions import version_key
+
+        rows = [argv for since, argv in self.spec.online_quantization
+                if version is None or version_key(since) <= version_key(version)]
+        return rows[-1] if rows else None
 
     def _accepted(self) -> AcceptedFlags:
         import importlib

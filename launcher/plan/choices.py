@@ -4,6 +4,8 @@
   by how much: the smallest fraction, in hundredths, whose plan fits);
 * weights offloaded to the CPU (`--cpu-offload-gb`, where the engine's plan models it): the
   fewest whole GiB that fit;
+* an unquantized checkpoint quantized to fp8 while the engine loads it (vLLM `--quantization
+  fp8_per_tensor`, where the engine's plan models it);
 * several GPUs given without a tensor-parallel flag: the plan over all of them, as a choice.
 
 Each is a plan made for real by the planner (`attempt`), never a guess. Pure functions.
@@ -103,6 +105,22 @@ def offload_choice(request: PlanRequest, attempt: Attempt, free_len: tuple[str, 
     found, plan = answer
     return _alternative(request, f"{flag} {found} (weights offloaded to CPU memory: every step reads them over "
                                  "PCIe, much slower)", plan, args_at(found))
+
+
+def online_quantization_choice(request: PlanRequest, attempt: Attempt, free_len: tuple[str, ...]
+                               ) -> Alternative | None:
+    """The unquantized checkpoint quantized while the engine loads it, when no quantization is pinned."""
+    engine = adapter(request.engine)
+    args = engine.online_quantization_args(request.engine_version)
+    if args is None or request.device != "cuda" or request.model.geometry.quantization is not None \
+            or args[0] in request.pinned.values:
+        return None
+    quantized = (*free_len, *args)
+    plan = attempt(dataclasses.replace(request, engine_args=quantized))
+    if plan is None:
+        return None
+    return _alternative(request, f"{' '.join(args)} (weights quantized while loading: about half the memory, "
+                                 "a small change in output quality)", plan, quantized)
 
 
 def tensor_parallel_choice(request: PlanRequest, plan: Plan, attempt: Attempt) -> Alternative | None:

@@ -113,10 +113,10 @@ def configuration_request(base: PlanRequest, gpu: GpuDevice, count: int, kv_dtyp
 
 def _memory_choices(request: PlanRequest, free_len: tuple[str, ...]) -> list[Alternative]:
     """The engine's memory fraction at the value that fits, and weights offloaded to the CPU."""
-    from launcher.plan.choices import knob_choice, offload_choice
+    from launcher.plan.choices import knob_choice, offload_choice, online_quantization_choice
 
-    return [a for a in (knob_choice(request, _attempt, free_len), offload_choice(request, _attempt, free_len))
-            if a is not None]
+    choices = (knob_choice, online_quantization_choice, offload_choice)
+    return [a for a in (choice(request, _attempt, free_len) for choice in choices) if a is not None]
 
 
 def alternatives_for(request: PlanRequest) -> tuple[Alternative, ...]:

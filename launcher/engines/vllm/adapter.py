@@ -22,7 +22,7 @@ SPEC = EngineSpec(
     secret_flags=rules.SECRET_FLAGS, plain_flags_like_secrets=rules.PLAIN_FLAGS_LIKE_SECRETS,
     as_written=rules.AS_WRITTEN, oldest=rules.RULES[0].version, accepted_module="launcher.engines.vllm.accepted",
     # memory_knob_flag: vLLM sizes its utilization from free memory (more would take what is not free)
-    memory_knob_flag=None, cpu_offload_flag="--cpu-offload-gb",
+    memory_knob_flag=None, cpu_offload_flag="--cpu-offload-gb", online_quantization=rules.ONLINE_QUANTIZATION,
     memory_flags=rules.MEMORY_FLAGS, calibration_key_flags=rules.CALIBRATION_KEY_FLAGS, env_keys=rules.ENV_KEYS,
     allow_long_env=rules.ALLOW_LONG_ENV, log_prefilter=logs.PREFILTER, temporary_fatal=runtime.TEMPORARY_FATAL,
     figure_keys=("gpu_memory_utilization", "cpu_kvcache_space_gib"),  # Plan.engine_figures

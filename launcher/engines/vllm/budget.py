@@ -341,6 +341,56 @@ def mxfp4_repack_extra_bytes(geometry: ModelGeometry, *, version: str, tp: int, 
     return extra, rule
 
 
+# Online quantization: `--quantization fp8` (fp8_per_tensor from 0.31: model_loader/weight_utils.py:349-356
+# in 0.32), fp8_per_tensor and fp8_per_block (0.20+), fp8_per_channel (0.24+) on a checkpoint without a
+# quantization config. From 0.16 every LinearBase and FusedMoE weight is created on the meta device,
+# materialized one layer at a time and quantized as it loads (0.16.0 quantization/fp8.py:525-600
+# `Fp8OnlineLinearMethod`; 0.32 quantization/online/fp8.py:118-201 `OnlineLinearBase`); the embedding and
+# lm_head (VocabParallelEmbedding, not LinearBase) keep the model dtype, so "Model loading took" is the
+# quantized model. Before 0.16 the 16-bit weights are allocated when the model is built (0.15.0
+# quantization/fp8.py:604-612; 0.12.0 quantizes only after the whole load, :529-530): the checkpoint's bytes
+# stay the plan's weights (the load peak). Only 0.32 empties the allocator's cache right after loading
+# (model_loader/base_loader.py:89-93, :111-113); before, one layer's 16-bit weights, freed after quantizing,
+# may stay cached: that is the term's error there.
+ONLINE_QUANT_SINCE = "0.16"
+EMPTIES_CACHE_AFTER_LOAD_SINCE = "0.32"
+ONLINE_FP8_BYTES_PER_ELEMENT = {"fp8": 1.0, "fp8_per_tensor": 1.0, "fp8_per_channel": 1.0,
+                                "fp8_per_block": 1.0 + 4 / (128 * 128)}
+_CHECKPOINT_ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def online_quant_delta_bytes(geometry: ModelGeometry, *, quantization: str | None, checkpoint_bytes: int,
+                             model_dtype: str, version: str) -> tuple[int, int, str]:
+    """(change, +/- error, rule) to the whole model's bytes when vLLM quantizes it while loading.
+
+    The checkpoint's bytes less the embedding (and an untied lm_head) are the quantized weights; the
+    error is the norms and biases counted among them (2 norms of `hidden` per layer, q/k/v biases), and
+    before 0.32 one layer's 16-bit weights the caching allocator may keep."""
+    per_element = ONLINE_FP8_BYTES_PER_ELEMENT.get(quantization or "")
+    checkpoint_element = _CHECKPOINT_ELEMENT_BYTES.get(geometry.config_dtype or "bfloat16")
+    model_element = _CHECKPOINT_ELEMENT_BYTES.get(model_dtype)
+    if per_element is None or geometry.quantization is not None or checkpoint_element is None \
+            or model_element is None:
+        return 0, 0, ""
+    if version_key(version) < version_key(ONLINE_QUANT_SINCE):
+        return 0, 0, (f"--quantization {quantization}: vLLM {version} allocates the whole model in 16 bits before "
+                      "quantizing it (0.15.0 quantization/fp8.py:604-612): its load peak is the checkpoint's bytes")
+    if geometry.is_multimodal:
+        return 0, 0, (f"--quantization {quantization}: which of the wrapper's encoder layers vLLM quantizes is not "
+                      "derived here: the checkpoint's bytes are counted (more than vLLM holds)")
+    embedding = geometry.vocab_size * geometry.hidden_size * (1 if geometry.tie_word_embeddings else 2)
+    quantized = max(checkpoint_bytes // checkpoint_element - embedding, 0)
+    loaded = embedding * model_element + int(quantized * per_element)
+    small = geometry.num_layers * (2 * geometry.hidden_size + (geometry.num_attention_heads
+                                                               + 2 * geometry.num_kv_heads) * geometry.head_dim)
+    error = int(small * (model_element - per_element))
+    if version_key(version) < version_key(EMPTIES_CACHE_AFTER_LOAD_SINCE):
+        error += quantized // max(geometry.num_layers, 1) * model_element  # one layer's 16-bit weights, cached
+    rule = (f"--quantization {quantization}: linear and expert weights quantized to fp8 while loading, "
+            f"embedding{'' if geometry.tie_word_embeddings else ' and lm_head'} kept in {model_dtype}")
+    return loaded - checkpoint_bytes, error, rule
+
+
 # --------------------------------------------------------------------------- CUDA graphs
 #
 # What vLLM subtracts from the KV budget (0.20+, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1) is a

@@ -428,8 +428,9 @@ class _Sizing:
     free_at_init: int
     requested: int
     weights: int
-    repack: int  # MXFP4 experts as loaded, beyond the checkpoint's share (in weights)
+    repack: int  # weights as loaded beyond the checkpoint's share (in weights): MXFP4 repacking, online fp8
     repack_rule: str
+    repack_error: int  # +/- on repack
     non_torch: int
     non_torch_error: int
     cudagraph: int  # the graphs' estimate where the version subtracts it, else 0
@@ -476,7 +477,7 @@ class _Sizing:
 
     def available_error(self, length: int) -> int:
         """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
-        return int(math.ceil(self.total_error * self.utilization) + self.non_torch_error
+        return int(math.ceil(self.total_error * self.utilization) + self.non_torch_error + self.repack_error
                    + self.peak_at(length)[2].error_bytes + self.cudagraph_error)
 
     def bytes_error_at(self, length: int) -> int:
@@ -644,13 +645,18 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     cal = request.calibration
     repack, repack_rule = vb.mxfp4_repack_extra_bytes(request.model.geometry, version=rules.version, tp=tp, pp=pp,
                                                       compute_capability=gpu.compute_capability)
+    online, online_error, online_rule = vb.online_quant_delta_bytes(
+        request.model.geometry, quantization=pinned.get("--quantization"), checkpoint_bytes=request.model.weight_bytes,
+        model_dtype=setup.dtype, version=request.engine_version or rules.version)
+    repack += online // (tp * pp)
     return _Sizing(
         setup=setup, geometry=request.model.geometry, gpu_name=gpu.name, defaults=defaults, utilization=utilization,
         total=gpu.usable_total_bytes, free_at_init=(gpu.free_bytes or 0) - context,
         requested=vb.requested_bytes(gpu.usable_total_bytes, utilization),
         # vLLM's "Model loading took": the weights as its kernels hold them.
         weights=max(request.model.weight_bytes // (tp * pp) - offloaded, 0) + repack, repack=repack,
-        repack_rule=repack_rule,
+        repack_rule="; ".join(rule for rule in (repack_rule, online_rule) if rule),
+        repack_error=online_error // (tp * pp),
         non_torch=non_torch, non_torch_error=non_torch_error, graphs=graphs,
         cudagraph=graphs.estimate_bytes if subtracted else 0,
         cudagraph_error=graphs.error_bytes if subtracted else 0,
@@ -764,8 +770,10 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
                    COMPUTED if sizing.repack else weights_source(model),
                    model.weight_bytes_source + (f" / {setup.tp * setup.pp} ranks" if setup.tp * setup.pp > 1 else "")
                    + _offload_detail(setup)
-                   + (f", + {format_gib(sizing.repack)} as loaded ({sizing.repack_rule})" if sizing.repack else ""),
-                   bar="weights"),
+                   + (f", {'+' if sizing.repack > 0 else '-'} {format_gib(abs(sizing.repack))} as loaded "
+                      f"({sizing.repack_rule})" if sizing.repack else f"; {sizing.repack_rule}" if sizing.repack_rule
+                      else ""),
+                   bar="weights", error_bytes=sizing.repack_error),
         _non_torch_item(sizing),
         _activation_item(sizing, length),
         _cudagraph_item(sizing),

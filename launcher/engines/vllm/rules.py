@@ -231,6 +231,11 @@ MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"}
 # switch that lets a length exceed the model's maximum (vllm/envs.py).
 ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
 ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+# Quantizing an unquantized checkpoint to fp8 while loading, as an alternative (budget.py
+# `online_quant_delta_bytes`): `fp8` from 0.16 (meta-device loading, 0.16.0 quantization/fp8.py:525-600);
+# `fp8_per_tensor` from 0.20 (0.20.2 quantization/__init__.py:12), which `fp8` becomes from 0.31 with a
+# deprecation warning (0.32 model_loader/weight_utils.py:349-356).
+ONLINE_QUANTIZATION = (("0.16.0", ("--quantization", "fp8")), ("0.20.0", ("--quantization", "fp8_per_tensor")))
 # Flags that add memory the plan does not model yet: said in the plan's warnings.
 NOT_MODELLED = {
     "--speculative-config": "the draft model's weights, KV cache and activations",
