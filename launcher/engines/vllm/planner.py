@@ -103,7 +103,8 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
         model_max_len=max_len, engine_version=request.engine_version, gpu_name=gpu_name,
         max_len_key=vr.max_len_key(geometry),
         allow_long_max_model_len=request.allow_long_max_model_len, quantization=pinned.get("--quantization"),
-        pinned_dtype=pinned.get("--dtype"), nnodes=int(pinned.get("--nnodes", 1)))))
+        pinned_dtype=pinned.get("--dtype"), nnodes=int(pinned.get("--nnodes", 1)),
+        cpu_amx=request.host.cpu_amx if request.host else None)))
     try:
         kv_bytes, kv_reason = vk.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype)
     except ValueError as exc:
