@@ -23,6 +23,7 @@ SPEC = EngineSpec(
     as_written=rules.AS_WRITTEN, oldest=rules.RULES[0].version, accepted_module="launcher.engines.sglang.accepted",
     # memory_knob_flag: the fraction an alternative may set
     memory_knob_flag="--mem-fraction-static", cpu_offload_flag=None,
+    online_quantization=rules.ONLINE_QUANTIZATION,
     memory_flags=rules.MEMORY_FLAGS, calibration_key_flags=rules.CALIBRATION_KEY_FLAGS, env_keys=rules.ENV_KEYS,
     allow_long_env=rules.ALLOW_LONG_ENV, log_prefilter=logs.PREFILTER, temporary_fatal=runtime.TEMPORARY_FATAL,
     figure_keys=("mem_fraction_static",),  # Plan.engine_figures

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.common.units import GiB
+from launcher.engines.online_quant import kept_layers, quantized_weights
 from launcher.engines.sglang.architectures import breakable_graph_multimodal_ok
 from launcher.engines.sglang.rules import RULES, SglangRules
 from launcher.model.config import ModelGeometry
@@ -308,6 +309,43 @@ LOAD_RESIDUAL_ERROR_BYTES = 32 << 20
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
+# Online fp8: `--quantization fp8` on a checkpoint without a quantization config. SGLang 0.5.23 creates
+# the linear and expert weights in the model dtype (layers/quantization/fp8.py:653-664: float8 only for
+# an fp8-serialized checkpoint) and quantizes each module after the whole model has loaded
+# (model_loader/loader.py:1089, fp8.py:1150-1175, per-channel or per-tensor scales), so the 16-bit
+# weights must fit at the load peak; the pool is sized from the memory left after loading, read through
+# `get_available_gpu_memory`, which empties the allocator's cache first (model_runner.py:1364,
+# utils/common.py:428-446): from the fp8 model.
+ONLINE_FP8_BYTES_PER_ELEMENT = {"fp8": 1.0}
+
+
+@dataclass(frozen=True)
+class OnlineQuantized:
+    """One rank's weights after SGLang quantized them while loading, and the 16-bit peak before."""
+
+    bytes: int
+    error_bytes: int
+    peak_bytes: int  # the checkpoint's share, all allocated before any module is quantized
+    rule: str
+
+
+def online_quantized(geometry: ModelGeometry, *, quantization: str | None, checkpoint_bytes: int,
+                     model_dtype: str, tp: int, pp: int) -> OnlineQuantized | None:
+    """The weights SGLang holds under `--quantization fp8` on an unquantized checkpoint, or None."""
+    per_element = ONLINE_FP8_BYTES_PER_ELEMENT.get(quantization or "")
+    if per_element is None or geometry.quantization is not None or geometry.is_multimodal:
+        return None
+    weights = quantized_weights(geometry, checkpoint_bytes=checkpoint_bytes, model_dtype=model_dtype,
+                                bytes_per_element=per_element)
+    if weights is None:
+        return None
+    ranks = max(tp * pp, 1)
+    return OnlineQuantized(
+        bytes=weights.loaded // ranks, error_bytes=weights.small_error // ranks, peak_bytes=checkpoint_bytes // ranks,
+        rule=f"--quantization {quantization}: linear and expert weights quantized to fp8 after loading, "
+             f"{kept_layers(geometry)} kept in {model_dtype}")
+
+
 @dataclass(frozen=True)
 class LoadOverhead:
     """The loader's leftovers (P - A beyond the weights), their expected error and how they were found."""
@@ -317,14 +355,17 @@ class LoadOverhead:
     detail: str
 
 
-def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int) -> LoadOverhead:
+def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int,
+                  quantized_online: bool = False) -> LoadOverhead:
     """Derived from SGLang's modules where their tensors are known (unquantized dense decoders on one
-    pipeline stage), else bounded by the layer count, with the wider error that leaves."""
+    pipeline stage, not quantized while loading), else bounded by the layer count, with the wider error
+    that leaves."""
     rope = rope_cache_bytes(geometry)
     element = _DTYPE_BYTES.get(dtype)
-    if (geometry.architecture not in DENSE_DECODERS or geometry.quantization is not None or pp != 1
+    if (geometry.architecture not in DENSE_DECODERS or geometry.quantization is not None or quantized_online or pp != 1
             or rope is None or element is None or not geometry.intermediate_size):
-        return _bounded_overhead(geometry, rope, pp)
+        return _bounded_overhead(geometry, rope, pp, "weights quantized while loading" if quantized_online else
+                                 "this model")
     tensors = dense_parameter_bytes(geometry, element=element, tp=tp)
     padding = _vocab_padding_bytes(geometry, element=element, tp=tp)
     rounding = allocator_slack_bytes(tensors)
@@ -335,7 +376,7 @@ def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int) -> L
         + f" + {LOAD_RESIDUAL_BYTES >> 20} MiB residual")
 
 
-def _bounded_overhead(geometry: ModelGeometry, rope: int | None, pp: int) -> LoadOverhead:
+def _bounded_overhead(geometry: ModelGeometry, rope: int | None, pp: int, what: str) -> LoadOverhead:
     """Where SGLang's tensors are not derived: up to one 2 MiB rounding per large tensor, four per
     layer (attention in and out, MLP in and out), eight with routed experts or MLA; a rope cache of
     up to 64 MiB (131072 positions x 128 float32) where its length is not derived."""
@@ -344,7 +385,7 @@ def _bounded_overhead(geometry: ModelGeometry, rope: int | None, pp: int) -> Loa
     rope_bytes, rope_error = (rope, 0) if rope is not None else (32 << 20, 32 << 20)
     return LoadOverhead(
         rounding + rope_bytes + LOAD_RESIDUAL_BYTES, rounding + rope_error + LOAD_RESIDUAL_ERROR_BYTES,
-        f"estimated: SGLang's parameter tensors are not derived for this model; up to {2 * per_layer} MiB "
+        f"estimated: SGLang's parameter tensors are not derived for {what}; up to {2 * per_layer} MiB "
         "of allocator rounding per layer" + ("" if rope is not None else ", a rope cache of 0-64 MiB"))
 
 

@@ -40,6 +40,7 @@ from launcher.plan.budget import (
 from launcher.plan.types import (
     CALIBRATED,
     CATALOG,
+    COMPUTED,
     ENGINE_DEFAULT,
     FORMULA,
     MEASURED,
@@ -288,6 +289,7 @@ class _Sizing:
     # The favourable end of the error band: our CUDA-context and loader estimates too high, and on a
     # catalog card (free = its CUDA total) the spread of the totals published for it.
     context_error: int
+    online: sb.OnlineQuantized | None = None  # weights quantized while loading (--quantization fp8)
 
     def pool_at(self, pre_load: int, after_load: int) -> layouts.PoolSizing:
         pinned = self.setup.pinned
@@ -332,11 +334,18 @@ class _Sizing:
 def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> _Sizing:
     """P, the weights, the loader's leftovers and A, with the errors of the estimated terms."""
     cal, gpu = request.calibration, setup.gpu
-    load = sb.load_overhead(setup.geometry, dtype=setup.dtype, tp=setup.tp, pp=setup.pp)
+    online = sb.online_quantized(setup.geometry, quantization=setup.pinned.get("--quantization"),
+                                 checkpoint_bytes=request.model.weight_bytes, model_dtype=setup.dtype,
+                                 tp=setup.tp, pp=setup.pp)
+    load = sb.load_overhead(setup.geometry, dtype=setup.dtype, tp=setup.tp, pp=setup.pp,
+                            quantized_online=online is not None)
     if cal is not None and cal.load_overhead_bytes is not None:
         load = sb.LoadOverhead(cal.load_overhead_bytes, 0, f"measured at an earlier start ({cal.key})")
     pre_load = _pre_load(setup)
     weights = request.model.weight_bytes // (setup.tp * setup.pp)
+    if online is not None:
+        _refuse_the_16_bit_load_peak(online, pre_load)
+        weights = online.bytes
     after_load = pre_load - weights - load.bytes
     if setup.geometry.is_multimodal and not setup.pinned.get("--language-only", False):
         after_load -= sb.MULTIMODAL_RESERVE_BYTES
@@ -344,7 +353,17 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
         setup=setup, fraction=fraction, pre_load=pre_load, weights=weights, load=load,
         after_load=after_load, state_slot=_state_slot(setup),
         state_ratio=float(setup.pinned.get("--mamba-full-memory-ratio", layouts.DEFAULT_MAMBA_FULL_MEMORY_RATIO)),
-        context_error=setup.context_error + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0))
+        context_error=setup.context_error + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0)
+        + (online.error_bytes if online is not None else 0), online=online)
+
+
+def _refuse_the_16_bit_load_peak(online: sb.OnlineQuantized, pre_load: int) -> None:
+    """Under online fp8 SGLang allocates every 16-bit weight before quantizing any (sglang/budget.py)."""
+    if online.peak_bytes > pre_load:
+        raise WontFit(f"SGLang runs out of memory while loading: --quantization fp8 allocates the 16-bit weights "
+                      f"({format_gib(online.peak_bytes)} per rank) before quantizing them, with "
+                      f"{format_gib(pre_load)} free at its baseline",
+                      hint="a checkpoint quantized ahead (an fp8, AWQ or GPTQ repository), or tensor parallel")
 
 
 # --------------------------------------------------------------------------- tokens and length
@@ -483,8 +502,11 @@ def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central:
                    bar="other", error_bytes=setup.context_error),
         BudgetItem("pre_load", "free at baseline (P)", budget.pre_load, FORMULA, "min over ranks of free - context",
                    error_bytes=sizing.context_error),
-        BudgetItem("weights", "weights (per rank)", budget.weights, weights_source(model), model.weight_bytes_source,
-                   bar="weights"),
+        BudgetItem("weights", "weights (per rank)", budget.weights,
+                   COMPUTED if sizing.online else weights_source(model), model.weight_bytes_source
+                   + (f", as loaded {format_gib(budget.weights)} ({sizing.online.rule}; 16-bit load peak "
+                      f"{format_gib(sizing.online.peak_bytes)})" if sizing.online else ""),
+                   bar="weights", error_bytes=sizing.online.error_bytes if sizing.online else 0),
         BudgetItem("load_overhead", "loader leftovers", budget.load_overhead,
                    FORMULA if sizing.load.error_bytes else CALIBRATED,
                    f"allocated between baseline and pool sizing besides weights; {sizing.load.detail}", bar="other",

@@ -151,6 +151,8 @@ FLAGS = (
 
 
 # The flags whose values change what SGLang allocates besides the pool (see vLLM's twin).
+# Quantizing an unquantized checkpoint to fp8 while loading, as an alternative (budget.py `online_quantized`).
+ONLINE_QUANTIZATION = (("0.5.1", ("--quantization", "fp8")),)
 CALIBRATION_KEY_FLAGS = ("--dtype", "--kv-cache-dtype", "--chunked-prefill-size", "--tp-size", "--pp-size",
                          "--cuda-graph-max-bs-decode", "--disable-cuda-graph", "--max-running-requests")
 MEMORY_FLAGS = frozenset({"--mem-fraction-static", "--max-total-tokens"})

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.common.units import GiB, MiB, format_gib
+from launcher.engines.online_quant import ELEMENT_BYTES, kept_layers, quantized_weights
 from launcher.engines.versions import version_key
 from launcher.engines.vllm.compilation import GraphMode, GraphPins, graph_mode
 from launcher.engines.vllm.rules import VllmRules, uses_v2_runner
@@ -356,21 +357,15 @@ ONLINE_QUANT_SINCE = "0.16"
 EMPTIES_CACHE_AFTER_LOAD_SINCE = "0.32"
 ONLINE_FP8_BYTES_PER_ELEMENT = {"fp8": 1.0, "fp8_per_tensor": 1.0, "fp8_per_channel": 1.0,
                                 "fp8_per_block": 1.0 + 4 / (128 * 128)}
-_CHECKPOINT_ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def online_quant_delta_bytes(geometry: ModelGeometry, *, quantization: str | None, checkpoint_bytes: int,
                              model_dtype: str, version: str) -> tuple[int, int, str]:
-    """(change, +/- error, rule) to the whole model's bytes when vLLM quantizes it while loading.
-
-    The checkpoint's bytes less the embedding (and an untied lm_head) are the quantized weights; the
-    error is the norms and biases counted among them (2 norms of `hidden` per layer, q/k/v biases), and
+    """(change, +/- error, rule) to the whole model's bytes when vLLM quantizes it while loading
+    (launcher/engines/online_quant.py); the error is the norms and biases counted as quantized, and
     before 0.32 one layer's 16-bit weights the caching allocator may keep."""
     per_element = ONLINE_FP8_BYTES_PER_ELEMENT.get(quantization or "")
-    checkpoint_element = _CHECKPOINT_ELEMENT_BYTES.get(geometry.config_dtype or "bfloat16")
-    model_element = _CHECKPOINT_ELEMENT_BYTES.get(model_dtype)
-    if per_element is None or geometry.quantization is not None or checkpoint_element is None \
-            or model_element is None:
+    if per_element is None or geometry.quantization is not None:
         return 0, 0, ""
     if version_key(version) < version_key(ONLINE_QUANT_SINCE):
         return 0, 0, (f"--quantization {quantization}: vLLM {version} allocates the whole model in 16 bits before "
@@ -378,17 +373,17 @@ def online_quant_delta_bytes(geometry: ModelGeometry, *, quantization: str | Non
     if geometry.is_multimodal:
         return 0, 0, (f"--quantization {quantization}: which of the wrapper's encoder layers vLLM quantizes is not "
                       "derived here: the checkpoint's bytes are counted (more than vLLM holds)")
-    embedding = geometry.vocab_size * geometry.hidden_size * (1 if geometry.tie_word_embeddings else 2)
-    quantized = max(checkpoint_bytes // checkpoint_element - embedding, 0)
-    loaded = embedding * model_element + int(quantized * per_element)
-    small = geometry.num_layers * (2 * geometry.hidden_size + (geometry.num_attention_heads
-                                                               + 2 * geometry.num_kv_heads) * geometry.head_dim)
-    error = int(small * (model_element - per_element))
+    weights = quantized_weights(geometry, checkpoint_bytes=checkpoint_bytes, model_dtype=model_dtype,
+                                bytes_per_element=per_element)
+    if weights is None:
+        return 0, 0, ""
+    error = weights.small_error
     if version_key(version) < version_key(EMPTIES_CACHE_AFTER_LOAD_SINCE):
-        error += quantized // max(geometry.num_layers, 1) * model_element  # one layer's 16-bit weights, cached
+        # one layer's 16-bit weights, cached
+        error += weights.quantized_elements // max(geometry.num_layers, 1) * ELEMENT_BYTES[model_dtype]
     rule = (f"--quantization {quantization}: linear and expert weights quantized to fp8 while loading, "
-            f"embedding{'' if geometry.tie_word_embeddings else ' and lm_head'} kept in {model_dtype}")
-    return loaded - checkpoint_bytes, error, rule
+            f"{kept_layers(geometry)} kept in {model_dtype}")
+    return weights.loaded - checkpoint_bytes, error, rule
 
 
 # --------------------------------------------------------------------------- CUDA graphs
