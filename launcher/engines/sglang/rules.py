@@ -154,7 +154,8 @@ FLAGS = (
 # Quantizing an unquantized checkpoint to fp8 while loading, as an alternative (budget.py `online_quantized`).
 ONLINE_QUANTIZATION = (("0.5.1", ("--quantization", "fp8")),)
 CALIBRATION_KEY_FLAGS = ("--dtype", "--kv-cache-dtype", "--chunked-prefill-size", "--tp-size", "--pp-size",
-                         "--cuda-graph-max-bs-decode", "--disable-cuda-graph", "--max-running-requests")
+                         "--cuda-graph-max-bs-decode", "--disable-cuda-graph", "--max-running-requests",
+                         "--quantization")  # online fp8: other weights, other loader leftovers
 MEMORY_FLAGS = frozenset({"--mem-fraction-static", "--max-total-tokens"})
 # Flags that add memory the plan does not model yet: said in the plan's warnings.
 NOT_MODELLED = {

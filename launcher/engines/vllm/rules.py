@@ -222,6 +222,7 @@ FLAGS = (
 CALIBRATION_KEY_FLAGS = ("--max-num-batched-tokens", "--max-num-seqs", "--enforce-eager", "--dtype",
                          "--kv-cache-dtype", "--tensor-parallel-size", "--pipeline-parallel-size",
                          "--no-enable-chunked-prefill", "--cpu-offload-gb", "--block-size",
+                         "--quantization",  # online fp8 holds half the weights (budget.py online_quant_delta_bytes)
                          # the CUDA graphs captured (launcher/engines/vllm/compilation.py)
                          "--optimization-level", "--compilation-config", "--cudagraph-capture-sizes",
                          "--max-cudagraph-capture-size")
