@@ -484,27 +484,41 @@ def _cpu_online_quant_rule(method: str, inp: CheckInput) -> EngineRule | None:
 
 
 def _quant_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
+    """The method's name first (unknown, deprecated), the CPU build's online fp8, then what it supports."""
     method = resolved_quant_method(inp)
     if method is None:
         return []
+    named = _quant_name_rule(method, inp, lines, version)
+    if named is not None:
+        return [named]
+    cpu_rule = _cpu_online_quant_rule(method, inp) if inp.device == "cpu" and inp.geometry.quantization is None \
+        else None
+    return [cpu_rule] if cpu_rule is not None else _quant_support_rules(method, inp, lines, version)
+
+
+def _quant_name_rule(method: str, inp: CheckInput, lines: Mapping[str, tuple[str, int]],
+                     version: str) -> EngineRule | None:
+    """`ModelConfig._verify_quantization`: a method this release does not know, or one it deprecated."""
     known, deprecated = quantization_methods(inp.engine_version)
     if method not in known:
-        return [EngineRule(
+        return EngineRule(
             "quant-unknown-method",
             f"Unknown quantization method: {method}. Must be one of {list(known)}.",
             _src(lines, version, "quant_unknown"),
-            hint="a checkpoint quantized with AWQ, GPTQ, FP8 or compressed-tensors")]
+            hint="a checkpoint quantized with AWQ, GPTQ, FP8 or compressed-tensors")
     if method in deprecated:
         # vLLM passes the name as a second argument, so the message keeps its "%s".
-        return [EngineRule(
+        return EngineRule(
             "quant-deprecated",
             "The quantization method %s is deprecated and will be removed in future versions of vLLM. "
             "To bypass, set `--allow-deprecated-quantization`.",
-            _src(lines, version, "quant_deprecated"), hint="--allow-deprecated-quantization")]
-    if inp.device == "cpu" and inp.geometry.quantization is None:
-        cpu_rule = _cpu_online_quant_rule(method, inp)
-        if cpu_rule is not None:
-            return [cpu_rule]
+            _src(lines, version, "quant_deprecated"), hint="--allow-deprecated-quantization")
+    return None
+
+
+def _quant_support_rules(method: str, inp: CheckInput, lines: Mapping[str, tuple[str, int]],
+                     version: str) -> list[EngineRule]:
+    """The method's minimum compute capability, its activation dtypes, a compressed-tensors scheme's."""
     out: list[EngineRule] = []
     cc = inp.compute_capability
     if inp.device == "cuda" and cc is not None:
