@@ -466,6 +466,9 @@ class CudaGraphs:
     fitted: bool = True  # a version whose captures the per-graph cost was fitted on (0.11+)
     mode: str = "FULL_AND_PIECEWISE"  # vLLM's cudagraph_mode
     mode_reason: str = ""  # why that mode (pinned, the version's default)
+    # Graphs FULL_AND_PIECEWISE would add at these sizes: the per-graph cost was fitted on captures of
+    # both kinds together, so a mode with one kind keeps their cost inside its band (the safe side).
+    other_mode_graphs: int = 0
 
     @property
     def count(self) -> int:
@@ -486,6 +489,7 @@ class CudaGraphs:
             return 0
         dense = self.layers * CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER
         error = self.count * (max(CUDAGRAPH_MOE_ERROR_PER_GRAPH, dense) if self.moe else dense)
+        error += self.other_mode_graphs * self.per_graph_bytes
         return error if self.fitted else max(error, CUDAGRAPH_UNFITTED_ERROR_BYTES)
 
     def describe(self) -> str:
@@ -495,9 +499,14 @@ class CudaGraphs:
         if self.mode_reason:
             graphs = f"{self.mode_reason}; {graphs}"
         if self.moe:
-            return f"{graphs} x {self.per_graph_bytes / MiB:.1f} MiB (MoE, per graph: fitted on published captures)"
-        return (f"{graphs} x {self.layers} layers x {CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER / MiB:.3f} MiB "
-                "(fitted on published captures)")
+            graphs += f" x {self.per_graph_bytes / MiB:.1f} MiB (MoE, per graph: fitted on published captures)"
+        else:
+            graphs += (f" x {self.layers} layers x {CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER / MiB:.3f} MiB "
+                       "(fitted on published captures)")
+        if self.other_mode_graphs:
+            graphs += (f"; the band holds the {self.other_mode_graphs} graphs FULL_AND_PIECEWISE would add, "
+                       "as the cost was fitted on captures of both kinds")
+        return graphs
 
 
 def cuda_graphs(geometry: ModelGeometry, *, rules: VllmRules, layers: int, max_num_seqs: int,
@@ -522,7 +531,8 @@ def cuda_graphs(geometry: ModelGeometry, *, rules: VllmRules, layers: int, max_n
     decode = sum(1 for n in sizes if n <= max_num_seqs)
     piecewise = len(sizes) if mode.mode in ("PIECEWISE", "FULL_AND_PIECEWISE") else 0
     full = {"FULL": len(sizes), "FULL_DECODE_ONLY": decode, "FULL_AND_PIECEWISE": decode}.get(mode.mode, 0)
-    return CudaGraphs(piecewise=piecewise, full=full,
+    other_mode_graphs = len(sizes) + decode - piecewise - full if mode.mode != "NONE" else 0
+    return CudaGraphs(piecewise=piecewise, full=full, other_mode_graphs=other_mode_graphs,
                       largest=sizes[-1] if sizes else 0, layers=layers, moe=bool(geometry.num_experts),
                       subtracted=subtracted, fitted=version_key(version) >= version_key(CUDAGRAPH_FITTED_SINCE),
                       mode=mode.mode, mode_reason=mode.reason if mode.pinned else "")

@@ -140,6 +140,15 @@ class TestThePlan:
         assert default.kv_cache_bytes < o1.kv_cache_bytes < o0.kv_cache_bytes
         assert "pinned -O0" in o0.item("cudagraph").detail and o0.item("cudagraph").source == "pinned"
 
+    def test_a_one_kind_mode_keeps_the_other_kinds_cost_in_its_band(self) -> None:
+        """The per-graph cost was fitted on FULL_AND_PIECEWISE captures: PIECEWISE alone is planned at
+        half, with the other half inside the band (the safe side); no graphs carry no band."""
+        default = plan_for("qwen2.5-7b", gpu="h100").item("cudagraph")
+        o1 = plan_for("qwen2.5-7b", gpu="h100", engine_args=["-O1"]).item("cudagraph")
+        assert o1.error_bytes >= default.bytes - o1.bytes > 0
+        assert "the band holds the 51 graphs FULL_AND_PIECEWISE would add" in o1.detail
+        assert plan_for("qwen2.5-7b", gpu="h100", engine_args=["-O0"]).item("cudagraph").error_bytes == 0
+
     def test_the_graph_flags_are_kept_and_shown_as_written(self) -> None:
         plan = plan_for("qwen2.5-7b", gpu="h100", engine_args=["-cc.cudagraph_mode=PIECEWISE",
                                                                 "--max-cudagraph-capture-size", "64"])
