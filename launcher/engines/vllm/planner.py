@@ -650,6 +650,12 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         request.model.geometry, quantization=pinned.get("--quantization"), checkpoint_bytes=request.model.weight_bytes,
         model_dtype=setup.dtype, version=request.engine_version or rules.version)
     repack += online // (tp * pp)
+    if online:
+        # Dynamic per-token fp8 activations: the profile run also holds an fp8 copy of the widest linear
+        # input, which the bf16-fitted peak does not count; kept in the band.
+        geometry = request.model.geometry
+        widest = max(geometry.hidden_size, (geometry.intermediate_size or 0) // tp)
+        online_error += int(pinned.get("--max-num-batched-tokens", defaults.max_num_batched_tokens)) * widest * tp * pp
     return _Sizing(
         setup=setup, geometry=request.model.geometry, gpu_name=gpu.name, defaults=defaults, utilization=utilization,
         total=gpu.usable_total_bytes, free_at_init=(gpu.free_bytes or 0) - context,
