@@ -308,7 +308,8 @@ def _fit_row(result: Any, workload: Any, shared: Sequence[str]) -> str:
         return f"  {result.gpu_name[:34]:34} {'no fit up to 8 GPUs':26} {'-':>11} {'-':>9}  {why}"
     needs = _plural(option.gpu_count, "GPU")
     if option.compromises:
-        needs += " + " + ", ".join("fp8 KV" if c == "fp8 KV cache" else "quantized" for c in option.compromises)
+        short = {"fp8 KV cache": "fp8 KV", "fp8 weights (quantized while loading)": "fp8 weights"}
+        needs += " + " + ", ".join(short.get(c, "quantized") for c in option.compromises)
     headroom = f"{option.plan.max_concurrency / workload.concurrency - 1:+.0%}"
     flags = " ".join(a for a in option.engine_args)
     if option.quantized:

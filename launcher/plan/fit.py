@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from launcher.common.errors import UsageError, WontFit
 from launcher.engines import adapter
 from launcher.model.gpu import GpuDevice
-from launcher.model.resolve import ResolvedModel
-from launcher.plan.planner import GPU_COUNTS, configuration_request, configurations, make_plan
+from launcher.plan.planner import GPU_COUNTS, Configuration, configuration_request, configurations, make_plan
 from launcher.plan.search import largest_count
 from launcher.plan.types import Plan, PlanRequest
 
@@ -34,6 +33,7 @@ class Option:
     engine_args: tuple[str, ...]
     plan: Plan | None  # None: it does not fit
     shortfall: str | None = None  # why not, with the missing amount
+    quantized_while_loading: bool = False  # the engine quantizes the weights to fp8 as it loads them
 
     @property
     def fits(self) -> bool:
@@ -45,6 +45,8 @@ class Option:
         found = []
         if self.kv_dtype == "fp8":
             found.append("fp8 KV cache")
+        if self.quantized_while_loading:
+            found.append("fp8 weights (quantized while loading)")
         if self.quantized:
             found.append(f"quantized checkpoint {self.checkpoint}")
         return tuple(found)
@@ -63,22 +65,23 @@ class Workload:
     tokens: int
 
 
-def try_option(base: PlanRequest, workload: Workload, gpu: GpuDevice, count: int, kv_dtype: str,
-               checkpoint: ResolvedModel) -> Option:
+def try_option(base: PlanRequest, workload: Workload, gpu: GpuDevice, configuration: Configuration) -> Option:
     length_flag = adapter(base.engine).length_flag
-    request = configuration_request(dataclasses.replace(base, concurrency=workload.concurrency), gpu, count,
-                                    kv_dtype, checkpoint, [*base.engine_args, length_flag, str(workload.tokens)])
+    request = configuration_request(dataclasses.replace(base, concurrency=workload.concurrency), gpu, configuration,
+                                    [*base.engine_args, length_flag, str(workload.tokens)])
     args = adapter(base.engine).shown_argv(request.engine_args)  # shown in the table and JSON: secrets masked
+    checkpoint = configuration.checkpoint
     label = checkpoint.alias or checkpoint.name
-    quantized = checkpoint is not base.model
+    option = Option(gpu.name, configuration.count, configuration.kv_dtype, label, checkpoint is not base.model,
+                    tuple(args), None, quantized_while_loading=bool(configuration.online_quantization))
     try:
         plan = make_plan(request)
     except WontFit as refusal:
-        return Option(gpu.name, count, kv_dtype, label, quantized, tuple(args), None, refusal.message)
+        return dataclasses.replace(option, shortfall=refusal.message)
     if plan.may_not_fit:
         # fit answers what carries the workload at the central estimate, not what might.
-        return Option(gpu.name, count, kv_dtype, label, quantized, tuple(args), None, plan.may_not_fit)
-    return Option(gpu.name, count, kv_dtype, label, quantized, tuple(args), plan)
+        return dataclasses.replace(option, shortfall=plan.may_not_fit)
+    return dataclasses.replace(option, plan=plan)
 
 
 def fit(base: PlanRequest, workload: Workload, gpus: Sequence[GpuDevice]) -> list[GpuFit]:
@@ -89,8 +92,9 @@ def fit(base: PlanRequest, workload: Workload, gpus: Sequence[GpuDevice]) -> lis
     for gpu in gpus:
         best = None
         first_miss = None
-        for count, kv_dtype, checkpoint in configurations(base.model, base.variants):
-            option = try_option(base, workload, gpu, count, kv_dtype, checkpoint)
+        online = adapter(base.engine).online_quantization_args(base.engine_version)
+        for configuration in configurations(base.model, base.variants, online_quantization=online):
+            option = try_option(base, workload, gpu, configuration)
             if option.fits:
                 best = option
                 break

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from launcher.common.errors import Alternative, SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.engines import adapter
@@ -85,30 +86,43 @@ def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
 GPU_COUNTS = (1, 2, 4, 8)  # the tensor-parallel sizes `fit` and the alternatives try
 
 
-def configurations(model: ResolvedModel, variants: Sequence[ResolvedModel],
-                   counts: Sequence[int] = GPU_COUNTS) -> list[tuple[int, str, ResolvedModel]]:
-    """Cheapest first: fewer GPUs, then full precision, fp8 KV, a quantized checkpoint, both."""
-    order: list[tuple[int, str, ResolvedModel]] = []
-    for count in counts:
-        for checkpoint in (model, *variants):
-            order.append((count, "auto", checkpoint))
-            order.append((count, "fp8", checkpoint))
-    return order
+@dataclass(frozen=True)
+class Configuration:
+    """One configuration `fit` and the alternatives try: GPUs, KV dtype, checkpoint, and whether the
+    engine quantizes an unquantized checkpoint while loading it (its flags, else empty)."""
+
+    count: int
+    kv_dtype: str  # "auto" or "fp8"
+    checkpoint: ResolvedModel
+    online_quantization: tuple[str, ...] = ()
 
 
-def configuration_request(base: PlanRequest, gpu: GpuDevice, count: int, kv_dtype: str, checkpoint: ResolvedModel,
+def configurations(model: ResolvedModel, variants: Sequence[ResolvedModel], counts: Sequence[int] = GPU_COUNTS,
+                   online_quantization: tuple[str, ...] | None = None) -> list[Configuration]:
+    """Cheapest first: fewer GPUs, then full precision, fp8 KV, the weights quantized to fp8 while
+    loading (where the engine's plan models it), a quantized checkpoint, both."""
+    weights: list[tuple[ResolvedModel, tuple[str, ...]]] = [(model, ())]
+    if online_quantization and model.geometry.quantization is None:
+        weights.append((model, online_quantization))
+    weights += [(variant, ()) for variant in variants]
+    return [Configuration(count, kv_dtype, checkpoint, online)
+            for count in counts for checkpoint, online in weights for kv_dtype in ("auto", "fp8")]
+
+
+def configuration_request(base: PlanRequest, gpu: GpuDevice, configuration: Configuration,
                           engine_args: Sequence[str]) -> PlanRequest:
-    """`base` on `count` GPUs like `gpu` with tensor parallel `count`, the KV dtype and checkpoint given."""
+    """`base` on the configuration's GPUs (like `gpu`) with its tensor parallel size, KV dtype, checkpoint
+    and online quantization."""
     engine = adapter(base.engine)
-    args = list(engine_args)
-    if count > 1:
-        args = engine.set_flag(args, engine.tp_flag, str(count))
-    if kv_dtype == "fp8":
+    args = [*engine_args, *configuration.online_quantization]
+    if configuration.count > 1:
+        args = engine.set_flag(args, engine.tp_flag, str(configuration.count))
+    if configuration.kv_dtype == "fp8":
         args = engine.set_flag(args, engine.kv_dtype_flag, engine.fp8_kv_dtype)
-    devices = tuple(dataclasses.replace(gpu, index=i) for i in range(count))
+    devices = tuple(dataclasses.replace(gpu, index=i) for i in range(configuration.count))
     # What an earlier start measured holds for its own setup only.
-    return dataclasses.replace(base, model=checkpoint, gpus=devices, engine_args=tuple(args), variants=(),
-                               calibration=None)
+    return dataclasses.replace(base, model=configuration.checkpoint, gpus=devices, engine_args=tuple(args),
+                               variants=(), calibration=None)
 
 
 def _memory_choices(request: PlanRequest, free_len: tuple[str, ...]) -> list[Alternative]:
@@ -223,10 +237,14 @@ class _Alternatives:
         if request.device != "cuda" or not request.gpus or self.engine.tp_flag in self.pinned or self.found:
             return
         gpu = request.gpus[0]
-        for count, kv_dtype, checkpoint in configurations(request.model, request.variants):
-            changed = configuration_request(request, gpu, count, kv_dtype, checkpoint, self.free_len)
+        online = self.engine.online_quantization_args(request.engine_version)
+        for configuration in configurations(request.model, request.variants, online_quantization=online):
+            if configuration.count == 1 and configuration.online_quantization:
+                continue  # on one GPU that is the online-quantization choice itself (`_memory_choices`)
+            changed = configuration_request(request, gpu, configuration, self.free_len)
             plan = self.attempt(changed)
             if plan is not None:
+                count, checkpoint = configuration.count, configuration.checkpoint
                 what = [f"{count} x {gpu.name}" + (f" ({count - len(request.gpus)} more than given)"
                                                    if count > len(request.gpus) else "")]
                 if checkpoint is not request.model:

@@ -50,6 +50,27 @@ class TestWorkedExample:
         assert result.best is not None and result.best.compromises == () and result.best.gpu_count == 1
 
 
+class TestOnlineQuantization:
+    def test_fp8_weights_come_after_fp8_kv_and_before_a_quantized_checkpoint(self) -> None:
+        """70B on L40S: bf16 needs more than 2 cards; 2 carry it with the weights quantized while loading
+        (and fp8 KV), before the int4 checkpoint is tried; the option says so and plans as fitted."""
+        request = base("llama-3.1-70b", "l40s")
+        (result,) = fit(request, Workload(4, 8192), hypothetical_gpus(["l40s"]))
+        assert result.best is not None and result.best.gpu_count == 2
+        assert result.best.compromises == ("fp8 KV cache", "fp8 weights (quantized while loading)")
+        args = result.best.engine_args
+        assert args[args.index("--quantization") + 1] == "fp8_per_tensor"
+        plan = make_plan(dataclasses.replace(request, engine_args=result.best.engine_args,
+                                             gpus=hypothetical_gpus(["2xl40s"]), variants=()))
+        assert plan.kv_cache_tokens >= 4 * 8192
+
+    def test_not_tried_for_a_quantized_checkpoint_nor_before_vllm_0_16(self) -> None:
+        for request in (base("llama-3.1-70b-awq", "l40s"),
+                        dataclasses.replace(base("llama-3.1-70b", "l40s"), engine_version="0.15.0")):
+            (result,) = fit(request, Workload(4, 8192), hypothetical_gpus(["l40s"]))
+            assert result.best is None or "--quantization" not in result.best.engine_args
+
+
 class TestAgreementWithPlan:
     @pytest.mark.parametrize(("model", "gpu", "n", "tokens"), [
         ("qwen2.5-7b", "t4", 32, 4096), ("llama-3.1-70b", "h100", 8, 8192), ("qwen2.5-72b", "l40s", 4, 16384),
