@@ -420,6 +420,10 @@ CUDAGRAPH_MOE_ERROR_PER_GRAPH = int(4.0 * MiB)
 # 0.8.5 (4 x A10, Qwen3-30B-A3B) stays a doubt.
 CUDAGRAPH_UNFITTED_ERROR_BYTES = int(1.27 * GiB)
 CUDAGRAPH_FITTED_SINCE = "0.11"
+# Every fitted capture stopped at 512 (the default ceiling off data-centre Blackwell): a graph of a larger
+# size (Blackwell's 1024 from 0.28, a pinned --max-cudagraph-capture-size or list) carries its whole
+# fitted cost again in the band.
+CUDAGRAPH_FITTED_LARGEST_SIZE = 512
 V2_CUDAGRAPH_ESTIMATE_SINCE = "0.29"  # v1/worker/gpu/cudagraph_utils.py:718 profile_cudagraph_memory (0.29.0)
 
 
@@ -469,6 +473,7 @@ class CudaGraphs:
     # Graphs FULL_AND_PIECEWISE would add at these sizes: the per-graph cost was fitted on captures of
     # both kinds together, so a mode with one kind keeps their cost inside its band (the safe side).
     other_mode_graphs: int = 0
+    beyond_fitted_graphs: int = 0  # graphs of sizes above CUDAGRAPH_FITTED_LARGEST_SIZE
 
     @property
     def count(self) -> int:
@@ -489,7 +494,7 @@ class CudaGraphs:
             return 0
         dense = self.layers * CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER
         error = self.count * (max(CUDAGRAPH_MOE_ERROR_PER_GRAPH, dense) if self.moe else dense)
-        error += self.other_mode_graphs * self.per_graph_bytes
+        error += (self.other_mode_graphs + self.beyond_fitted_graphs) * self.per_graph_bytes
         return error if self.fitted else max(error, CUDAGRAPH_UNFITTED_ERROR_BYTES)
 
     def describe(self) -> str:
@@ -506,6 +511,9 @@ class CudaGraphs:
         if self.other_mode_graphs:
             graphs += (f"; the band holds the {self.other_mode_graphs} graphs FULL_AND_PIECEWISE would add, "
                        "as the cost was fitted on captures of both kinds")
+        if self.beyond_fitted_graphs:
+            graphs += (f"; {self.beyond_fitted_graphs} graphs above size {CUDAGRAPH_FITTED_LARGEST_SIZE}, "
+                       "beyond the fitted captures, count twice in the band")
         return graphs
 
 
@@ -532,7 +540,11 @@ def cuda_graphs(geometry: ModelGeometry, *, rules: VllmRules, layers: int, max_n
     piecewise = len(sizes) if mode.mode in ("PIECEWISE", "FULL_AND_PIECEWISE") else 0
     full = {"FULL": len(sizes), "FULL_DECODE_ONLY": decode, "FULL_AND_PIECEWISE": decode}.get(mode.mode, 0)
     other_mode_graphs = len(sizes) + decode - piecewise - full if mode.mode != "NONE" else 0
-    return CudaGraphs(piecewise=piecewise, full=full, other_mode_graphs=other_mode_graphs,
+    large = [n for n in sizes if n > CUDAGRAPH_FITTED_LARGEST_SIZE]
+    large_full = {"FULL": len(large), "FULL_DECODE_ONLY": sum(1 for n in large if n <= max_num_seqs),
+                  "FULL_AND_PIECEWISE": sum(1 for n in large if n <= max_num_seqs)}.get(mode.mode, 0)
+    beyond = (len(large) if piecewise else 0) + large_full
+    return CudaGraphs(piecewise=piecewise, full=full, other_mode_graphs=other_mode_graphs, beyond_fitted_graphs=beyond,
                       largest=sizes[-1] if sizes else 0, layers=layers, moe=bool(geometry.num_experts),
                       subtracted=subtracted, fitted=version_key(version) >= version_key(CUDAGRAPH_FITTED_SINCE),
                       mode=mode.mode, mode_reason=mode.reason if mode.pinned else "")

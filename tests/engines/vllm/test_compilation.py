@@ -165,3 +165,23 @@ class TestThePlan:
         assert len({key([]), key(["-O0"]), key(["-O1"]), key(["-cc.cudagraph_mode=NONE"]),
                     key(["--cudagraph-capture-sizes", "1", "2"])}) == 5
         assert key(["-O", "1"]) == key(["--optimization-level=1"])
+
+
+def test_graphs_above_the_fitted_sizes_count_twice_in_the_band() -> None:
+    """The per-graph cost was fitted on captures up to size 512: Blackwell's default 1024 (32 sizes
+    528..1024, a PIECEWISE and a FULL graph each at max_num_seqs 1024) or a pinned ceiling carry their
+    whole cost again in the band."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+    geometry = geometry_from_config(config)
+
+    def graphs(argv: list[str], cc: tuple[int, int]) -> vb.CudaGraphs:
+        mode = graph_mode(GraphPins.from_pinned(vr.pinned_flags(argv)), enforce_eager=False, version="0.32.0")
+        return vb.cuda_graphs(geometry, rules=vr.rules_for("0.32.0")[0], version="0.32.0", layers=32,
+                              max_num_seqs=1024, max_num_batched_tokens=16384, compute_capability=cc, mode=mode)
+
+    blackwell, hopper = graphs([], (10, 0)), graphs([], (9, 0))
+    assert (blackwell.beyond_fitted_graphs, hopper.beyond_fitted_graphs) == (64, 0)
+    assert blackwell.error_bytes - blackwell.count * 32 * vb.CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER \
+        == 64 * blackwell.per_graph_bytes
+    assert graphs(["--max-cudagraph-capture-size", "1024"], (9, 0)).beyond_fitted_graphs == 64
