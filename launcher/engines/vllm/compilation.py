@@ -269,7 +269,7 @@ def _json_config(name: str, text: str | None) -> dict[str, object]:
         return {"level": int(raw)}
     try:
         parsed = json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: nesting deeper than Python's stack
         raise UsageError(f"engine flag {name}: cannot read {raw[:80]!r} as JSON") from None
     if not isinstance(parsed, dict):
         raise UsageError(f"engine flag {name}: the compilation config must be a JSON object")
@@ -280,6 +280,8 @@ def _dotted_value(text: str) -> object:
     """A dotted key's value: JSON, else a human-readable count, else the text (argparse_utils.py:438-446)."""
     try:
         return json.loads(text)
+    except RecursionError:
+        raise UsageError(f"engine flag value {text[:80]!r}: nested deeper than can be read") from None
     except json.JSONDecodeError:
         from launcher.engines.flags import human_int
 

@@ -89,6 +89,12 @@ class TestVersions:
         assert _resolve(["-O0"], version="0.10.1")[0] == "PIECEWISE"
         assert _resolve(["--enforce-eager"], version="0.10.1")[0] == "NONE"
 
+    def test_json_nested_past_pythons_stack_is_a_usage_error(self) -> None:
+        """100,000 brackets: json.loads raises RecursionError, which must be exit 2, not an internal error."""
+        for argv in (["-cc", "[" * 100_000], ["-cc.cudagraph_capture_sizes=" + "[" * 100_000]):
+            with pytest.raises(UsageError):
+                vr.pinned_flags(argv)
+
     def test_an_unknown_mode_is_refused_like_vllm_refuses_it(self) -> None:
         with pytest.raises(UsageError, match="not one of vLLM's modes"):
             _resolve(["-cc.cudagraph_mode=SOMETIMES"])
