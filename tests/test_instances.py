@@ -61,11 +61,12 @@ def test_live_listed_stale_removed_bad_ignored(tmp_path: Path) -> None:
     (directory / "evil-8003.json").write_text(json.dumps(status_doc("evil-8003", port=0)))  # invalid: kept, ignored
     (directory / "other.json").write_text(json.dumps(status_doc("not-its-name")))  # name/file mismatch
     os.symlink("/etc/passwd", directory / "link-8004.json")  # a planted link is never followed
+    (directory / "deep-8005.json").write_text("[" * 5_000)  # nested past Python's stack: RecursionError
     names = [s["name"] for s in running(tmp_path)]
     assert names == ["qwen-8000"]
     left = sorted(os.listdir(directory))
     assert "dead-8001.json" not in left and "reused-8002.json" not in left
-    assert {"evil-8003.json", "other.json", "link-8004.json"} <= set(left)
+    assert {"evil-8003.json", "other.json", "link-8004.json", "deep-8005.json"} <= set(left)
 
 
 def test_validation_is_field_by_field() -> None:

@@ -146,7 +146,7 @@ def running(state: Path, *, clean: bool = True) -> Iterator[dict[str, Any]]:
         raw = _read_nofollow(path)
         try:
             status = validate(json.loads(raw)) if raw is not None else None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past Python's stack
             status = None
         if status is None or status["name"] + ".json" != entry:
             continue  # not ours to trust, and not ours to delete either

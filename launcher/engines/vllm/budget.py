@@ -186,7 +186,7 @@ def encoder_profiled(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> bool
         return True
     try:
         limits = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return True  # the engine's own parser decides; keep the term
     if not isinstance(limits, Mapping):
         return True
