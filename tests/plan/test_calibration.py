@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from launcher.common.units import GiB
 from launcher.engines import adapter
 from launcher.model.catalog import hypothetical_gpus
@@ -44,3 +46,15 @@ def test_plan_uses_the_measured_non_kv_memory() -> None:
     assert plan.kv_cache_bytes == plan.item("requested").bytes - 16 * GiB
     assert plan.item("kv").source == CALIBRATED and plan.kv_cache_bytes != plain.kv_cache_bytes
     assert any("earlier start" in note for note in plan.notes)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_start_quantized_while_loading_is_another_calibration_setup(engine: str) -> None:
+    """Online fp8 holds about half the weights: its measurement must not size a 16-bit start, nor the reverse."""
+    spec = adapter(engine)
+
+    def key(argv: list[str]) -> str:
+        return calibration_key(gpu_name="L40S", model="m", engine=engine, engine_version="1",
+                               key_flags=spec.calibration_key_flags, pinned=spec.pin(argv).values)
+
+    assert key([]) != key(["--quantization", "fp8"])

@@ -59,16 +59,3 @@ def test_the_16_bit_load_peak_is_refused_and_tensor_parallel_offers_fp8() -> Non
     assert len(offered) == 1
     pinned = _plan("llama-3.1-70b", "2xh100", "--tp-size", "2", "--context-length", "32768", "--quantization", "fp8")
     assert offered[0].kv_cache_tokens == pinned.kv_cache_tokens
-
-
-def test_a_start_quantized_while_loading_is_another_calibration_setup() -> None:
-    from launcher.engines import adapter
-    from launcher.plan.calibration import calibration_key
-
-    engine = adapter("sglang")
-
-    def key(argv: list[str]) -> str:
-        return calibration_key(gpu_name="L40S", model="m", engine="sglang", engine_version="1",
-                               key_flags=engine.calibration_key_flags, pinned=engine.pin(argv).values)
-
-    assert key([]) != key(["--quantization", "fp8"])

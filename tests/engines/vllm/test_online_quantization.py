@@ -100,16 +100,3 @@ class TestThePlan:
         for plan in (_plan("llama-3.1-70b", "2xh100", "-tp", "2", "--quantization", "fp8"),
                      _plan("llama-3.1-70b-awq", "l40s")):
             assert not [a for a in plan.alternatives if "fp8_per_tensor" in a.engine_args]
-
-
-def test_a_start_quantized_while_loading_is_another_calibration_setup() -> None:
-    from launcher.engines import adapter
-    from launcher.plan.calibration import calibration_key
-
-    engine = adapter("vllm")
-
-    def key(argv: list[str]) -> str:
-        return calibration_key(gpu_name="L40S", model="m", engine="vllm", engine_version="1",
-                               key_flags=engine.calibration_key_flags, pinned=engine.pin(argv).values)
-
-    assert key([]) != key(["--quantization", "fp8"])
