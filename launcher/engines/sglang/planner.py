@@ -302,14 +302,19 @@ class _Sizing:
     def central(self) -> layouts.PoolSizing:
         return self.pool_at(self.pre_load, self.after_load)
 
+    @property
+    def after_load_error(self) -> int:
+        """+/- on A beyond P's: the loader's leftovers and the weights quantized while loading."""
+        return self.load.error_bytes + (self.online.error_bytes if self.online is not None else 0)
+
     def favourable(self) -> layouts.PoolSizing:
-        return self.pool_at(self.pre_load + self.context_error,
-                            self.after_load + self.context_error + self.load.error_bytes)
+        return self.pool_at(self.pre_load + self.context_error, self.after_load + self.context_error
+                            + self.after_load_error)
 
     def unfavourable(self) -> layouts.PoolSizing:
-        """Our CUDA-context and loader estimates too low (and a catalog card's total at its lowest)."""
-        return self.pool_at(self.pre_load - self.context_error,
-                            self.after_load - self.context_error - self.load.error_bytes)
+        """Our CUDA-context, loader and weights estimates too low (and a catalog card's total at its lowest)."""
+        return self.pool_at(self.pre_load - self.context_error, self.after_load - self.context_error
+                            - self.after_load_error)
 
     def minimum_fraction(self) -> float:
         """The least fraction that leaves any pool at the central estimate."""
@@ -353,8 +358,8 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
         setup=setup, fraction=fraction, pre_load=pre_load, weights=weights, load=load,
         after_load=after_load, state_slot=_state_slot(setup),
         state_ratio=float(setup.pinned.get("--mamba-full-memory-ratio", layouts.DEFAULT_MAMBA_FULL_MEMORY_RATIO)),
-        context_error=setup.context_error + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0)
-        + (online.error_bytes if online is not None else 0), online=online)
+        context_error=setup.context_error + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0),
+        online=online)
 
 
 def _refuse_the_16_bit_load_peak(online: sb.OnlineQuantized, pre_load: int) -> None:
@@ -557,7 +562,9 @@ def _band_note(sizing: _Sizing, budget: SglangBudget, verified: bool) -> tuple[s
     context_error = sizing.setup.context_error
     terms = sorted(((context_error * fraction, "the CUDA context (+ NCCL) before SGLang's baseline"),
                     (spread * fraction, "the card's CUDA total (spread of published totals)"),
-                    (sizing.load.error_bytes, "the loader's leftovers")), reverse=True)
+                    (sizing.load.error_bytes, "the loader's leftovers"),
+                    (sizing.after_load_error - sizing.load.error_bytes, "the weights quantized while loading")),
+                   reverse=True)
     named = ", ".join(f"{what} +/- {size / MiB:.0f} MiB" for size, what in terms if size)
     return (f"KV band +/- {band / budget.kv:.1%} of a {format_gib(budget.kv)} pool (over +/- {BAND_TARGET:.0%}): "
             f"the terms at risk are {named}; the pool arithmetic is SGLang's own",)
