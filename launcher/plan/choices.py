@@ -107,13 +107,21 @@ def offload_choice(request: PlanRequest, attempt: Attempt, free_len: tuple[str, 
                                  "PCIe, much slower)", plan, args_at(found))
 
 
+def online_quantization_args(request: PlanRequest) -> tuple[str, ...] | None:
+    """The flags that quantize this request's checkpoint while the engine loads it, where that applies:
+    the engine's plan models it for the version, a GPU, an unquantized checkpoint, no quantization pinned."""
+    args = adapter(request.engine).online_quantization_args(request.engine_version)
+    if args is None or request.device != "cuda" or request.model.geometry.quantization is not None \
+            or args[0] in request.pinned.values:
+        return None
+    return args
+
+
 def online_quantization_choice(request: PlanRequest, attempt: Attempt, free_len: tuple[str, ...]
                                ) -> Alternative | None:
     """The unquantized checkpoint quantized while the engine loads it, when no quantization is pinned."""
-    engine = adapter(request.engine)
-    args = engine.online_quantization_args(request.engine_version)
-    if args is None or request.device != "cuda" or request.model.geometry.quantization is not None \
-            or args[0] in request.pinned.values:
+    args = online_quantization_args(request)
+    if args is None:
         return None
     quantized = (*free_len, *args)
     plan = attempt(dataclasses.replace(request, engine_args=quantized))

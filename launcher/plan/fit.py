@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from launcher.common.errors import UsageError, WontFit
 from launcher.engines import adapter
 from launcher.model.gpu import GpuDevice
+from launcher.plan.choices import online_quantization_args
 from launcher.plan.planner import GPU_COUNTS, Configuration, configuration_request, configurations, make_plan
 from launcher.plan.search import largest_count
 from launcher.plan.types import Plan, PlanRequest
@@ -92,7 +93,7 @@ def fit(base: PlanRequest, workload: Workload, gpus: Sequence[GpuDevice]) -> lis
     for gpu in gpus:
         best = None
         first_miss = None
-        online = adapter(base.engine).online_quantization_args(base.engine_version)
+        online = online_quantization_args(base)
         for configuration in configurations(base.model, base.variants, online_quantization=online):
             option = try_option(base, workload, gpu, configuration)
             if option.fits:

@@ -102,7 +102,7 @@ def configurations(model: ResolvedModel, variants: Sequence[ResolvedModel], coun
     """Cheapest first: fewer GPUs, then full precision, fp8 KV, the weights quantized to fp8 while
     loading (where the engine's plan models it), a quantized checkpoint, both."""
     weights: list[tuple[ResolvedModel, tuple[str, ...]]] = [(model, ())]
-    if online_quantization and model.geometry.quantization is None:
+    if online_quantization:
         weights.append((model, online_quantization))
     weights += [(variant, ()) for variant in variants]
     return [Configuration(count, kv_dtype, checkpoint, online)
@@ -236,8 +236,10 @@ class _Alternatives:
         request = self.request
         if request.device != "cuda" or not request.gpus or self.engine.tp_flag in self.pinned or self.found:
             return
+        from launcher.plan.choices import online_quantization_args
+
         gpu = request.gpus[0]
-        online = self.engine.online_quantization_args(request.engine_version)
+        online = online_quantization_args(request)
         for configuration in configurations(request.model, request.variants, online_quantization=online):
             if configuration.count == 1 and configuration.online_quantization:
                 continue  # on one GPU that is the online-quantization choice itself (`_memory_choices`)

@@ -64,6 +64,13 @@ class TestOnlineQuantization:
                                              gpus=hypothetical_gpus(["2xl40s"]), variants=()))
         assert plan.kv_cache_tokens >= 4 * 8192
 
+    def test_a_pinned_quantization_is_not_given_twice(self) -> None:
+        request = base("llama-3.1-70b", "l40s")
+        pinned = dataclasses.replace(request, engine_args=("--quantization", "fp8"))
+        (result,) = fit(pinned, Workload(4, 8192), hypothetical_gpus(["l40s"]))
+        assert result.best is not None and result.best.engine_args.count("--quantization") == 1
+        assert "fp8 weights (quantized while loading)" not in result.best.compromises
+
     def test_not_tried_for_a_quantized_checkpoint_nor_before_vllm_0_16(self) -> None:
         for request in (base("llama-3.1-70b-awq", "l40s"),
                         dataclasses.replace(base("llama-3.1-70b", "l40s"), engine_version="0.15.0")):
