@@ -210,7 +210,8 @@ class Served:
         raise AssertionError(f"timed out or exited ({self.proc.poll()}):\n{self.tail()}")
 
     def wait_ready(self) -> dict[str, Any]:
-        self.wait_for(self.ready_file.exists)
+        # The ready file is written at once; the event line queues behind the engine's output.
+        self.wait_for(lambda: self.ready_file.exists() and bool(self.events("ready")))
         return self.event("ready")
 
     def wait(self, timeout: float = TIMEOUT) -> int:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.supervise.output import StreamPump
+from launcher.supervise import output
+from launcher.supervise.output import QueuedWriter, StreamPump
 
 
 class TestStreamPump:
@@ -87,3 +90,40 @@ class TestStreamPump:
         os.close(write_fd)
         assert pump.out_broken is True
         assert [b"a", b"b"] == seen
+
+
+class TestOwnLinesBetweenEngineLines:
+    """Our own log lines queue behind the engine's stderr, never inside a line it has part-written
+    (a 17 MiB line flushed in pieces, a progress bar ended by \\r counts as a line end)."""
+
+    def _writer(self, tmp_path: Path) -> tuple[QueuedWriter, Path, int]:
+        path = tmp_path / "err.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        return QueuedWriter(fd, "stderr"), path, fd
+
+    def test_held_while_the_engine_line_is_open(self, tmp_path: Path) -> None:
+        writer, path, fd = self._writer(tmp_path)
+        writer.write(b"x" * 100_000)  # a partial flush: the line is open
+        writer.write_own(b'{"event": "ours"}\n')
+        writer.write(b"yyy\n")
+        writer.write_own(b'{"event": "next"}\n')  # at a line start: written at once
+        writer.write(b"zz\r")
+        writer.write_own(b'{"event": "after a bar"}\n')
+        assert writer.flush(5)
+        writer.close()
+        os.close(fd)
+        assert path.read_bytes() == (b"x" * 100_000 + b'yyy\n{"event": "ours"}\n{"event": "next"}\nzz\r'
+                                     b'{"event": "after a bar"}\n')
+
+    def test_released_after_the_hold_limit_when_the_line_never_ends(self, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(output, "OWN_HOLD_MAX_S", 0.1)
+        writer, path, fd = self._writer(tmp_path)
+        writer.write(b"no end")
+        writer.write_own(b"ours\n")
+        deadline = time.monotonic() + 5
+        while path.read_bytes() != b"no endours\n" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        writer.close()
+        os.close(fd)
+        assert path.read_bytes() == b"no endours\n"

@@ -37,6 +37,9 @@ MAX_LINE_BYTES = 16 << 20  # longer lines reach on_line truncated (pass-through 
 PARTIAL_FLUSH_BYTES = 64 << 10  # an unterminated line this long is written through at once
 PARTIAL_FLUSH_AFTER_S = 0.2  # ... or after this long (tqdm bars end in \r, not \n)
 HIGH_WATER_BYTES = 8 << 20  # buffered for a slow reader before the engine is paused
+# Our own lines wait while an engine line longer than PARTIAL_FLUSH_BYTES (or older than
+# PARTIAL_FLUSH_AFTER_S) is part-written, so that they land after it, not inside it; at most this long.
+OWN_HOLD_MAX_S = 2.0
 LOW_WATER_BYTES = 1 << 20  # ... and resumed below this
 
 
@@ -126,6 +129,9 @@ class QueuedWriter:
         self._cond = threading.Condition()
         self._closing = False
         self._over = False
+        self._mid_line = False  # the engine's last bytes ended inside a line (no \n or \r yet)
+        self._held: list[bytes] = []  # our own lines, waiting for that line's end
+        self._held_since = 0.0
         self.status: StatusLine | None = None  # a terminal's live status line, kept below our output
         self._thread = threading.Thread(target=self._run, name=f"safe-serve-{name}", daemon=True)
         self._thread.start()
@@ -139,24 +145,55 @@ class QueuedWriter:
         return self._queued >= self.high_water
 
     def write(self, *buffers: Buffer) -> None:
-        """Queue bytes (copied); never blocks on the destination."""
+        """Queue the engine's bytes (copied); never blocks on the destination."""
         data = b"".join(buffers)  # copies: the caller may reuse its buffers
         if not data:
             return
         with self._cond:
-            if self.broken:
-                self.dropped_bytes += len(data)
+            self._mid_line = not data.endswith((b"\n", b"\r"))
+            self._queue(data)
+            if not self._mid_line:
+                self._release_held()
+
+    def write_own(self, data: bytes) -> None:
+        """Queue one of our own lines: after the engine's part-written line ends, or OWN_HOLD_MAX_S."""
+        if not data:
+            return
+        with self._cond:
+            if self._mid_line and not self.broken and not self._closing:
+                if not self._held:
+                    self._held_since = time.monotonic()
+                self._held.append(data)
+                self._cond.notify()  # the writer thread releases them when they are due
                 return
-            self._chunks.append(data)
-            self._queued += len(data)
-            if self._queued >= self.high_water:
-                self._over = True  # the loop pauses reading; tell it when we are below low water
-            self._cond.notify()
+            self._queue(data)
+
+    def _queue(self, data: bytes) -> None:
+        """Under the lock: append to the queue (or count as dropped once the destination is gone)."""
+        if self.broken:
+            self.dropped_bytes += len(data)
+            return
+        self._chunks.append(data)
+        self._queued += len(data)
+        if self._queued >= self.high_water:
+            self._over = True  # the loop pauses reading; tell it when we are below low water
+        self._cond.notify()
+
+    def _release_held(self) -> None:
+        """Under the lock: our held lines go into the queue now."""
+        held, self._held = self._held, []
+        for data in held:
+            self._queue(data)
+
+    def _held_due(self) -> float | None:
+        """Under the lock: seconds until the held lines are released anyway (None: none held)."""
+        return max(self._held_since + OWN_HOLD_MAX_S - time.monotonic(), 0.0) if self._held else None
 
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for everything queued to be written; True when it was."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            self._release_held()  # flushing: nothing more of the engine's line is coming first
             while self._queued and not self.broken:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -178,9 +215,12 @@ class QueuedWriter:
         while True:
             with self._cond:
                 while not self._chunks and not self._closing:
-                    if self.status is None:
-                        self._cond.wait()
-                    elif not self._cond.wait(1.0) and self.status is not None:
+                    due = self._held_due()
+                    if due == 0.0:
+                        self._release_held()  # the engine's line did not end in time: ours go anyway
+                    elif self.status is None:
+                        self._cond.wait(due)
+                    elif not self._cond.wait(1.0 if due is None else min(due, 1.0)) and self.status is not None:
                         self.status.show()  # idle: keep the elapsed time moving
                 if self._closing:
                     return

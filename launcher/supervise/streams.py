@@ -37,7 +37,7 @@ class OwnStream:
         writer = self.writer
         if writer is None:
             return int(self.fallback.write(text))
-        writer.write(text.encode("utf-8", errors="replace"))
+        writer.write_own(text.encode("utf-8", errors="replace"))
         return len(text)
 
     def flush(self) -> None:
