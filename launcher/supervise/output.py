@@ -37,10 +37,10 @@ MAX_LINE_BYTES = 16 << 20  # longer lines reach on_line truncated (pass-through 
 PARTIAL_FLUSH_BYTES = 64 << 10  # an unterminated line this long is written through at once
 PARTIAL_FLUSH_AFTER_S = 0.2  # ... or after this long (tqdm bars end in \r, not \n)
 HIGH_WATER_BYTES = 8 << 20  # buffered for a slow reader before the engine is paused
+LOW_WATER_BYTES = 1 << 20  # ... and resumed below this
 # Our own lines wait while an engine line longer than PARTIAL_FLUSH_BYTES (or older than
 # PARTIAL_FLUSH_AFTER_S) is part-written, so that they land after it, not inside it; at most this long.
 OWN_HOLD_MAX_S = 2.0
-LOW_WATER_BYTES = 1 << 20  # ... and resumed below this
 
 
 class Writer(Protocol):
