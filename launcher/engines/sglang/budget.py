@@ -17,6 +17,7 @@ from launcher.common.units import GiB
 from launcher.engines.online_quant import kept_layers, quantized_weights
 from launcher.engines.sglang.architectures import breakable_graph_multimodal_ok
 from launcher.engines.sglang.rules import RULES, SglangRules
+from launcher.engines.versions import version_key
 from launcher.model.config import ModelGeometry
 
 # What a rank holds below the card's CUDA total at SGLang's pre-load baseline (P, taken right before
@@ -344,6 +345,130 @@ def online_quantized(geometry: ModelGeometry, *, quantization: str | None, check
         bytes=weights.loaded // ranks, error_bytes=weights.small_error // ranks, peak_bytes=checkpoint_bytes // ranks,
         rule=f"--quantization {quantization}: linear and expert weights quantized to fp8 after loading, "
              f"{kept_layers(geometry)} kept in {model_dtype}")
+
+
+# --------------------------------------------------------------------------- weights as loaded
+#
+# gpt-oss's MXFP4 experts (GptOssForCausalLM, quant_method mxfp4) are re-laid out for the MoE kernels
+# after loading (model_loader/loader.py:1089 runs each module's process_weights_after_loading), before A
+# is read: what they hold then, beyond the checkpoint's share, shrinks the pool by as much. SGLang 0.5.23
+# `sglang/srt/...` unless said; triton_kernels as SGLang 0.5.18+ calls it (layout instances,
+# matmul.PrecisionConfig with b_microblock_size) read from tokenspeed-triton-kernels 1.0.0.post20260510
+# (tensor_details/layout_details/*.py), the older API (triton_kernels.matmul_ogs, SGLang <= 0.5.17) from
+# vLLM 0.33's vendored copy (third_party/triton_kernels).
+# The MoE runner by card (arg_groups/model_overrides/gpt_oss.py:64-120; is_sm90/100/120 test the major,
+# utils/common.py:297-335):
+# - sm100 (B200/B300): flashinfer_mxfp4, TRT-LLM kernels (0.5.1+);
+# - sm120 (RTX 5090, RTX PRO 6000): flashinfer_mxfp4, CUTLASS kernels from 0.5.17 (marlin 0.5.14-0.5.16,
+#   triton_kernel before: not derived here);
+# - sm80-sm90: triton_kernel, chosen where the triton_kernels package imports (no Requires-Dist of SGLang
+#   brings it; without it "auto" reaches the dequantizing branch, which imports it too,
+#   layers/quantization/mxfp4.py:1115-1131: gpt-oss MXFP4 does not load without it).
+# Sizes per rank: FusedMoE asserts intermediate % tp == 0 and creates intermediate / tp
+# (layers/moe/fused_moe_triton/layer.py:427-428); the checkpoint stores per expert gate_up [2I, H/2] u8
+# blocks, [2I, H/32] u8 scales, [2I] bf16 bias, down [H, I/2], [H, I/32], [H].
+GPT_OSS = "GptOssForCausalLM"
+TRITON_PAD_64_SINCE = "0.5.10"  # create_weights pads I to 64 for triton_kernels (mxfp4.py:548-551); 32 before
+FLASHINFER_PAD_128_SINCE = "0.5.17"  # sm100 pads I to 128 (mxfp4.py:478-488); 256 in 0.5.2-0.5.16
+SM120_CUTLASS_SINCE = "0.5.17"
+TRITON_KERNELS_NEW_API_SINCE = "0.5.18"  # triton_kernels.matmul; every convert_layout copies
+HOPPER_SCALE_K_PAD_SINCE = "0.5.19"  # _pad_hopper_mxfp4_scale (mxfp4.py:220-228)
+
+
+@dataclass(frozen=True)
+class Mxfp4AsLoaded:
+    """What gpt-oss's MXFP4 experts hold on a rank after SGLang re-laid them out, beyond the checkpoint's
+    share (bytes), the error where the layout depends on a package version, and the rule."""
+
+    extra_bytes: int
+    error_bytes: int
+    rule: str
+
+
+def _up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _experts_bytes(experts: int, hidden: int, inter: int, bias_bytes: int) -> int:
+    """One layer's experts as [E, 2I, H/2] + [E, 2I, H/32] + [E, H, I/2] + [E, H, I/32] u8 and two biases."""
+    return experts * (inter * hidden + 2 * inter * hidden // 32 + hidden * inter // 2 + hidden * inter // 32
+                      + bias_bytes * (2 * inter + hidden))
+
+
+def _triton_layer(version: str, major: int, experts: int, hidden: int, share: int) -> tuple[int, int, str]:
+    """(bytes, +/- bytes, rule) of one layer on triton_kernels (sm80-sm90): mxfp4.py:1046-1075 turns the
+    biases to fp32, swizzles values and scales (`_swizzle_mxfp4`, :244-281) and deletes the loaded values
+    but not the loaded scales, which stay registered beside the swizzled copies the kernels read."""
+    inter = _up(share, 64 if version_key(version) >= version_key(TRITON_PAD_64_SINCE) else 32)
+    held = _experts_bytes(experts, hidden, inter, 4)  # biases fp32 (:1049-1053)
+    new_api = version_key(version) >= version_key(TRITON_KERNELS_NEW_API_SINCE)
+    scales = experts * (2 * inter * hidden // 32 + hidden * inter // 32)
+    if major < 9:
+        # StridedLayout(-2) both (layout.py make_default_matmul_mxfp4_*): values and scales keep their
+        # size; since 0.5.18 convert_layout (tensor.py:235-244) writes a copy, so the scales are held twice
+        # (the old API's StridedLayout.swizzle_data returned its input).
+        return held + (scales if new_api else 0), 0, (
+            "MXFP4 experts on triton_kernels (sm80-sm89): biases fp32"
+            + (", block scales copied into the kernels' layout beside the loaded ones" if new_api else ""))
+    values = experts * (inter * hidden + hidden * inter // 2)
+    # HopperMXValueLayout (hopper_value.py:61-148): both dims of [K/2, N] padded to 64, then tiles of 16 x 32
+    # (no-ops after that); vLLM 0.33's vendored copy pads to 16 x 32 only: the difference is the error.
+    padded = experts * (_up(2 * inter, 64) * _up(hidden // 2, 64) + _up(hidden, 64) * _up(inter // 2, 64))
+    tiled = experts * (_up(2 * inter, 16) * _up(hidden // 2, 32) + _up(hidden, 16) * _up(inter // 2, 32))
+    # HopperMXScaleLayout (hopper_scale.py:53-84): [N, K/32] with N padded to 2 x 8 warps x 2 x 8 = 256 and
+    # K/32 to 2; 0.5.19+ first pads K/32 to K rounded to 128 (`_pad_hopper_mxfp4_scale`).
+    k13, k2 = hidden // 32, inter // 32
+    if version_key(version) >= version_key(HOPPER_SCALE_K_PAD_SINCE):
+        k13, k2 = max(k13, _up(hidden, 128) // 32), max(k2, _up(inter, 128) // 32)
+    swizzled = experts * (_up(2 * inter, 256) * _up(k13, 2) + _up(hidden, 256) * _up(k2, 2))
+    return held - values + padded + swizzled, padded - tiled, (
+        "MXFP4 experts swizzled for Hopper's triton_kernels: values padded to 64, block scales swizzled "
+        "(rows padded to 256) beside the loaded ones, biases fp32")
+
+
+def _flashinfer_layer(version: str, major: int, experts: int, hidden: int, share: int) -> tuple[int, str]:
+    """(bytes, rule) of one layer on FlashInfer (sm100 TRT-LLM, sm120 CUTLASS): FusedMoE rounds the hidden
+    size up to 256 for flashinfer_mxfp4 (fused_moe_triton/layer.py:452-457); the shuffles keep the shapes."""
+    padded_hidden = _up(hidden, 256)
+    if major == 10:
+        # create_weights pads I to 128 (256 before 0.5.17) and H to 128 (mxfp4.py:478-488); the shuffled
+        # weights replace the loaded ones, the biases fp32 (:799-800, :936-949), + 3 x E fp32 (:741-755).
+        inter = _up(share, 128 if version_key(version) >= version_key(FLASHINFER_PAD_128_SINCE) else 256)
+        return _experts_bytes(experts, padded_hidden, inter, 4) + 3 * experts * 4, (
+            f"MXFP4 experts for FlashInfer's TRT-LLM MoE (sm100): hidden padded to {padded_hidden}, "
+            f"intermediate to {inter} per rank, biases fp32")
+    # sm120: created unpadded (mxfp4.py:493-516), then rebuilt as [up; gate] halves padded to 128 with bf16
+    # biases and 4 x E fp32 (`_process_weights_for_sm120_cutlass`, :1340-1431), replacing the loaded ones.
+    inter = _up(share, 128)
+    return _experts_bytes(experts, padded_hidden, inter, 2) + 4 * experts * 4, (
+        f"MXFP4 experts for FlashInfer's CUTLASS MoE (sm120): hidden padded to {padded_hidden}, "
+        f"intermediate to {inter} per rank")
+
+
+def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
+                    compute_capability: tuple[int, int] | None) -> Mxfp4AsLoaded | None:
+    """gpt-oss's MXFP4 experts as SGLang holds them after loading on this card, or None where this does
+    not apply (another model or quantization, a card the rule does not cover)."""
+    method = (geometry.quantization.method if geometry.quantization else "") or ""
+    experts, hidden, inter = geometry.num_experts, geometry.hidden_size, geometry.intermediate_size
+    if (geometry.architecture != GPT_OSS or method.lower() != "mxfp4" or not experts or not inter
+            or compute_capability is None or inter % max(tp, 1) or compute_capability[0] not in (8, 9, 10, 12)):
+        return None
+    major, share = compute_capability[0], inter // max(tp, 1)
+    layers = -(-geometry.num_layers // max(pp, 1))
+    checkpoint = layers * _experts_bytes(experts, hidden, inter, 2) // max(tp, 1)
+    error = 0
+    if major in (8, 9):
+        held, error, rule = _triton_layer(version, major, experts, hidden, share)
+    else:
+        held, rule = _flashinfer_layer(version, major, experts, hidden, share)
+    extra = layers * held - checkpoint
+    error *= layers
+    if major == 12 and version_key(version) < version_key(SM120_CUTLASS_SINCE):
+        # triton_kernel (<= 0.5.13) or marlin (0.5.14-0.5.16) on sm120: not derived; the CUTLASS layout
+        # carried with an error of as much.
+        error, rule = max(extra, 0), f"not derived for SGLang {version} on sm120: {rule} (0.5.17+), +/- as much"
+    return Mxfp4AsLoaded(extra, error, rule)
 
 
 @dataclass(frozen=True)

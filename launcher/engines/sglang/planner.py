@@ -290,6 +290,7 @@ class _Sizing:
     # catalog card (free = its CUDA total) the spread of the totals published for it.
     context_error: int
     online: sb.OnlineQuantized | None = None  # weights quantized while loading (--quantization fp8)
+    as_loaded: sb.Mxfp4AsLoaded | None = None  # gpt-oss's MXFP4 experts re-laid out after loading
 
     def pool_at(self, pre_load: int, after_load: int) -> layouts.PoolSizing:
         pinned = self.setup.pinned
@@ -304,8 +305,14 @@ class _Sizing:
 
     @property
     def after_load_error(self) -> int:
-        """+/- on A beyond P's: the loader's leftovers and the weights quantized while loading."""
-        return self.load.error_bytes + (self.online.error_bytes if self.online is not None else 0)
+        """+/- on A beyond P's: the loader's leftovers and the weights quantized or re-laid out while loading."""
+        return self.load.error_bytes + self.weights_error
+
+    @property
+    def weights_error(self) -> int:
+        """+/- on the weights as loaded: quantized while loading, or the MXFP4 experts' layout."""
+        return ((self.online.error_bytes if self.online is not None else 0)
+                + (self.as_loaded.error_bytes if self.as_loaded is not None else 0))
 
     def favourable(self) -> layouts.PoolSizing:
         return self.pool_at(self.pre_load + self.context_error, self.after_load + self.context_error
@@ -342,6 +349,10 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
     online = sb.online_quantized(setup.geometry, quantization=setup.pinned.get("--quantization"),
                                  checkpoint_bytes=request.model.weight_bytes, model_dtype=setup.dtype,
                                  tp=setup.tp, pp=setup.pp)
+    # gpt-oss's MXFP4 experts as the card's MoE kernels hold them after loading (sglang/budget.py): counted
+    # with the weights; the loader's leftovers stay the bounded estimate of the allocator's rounding.
+    as_loaded = sb.mxfp4_as_loaded(setup.geometry, version=setup.rules.version, tp=setup.tp, pp=setup.pp,
+                                   compute_capability=gpu.compute_capability)
     load = sb.load_overhead(setup.geometry, dtype=setup.dtype, tp=setup.tp, pp=setup.pp,
                             quantized_online=online is not None)
     if cal is not None and cal.load_overhead_bytes is not None:
@@ -351,6 +362,8 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
     if online is not None:
         _refuse_the_16_bit_load_peak(online, pre_load)
         weights = online.bytes
+    if as_loaded is not None:
+        weights += as_loaded.extra_bytes
     after_load = pre_load - weights - load.bytes
     if setup.geometry.is_multimodal and not setup.pinned.get("--language-only", False):
         after_load -= sb.MULTIMODAL_RESERVE_BYTES
@@ -359,7 +372,7 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
         after_load=after_load, state_slot=_state_slot(setup),
         state_ratio=float(setup.pinned.get("--mamba-full-memory-ratio", layouts.DEFAULT_MAMBA_FULL_MEMORY_RATIO)),
         context_error=setup.context_error + (gpu.usable_total_error_bytes if gpu.source == "catalog" else 0),
-        online=online)
+        online=online, as_loaded=as_loaded)
 
 
 def _refuse_the_16_bit_load_peak(online: sb.OnlineQuantized, pre_load: int) -> None:
@@ -493,6 +506,7 @@ def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central:
     """The table: one row per figure of `SglangBudget`, with where each figure comes from."""
     setup, model, gpu = sizing.setup, request.model, sizing.setup.gpu
     gpu_source = MEASURED if gpu.source == "nvml" else CATALOG
+    as_loaded = sizing.as_loaded
     return (
         BudgetItem("total", "GPU total (NVML)", budget.total, PINNED if gpu.size_given else gpu_source,
                    ("the --gpu size given, taken as the NVML and CUDA total; " if gpu.size_given else "")
@@ -508,10 +522,13 @@ def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central:
         BudgetItem("pre_load", "free at baseline (P)", budget.pre_load, FORMULA, "min over ranks of free - context",
                    error_bytes=sizing.context_error),
         BudgetItem("weights", "weights (per rank)", budget.weights,
-                   COMPUTED if sizing.online else weights_source(model), model.weight_bytes_source
+                   COMPUTED if sizing.online or as_loaded else weights_source(model), model.weight_bytes_source
                    + (f", as loaded {format_gib(budget.weights)} ({sizing.online.rule}; 16-bit load peak "
-                      f"{format_gib(sizing.online.peak_bytes)})" if sizing.online else ""),
-                   bar="weights", error_bytes=sizing.online.error_bytes if sizing.online else 0),
+                      f"{format_gib(sizing.online.peak_bytes)})" if sizing.online else "")
+                   + (f", as loaded {format_gib(budget.weights)}: {as_loaded.extra_bytes / MiB:+.0f} MiB beyond the "
+                      f"checkpoint's share ({as_loaded.rule}; SGLang re-lays the experts out after loading, before "
+                      "it reads the memory left for the pool)" if as_loaded else ""),
+                   bar="weights", error_bytes=sizing.weights_error),
         BudgetItem("load_overhead", "loader leftovers", budget.load_overhead,
                    FORMULA if sizing.load.error_bytes else CALIBRATED,
                    f"allocated between baseline and pool sizing besides weights; {sizing.load.detail}", bar="other",
@@ -563,7 +580,8 @@ def _band_note(sizing: _Sizing, budget: SglangBudget, verified: bool) -> tuple[s
     terms = sorted(((context_error * fraction, "the CUDA context (+ NCCL) before SGLang's baseline"),
                     (spread * fraction, "the card's CUDA total (spread of published totals)"),
                     (sizing.load.error_bytes, "the loader's leftovers"),
-                    (sizing.after_load_error - sizing.load.error_bytes, "the weights quantized while loading")),
+                    (sizing.weights_error, "the weights quantized while loading" if sizing.online else
+                     "the MXFP4 experts' layout as loaded")),
                    reverse=True)
     named = ", ".join(f"{what} +/- {size / MiB:.0f} MiB" for size, what in terms if size)
     return (f"KV band +/- {band / budget.kv:.1%} of a {format_gib(budget.kv)} pool (over +/- {BAND_TARGET:.0%}): "
