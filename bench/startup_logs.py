@@ -185,8 +185,8 @@ def model_for(case: Mapping[str, Any], gpu: CatalogGpu | None = None) -> tuple[A
         raise LookupError(f"{directory.name}: no weights for this checkpoint and none logged")
     geometry = geometry_from_config(config)
     rules, _ = vl.rules_for(str(case.get("engine_version") or "").lstrip("v") or None)
-    repack, _ = vb.mxfp4_repack_extra_bytes(geometry, version=rules.version, tp=tp, pp=_pp(case),
-                                            compute_capability=gpu.compute_capability if gpu else None)
+    repack = vb.mxfp4_as_loaded(geometry, version=rules.version, tp=tp, pp=_pp(case),
+                                compute_capability=gpu.compute_capability if gpu else None).extra
     return ResolvedModel(name=str(case.get("model")), source="local", geometry=geometry,
                          weight_bytes=int(float(logged) * GiB * tp) - repack * tp,
                          weight_bytes_source="the log's Model loading took", config=config), "weights from the log"

@@ -288,13 +288,45 @@ def utilization_for(room_bytes: int, cuda_total_bytes: int) -> float:
 
 # --------------------------------------------------------------------------- weights as loaded
 #
-# gpt-oss's MXFP4 experts on Hopper run the Triton kernels (the 0.19 logs: "Using 'TRITON' Mxfp4
-# MoE backend"), whose weights are swizzled after loading (vllm/model_executor/layers/fused_moe/
-# oracle/mxfp4.py:728-744 in 0.19.0, quantization/mxfp4.py:403-418 in 0.10.1): the values are
-# re-laid out with padding, the biases become fp32, and the block scales are copied into a padded
-# swizzled layout while, before 0.25, the loaded scales are kept too ("del layer.w13_weight_scale"
-# first appears in 0.25.0). vLLM's "Model loading took" - the weights its KV budget subtracts -
-# counts all of it: 13.64 GiB for gpt-oss-20b's 12.82 GiB checkpoint on vLLM 0.19 (this rule: 13.60).
+# gpt-oss's MXFP4 experts are re-laid out for the MoE kernel vLLM picks, and vLLM's "Model loading
+# took" - the weights its KV budget subtracts - counts them as the kernel holds them. The pick
+# (0.19.0 fused_moe/oracle/mxfp4.py:169-184 priority, :345-353 the first whose is_supported_config
+# passes; 0.33.0 :402-435) for gpt-oss with default flags and environment:
+# - Hopper (9.x): Triton (TRITON: (9,0) <= cc < (11,0), 0.19.0 gpt_oss_triton_kernels_moe.py:564; the 0.19
+#   logs: "Using 'TRITON' Mxfp4 MoE backend"). The weights are swizzled after loading (oracle/mxfp4.py:
+#   728-744 in 0.19.0, quantization/mxfp4.py:403-418 in 0.10.1): values re-laid out with padding, biases
+#   made fp32, block scales copied into a padded swizzled layout while, before 0.25, the loaded scales are
+#   kept too ("del layer.w13_weight_scale" first appears in 0.25.0): 13.64 GiB for gpt-oss-20b's 12.82 GiB
+#   checkpoint on vLLM 0.19 (this rule: 13.60).
+# - Ampere/Ada (8.x), SM12x (RTX 50, RTX PRO 6000) and, before 0.32, SM110: Marlin. FlashInfer TRT-LLM is
+#   SM100-family only (0.19.0 experts/trtllm_mxfp4_moe.py:81), FlashInfer CUTLASS takes MXFP4 x bf16 on
+#   SM90 only (flashinfer_cutlass_moe.py:158-167), Triton stops below SM110 until 0.31 and from 0.32 is
+#   ordered after Marlin on SM12x (0.32.0 oracle/mxfp4.py:413-421); Marlin runs from 7.5 (fused_marlin_moe.py:567).
+# - SM100 (B200, B300): FlashInfer TRT-LLM (FLASHINFER_TRTLLM_MXFP4_BF16, first in the list) when FlashInfer
+#   can run, which needs flashinfer-cubin or nvcc (utils/flashinfer.py:47-62): a default install has the cubins
+#   only in 0.19-0.25 (`VllmRules.flashinfer_cubin_bundled`); otherwise Triton may run instead.
+# The expert tensors are created at padded sizes (mxfp4_round_up_hidden_size_and_intermediate_size, 0.19.0
+# oracle/mxfp4.py:376-400): Marlin hidden to 256 and intermediate per rank to 128; TRT-LLM hidden to 256 and
+# intermediate to 256 (128 from 0.27); Triton intermediate to 64. Non-expert weights (attention, router,
+# embeddings) are UnquantizedLinearMethod in the model dtype, as stored (quantization/mxfp4.py:68-80).
+
+MXFP4_BLOCK = 32  # values per e8m0 block scale
+MXFP4_TRITON = "TRITON"
+MXFP4_MARLIN = "MARLIN"
+MXFP4_TRTLLM = "FLASHINFER_TRTLLM_MXFP4_BF16"
+
+
+@dataclass(frozen=True)
+class Mxfp4AsLoaded:
+    """gpt-oss's MXFP4 experts as vLLM's kernel holds them, per rank, beyond the checkpoint's share."""
+
+    extra: int  # bytes the plan adds: the largest layout a default install may run
+    error: int  # +/- bytes: the smallest layout the same install may run instead is `extra - error`
+    backend: str  # vLLM's Mxfp4MoeBackend value of the layout counted
+    rule: str
+
+
+NOT_MXFP4 = Mxfp4AsLoaded(0, 0, "", "")
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -305,20 +337,23 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def mxfp4_repack_extra_bytes(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
-                             compute_capability: tuple[int, int] | None) -> tuple[int, str]:
-    """Bytes per rank the Triton MXFP4 experts hold beyond the checkpoint's share, and the rule."""
-    method = (geometry.quantization.method if geometry.quantization else "") or ""
-    if "mxfp4" not in method.lower() or not geometry.num_experts or compute_capability is None \
-            or compute_capability[0] != 9:
-        return 0, ""
-    experts, hidden = geometry.num_experts, geometry.hidden_size
-    moe = geometry.text_config.get("moe_intermediate_size") or geometry.intermediate_size
-    if not isinstance(moe, int) or moe <= 0:
-        return 0, ""
+def _checkpoint_expert_bytes(hidden: int, share: int) -> int:
+    """One expert's share as stored: u8 pairs of fp4 values, one e8m0 byte per 32 values, bf16 biases."""
+    values = (2 * share * hidden // 2) + (hidden * share // 2)
+    scales = 2 * share * (hidden // MXFP4_BLOCK) + hidden * (share // MXFP4_BLOCK)
+    return values + scales + 2 * (2 * share + hidden)
+
+
+def _padded_expert_bytes(hidden: int, inter: int, bias_bytes: int) -> int:
+    """w13 [2I, H/2] and w2 [H, I/2] u8 values, their [2I, H/32] and [H, I/32] scales, biases [2I] and [H]."""
+    values = (2 * inter * hidden // 2) + (hidden * inter // 2)
+    scales = 2 * inter * (hidden // MXFP4_BLOCK) + hidden * (inter // MXFP4_BLOCK)
+    return values + scales + bias_bytes * (2 * inter + hidden)
+
+
+def _triton_hopper_expert_bytes(hidden: int, share: int, version: str) -> int:
     # The expert tensors are created with the intermediate size per rank rounded up to 64
     # (mxfp4_round_up_hidden_size_and_intermediate_size, the Triton branch).
-    share = moe // max(tp, 1)
     inter = _round_up(share, 64)
     old_layout = _version(version) < (0, 22)  # third_party/triton_kernels hopper_value.py: pad to 64
     scales_kept = _version(version) < (0, 25)
@@ -329,17 +364,104 @@ def mxfp4_repack_extra_bytes(geometry: ModelGeometry, *, version: str, tp: int, 
         return _round_up(cols, 16) * _round_up(rows, 32)  # mT, then packs of 16 and 32 (0.22+)
 
     loaded_values = values(hidden // 2, 2 * inter) + values(inter // 2, hidden)
-    checkpoint_values = (2 * share * hidden // 2) + (hidden * share // 2)
     # Scales swizzled for Hopper (hopper_scale.py: rows padded to 2 x 8 warps x 2 x 8 = 256).
     swizzled_scales = _round_up(2 * inter, 256) * (hidden // 32) + _round_up(hidden, 256) * _round_up(inter // 32, 2)
     checkpoint_scales = 2 * share * (hidden // 32) + hidden * (share // 32)
-    loaded = loaded_values + swizzled_scales + (checkpoint_scales if scales_kept else 0) + 4 * (2 * inter + hidden)
-    checkpoint = checkpoint_values + checkpoint_scales + 2 * (2 * share + hidden)
-    layers = -(-geometry.num_layers // max(pp, 1))
-    extra = max(loaded - checkpoint, 0) * experts * layers
-    rule = ("MXFP4 experts swizzled for Hopper's Triton kernels: padded values and scales, fp32 biases"
-            + (", loaded scales kept (before 0.25)" if scales_kept else ""))
-    return extra, rule
+    return loaded_values + swizzled_scales + (checkpoint_scales if scales_kept else 0) + 4 * (2 * inter + hidden)
+
+
+def _triton_blackwell_expert_bytes(hidden: int, share: int, version: str) -> int:
+    """Triton on SM100+ (third_party/triton_kernels/tensor_details/layout_details/, the same padding from
+    0.12 to 0.33): blackwell_value.py pads each row of u8 values to 128 bytes, blackwell_scale.py pads the
+    transposed scales [K = size/32, N] to K % 8 and N % 128; fp32 biases; loaded scales kept before 0.25."""
+    inter = _round_up(share, 64)
+    values = 2 * inter * _round_up(hidden // 2, 128) + hidden * _round_up(inter // 2, 128)
+    scales = (_round_up(hidden // MXFP4_BLOCK, 8) * _round_up(2 * inter, 128)
+              + _round_up(inter // MXFP4_BLOCK, 8) * _round_up(hidden, 128))
+    kept = 2 * inter * (hidden // MXFP4_BLOCK) + hidden * (inter // MXFP4_BLOCK) if _version(version) < (0, 25) else 0
+    return values + scales + kept + 4 * (2 * inter + hidden)
+
+
+def _mxfp4_expert_bytes(backend: str, hidden: int, share: int, *, version: str, rules: VllmRules,
+                        hopper: bool) -> int:
+    if backend == MXFP4_MARLIN:
+        # gptq_marlin_repack keeps 4 bits a value; the scales stay one e8m0 byte per 32 values
+        # (mxfp4_marlin_process_scales, 0.19.0 quantization/utils/marlin_utils_fp4.py:115-129, :589-616);
+        # biases in the model dtype (:619-629); the loaded tensors are replaced (quantization/mxfp4.py:299-303).
+        return _padded_expert_bytes(_round_up(hidden, 256), _round_up(share, 128), bias_bytes=2)
+    if backend == MXFP4_TRTLLM:
+        # Rows shuffled per expert, scales interleaved in place (nvfp4_block_scale_interleave, reshaped back
+        # to [E, 2I, H/32]), biases fp32 (0.19.0 oracle/mxfp4.py:444-583, the same text to 0.33).
+        return _padded_expert_bytes(_round_up(hidden, 256), _round_up(share, rules.mxfp4_trtllm_intermediate_align),
+                                    bias_bytes=4)
+    if hopper:
+        return _triton_hopper_expert_bytes(hidden, share, version)
+    return _triton_blackwell_expert_bytes(hidden, share, version)
+
+
+def _mxfp4_backends(compute_capability: tuple[int, int], rules: VllmRules) -> tuple[tuple[str, ...], str]:
+    """The backends vLLM may pick for gpt-oss with default flags on this card, and when the others run."""
+    major = compute_capability[0]
+    if major == 9:
+        return (MXFP4_TRITON,), ""
+    if major == 10:
+        if rules.flashinfer_cubin_bundled:
+            return (MXFP4_TRTLLM,), ""
+        if rules.triton_kernels_bundled:
+            return (MXFP4_TRTLLM, MXFP4_TRITON), "where FlashInfer has neither flashinfer-cubin nor nvcc"
+        return ((MXFP4_TRTLLM, MXFP4_TRITON, MXFP4_MARLIN),
+                "without the optional flashinfer-python or triton_kernels package")
+    if major == 11 and rules.mxfp4_triton_sm110:
+        return (MXFP4_TRITON,), ""
+    if major >= 11 and not rules.triton_kernels_bundled:
+        return (MXFP4_MARLIN, MXFP4_TRITON), "without the optional triton_kernels package"
+    return (MXFP4_MARLIN,), ""
+
+
+
+def _mxfp4_rule(backend: str, *, hopper: bool, version: str, rules: VllmRules) -> str:
+    if backend == MXFP4_MARLIN:
+        return "MXFP4 experts repacked for Marlin: hidden padded to 256, intermediate to 128 per rank"
+    if backend == MXFP4_TRTLLM:
+        return (f"MXFP4 experts shuffled for FlashInfer TRT-LLM ({MXFP4_TRTLLM}): hidden padded to 256, "
+                f"intermediate to {rules.mxfp4_trtllm_intermediate_align} per rank, fp32 biases")
+    kept = ", loaded scales kept (before 0.25)" if _version(version) < (0, 25) else ""
+    if hopper:
+        return "MXFP4 experts swizzled for Hopper's Triton kernels: padded values and scales, fp32 biases" + kept
+    return "MXFP4 experts swizzled for the Triton kernels on Blackwell: padded values and scales, fp32 biases" + kept
+
+
+def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
+                    compute_capability: tuple[int, int] | None) -> Mxfp4AsLoaded:
+    """gpt-oss's MXFP4 experts per rank as the kernel vLLM picks holds them, beyond the checkpoint's share.
+
+    Where the pick depends on what the install has (FlashInfer's kernels, an optional package), the plan
+    counts the largest layout and carries the difference to the smallest as the term's error."""
+    from launcher.engines.vllm.rules import rules_for
+
+    method = (geometry.quantization.method if geometry.quantization else "") or ""
+    if "mxfp4" not in method.lower() or not geometry.num_experts or compute_capability is None:
+        return NOT_MXFP4
+    experts, hidden = geometry.num_experts, geometry.hidden_size
+    moe = geometry.text_config.get("moe_intermediate_size") or geometry.intermediate_size
+    if not isinstance(moe, int) or moe <= 0:
+        return NOT_MXFP4
+    rules = rules_for(version)[0]
+    hopper = compute_capability[0] == 9
+    share = moe // max(tp, 1)
+    checkpoint = _checkpoint_expert_bytes(hidden, share)
+    backends, decided_by = _mxfp4_backends(compute_capability, rules)
+    per_expert = {b: max(_mxfp4_expert_bytes(b, hidden, share, version=version, rules=rules, hopper=hopper)
+                         - checkpoint, 0) for b in backends}
+    counted = max(backends, key=lambda b: per_expert[b])  # ties: vLLM's order
+    expert_layers = experts * -(-geometry.num_layers // max(pp, 1))
+    extra = per_expert[counted] * expert_layers
+    error = extra - min(per_expert.values()) * expert_layers
+    rule = _mxfp4_rule(counted, hopper=hopper, version=version, rules=rules)
+    if error:
+        others = "/".join(b for b in backends if b != counted)
+        rule += f"; {others} instead {decided_by}: up to {format_gib(error)} less, in the band"
+    return Mxfp4AsLoaded(extra, error, counted, rule)
 
 
 # Online quantization: `--quantization fp8` (fp8_per_tensor from 0.31: model_loader/weight_utils.py:349-356

