@@ -403,7 +403,12 @@ def _mxfp4_backends(compute_capability: tuple[int, int], rules: VllmRules) -> tu
     """The backends vLLM may pick for gpt-oss with default flags on this card, and when the others run."""
     major = compute_capability[0]
     if major == 9:
-        return (MXFP4_TRITON,), ""
+        if rules.triton_kernels_bundled:
+            return (MXFP4_TRITON,), ""
+        # 0.10-0.11: Triton only where the optional triton_kernels package imports, else Marlin (0.11.0
+        # quantization/mxfp4.py:59-107); the 0.10.1 H100 gpt-oss-120b log ran Marlin (its warning comes
+        # from marlin_utils_fp4.py:196) and loaded 65.97 GiB, the Marlin layout's 65.9.
+        return (MXFP4_TRITON, MXFP4_MARLIN), "without the optional triton_kernels package"
     if major == 10:
         if rules.flashinfer_cubin_bundled:
             return (MXFP4_TRTLLM,), ""

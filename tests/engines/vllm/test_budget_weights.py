@@ -128,6 +128,19 @@ def test_before_0_12_the_optional_packages_decide() -> None:
     assert vb.mxfp4_as_loaded(geometry, version="0.12.0", tp=1, pp=1, compute_capability=(12, 0)).error == 0
 
 
+def test_hopper_before_0_12_counts_marlin_or_triton_whichever_is_larger() -> None:
+    """0.10/0.11 on an H100: Triton only where the optional triton_kernels package imports, else Marlin
+    (the 0.10.1 gpt-oss-120b log ran Marlin and loaded 65.97 GiB). Marlin's layout (+1,195,264 bytes an
+    expert) is larger than Triton's of 0.19 (the same layout before 0.22: 0.79 GiB for 768 experts), so
+    Marlin is counted and Triton is the band's other end; from 0.12 triton_kernels is bundled: Triton."""
+    geometry = _config("gpt-oss-20b")
+    old = vb.mxfp4_as_loaded(geometry, version="0.10.0", tp=1, pp=1, compute_capability=(9, 0))
+    new = vb.mxfp4_as_loaded(geometry, version="0.19.0", tp=1, pp=1, compute_capability=(9, 0))
+    assert (old.backend, old.extra) == ("MARLIN", MARLIN * 768)
+    assert old.extra - old.error == new.extra and new.backend == "TRITON" and new.error == 0
+    assert vb.mxfp4_as_loaded(geometry, version="0.12.0", tp=1, pp=1, compute_capability=(9, 0)).backend == "TRITON"
+
+
 def test_dense_and_other_quantizations_load_as_stored() -> None:
     assert vb.mxfp4_as_loaded(_geometry("llama-3.1-8b-instruct"), version="0.19.0", tp=1, pp=1,
                               compute_capability=(8, 9)) == vb.NOT_MXFP4
