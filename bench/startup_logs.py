@@ -62,6 +62,10 @@ from launcher.plan.types import Plan, PlanRequest  # noqa: E402
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "startup-logs"
 TOTALS = Path(__file__).resolve().parent.parent / "tests" / "data" / "cuda-totals.yaml"
 FILES = ("startup-logs.yaml", "startup-logs-2.yaml")
+# The project's real configs by repo id (tests/data/configs/README.md's table: file | class | kind | repo).
+_CONFIGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "configs"
+REAL_CONFIGS = {m.group(2).lower(): _CONFIGS / m.group(1) for m in re.finditer(
+    r"^\| `([^`]+\.json)` \| \w+ \| [^|]+ \| ([\w.-]+/[\w.-]+) \|$", (_CONFIGS / "README.md").read_text(), re.M)}
 
 # Log flags that size memory, in the engine's spelling; others (prefix caching, LoRA) pass.
 VLLM_FLAGS = {"max_model_len": "--max-model-len", "gpu_memory_utilization": "--gpu-memory-utilization",
@@ -88,6 +92,10 @@ ASSUMED_VERSIONS = {
 # memory the log's first reading shows (plus the planned CUDA context, which the host's NVML free still
 # held) and the fraction the engine printed, since the planner's own would add a margin for the tenant.
 SHARED_CARD = {"sglang-jerryzsj-rtx3090-r1-distill-qwen-7b-wsl2": "0.88"}
+# Logs of a release older than every rule set here, whose default fraction the log printed: planned
+# with that fraction, so that what is scored is the pool arithmetic, not a table the release did not
+# have (0.4.3.post4 on 4 x L4 printed 0.85, its TP 4 step; 0.5.1's table gives 0.858 there).
+PRINTED_FRACTION = {"sglang-llmsinclouds-4xl4-qwq-32b-tp4": "0.85"}
 # Values the log calls a default: the user did not type them.
 _DEFAULT_NOTE = re.compile(r"default|auto", re.IGNORECASE)
 
@@ -168,16 +176,16 @@ def model_for(case: Mapping[str, Any], gpu: CatalogGpu | None = None) -> tuple[A
     profile = profile_for_repo(str(case.get("model") or ""))
     if profile is not None:
         return model_from_profile(profile), ""
+    logged = (case.get("observed") or {}).get("weights_gib")
+    tp = _tp(case)
     if not case.get("model_config"):
-        raise LookupError(f"model {case.get('model')} not in profiles/ and no model_config")
+        return _real_config_model(case, logged, tp)
     directory = DATA / "models" / case["model_config"]
     config = json.loads((directory / "config.json").read_text())
-    logged = (case.get("observed") or {}).get("weights_gib")
     try:
         model = resolve_model(str(directory))
     except SafeServeError:
         model = None
-    tp = _tp(case)
     if model is not None and (logged is None or
                               abs(model.weight_bytes / tp / GiB - float(logged)) < 0.05 * float(logged)):
         return model, ""
@@ -190,6 +198,31 @@ def model_for(case: Mapping[str, Any], gpu: CatalogGpu | None = None) -> tuple[A
     return ResolvedModel(name=str(case.get("model")), source="local", geometry=geometry,
                          weight_bytes=int(float(logged) * GiB * tp) - repack * tp,
                          weight_bytes_source="the log's Model loading took", config=config), "weights from the log"
+
+
+def _real_config_model(case: Mapping[str, Any], logged: Any, tp: int) -> tuple[Any, str]:
+    """A log without a copied config: the repo's config among tests/data/configs (listed by repo in
+    its README), with the weights the log printed ("Model loading took", vLLM) or loaded (SGLang's
+    "mem usage" at "Load weight end" less the leftovers the planner adds on top of the weights).
+    Only the KV fields of these configs are the published ones, so the weights must come from the log."""
+    repo = str(case.get("model") or "")
+    path = REAL_CONFIGS.get(repo.lower())
+    config = _config_of(case)
+    if path is None or config is None:
+        raise LookupError(f"model {repo} not in profiles/, no model_config and no real config")
+    geometry = geometry_from_config(config)
+    if logged is not None:
+        weights = int(float(logged) * GiB * tp)
+        source = "weights from the log"
+    else:
+        observed = case.get("observed") or {}
+        if case["engine"] != "sglang" or observed.get("weights_gb") is None:
+            raise LookupError(f"{path.name}: a reconstructed config and no weights in the log")
+        leftovers = sgb.load_overhead(geometry, dtype=str(config.get("torch_dtype") or "bfloat16"), tp=tp, pp=_pp(case))
+        weights = (int(float(observed["weights_gb"]) * GiB) - leftovers.bytes) * tp
+        source = "weights from the log (SGLang's mem usage less the planned leftovers)"
+    return ResolvedModel(name=repo, source="local", geometry=geometry, weight_bytes=weights,
+                         weight_bytes_source=source, config=config), f"{source}; config {path.name}"
 
 
 def logged_figure(case: Mapping[str, Any]) -> float | None:
@@ -289,10 +322,18 @@ def _graphs(case: Mapping[str, Any], plan: Plan, geometry: ModelGeometry) -> int
 
 def _captured(case: Mapping[str, Any], moe: bool) -> bool:
     """A capture with its model's config, FULL_AND_PIECEWISE's default (0.11+), dense or MoE."""
-    if not _observed(case, "cudagraph_gib") or _version(case) < (0, 11) or not case.get("model_config"):
+    config = _config_of(case)
+    if not _observed(case, "cudagraph_gib") or _version(case) < (0, 11) or config is None:
         return False
-    config = json.loads((DATA / "models" / case["model_config"] / "config.json").read_text())
     return bool(geometry_from_config(config).num_experts) == moe
+
+
+def _config_of(case: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The config.json copied beside the logs, else the repo's among the real configs, else None."""
+    if case.get("model_config"):
+        return dict(json.loads((DATA / "models" / case["model_config"] / "config.json").read_text()))
+    path = REAL_CONFIGS.get(str(case.get("model") or "").lower())
+    return None if path is None else {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
 
 
 FITS = (
@@ -470,6 +511,9 @@ def plan_case(case: Mapping[str, Any],
     if case["id"] in SHARED_CARD:
         gpus, args = _as_shared(case, gpus), (*args, "--mem-fraction-static", SHARED_CARD[case["id"]])
         weights_note = f"{weights_note}; free memory and fraction from the log (shared card)".strip("; ")
+    if case["id"] in PRINTED_FRACTION:
+        args = (*args, "--mem-fraction-static", PRINTED_FRACTION[case["id"]])
+        weights_note = f"{weights_note}; the fraction the log printed (a release older than the rules)".strip("; ")
     request = PlanRequest(model=model, engine=case["engine"], gpus=gpus, engine_version=version, engine_args=args)
     failed = bool((case.get("observed") or {}).get("startup_failed"))
     weights_note = f"{weights_note}; {assumed_note}".strip("; ") if assumed else weights_note

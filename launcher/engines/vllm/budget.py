@@ -530,17 +530,18 @@ def online_quant_delta_bytes(geometry: ModelGeometry, *, quantization: str | Non
 # (v1/cudagraph_dispatcher.py:164-230; v1/worker/gpu/cudagraph_utils.py:251-373), the sizes from
 # `_set_cudagraph_sizes` (config/vllm.py:2292-2500). What one graph costs is fitted: per graph and
 # per layer on the rank (the kernels a graph records grow with the layers), on every published
-# capture with a known model ("Graph capturing finished ... took X GiB": nine logs, vLLM 0.11 and
+# capture with a known model ("Graph capturing finished ... took X GiB": ten logs, vLLM 0.11 and
 # 0.19, 102 graphs each). Leave-one-out (bench/startup_logs.py): dense 0.197-0.301 MiB, held-out
 # residuals within 0.078. MoE captures do not grow with the layers (Qwen3-30B-A3B 48 layers 14.2 MiB per
-# graph, Kimi-VL-A3B 27 layers 15.1, gpt-oss-20b 24 layers 18.5; per graph and layer 0.30-0.77): per graph,
-# held-out residuals within 3.9 MiB, and never less than a dense model of as many layers.
+# graph, Kimi-VL-A3B 27 layers 15.1, gpt-oss-20b 24 layers 18.5, Mixtral-8x7B at TP 2 32 layers 9.3; per
+# graph and layer 0.29-0.77): per graph, the median of the four, held-out residuals within 5.8 MiB
+# (Mixtral's, the one with 8 experts), and never less than a dense model of as many layers.
 # One capture outside the data (vLLM 0.31, A100-80GB, 32 layers, 86 graphs: 0.23 GiB, 0.084 MiB)
 # is below the dense band: the V2 runner's graphs may cost less; the plan stays on the safe side.
 CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER = int(0.242 * MiB)
 CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER = int(0.08 * MiB)
-CUDAGRAPH_MOE_BYTES_PER_GRAPH = int(15.1 * MiB)
-CUDAGRAPH_MOE_ERROR_PER_GRAPH = int(4.0 * MiB)
+CUDAGRAPH_MOE_BYTES_PER_GRAPH = int(14.6 * MiB)
+CUDAGRAPH_MOE_ERROR_PER_GRAPH = int(5.8 * MiB)
 # Before 0.11 no capture in the data has a known count (V0 graphs cost more: 0.8.2 Phi-4, 1.12 GiB for
 # 35 sizes x 40 layers, 0.82 MiB each): the band stays at least the farthest the old fixed formula
 # (256 MiB + 13.5 MiB per layer) was from a published capture, and the reported OOM in capture on

@@ -93,10 +93,10 @@ def test_every_published_capture_is_inside_its_band() -> None:
         for case in yaml.safe_load((DATA / name).read_text()):
             logged = (case.get("observed") or {}).get("cudagraph_gib")
             version = str(case.get("engine_version") or "")
-            if logged is None or not case.get("model_config") or not version:
+            config = _config_of(case)
+            if logged is None or config is None or not version:
                 continue
-            geometry = geometry_from_config(json.loads((DATA / "models" / case["model_config"] / "config.json")
-                                                       .read_text()))
+            geometry = geometry_from_config(config)
             h100 = "H100" in case["gpu"]
             graphs = vb.cuda_graphs(geometry, rules=vr.rules_for(version)[0], version=version,
                                     layers=geometry.kv_layers, max_num_seqs=1024 if h100 else 256,
@@ -104,8 +104,20 @@ def test_every_published_capture_is_inside_its_band() -> None:
             assert graphs.count == 102, case["id"]
             assert abs(float(logged) * GiB - graphs.estimate_bytes) <= graphs.error_bytes, case["id"]
             checked += 1
-    assert checked == 9
-    assert vb.CUDAGRAPH_MOE_ERROR_PER_GRAPH < 5 * MiB
+    assert checked == 10
+    assert vb.CUDAGRAPH_MOE_ERROR_PER_GRAPH < 6 * MiB
+
+
+def _config_of(case: dict) -> dict | None:
+    """The config copied beside the log, else the repo's real config (tests/data/configs, by its README)."""
+    if case.get("model_config"):
+        return dict(json.loads((DATA / "models" / case["model_config"] / "config.json").read_text()))
+    configs = DATA.parent / "configs"
+    for line in (configs / "README.md").read_text().splitlines():
+        cells = [c.strip(" `") for c in line.split("|")]
+        if len(cells) > 4 and cells[4].lower() == str(case.get("model") or "").lower():
+            return {k: v for k, v in json.loads((configs / cells[1]).read_text()).items() if not k.startswith("_")}
+    return None
 
 
 def test_versions_before_the_fitted_captures_keep_the_wide_band() -> None:
