@@ -445,10 +445,64 @@ def _flashinfer_layer(version: str, major: int, experts: int, hidden: int, share
         f"intermediate to {inter} per rank")
 
 
+# A pinned --moe-runner-backend replaces "auto", which the gpt-oss override then leaves alone
+# (arg_groups/model_overrides/gpt_oss.py:64 `if cfg.moe_runner_backend == "auto"`). A pinned --quantization
+# keeps sm80-sm90 off triton_kernel from 0.5.9 (server_args.py:1393 in 0.5.9, gpt_oss.py:101-105 in 0.5.23:
+# `and cfg.quantization is None`; 0.5.1-0.5.8 server_args.py do not test it): "auto" stays, and
+# Mxfp4MoEMethod, neither triton_kernels nor flashinfer nor marlin, upcasts the experts to bf16
+# (layers/quantization/mxfp4.py:1115-1136: `upcast_from_mxfp`, the loaded values and scales deleted; the
+# intermediate padded as for triton_kernels, :560-563) - so does a pinned `triton` on any card (sm100 pads
+# the same, :495-498). Where SGLang refuses the pin (`mxfp4_runner_refusal`), the plan refuses it.
+QUANTIZATION_SKIPS_TRITON_KERNEL_SINCE = "0.5.9"
+DEQUANTIZING_RUNNERS = frozenset({"triton"})
+# (first release, line) of the refusals, layers/quantization/mxfp4.py (0.5.23 :655, :439-442).
+MARLIN_SM90_REFUSAL = (("0.5.18", 565), ("0.5.21", 636), ("0.5.23", 655))
+FLASHINFER_SM_REFUSAL = (("0.5.13", 421, "moe_runner_backend=flashinfer_mxfp4 requires SM90 or SM100."),
+                         ("0.5.18", 375, "moe_runner_backend=flashinfer_mxfp4 requires SM90, SM100, or SM120."),
+                         ("0.5.21", 426, "moe_runner_backend=flashinfer_mxfp4 requires SM90, SM100, or SM120."),
+                         ("0.5.23", 439, "moe_runner_backend=flashinfer_mxfp4 requires SM90, SM100, or SM120."))
+
+
+def _runner(value: object) -> str | None:
+    return value.strip().lower() if isinstance(value, str) and value.strip().lower() not in ("", "auto") else None
+
+
+def _since(table: tuple[tuple[Any, ...], ...], version: str) -> tuple[Any, ...] | None:
+    rows = [row for row in table if version_key(row[0]) <= version_key(version)]
+    return rows[-1] if rows else None
+
+
+def mxfp4_runner_refusal(geometry: ModelGeometry, *, version: str, moe_runner_backend: object,
+                         compute_capability: tuple[int, int] | None) -> tuple[str, str] | None:
+    """(SGLang's message, file:line) where it stops loading gpt-oss's MXFP4 experts under this pin, else None."""
+    runner = _runner(moe_runner_backend)
+    method = (geometry.quantization.method if geometry.quantization else "") or ""
+    if geometry.architecture != GPT_OSS or method.lower() != "mxfp4" or runner is None or compute_capability is None:
+        return None
+    path = "sglang/srt/layers/quantization/mxfp4.py"
+    if runner == "marlin" and compute_capability[0] < 9 and (row := _since(MARLIN_SM90_REFUSAL, version)):
+        return "MXFP4 Marlin requires SM90+.", f"{path}:{row[1]} (SGLang {row[0]})"
+    if runner == "flashinfer_mxfp4" and compute_capability[0] not in (9, 10, 12) \
+            and (row := _since(FLASHINFER_SM_REFUSAL, version)):
+        return row[2], f"{path}:{row[1]} (SGLang {row[0]})"
+    return None
+
+
+def _dequantized_layer(version: str, experts: int, hidden: int, share: int) -> tuple[int, str]:
+    """The experts upcast to bf16: [E, 2I, H] + [E, H, I] bf16 and bf16 biases, I padded to 64 (32 before
+    0.5.10)."""
+    inter = _up(share, 64 if version_key(version) >= version_key(TRITON_PAD_64_SINCE) else 32)
+    return experts * (2 * (2 * inter * hidden + hidden * inter) + 2 * (2 * inter + hidden)), (
+        f"MXFP4 experts upcast to bf16 (intermediate {inter} per rank), the packed values and scales freed")
+
+
 def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
-                    compute_capability: tuple[int, int] | None) -> Mxfp4AsLoaded | None:
+                    compute_capability: tuple[int, int] | None, moe_runner_backend: object = None,
+                    quantization: object = None) -> Mxfp4AsLoaded | None:
     """gpt-oss's MXFP4 experts as SGLang holds them after loading on this card, or None where this does
-    not apply (another model or quantization, a card the rule does not cover)."""
+    not apply (another model or quantization, a card the rule does not cover). A pinned --moe-runner-backend
+    or --quantization changes the runner (see above); a pinned runner whose layout is not derived keeps the
+    card's default layout with the band widened by as much."""
     method = (geometry.quantization.method if geometry.quantization else "") or ""
     experts, hidden, inter = geometry.num_experts, geometry.hidden_size, geometry.intermediate_size
     if (geometry.architecture != GPT_OSS or method.lower() != "mxfp4" or not experts or not inter
@@ -457,6 +511,14 @@ def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
     major, share = compute_capability[0], inter // max(tp, 1)
     layers = -(-geometry.num_layers // max(pp, 1))
     checkpoint = layers * _experts_bytes(experts, hidden, inter, 2) // max(tp, 1)
+    runner = _runner(moe_runner_backend)
+    pinned_quant = isinstance(quantization, str) and quantization.strip().lower() == "mxfp4"
+    if runner in DEQUANTIZING_RUNNERS or (
+            runner is None and pinned_quant and major in (8, 9)
+            and version_key(version) >= version_key(QUANTIZATION_SKIPS_TRITON_KERNEL_SINCE)):
+        held, rule = _dequantized_layer(version, experts, hidden, share)
+        why = f"--moe-runner-backend {runner}" if runner else "--quantization pinned (no triton_kernel)"
+        return Mxfp4AsLoaded(layers * held - checkpoint, 0, f"{why}: {rule}")
     error = 0
     if major in (8, 9):
         held, error, rule = _triton_layer(version, major, experts, hidden, share)
@@ -464,6 +526,11 @@ def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
         held, rule = _flashinfer_layer(version, major, experts, hidden, share)
     extra = layers * held - checkpoint
     error *= layers
+    default = "triton_kernel" if major in (8, 9) else "flashinfer_mxfp4"
+    if runner is not None and runner != default:
+        return Mxfp4AsLoaded(extra, max(extra, 0), (
+            f"--moe-runner-backend {runner}: its layout is not derived here; the card's default ({default}) is "
+            f"counted, +/- as much: {rule}"))
     if major == 12 and version_key(version) < version_key(SM120_CUTLASS_SINCE):
         # triton_kernel (<= 0.5.13) or marlin (0.5.14-0.5.16) on sm120: not derived; the CUTLASS layout
         # carried with an error of as much.

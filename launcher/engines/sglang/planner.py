@@ -178,6 +178,12 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
         max_model_len=pinned.get("--context-length"), model_max_len=derived_len, engine_version=request.engine_version,
         gpu_name=gpu.name, allow_long_max_model_len=request.allow_long_max_model_len,
         quantization=pinned.get("--quantization"), pinned_dtype=pinned.get("--dtype"))))
+    moe_refusal = sb.mxfp4_runner_refusal(geometry, version=rules.version,
+                                          moe_runner_backend=pinned.get("--moe-runner-backend"),
+                                          compute_capability=gpu.compute_capability)
+    if moe_refusal is not None:
+        _refuse_what_sglang_refuses((EngineRule("moe-runner-backend", moe_refusal[0], moe_refusal[1],
+                                                hint="--moe-runner-backend auto (SGLang's own pick for gpt-oss)"),))
     try:  # after the engine's own checks: what it refuses is its refusal, not our sizing gap
         kv_elem, kv_reason = sk.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
     except ValueError as exc:
@@ -352,7 +358,9 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
     # gpt-oss's MXFP4 experts as the card's MoE kernels hold them after loading (sglang/budget.py): counted
     # with the weights; the loader's leftovers stay the bounded estimate of the allocator's rounding.
     as_loaded = sb.mxfp4_as_loaded(setup.geometry, version=setup.rules.version, tp=setup.tp, pp=setup.pp,
-                                   compute_capability=gpu.compute_capability)
+                                   compute_capability=gpu.compute_capability,
+                                   moe_runner_backend=setup.pinned.get("--moe-runner-backend"),
+                                   quantization=setup.pinned.get("--quantization"))
     load = sb.load_overhead(setup.geometry, dtype=setup.dtype, tp=setup.tp, pp=setup.pp,
                             quantized_online=online is not None)
     if cal is not None and cal.load_overhead_bytes is not None:

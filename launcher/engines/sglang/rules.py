@@ -126,6 +126,7 @@ FLAGS = (
     FlagSpec("--kv-cache-dtype", str),
     FlagSpec("--dtype", str),
     FlagSpec("--quantization", str),
+    FlagSpec("--moe-runner-backend", str),  # gpt-oss's MXFP4 expert layout (budget.py mxfp4_as_loaded)
     FlagSpec("--disable-cuda-graph", None),
     FlagSpec("--disable-prefill-cuda-graph", None),
     FlagSpec("--cuda-graph-max-bs-decode", positive_int),
@@ -155,7 +156,8 @@ FLAGS = (
 ONLINE_QUANTIZATION = (("0.5.1", ("--quantization", "fp8")),)
 CALIBRATION_KEY_FLAGS = ("--dtype", "--kv-cache-dtype", "--chunked-prefill-size", "--tp-size", "--pp-size",
                          "--cuda-graph-max-bs-decode", "--disable-cuda-graph", "--max-running-requests",
-                         "--quantization")  # online fp8: other weights, other loader leftovers
+                         "--quantization",  # online fp8: other weights, other loader leftovers
+                         "--moe-runner-backend")  # gpt-oss's MXFP4 experts as the MoE runner holds them
 MEMORY_FLAGS = frozenset({"--mem-fraction-static", "--max-total-tokens"})
 # Flags that add memory the plan does not model yet: said in the plan's warnings.
 NOT_MODELLED = {

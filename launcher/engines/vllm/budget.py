@@ -424,6 +424,129 @@ def _mxfp4_backends(compute_capability: tuple[int, int], rules: VllmRules) -> tu
 
 
 
+# `--moe-backend` (KernelConfig.moe_backend, engine/arg_utils.py:1805-1807 and :2757 in 0.32) picks the MXFP4
+# backend from 0.19 (fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend: `map_mxfp4_backend`, then
+# `_return_or_raise` of its BF16-activation variant); 0.18.1 accepts the flag but its MXFP4 path
+# (quantization/mxfp4.py:109-184 get_mxfp4_backend) does not read it. The names each release maps
+# (map_mxfp4_backend's dict, oracle/mxfp4.py:149-166 in 0.19.0, :352-399 in 0.33.0), by first release:
+MOE_BACKEND_SINCE = "0.19"
+_MAPPED_0_19 = ("flashinfer_trtllm", "flashinfer_trtllm_afp8", "flashinfer_cutlass", "flashinfer_cutlass_afp8",
+                "triton", "marlin", "ck", "xpu")
+_MAPPED_0_20 = ("deep_gemm", "flashinfer_trtllm", "flashinfer_trtllm_afp8", "flashinfer_cutlass",
+                "flashinfer_cutlass_afp8", "triton", "triton_unfused", "marlin", "aiter", "xpu", "emulation")
+_MAPPED_0_21 = (*_MAPPED_0_20[:7], "humming", "marlin", "aiter", "aiter_mxfp4_fp8", "xpu", "emulation")
+_MAPPED_0_22 = (*_MAPPED_0_21[:11], "aiter_mxfp4_mxfp4", "xpu", "cpu", "emulation")
+_MAPPED_0_29 = ("b12x", *_MAPPED_0_22)
+_MAPPED_0_30 = (*_MAPPED_0_29[:11], "aiter_triton_mxfp4_bf16", *_MAPPED_0_29[11:])
+_MAPPED_0_32 = (*_MAPPED_0_30[:6], "flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm", *_MAPPED_0_30[6:])
+_MAPPED_0_33 = (*_MAPPED_0_32[:16], "aiter_triton_mxfp4_mxfp4", *_MAPPED_0_32[16:])
+# (release, names mapped, line of the raise for an unmapped name, line of `_return_or_raise`'s raise)
+MXFP4_MOE_BACKENDS: tuple[tuple[str, tuple[str, ...], int, int], ...] = (
+    ("0.19.0", _MAPPED_0_19, 164, 260), ("0.20.0", _MAPPED_0_20, 188, 309), ("0.21.0", _MAPPED_0_21, 226, 340),
+    ("0.22.0", _MAPPED_0_22, 265, 383), ("0.24.0", _MAPPED_0_22, 299, 417), ("0.25.0", _MAPPED_0_22, 299, 418),
+    ("0.26.0", _MAPPED_0_22, 302, 421), ("0.27.0", _MAPPED_0_22, 305, 427), ("0.28.0", _MAPPED_0_22, 301, 423),
+    ("0.29.0", _MAPPED_0_29, 316, 440), ("0.30.0", _MAPPED_0_30, 327, 455), ("0.31.0", _MAPPED_0_30, 337, 464),
+    ("0.32.0", _MAPPED_0_32, 384, 542), ("0.33.0", _MAPPED_0_33, 397, 611),
+)
+# The pinned names whose layout is derived here (the BF16-activation variant `_filter_by_activation` keeps;
+# flashinfer_trtllm_afp8 shares the TRT-LLM weight format, TRTLLM_BACKENDS and
+# mxfp4_round_up_hidden_size_and_intermediate_size :850-852 in 0.32.0).
+_PINNED_LAYOUT = {"marlin": MXFP4_MARLIN, "triton": MXFP4_TRITON, "flashinfer_trtllm": MXFP4_TRTLLM,
+                  "flashinfer_trtllm_afp8": MXFP4_TRTLLM}
+# VLLM_MXFP4_USE_MARLIN (envs.py, maybe_convert_bool: int(value) != 0), read for MXFP4 in 0.10-0.23 (gone
+# from 0.24.0 envs.py): from 0.19 oracle/mxfp4.py:335-343 (0.19.0) returns Marlin when set, after the
+# FlashInfer variables; before 0.19 quantization/mxfp4.py:165-167 (0.18.1) picks Marlin unless the card took
+# FlashInfer first (SM100 with FlashInfer installed, :139-146). The FlashInfer variables
+# (VLLM_USE_FLASHINFER_MOE_MXFP4_BF16/_MXFP8/_MXFP8_CUTLASS) are not read here: the plan keeps the default pick.
+MARLIN_ENV = "VLLM_MXFP4_USE_MARLIN"
+MARLIN_ENV_UNTIL = "0.24"
+
+
+def normalized_moe_backend(value: object) -> str | None:
+    """--moe-backend as vLLM stores it (lower case, '-' as '_'; arg_utils.py:1806), None for auto/unset."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    name = value.strip().lower().replace("-", "_")
+    return None if name == "auto" else name
+
+
+def marlin_env_set(env: Mapping[str, str], version: str) -> bool:
+    """Whether vLLM `version` reads VLLM_MXFP4_USE_MARLIN from `env` as true."""
+    raw = env.get(MARLIN_ENV, "").strip()
+    if _version(version) >= _version(MARLIN_ENV_UNTIL) or not raw:
+        return False
+    try:
+        return int(raw) != 0
+    except ValueError:
+        return False
+
+
+def _backend_runs_on(backend: str, compute_capability: tuple[int, int], rules: VllmRules) -> bool:
+    """The kernel class's `_supports_current_device` (the first check of is_supported_config)."""
+    if backend == MXFP4_MARLIN:  # experts/marlin_moe.py:587-589 (0.32.0): capability 7.5 or newer
+        return compute_capability >= (7, 5)
+    if backend == MXFP4_TRTLLM:  # experts/trtllm_mxfp4_moe.py:121-123 (0.32.0): the SM100 family (and FlashInfer)
+        return compute_capability[0] == 10
+    # gpt_oss_triton_kernels_moe.py: (9, 0) <= cc < (11, 0) to 0.31 (0.19.0 :555-564, 0.31.0 :48), < (13, 0)
+    # from 0.32 (0.32.0 :53)
+    return (9, 0) <= compute_capability < ((13, 0) if rules.mxfp4_triton_sm110 else (11, 0))
+
+
+def mxfp4_backend_refusal(geometry: ModelGeometry, *, version: str, moe_backend: object,
+                          compute_capability: tuple[int, int] | None) -> tuple[str, str] | None:
+    """(vLLM's message, its file:line) where vLLM stops loading gpt-oss under this --moe-backend, else None:
+    a name the release does not map for MXFP4 (only names its MoEBackend literal accepts reach it), or a
+    derived backend whose kernel does not run on this card."""
+    from launcher.engines.vllm.rules import rules_for
+
+    name = normalized_moe_backend(moe_backend)
+    method = (geometry.quantization.method if geometry.quantization else "") or ""
+    if (name is None or "mxfp4" not in method.lower() or not geometry.num_experts or compute_capability is None
+            or _version(version) < _version(MOE_BACKEND_SINCE)):
+        return None
+    row = MXFP4_MOE_BACKENDS[0]
+    for candidate in MXFP4_MOE_BACKENDS:
+        if _version(candidate[0]) <= _version(version):
+            row = candidate
+    release, mapped, map_line, raise_line = row
+    path = "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
+    if name not in mapped:
+        if name in _MOE_BACKEND_LITERAL_NAMES:
+            return (f"moe_backend='{name}' is not supported for MXFP4 MoE. Expected one of {list(mapped)}.",
+                    f"{path}:{map_line} (vLLM {release})")
+        return None
+    backend = _PINNED_LAYOUT.get(name)
+    if backend is None or _backend_runs_on(backend, compute_capability, rules_for(version)[0]):
+        return None
+    return (f"Mxfp4 MoE backend '{backend}' does not support the deployment configuration since kernel does not "
+            "support current device cuda.", f"{path}:{raise_line} (vLLM {release})")
+
+
+# Names vLLM's --moe-backend accepts (config/kernel.py MoEBackend, 0.19-0.33) that may not map for MXFP4.
+_MOE_BACKEND_LITERAL_NAMES = frozenset({
+    "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
+    "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "b12x",
+    "flashinfer_moe_ep_mega_deep_gemm", "flashinfer_moe_ep_mega_cutedsl", "marlin", "humming", "triton_unfused",
+    "aiter", "aiter_mega_moe", "aiter_triton_mxfp4_bf16", "aiter_triton_mxfp4_mxfp4", "flydsl", "hpc", "emulation",
+    "rdna3"})
+
+
+def _pinned_backends(name: str | None, marlin_env: bool, compute_capability: tuple[int, int], version: str,
+                     rules: VllmRules) -> tuple[tuple[str, ...], str, str] | None:
+    """(backends, when the others run, why) where a pinned flag or VLLM_MXFP4_USE_MARLIN decides; None: default."""
+    if name is not None and _version(version) >= _version(MOE_BACKEND_SINCE):
+        backend = _PINNED_LAYOUT.get(name)
+        if backend is not None:
+            return (backend,), "", f"--moe-backend {name}"
+        return (), "", f"--moe-backend {name}"
+    if marlin_env:
+        if _version(version) < _version(MOE_BACKEND_SINCE) and compute_capability[0] == 10:
+            return ((MXFP4_TRTLLM, MXFP4_MARLIN), "where FlashInfer is not installed (picked before the variable)",
+                    f"{MARLIN_ENV}=1")
+        return (MXFP4_MARLIN,), "", f"{MARLIN_ENV}=1"
+    return None
+
+
 def _mxfp4_rule(backend: str, *, hopper: bool, version: str, rules: VllmRules) -> str:
     if backend == MXFP4_MARLIN:
         return "MXFP4 experts repacked for Marlin: hidden padded to 256, intermediate to 128 per rank"
@@ -437,11 +560,15 @@ def _mxfp4_rule(backend: str, *, hopper: bool, version: str, rules: VllmRules) -
 
 
 def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
-                    compute_capability: tuple[int, int] | None) -> Mxfp4AsLoaded:
+                    compute_capability: tuple[int, int] | None, moe_backend: object = None,
+                    marlin_env: bool = False) -> Mxfp4AsLoaded:
     """gpt-oss's MXFP4 experts per rank as the kernel vLLM picks holds them, beyond the checkpoint's share.
 
     Where the pick depends on what the install has (FlashInfer's kernels, an optional package), the plan
-    counts the largest layout and carries the difference to the smallest as the term's error."""
+    counts the largest layout and carries the difference to the smallest as the term's error. A pinned
+    --moe-backend (0.19+) or VLLM_MXFP4_USE_MARLIN (0.10-0.23) decides the layout; a pinned backend whose
+    layout is not derived here keeps the largest derived one, with the band reaching down to the checkpoint's
+    (`mxfp4_backend_refusal` says where vLLM refuses the pin instead)."""
     from launcher.engines.vllm.rules import rules_for
 
     method = (geometry.quantization.method if geometry.quantization else "") or ""
@@ -456,13 +583,28 @@ def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
     share = moe // max(tp, 1)
     checkpoint = _checkpoint_expert_bytes(hidden, share)
     backends, decided_by = _mxfp4_backends(compute_capability, rules)
+    pinned = _pinned_backends(normalized_moe_backend(moe_backend), marlin_env, compute_capability, version, rules)
+    underived = ""
+    if pinned is not None:
+        if pinned[0]:
+            backends, decided_by = pinned[0], pinned[1]
+        else:  # a pinned backend whose layout is not derived: the largest layout derived for this card
+            underived = pinned[2]
+            backends = tuple(b for b in (MXFP4_TRITON, MXFP4_MARLIN, MXFP4_TRTLLM)
+                             if _backend_runs_on(b, compute_capability, rules)) or backends
     per_expert = {b: max(_mxfp4_expert_bytes(b, hidden, share, version=version, rules=rules, hopper=hopper)
                          - checkpoint, 0) for b in backends}
     counted = max(backends, key=lambda b: per_expert[b])  # ties: vLLM's order
     expert_layers = experts * -(-geometry.num_layers // max(pp, 1))
     extra = per_expert[counted] * expert_layers
-    error = extra - min(per_expert.values()) * expert_layers
     rule = _mxfp4_rule(counted, hopper=hopper, version=version, rules=rules)
+    if underived:
+        return Mxfp4AsLoaded(extra, extra, counted, (
+            f"{underived}: its layout is not derived here; the largest derived layout on this card is counted "
+            f"({rule}), the band reaching down to the checkpoint's layout ({format_gib(extra)} less)"))
+    error = extra - min(per_expert.values()) * expert_layers
+    if pinned is not None:
+        rule = f"{pinned[2]}: {rule}"
     if error:
         others = "/".join(b for b in backends if b != counted)
         rule += f"; {others} instead {decided_by}: up to {format_gib(error)} less, in the band"

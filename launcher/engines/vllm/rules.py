@@ -237,6 +237,8 @@ FLAGS = (
     FlagSpec("--mamba-cache-dtype", str),
     FlagSpec("--mamba-ssm-cache-dtype", str),
     FlagSpec("--performance-mode", str),
+    # gpt-oss's MXFP4 expert layout (budget.py mxfp4_as_loaded, mxfp4_backend_refusal; 0.19+).
+    FlagSpec("--moe-backend", str),
     # Multimodal profiling (config/multimodal.py:304, :695-708; multimodal/encoder_budget.py:72-90).
     FlagSpec("--language-model-only", None),
     FlagSpec("--limit-mm-per-prompt", str),
@@ -253,14 +255,16 @@ CALIBRATION_KEY_FLAGS = ("--max-num-batched-tokens", "--max-num-seqs", "--enforc
                          "--kv-cache-dtype", "--tensor-parallel-size", "--pipeline-parallel-size",
                          "--no-enable-chunked-prefill", "--cpu-offload-gb", "--block-size",
                          "--quantization",  # online fp8 holds half the weights (budget.py online_quant_delta_bytes)
+                         "--moe-backend",  # the MoE kernel's expert layout (budget.py mxfp4_as_loaded)
                          # the CUDA graphs captured (launcher/engines/vllm/compilation.py)
                          "--optimization-level", "--compilation-config", "--cudagraph-capture-sizes",
                          "--max-cudagraph-capture-size")
 # The flags that size vLLM's memory directly (a preset's cap gives way to them).
 MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"})
-# Environment the planner reads because vLLM reads it: the CPU KV space (whole GiB), and the
-# switch that lets a length exceed the model's maximum (vllm/envs.py).
-ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE",)
+# Environment the planner reads because vLLM reads it: the CPU KV space (whole GiB), the MXFP4 Marlin
+# switch, and the switch that lets a length exceed the model's maximum (vllm/envs.py).
+# VLLM_MXFP4_USE_MARLIN (0.10-0.23) picks gpt-oss's MXFP4 expert layout (budget.py marlin_env_set).
+ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_MXFP4_USE_MARLIN")
 ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 # Quantizing an unquantized checkpoint to fp8 while loading, as an alternative (budget.py
 # `online_quant_delta_bytes`): `fp8` from 0.16 (meta-device loading, 0.16.0 quantization/fp8.py:525-600);
