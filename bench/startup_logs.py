@@ -179,7 +179,7 @@ def model_for(case: Mapping[str, Any], gpu: CatalogGpu | None = None) -> tuple[A
     logged = (case.get("observed") or {}).get("weights_gib")
     tp = _tp(case)
     if not case.get("model_config"):
-        return _real_config_model(case, logged, tp)
+        return _real_config_model(case, logged, tp, gpu)
     directory = DATA / "models" / case["model_config"]
     config = json.loads((directory / "config.json").read_text())
     try:
@@ -192,15 +192,29 @@ def model_for(case: Mapping[str, Any], gpu: CatalogGpu | None = None) -> tuple[A
     if logged is None:
         raise LookupError(f"{directory.name}: no weights for this checkpoint and none logged")
     geometry = geometry_from_config(config)
-    rules, _ = vl.rules_for(str(case.get("engine_version") or "").lstrip("v") or None)
-    repack = vb.mxfp4_as_loaded(geometry, version=rules.version, tp=tp, pp=_pp(case),
-                                compute_capability=gpu.compute_capability if gpu else None).extra
     return ResolvedModel(name=str(case.get("model")), source="local", geometry=geometry,
-                         weight_bytes=int(float(logged) * GiB * tp) - repack * tp,
+                         weight_bytes=_checkpoint_from_logged(case, geometry, float(logged) * GiB, gpu),
                          weight_bytes_source="the log's Model loading took", config=config), "weights from the log"
 
 
-def _real_config_model(case: Mapping[str, Any], logged: Any, tp: int) -> tuple[Any, str]:
+def _checkpoint_from_logged(case: Mapping[str, Any], geometry: ModelGeometry, per_rank: float,
+                            gpu: CatalogGpu | None) -> int:
+    """The whole checkpoint's bytes behind one rank's logged weights: the planner's own as-loaded rule (gpt-oss's
+    MXFP4 layouts) taken off, so that the plan does not count it twice, times the ranks (tp x pp)."""
+    tp, pp = _tp(case), _pp(case)
+    version = str(case.get("engine_version") or "").lstrip("v") or None
+    cc = gpu.compute_capability if gpu else None
+    if case["engine"] == "sglang":
+        rules = sg.rules_for(version)[0]
+        loaded = sgb.mxfp4_as_loaded(geometry, version=rules.version, tp=tp, pp=pp, compute_capability=cc)
+        extra = loaded.extra_bytes if loaded is not None else 0
+    else:
+        extra = vb.mxfp4_as_loaded(geometry, version=vl.rules_for(version)[0].version, tp=tp, pp=pp,
+                                   compute_capability=cc).extra
+    return int((per_rank - extra) * tp * pp)
+
+
+def _real_config_model(case: Mapping[str, Any], logged: Any, tp: int, gpu: CatalogGpu | None) -> tuple[Any, str]:
     """A log without a copied config: the repo's config among tests/data/configs (listed by repo in
     its README), with the weights the log printed ("Model loading took", vLLM) or loaded (SGLang's
     "mem usage" at "Load weight end" less the leftovers the planner adds on top of the weights).
@@ -212,14 +226,14 @@ def _real_config_model(case: Mapping[str, Any], logged: Any, tp: int) -> tuple[A
         raise LookupError(f"model {repo} not in profiles/, no model_config and no real config")
     geometry = geometry_from_config(config)
     if logged is not None:
-        weights = int(float(logged) * GiB * tp)
+        weights = _checkpoint_from_logged(case, geometry, float(logged) * GiB, gpu)
         source = "weights from the log"
     else:
         observed = case.get("observed") or {}
         if case["engine"] != "sglang" or observed.get("weights_gb") is None:
             raise LookupError(f"{path.name}: a reconstructed config and no weights in the log")
         leftovers = sgb.load_overhead(geometry, dtype=str(config.get("torch_dtype") or "bfloat16"), tp=tp, pp=_pp(case))
-        weights = (int(float(observed["weights_gb"]) * GiB) - leftovers.bytes) * tp
+        weights = _checkpoint_from_logged(case, geometry, float(observed["weights_gb"]) * GiB - leftovers.bytes, gpu)
         source = "weights from the log (SGLang's mem usage less the planned leftovers)"
     return ResolvedModel(name=repo, source="local", geometry=geometry, weight_bytes=weights,
                          weight_bytes_source=source, config=config), f"{source}; config {path.name}"

@@ -496,46 +496,84 @@ def _dequantized_layer(version: str, experts: int, hidden: int, share: int) -> t
         f"MXFP4 experts upcast to bf16 (intermediate {inter} per rank), the packed values and scales freed")
 
 
+def _triton_blackwell_layer(version: str, experts: int, hidden: int, share: int) -> tuple[int, str]:
+    """One layer on triton_kernel where the card is Blackwell-class but not sm100/sm120 (sm110: is_sm100/120
+    test the major, gpt_oss.py:103-120, so triton_kernel runs, and triton_kernels takes its Blackwell layouts
+    from capability 10): not read from SGLang's code here, so the larger of the layouts it may take is
+    counted: values in rows padded to 128 bytes, scales to K % 8 x N % 128 (the Blackwell layouts as vLLM's
+    third_party copy pads them), the loaded scales kept beside them (:1046-1075), biases fp32."""
+    inter = _up(share, 64 if version_key(version) >= version_key(TRITON_PAD_64_SINCE) else 32)
+    values = experts * (2 * inter * _up(hidden // 2, 128) + hidden * _up(inter // 2, 128))
+    scales = experts * (_up(hidden // 32, 8) * _up(2 * inter, 128) + _up(inter // 32, 8) * _up(hidden, 128))
+    kept = experts * (2 * inter * hidden // 32 + hidden * inter // 32)
+    return values + scales + kept + experts * 4 * (2 * inter + hidden), (
+        "MXFP4 experts on triton_kernels' Blackwell layouts (not read from SGLang's code), the loaded scales kept")
+
+
+def _span(high: int, low: int, rule: str) -> Mxfp4AsLoaded:
+    """The middle of two layouts' extra bytes, so that the band's unfavourable end is the larger."""
+    extra = (high + low) // 2
+    return Mxfp4AsLoaded(extra, high - extra, rule)
+
+
 def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
                     compute_capability: tuple[int, int] | None, moe_runner_backend: object = None,
                     quantization: object = None) -> Mxfp4AsLoaded | None:
     """gpt-oss's MXFP4 experts as SGLang holds them after loading on this card, or None where this does
-    not apply (another model or quantization, a card the rule does not cover). A pinned --moe-runner-backend
-    or --quantization changes the runner (see above); a pinned runner whose layout is not derived keeps the
-    card's default layout with the band widened by as much."""
+    not apply (another model or quantization, a card before sm80, where SGLang's MXFP4 code does not run).
+    Where the layout is not known to one (an optional package's version, a card not known or not derived, a
+    pinned runner whose layout is not derived), the plan counts the middle and the band spans the layouts:
+    the larger at its unfavourable end. A pinned --moe-runner-backend or --quantization changes the runner
+    (see above)."""
     method = (geometry.quantization.method if geometry.quantization else "") or ""
     experts, hidden, inter = geometry.num_experts, geometry.hidden_size, geometry.intermediate_size
     if (geometry.architecture != GPT_OSS or method.lower() != "mxfp4" or not experts or not inter
-            or compute_capability is None or inter % max(tp, 1) or compute_capability[0] not in (8, 9, 10, 12)):
+            or inter % max(tp, 1) or (compute_capability is not None and compute_capability[0] < 8)):
         return None
-    major, share = compute_capability[0], inter // max(tp, 1)
+    share = inter // max(tp, 1)
     layers = -(-geometry.num_layers // max(pp, 1))
     checkpoint = layers * _experts_bytes(experts, hidden, inter, 2) // max(tp, 1)
     runner = _runner(moe_runner_backend)
     pinned_quant = isinstance(quantization, str) and quantization.strip().lower() == "mxfp4"
-    if runner in DEQUANTIZING_RUNNERS or (
-            runner is None and pinned_quant and major in (8, 9)
-            and version_key(version) >= version_key(QUANTIZATION_SKIPS_TRITON_KERNEL_SINCE)):
+    skips_triton_kernel = version_key(version) >= version_key(QUANTIZATION_SKIPS_TRITON_KERNEL_SINCE)
+    major = compute_capability[0] if compute_capability is not None else None
+    if runner in DEQUANTIZING_RUNNERS or (runner is None and pinned_quant and major in (8, 9) and skips_triton_kernel):
         held, rule = _dequantized_layer(version, experts, hidden, share)
         why = f"--moe-runner-backend {runner}" if runner else "--quantization pinned (no triton_kernel)"
         return Mxfp4AsLoaded(layers * held - checkpoint, 0, f"{why}: {rule}")
-    error = 0
-    if major in (8, 9):
-        held, error, rule = _triton_layer(version, major, experts, hidden, share)
-    else:
-        held, rule = _flashinfer_layer(version, major, experts, hidden, share)
-    extra = layers * held - checkpoint
-    error *= layers
+    if major not in (8, 9, 10, 12):  # a card not known (a bare --gpu size), or sm110
+        spans = [_card_layout(version, m, experts, hidden, share) for m in (8, 9, 10, 12)]
+        bw, _ = _triton_blackwell_layer(version, experts, hidden, share)
+        highs = [h for h, _, _ in spans] + [bw]
+        lows = [lo for _, lo, _ in spans] + [bw]
+        what = "the card is not known" if major is None else f"sm{major}0 is not derived"
+        return _span(layers * max(highs) - checkpoint, layers * min(lows) - checkpoint,
+                     f"{what}: the band spans the MXFP4 expert layouts SGLang {version} holds on the cards it runs")
+    high, low, rule = _card_layout(version, major, experts, hidden, share)
+    extra_high, extra_low = layers * high - checkpoint, layers * low - checkpoint
     default = "triton_kernel" if major in (8, 9) else "flashinfer_mxfp4"
     if runner is not None and runner != default:
-        return Mxfp4AsLoaded(extra, max(extra, 0), (
-            f"--moe-runner-backend {runner}: its layout is not derived here; the card's default ({default}) is "
-            f"counted, +/- as much: {rule}"))
+        return _span(2 * max(extra_high, 0), 0, (
+            f"--moe-runner-backend {runner}: its layout is not derived here; the band spans twice the card's "
+            f"default ({default}) down to the checkpoint's: {rule}"))
     if major == 12 and version_key(version) < version_key(SM120_CUTLASS_SINCE):
-        # triton_kernel (<= 0.5.13) or marlin (0.5.14-0.5.16) on sm120: not derived; the CUTLASS layout
-        # carried with an error of as much.
-        error, rule = max(extra, 0), f"not derived for SGLang {version} on sm120: {rule} (0.5.17+), +/- as much"
-    return Mxfp4AsLoaded(extra, error, rule)
+        # triton_kernel (<= 0.5.13) or marlin (0.5.14-0.5.16) on sm120: not derived; the band spans twice the
+        # CUTLASS layout down to the checkpoint's.
+        return _span(2 * max(extra_high, 0), 0,
+                     f"not derived for SGLang {version} on sm120: {rule} (0.5.17+), the band from the checkpoint's "
+                     "to twice it")
+    if extra_high != extra_low:
+        rule += "; the plan counts the middle of the two, the band spans both"
+    return _span(extra_high, extra_low, rule)
+
+
+def _card_layout(version: str, major: int, experts: int, hidden: int, share: int) -> tuple[int, int, str]:
+    """(largest, smallest, rule) of one layer's experts as the card's default runner holds them."""
+    if major in (8, 9):
+        held, error, rule = _triton_layer(version, major, experts, hidden, share)
+        return held, held - error, rule
+    held, rule = _flashinfer_layer(version, major, experts, hidden, share)
+    return held, held, rule
 
 
 @dataclass(frozen=True)

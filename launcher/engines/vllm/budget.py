@@ -320,9 +320,12 @@ MXFP4_TRTLLM = "FLASHINFER_TRTLLM_MXFP4_BF16"
 class Mxfp4AsLoaded:
     """gpt-oss's MXFP4 experts as vLLM's kernel holds them, per rank, beyond the checkpoint's share."""
 
-    extra: int  # bytes the plan adds: the largest layout a default install may run
-    error: int  # +/- bytes: the smallest layout the same install may run instead is `extra - error`
-    backend: str  # vLLM's Mxfp4MoeBackend value of the layout counted
+    # Bytes the plan adds: the middle of the layouts the install may hold, so that `extra + error` is the
+    # largest (the band's unfavourable end, where the plan's length comes from) and `extra - error` the
+    # smallest (its favourable end); one layout: that layout, error 0.
+    extra: int
+    error: int
+    backend: str  # vLLM's Mxfp4MoeBackend value of the largest layout
     rule: str
 
 
@@ -364,10 +367,15 @@ def _triton_hopper_expert_bytes(hidden: int, share: int, version: str) -> int:
         return _round_up(cols, 16) * _round_up(rows, 32)  # mT, then packs of 16 and 32 (0.22+)
 
     loaded_values = values(hidden // 2, 2 * inter) + values(inter // 2, hidden)
-    # Scales swizzled for Hopper (hopper_scale.py: rows padded to 2 x 8 warps x 2 x 8 = 256).
-    swizzled_scales = _round_up(2 * inter, 256) * (hidden // 32) + _round_up(hidden, 256) * _round_up(inter // 32, 2)
-    checkpoint_scales = 2 * share * (hidden // 32) + hidden * (share // 32)
-    return loaded_values + swizzled_scales + (checkpoint_scales if scales_kept else 0) + 4 * (2 * inter + hidden)
+    # Scales swizzled for Hopper (hopper_scale.py: rows padded to 2 x 8 warps x 2 x 8 = 256, the groups to
+    # 2); from 0.26 the groups are first padded to a multiple of 4 on sm90 ("Patches #47303", 0.32.0
+    # quantization/utils/mxfp4_utils.py:117-122; not in 0.25).
+    groups = 4 if _version(version) >= (0, 26) else 2
+    swizzled_scales = (_round_up(2 * inter, 256) * _round_up(hidden // 32, groups)
+                       + _round_up(hidden, 256) * _round_up(inter // 32, groups))
+    # The loaded scales kept before 0.25 are the tensors create_weights made, at the padded intermediate.
+    kept_scales = 2 * inter * (hidden // 32) + hidden * (inter // 32)
+    return loaded_values + swizzled_scales + (kept_scales if scales_kept else 0) + 4 * (2 * inter + hidden)
 
 
 def _triton_blackwell_expert_bytes(hidden: int, share: int, version: str) -> int:
@@ -564,51 +572,58 @@ def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
                     marlin_env: bool = False) -> Mxfp4AsLoaded:
     """gpt-oss's MXFP4 experts per rank as the kernel vLLM picks holds them, beyond the checkpoint's share.
 
-    Where the pick depends on what the install has (FlashInfer's kernels, an optional package), the plan
-    counts the largest layout and carries the difference to the smallest as the term's error. A pinned
-    --moe-backend (0.19+) or VLLM_MXFP4_USE_MARLIN (0.10-0.23) decides the layout; a pinned backend whose
-    layout is not derived here keeps the largest derived one, with the band reaching down to the checkpoint's
-    (`mxfp4_backend_refusal` says where vLLM refuses the pin instead)."""
+    Where the pick depends on what the install has (FlashInfer's kernels, an optional package) or the card
+    is not known (a bare --gpu size), the band spans the layouts it may hold: the largest at its unfavourable
+    end. A pinned --moe-backend (0.19+) or VLLM_MXFP4_USE_MARLIN (0.10-0.23) decides the layout; a pinned
+    backend whose layout is not derived here spans the largest derived one down to the checkpoint's
+    (`mxfp4_backend_refusal` says where vLLM refuses the pin instead). Only gpt-oss takes this backend list
+    (0.33.0 quantization/mxfp4.py:132-149; other MXFP4 MoE models go through `_get_priority_backends`)."""
     from launcher.engines.vllm.rules import rules_for
 
     method = (geometry.quantization.method if geometry.quantization else "") or ""
-    if "mxfp4" not in method.lower() or not geometry.num_experts or compute_capability is None:
+    if "mxfp4" not in method.lower() or not geometry.num_experts or geometry.model_type != "gpt_oss":
         return NOT_MXFP4
     experts, hidden = geometry.num_experts, geometry.hidden_size
     moe = geometry.text_config.get("moe_intermediate_size") or geometry.intermediate_size
     if not isinstance(moe, int) or moe <= 0:
         return NOT_MXFP4
     rules = rules_for(version)[0]
-    hopper = compute_capability[0] == 9
     share = moe // max(tp, 1)
     checkpoint = _checkpoint_expert_bytes(hidden, share)
-    backends, decided_by = _mxfp4_backends(compute_capability, rules)
-    pinned = _pinned_backends(normalized_moe_backend(moe_backend), marlin_env, compute_capability, version, rules)
-    underived = ""
-    if pinned is not None:
-        if pinned[0]:
-            backends, decided_by = pinned[0], pinned[1]
-        else:  # a pinned backend whose layout is not derived: the largest layout derived for this card
-            underived = pinned[2]
-            backends = tuple(b for b in (MXFP4_TRITON, MXFP4_MARLIN, MXFP4_TRTLLM)
-                             if _backend_runs_on(b, compute_capability, rules)) or backends
-    per_expert = {b: max(_mxfp4_expert_bytes(b, hidden, share, version=version, rules=rules, hopper=hopper)
-                         - checkpoint, 0) for b in backends}
-    counted = max(backends, key=lambda b: per_expert[b])  # ties: vLLM's order
+    cards = (compute_capability,) if compute_capability is not None else ((8, 9), (9, 0), (10, 0), (12, 0))
+    layouts: dict[tuple[str, bool], int] = {}  # (backend, on Hopper) -> bytes beyond the checkpoint an expert
+    decided_by, pinned_rule, underived = "", "", ""
+    for card in cards:
+        backends, decided_by = _mxfp4_backends(card, rules)
+        pinned = _pinned_backends(normalized_moe_backend(moe_backend), marlin_env, card, version, rules)
+        if pinned is not None:
+            pinned_rule = pinned[2]
+            if pinned[0]:
+                backends, decided_by = pinned[0], pinned[1]
+            else:  # a pinned backend whose layout is not derived: the largest layout derived for this card
+                underived = pinned[2]
+                backends = tuple(b for b in (MXFP4_TRITON, MXFP4_MARLIN, MXFP4_TRTLLM)
+                                 if _backend_runs_on(b, card, rules)) or backends
+        for b in backends:
+            layouts[(b, card[0] == 9)] = max(_mxfp4_expert_bytes(b, hidden, share, version=version, rules=rules,
+                                                                 hopper=card[0] == 9) - checkpoint, 0)
+    (largest, hopper), smallest = max(layouts, key=lambda k: layouts[k]), min(layouts.values())  # ties: vLLM's order
     expert_layers = experts * -(-geometry.num_layers // max(pp, 1))
-    extra = per_expert[counted] * expert_layers
-    rule = _mxfp4_rule(counted, hopper=hopper, version=version, rules=rules)
+    high = layouts[(largest, hopper)] * expert_layers
+    low = 0 if underived else smallest * expert_layers
+    extra = (high + low) // 2
+    rule = _mxfp4_rule(largest, hopper=hopper, version=version, rules=rules)
     if underived:
-        return Mxfp4AsLoaded(extra, extra, counted, (
-            f"{underived}: its layout is not derived here; the largest derived layout on this card is counted "
-            f"({rule}), the band reaching down to the checkpoint's layout ({format_gib(extra)} less)"))
-    error = extra - min(per_expert.values()) * expert_layers
-    if pinned is not None:
-        rule = f"{pinned[2]}: {rule}"
-    if error:
-        others = "/".join(b for b in backends if b != counted)
-        rule += f"; {others} instead {decided_by}: up to {format_gib(error)} less, in the band"
-    return Mxfp4AsLoaded(extra, error, counted, rule)
+        rule = (f"{underived}: its layout is not derived here; the band spans the largest derived layout on "
+                f"this card ({rule}) down to the checkpoint's ({format_gib(high)} less)")
+    elif high != low:
+        others = "/".join(sorted({b for (b, _), size in layouts.items() if (b, _) != (largest, hopper)}))
+        why = "the card is not known" if compute_capability is None else decided_by
+        rule = (f"{pinned_rule + ': ' if pinned_rule else ''}{rule}; {others} where {why}: "
+                f"{format_gib(high - low)} less; the plan counts the middle, the band spans both")
+    elif pinned_rule:
+        rule = f"{pinned_rule}: {rule}"
+    return Mxfp4AsLoaded(extra, high - extra, largest, rule)
 
 
 # Online quantization: `--quantization fp8` (fp8_per_tensor from 0.31: model_loader/weight_utils.py:349-356

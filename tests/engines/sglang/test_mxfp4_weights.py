@@ -64,16 +64,18 @@ def _rule(cc: tuple[int, int] | None, version: str = "0.5.23", tp: int = 1,
     ((12, 0), RTX5090_EXTRA, 0, "CUTLASS MoE (sm120)"),
 ])
 def test_gpt_oss_20b_by_card(cc: tuple[int, int], extra: int, error: int, words: str) -> None:
+    """`extra` is the larger layout, `error` how much smaller the other may be: the band spans both, the
+    larger at its unfavourable end (extra_bytes + error_bytes), the smaller at its favourable end."""
     rule = _rule(cc)
     assert rule is not None
-    assert (rule.extra_bytes, rule.error_bytes) == (extra, error)
+    assert (rule.extra_bytes + rule.error_bytes, rule.extra_bytes - rule.error_bytes) == (extra, extra - error)
     assert words in rule.rule
 
 
 def test_gpt_oss_120b_on_hopper() -> None:
     """128 experts, 36 layers: four times 20b's experts per layer."""
     rule = _rule((9, 0), geometry=GPT_OSS_120B)
-    assert rule is not None and rule.extra_bytes == 36 * 4 * (H100_EXTRA // LAYERS)  # 5,152,112,640 = 4.80 GiB
+    assert rule is not None and rule.extra_bytes + rule.error_bytes == 36 * 4 * (H100_EXTRA // LAYERS)  # 4.80 GiB
 
 
 def test_tensor_parallel_pads_the_rank_share() -> None:
@@ -82,7 +84,7 @@ def test_tensor_parallel_pads_the_rank_share() -> None:
     32 x 2880 x 46 = 4,239,360; swizzled 32 x 3072 x 92 = 9,043,968 and 32 x 3072 x 48 = 4,718,592; fp32
     biases 376,832 + 368,640: 236,679,168 against half the checkpoint's 423,567,360."""
     rule = _rule((9, 0), tp=2)
-    assert rule is not None and rule.extra_bytes == LAYERS * (236_679_168 - 423_567_360 // 2)  # 597,491,712
+    assert rule is not None and rule.extra_bytes + rule.error_bytes == LAYERS * (236_679_168 - 423_567_360 // 2)
 
 
 def test_by_version() -> None:
@@ -90,7 +92,8 @@ def test_by_version() -> None:
     assert _rule((8, 9), version="0.5.10").extra_bytes == LAYERS * FP32_BIASES  # type: ignore[union-attr]
     # 0.5.18: no K padding of the Hopper scales (90 stays 90): 32 x 5888 x 90 + 32 x 3072 x 90.
     hopper_0518 = LAYERS * (5_898_240 + 2_949_120 + 16_957_440 + 8_847_360 + FP32_BIASES)
-    assert _rule((9, 0), version="0.5.18").extra_bytes == hopper_0518  # type: ignore[union-attr]
+    at_0518 = _rule((9, 0), version="0.5.18")
+    assert at_0518 is not None and at_0518.extra_bytes + at_0518.error_bytes == hopper_0518
     # sm100 before 0.5.17 pads I to 256 (3072): 32 x 6144 x 1536 + 32 x 6144 x 96 + 32 x 6144 x 4 +
     # 32 x 3072 x 1536 + 32 x 3072 x 96 + 32 x 3072 x 4 + 384 = 482,476,416 per layer.
     assert _rule((10, 0), version="0.5.10").extra_bytes == LAYERS * (482_476_416 - 423_567_360)  # type: ignore[union-attr]
@@ -99,8 +102,22 @@ def test_by_version() -> None:
     assert old is not None and old.extra_bytes == old.error_bytes == RTX5090_EXTRA and "not derived" in old.rule
 
 
+def test_a_card_not_known_spans_every_layout() -> None:
+    """A bare --gpu size (no capability) or sm110: from the smallest layout of the cards SGLang runs (sm80-89,
+    RTX4090_EXTRA) to the largest, triton_kernels' Blackwell layouts with the loaded scales kept. Per layer:
+    values 32 x 5760 x 1536 + 32 x 2880 x 1536 = 424,673,280 (rows of 1440 bytes to 1536); scales
+    32 x (96 x 5760 + 96 x 2944) = 26,738,688 (K 90 to 96, N 2880 to 2944); kept 32 x (5760 x 90 + 2880 x 90) =
+    24,883,200; fp32 biases 32 x 8640 x 4 = 1,105,920: 477,401,088, 53,833,728 beyond the checkpoint's."""
+    for cc in (None, (11, 0)):
+        rule = _rule(cc)
+        assert rule is not None
+        assert (rule.extra_bytes + rule.error_bytes, rule.extra_bytes - rule.error_bytes) == (
+            LAYERS * 53_833_728, RTX4090_EXTRA)
+    assert "not known" in _rule(None).rule  # type: ignore[union-attr]
+
+
 def test_where_the_rule_does_not_apply() -> None:
-    assert _rule(None) is None and _rule((11, 0)) is None
+    assert _rule((7, 5)) is None  # SGLang's MXFP4 code needs sm80
     assert _rule((9, 0), geometry=resolve_model("llama-3.1-8b").geometry) is None
     unquantized = dataclasses.replace(GPT_OSS_20B.geometry, quantization=None)
     assert _rule((9, 0), geometry=unquantized) is None
@@ -122,6 +139,8 @@ def test_the_plan_counts_it_with_the_weights(gpu: str, extra: int, error: int,
     (A alone moves: the fraction is set before the weights), the band widens by the error."""
     plan = _plan(gpu)
     weights = plan.item("weights")
+    middle = extra - error // 2  # the plan counts the middle of the two layouts; the band spans both
+    extra, error = middle, extra - middle
     assert weights is not None and weights.bytes == 13_761_264_768 + extra and weights.source == COMPUTED
     assert f"{extra / 2**20:+.0f} MiB beyond the checkpoint's share" in weights.detail
     assert weights.error_bytes == error

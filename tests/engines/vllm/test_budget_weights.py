@@ -88,8 +88,10 @@ EXPERT_LAYERS = {"gpt-oss-20b": 768, "gpt-oss-120b": 4608}
 ])
 def test_the_layout_by_card_and_version(model: str, cc: tuple[int, int], version: str, per_expert: int,
                                         low_per_expert: int, backend: str) -> None:
+    """The band spans the layouts the install may hold: the largest at its unfavourable end (extra + error),
+    the smallest at its favourable end (extra - error); the plan counts the middle."""
     loaded = vb.mxfp4_as_loaded(_config(model), version=version, tp=1, pp=1, compute_capability=cc)
-    assert loaded.extra == per_expert * EXPERT_LAYERS[model]
+    assert loaded.extra + loaded.error == per_expert * EXPERT_LAYERS[model]
     assert loaded.extra - loaded.error == low_per_expert * EXPERT_LAYERS[model]
     assert loaded.backend == backend
 
@@ -98,7 +100,7 @@ def test_the_figures_in_gib() -> None:
     """The docs' table: gpt-oss-20b / 120b at TP 1."""
     def gib(model: str, cc: tuple[int, int], version: str) -> tuple[float, float]:
         loaded = vb.mxfp4_as_loaded(_config(model), version=version, tp=1, pp=1, compute_capability=cc)
-        return round(loaded.extra / GiB, 2), round(loaded.error / GiB, 2)
+        return round((loaded.extra + loaded.error) / GiB, 2), round(2 * loaded.error / GiB, 2)  # largest, spread
 
     assert gib("gpt-oss-20b", (8, 9), "0.33.0") == (0.85, 0.0)  # 917,962,752 bytes
     assert gib("gpt-oss-120b", (8, 0), "0.33.0") == (5.13, 0.0)  # 5,507,776,512
@@ -122,9 +124,9 @@ def test_before_0_12_the_optional_packages_decide() -> None:
     before 0.25 keeps the loaded scales too (+777,600 a expert): 904,704 + 777,600 = 1,682,304."""
     geometry = _config("gpt-oss-20b")
     b200 = vb.mxfp4_as_loaded(geometry, version="0.10.0", tp=1, pp=1, compute_capability=(10, 0))
-    assert (b200.extra, b200.extra - b200.error) == (TRTLLM_256 * 768, MARLIN * 768)
+    assert (b200.extra + b200.error, b200.extra - b200.error) == (TRTLLM_256 * 768, MARLIN * 768)
     rtx5090 = vb.mxfp4_as_loaded(geometry, version="0.10.0", tp=1, pp=1, compute_capability=(12, 0))
-    assert (rtx5090.extra, rtx5090.extra - rtx5090.error) == (1_682_304 * 768, MARLIN * 768)
+    assert (rtx5090.extra + rtx5090.error, rtx5090.extra - rtx5090.error) == (1_682_304 * 768, MARLIN * 768)
     assert vb.mxfp4_as_loaded(geometry, version="0.12.0", tp=1, pp=1, compute_capability=(12, 0)).error == 0
 
 
@@ -136,7 +138,7 @@ def test_hopper_before_0_12_counts_marlin_or_triton_whichever_is_larger() -> Non
     geometry = _config("gpt-oss-20b")
     old = vb.mxfp4_as_loaded(geometry, version="0.10.0", tp=1, pp=1, compute_capability=(9, 0))
     new = vb.mxfp4_as_loaded(geometry, version="0.19.0", tp=1, pp=1, compute_capability=(9, 0))
-    assert (old.backend, old.extra) == ("MARLIN", MARLIN * 768)
+    assert (old.backend, old.extra + old.error) == ("MARLIN", MARLIN * 768)
     assert old.extra - old.error == new.extra and new.backend == "TRITON" and new.error == 0
     assert vb.mxfp4_as_loaded(geometry, version="0.12.0", tp=1, pp=1, compute_capability=(9, 0)).backend == "TRITON"
 
@@ -161,7 +163,41 @@ def test_gpt_oss_20b_on_b200_carries_the_triton_fallback_in_the_band() -> None:
                           engine_args=("--max-model-len", "8192"))
     plan = make_plan(request)
     weights = next(i for i in plan.budget if i.key == "weights")
-    assert weights.bytes == model.weight_bytes + TRTLLM_128 * 768
-    assert weights.error_bytes == (TRTLLM_128 - TRITON_BW) * 768
-    assert "TRT-LLM" in weights.detail and "TRITON instead" in weights.detail
-    assert plan.kv_cache_bytes_high - plan.kv_cache_bytes >= (TRTLLM_128 - TRITON_BW) * 768
+    assert weights.bytes == model.weight_bytes + (TRTLLM_128 + TRITON_BW) * 768 // 2
+    assert weights.error_bytes == (TRTLLM_128 - TRITON_BW) * 768 // 2
+    assert "TRT-LLM" in weights.detail and "TRITON where" in weights.detail and "the middle" in weights.detail
+    assert plan.kv_cache_bytes_high - plan.kv_cache_bytes >= (TRTLLM_128 - TRITON_BW) * 768 // 2
+
+
+def test_an_unknown_card_spans_every_layout_of_the_release() -> None:
+    """A bare --gpu size has no compute capability: the band spans what any card may hold on 0.33, from
+    Triton on Hopper (+64,000 an expert: the scale groups padded to 92 from 0.26, 5888*92 + 3072*92 =
+    824,320 scale bytes, 12,441,600 values, 34,560 fp32 bias bytes, less the checkpoint's 13,236,480) to
+    TRT-LLM on B200 (+1,213,184)."""
+    loaded = vb.mxfp4_as_loaded(_config("gpt-oss-20b"), version="0.33.0", tp=1, pp=1, compute_capability=None)
+    assert (loaded.extra + loaded.error, loaded.extra - loaded.error) == (1_213_184 * 768, 64_000 * 768)
+    assert "not known" in loaded.rule
+
+
+def test_hopper_scale_groups_padded_to_four_from_0_26() -> None:
+    """0.25: 5888*90 + 3072*90 = 806,400 scale bytes (+46,080 an expert); 0.26: 92 groups (+64,000)."""
+    geometry = _config("gpt-oss-20b")
+    at = {v: vb.mxfp4_as_loaded(geometry, version=v, tp=1, pp=1, compute_capability=(9, 0)).extra
+          for v in ("0.25.0", "0.26.0")}
+    assert at == {"0.25.0": 46_080 * 768, "0.26.0": 64_000 * 768}
+
+
+def test_hopper_before_0_25_keeps_the_loaded_scales_at_the_padded_size() -> None:
+    """TP 2 on 0.19: 1440 per rank, created at 1472 (to 64). Values padded to 64 both ways: 1472*2944 +
+    768*2880 = 6,545,408; swizzled scales 3072*90 + 3072*46 = 417,792; the kept loaded scales as created,
+    2*1472*90 + 2880*46 = 397,440; fp32 biases 4*(2944 + 2880) = 23,296: 7,383,936 less the checkpoint's
+    share 6,621,120 = +762,816 an expert."""
+    loaded = vb.mxfp4_as_loaded(_config("gpt-oss-20b"), version="0.19.0", tp=2, pp=1, compute_capability=(9, 0))
+    assert (loaded.extra, loaded.error) == (762_816 * 768, 0)
+
+
+def test_only_gpt_oss_takes_the_gpt_oss_backend_list() -> None:
+    """Another MXFP4 MoE model goes through vLLM's general list (0.33.0 quantization/mxfp4.py:132-149)."""
+    import dataclasses
+    other = dataclasses.replace(_config("gpt-oss-20b"), model_type="qwen3_moe")
+    assert vb.mxfp4_as_loaded(other, version="0.33.0", tp=1, pp=1, compute_capability=(9, 0)) == vb.NOT_MXFP4

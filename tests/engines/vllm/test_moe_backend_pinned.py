@@ -28,10 +28,11 @@ MODELS = Path(__file__).resolve().parents[2] / "data" / "startup-logs" / "models
 #   -> 14,431,744: +1,195,264 (x 768 = 917,962,752 bytes, 0.85 GiB)
 # TRT-LLM from 0.27 (hidden to 256, intermediate to 128, fp32 biases): 13,565,952 + 847,872 + 8960*4 = 35,840
 #   -> 14,449,664: +1,213,184
-# Triton on Hopper from 0.25 (0.33): values mT then packs of 16 x 32: [2880/16.., ] 5760 x 1440 and
-#   2880 x 1440 keep their size (1440 % 16 = 0, 5760 % 32 = 0, 2880 % 32 = 0): 12,441,600; scales swizzled,
-#   rows padded to 256: 5888*90 + 3072*90 = 806,400; fp32 biases 8640*4 = 34,560 -> 13,282,560: +46,080
-MARLIN, TRTLLM_128, TRITON_HOPPER = 1_195_264, 1_213_184, 46_080
+# Triton on Hopper from 0.26 (0.33): values mT then packs of 16 x 32: [2880/16.., ] 5760 x 1440 and
+#   2880 x 1440 keep their size (1440 % 16 = 0, 5760 % 32 = 0, 2880 % 32 = 0): 12,441,600; scales: the 90
+#   groups padded to 92 (a multiple of 4 on sm90 from 0.26), rows padded to 256: 5888*92 + 3072*92 = 824,320;
+#   fp32 biases 8640*4 = 34,560 -> 13,300,480: +64,000
+MARLIN, TRTLLM_128, TRITON_HOPPER = 1_195_264, 1_213_184, 64_000
 EXPERT_LAYERS = 768
 
 
@@ -58,7 +59,7 @@ def test_moe_backend_marlin_on_h100_counts_marlin() -> None:
     assert weights.error_bytes == 0 and weights.source == COMPUTED
     assert "--moe-backend marlin" in weights.detail and "Marlin" in weights.detail
     _, default = _plan("h100", "0.33.0")
-    # 768 x (1,195,264 - 46,080) = 882,573,312 bytes fewer for the KV cache than the default Triton layout.
+    # 768 x (1,195,264 - 64,000) = 868,810,752 bytes fewer for the KV cache than the default Triton layout.
     assert default.kv_cache_bytes - plan.kv_cache_bytes == pytest.approx((MARLIN - TRITON_HOPPER) * 768, abs=64 << 20)
 
 
@@ -115,11 +116,11 @@ def test_a_name_vllm_does_not_map_for_mxfp4_is_refused() -> None:
 
 
 def test_an_underived_backend_keeps_the_largest_layout_with_a_wide_band() -> None:
-    """flashinfer_cutlass on an H100: layout not derived; Marlin (+1,195,264) and Triton (+46,080) run on
-    9.0, Marlin is the larger: counted, the band reaching the checkpoint (error = extra)."""
+    """flashinfer_cutlass on an H100: layout not derived; Marlin (+1,195,264) and Triton (+64,000) run on
+    9.0, Marlin is the larger: the band spans Marlin's layout down to the checkpoint's."""
     loaded = vb.mxfp4_as_loaded(_geometry(), version="0.33.0", tp=1, pp=1, compute_capability=(9, 0),
                                 moe_backend="flashinfer_cutlass")
-    assert (loaded.backend, loaded.extra, loaded.error) == ("MARLIN", MARLIN * 768, MARLIN * 768)
+    assert (loaded.backend, loaded.extra + loaded.error, loaded.extra - loaded.error) == ("MARLIN", MARLIN * 768, 0)
     assert "not derived" in loaded.rule
 
 
@@ -142,7 +143,7 @@ def test_vllm_mxfp4_use_marlin_env() -> None:
     assert weights.bytes == model.weight_bytes + MARLIN * 768 and weights.error_bytes == 0
     # B200 before 0.19: FlashInfer is picked before the variable where installed: TRT-LLM (256) or Marlin.
     b200 = vb.mxfp4_as_loaded(_geometry(), version="0.12.0", tp=1, pp=1, compute_capability=(10, 0), marlin_env=True)
-    assert (b200.extra, b200.extra - b200.error) == (1_840_896 * 768, MARLIN * 768)
+    assert (b200.extra + b200.error, b200.extra - b200.error) == (1_840_896 * 768, MARLIN * 768)
 
 
 def test_the_flag_is_a_calibration_key_and_read_once() -> None:
