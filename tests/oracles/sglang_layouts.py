@@ -29,6 +29,11 @@ plus, for hybrid state models, the per-request state (`mamba2_cache_params`) and
 state slots `_handle_max_mamba_cache` allocated. Configs SGLang refuses keep its error.
 
     .venv-sglang/bin/python tests/oracles/sglang_layouts.py --output tests/data/sglang_layouts.json
+
+Older releases (`--sglang-path DIR`, a `pip install --no-deps --target` of the release and its pinned
+transformers) run through the drivers of tests/oracles/sglang_legacy_layouts.py, chosen by feature
+detection; `--merge-versions RUN...` writes tests/data/sglang_layouts_versions.json from their outputs
+(each release as changes to this file's records). Commands and timings: tests/oracles/README.md.
 """
 
 # ruff: noqa: BLE001
@@ -113,9 +118,9 @@ def _isolated(oracle, case: dict) -> dict:
 
 
 def run(names: list[str] | None) -> dict:
-    from sglang_oracle import Oracle
+    from sglang_legacy_layouts import LayoutOracle
 
-    oracle = Oracle(quiet=True)
+    oracle = LayoutOracle(quiet=True)
     paths = config_paths()
     results = []
     t0 = time.time()
@@ -134,12 +139,22 @@ def run(names: list[str] | None) -> dict:
             variants.update(MAMBA_VARIANTS)
         for variant, flags in variants.items():
             results.append(compact(_isolated(oracle, _case(name, path, variant, flags)), name, path, variant, flags))
+    from sglang_legacy_layouts import model_classes
+
+    classes = model_classes()
+    archs = sorted({arch for name, path in paths.items() if not names or name in names
+                    for arch in (json.load(open(path)).get("architectures") or [])[:1]})
     meta = {
+        # Which of the configs' architectures this release's model registry has a class for
+        # (models/*.py EntryClass): the others run on the Transformers fallback or not at all.
+        "model_classes": {arch: classes.get(arch) for arch in archs},
         "generator": "tests/oracles/sglang_layouts.py (drives tests/oracles/sglang_oracle.py's Oracle)",
         "sglang_version": oracle.version,
         "platform": PLATFORM, "gpu_mem_mib": GPU_MIB, "kv_scenario": KV_SCENARIO,
         "variants": {**VARIANTS, **SWA_VARIANTS, **MAMBA_VARIANTS},
         "stubbed": sorted(set(__import__("sglang_oracle").STUBBED)),
+        "kv_driver": oracle.kv_driver,
+        "transformers_version": __import__("transformers").__version__,
         "seconds": round(time.time() - t0, 1),
     }
     return {"meta": meta, "results": results}
@@ -155,12 +170,121 @@ def dump(payload: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _flat(value, prefix: str = "") -> dict:
+    """{dotted path: leaf}; lists of records by index (kv.stages.0.cell_size), other lists whole."""
+    if isinstance(value, dict) and value:
+        out: dict = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_flat(v, f"{prefix}{i}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def _patch(base: dict, record: dict) -> dict:
+    """The record as changes to the base record: {dotted path: value}; `null` in `drop` removes a path."""
+    old, new = _flat(base), _flat(record)
+    drop = sorted(k for k in old if k not in new)
+    entry = {"id": record["id"], "patch": {k: v for k, v in new.items() if old.get(k, _ABSENT) != v},
+             **({"drop": drop} if drop else {})}
+    if apply_patch(base, entry) != record or len(json.dumps(entry)) > len(json.dumps(record)):
+        return {"id": record["id"], "record": record}
+    return entry
+
+
+_ABSENT = object()
+
+
+def apply_patch(base: dict, entry: dict) -> dict:
+    """The release's record from the base record and its `_patch` entry (the test's reader): the paths
+    in `drop` go, with any container left without a field; the `patch` paths are set."""
+    if "record" in entry:
+        return entry["record"]
+    flat = {k: v for k, v in _flat(base).items() if k not in set(entry.get("drop", []))}
+    flat.update(entry["patch"])
+    return _unflat(flat)
+
+
+def _unflat(flat: dict) -> dict:
+    root: dict = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split(".")
+        node = root
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+
+    def lists(node):  # {"0": ..., "1": ...} back to lists
+        if not isinstance(node, dict):
+            return node
+        node = {k: lists(v) for k, v in node.items()}
+        if node and all(k.isdigit() for k in node):
+            return [node[str(i)] for i in range(len(node))]
+        return node
+    return lists(root)
+
+
+def merge_versions(base_path: str, run_paths: list[str]) -> str:
+    """tests/data/sglang_layouts_versions.json: each release's run against the base golden file (0.5.23):
+    the records that differ, in full; the ids the release has not (a base config it refuses skips its
+    variants) and the count of the identical ones, so that the test rebuilds every record."""
+    with open(base_path) as f:
+        base = {r["id"]: r for r in json.load(f)["results"]}
+    runs = {}
+    for path in run_paths:
+        with open(path) as f:
+            run = json.load(f)
+        records = run["results"]
+        ids = {r["id"] for r in records}
+        differing = [_patch(base[r["id"]], r) if r["id"] in base else {"id": r["id"], "record": r}
+                     for r in records if base.get(r["id"]) != r]
+        runs[run["meta"]["sglang_version"]] = {
+            "meta": run["meta"], "identical": len(records) - len(differing),
+            "absent": sorted(set(base) - ids), "differing": differing}
+    lines = ['{"meta":' + json.dumps({
+        "generator": "tests/oracles/sglang_layouts.py --merge-versions (tests/oracles/README.md)",
+        "base": os.path.relpath(base_path, os.path.dirname(DATA)),
+        "format": "runs[version]: the release's records are the base file's, less `absent`, each changed by its "
+                  "`differing` entry ({id, patch: {dotted path: new value}, drop: [dotted paths]}, or {id, record}: "
+                  "the whole record where that is shorter); `identical` counts the base records kept as they are"},
+        sort_keys=True) + ',"runs":{']
+    for i, (version, run) in enumerate(sorted(runs.items(), key=lambda kv: [int(x) for x in kv[0].split(".")])):
+        lines.append(json.dumps(version) + ':{"meta":' + json.dumps(run["meta"], sort_keys=True)
+                     + ',"identical":' + str(run["identical"]) + ',"absent":' + json.dumps(run["absent"])
+                     + ',"differing":[')
+        res = run["differing"]
+        lines += [json.dumps(r, separators=(",", ":"), sort_keys=True) + ("," if j < len(res) - 1 else "")
+                  for j, r in enumerate(res)]
+        lines.append("]}" + ("," if i < len(runs) - 1 else ""))
+    lines.append("}}")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--output", help="write the golden file here (default stdout)")
     ap.add_argument("--models", help="comma-separated config names (default: all)")
     ap.add_argument("--compare", metavar="GOLDEN", help="compare with this golden file; exit 1 on a difference")
+    ap.add_argument("--sglang-path",
+                    help="directory to put first on sys.path (a --target install of another sglang release)")
+    ap.add_argument("--merge-versions", nargs="+", metavar="RUN",
+                    help="write the per-release file from these runs against --base (no sglang needed)")
+    ap.add_argument("--base", default=os.path.join(DATA, "sglang_layouts.json"))
     args = ap.parse_args(argv)
+    if args.merge_versions:
+        text = merge_versions(args.base, args.merge_versions)
+        if args.output:
+            with open(args.output, "w") as f:
+                f.write(text)
+        else:
+            sys.stdout.write(text)
+        return 0
+    if args.sglang_path:
+        sys.path.insert(0, os.path.abspath(args.sglang_path))
     payload = run(args.models.split(",") if args.models else None)
     if args.compare:
         with open(args.compare) as f:

@@ -342,6 +342,12 @@ class Oracle:
 
     # -- patches -------------------------------------------------------------------------
 
+    def _legacy_platform(self, facts: dict):
+        """A context manager that answers `facts` on a release without
+        ``runtime_context.override_platform`` (<= 0.5.18), or None: not here (the grid
+        records such cases as OracleUnsupported); tests/oracles/sglang_layouts.py has one."""
+        return None
+
     def _patch_capacity(self):
         def fake_capacity(device=None, *a, **k):
             return self._gpu_mem
@@ -430,16 +436,21 @@ class Oracle:
             known = set(getattr(rc, "_PLATFORM_PROBES", {})) | set(getattr(rc, "_PLATFORM_VALUES", {}))
             if known:
                 facts = {k: v for k, v in facts.items() if k in known}
-        if facts and override_platform is None:
-            return {**({"id": case["id"]} if "id" in case else {}),
-                    "error": {"type": "OracleUnsupported",
-                              "message": "platform facts need runtime_context.override_platform (0.5.19+)"}}
+        platform_ctx = contextlib.nullcontext()
+        if facts and override_platform is not None:
+            platform_ctx = override_platform(**facts)
+        elif facts:
+            platform_ctx = self._legacy_platform(facts)
+            if platform_ctx is None:
+                return {**({"id": case["id"]} if "id" in case else {}),
+                        "error": {"type": "OracleUnsupported",
+                                  "message": "platform facts need runtime_context.override_platform (0.5.19+)"}}
         out: dict = {}
         if "id" in case:
             out["id"] = case["id"]
         with (
             _patched_env(case.get("env", {})),
-            override_platform(**facts) if facts else contextlib.nullcontext(),
+            platform_ctx,
             _device_capability(facts),
         ):
             err_sink = io.StringIO()

@@ -12,6 +12,9 @@ pool configurator divides the budget by (`model_executor/pool_configurator.py`),
 case of tests/data/sglang_layouts.json (tests/oracles/sglang_layouts.py runs SGLang's
 ModelConfig, pool configurators and KVCacheConfigurator without a GPU);
 tests/engines/sglang/test_architectures.py replays them. Paths are inside the sglang 0.5.23 wheel.
+Older releases lay some pools out otherwise: the `SglangRules` layout fields (rules.py) say how, and
+tests/engines/sglang/test_layouts_versions.py replays 0.5.2, 0.5.9, 0.5.13, 0.5.18 and 0.5.21's own
+code (tests/data/sglang_layouts_versions.json) through the functions here with each release's rules.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 from launcher.common.errors import UnsupportedModel
 from launcher.engines.layers import LayerPattern
 from launcher.engines.layers import cached_layers as _bind
+from launcher.engines.sglang.rules import RULES, STATE_MODEL_CLASSES, UNREADABLE_CONFIGS, SglangRules
+from launcher.engines.versions import version_key
 from launcher.model.config import MlaDims, ModelGeometry, kv_heads_per_rank, refuse_unsupported
 
 ENGINE_VERSION = "0.5.23"
@@ -106,12 +111,17 @@ class SglangLayout:
     swa_head_dim: int | None = None
 
 
-def layout(geometry: ModelGeometry) -> SglangLayout:
-    """SGLang's layout for this config; `UnsupportedModel` with SGLang's words where its config class refuses."""
+def layout(geometry: ModelGeometry, rules: SglangRules | None = None) -> SglangLayout:
+    """SGLang's layout for this config; `UnsupportedModel` with SGLang's words where its config class refuses,
+    or where the release (`rules`, default the newest) cannot read the config or has no class for the model."""
+    rules = rules or RULES[-1]
+    _refuse_unreadable(geometry, rules)
     geometry = cached_layers(geometry)
     state = _state_layout(geometry)
     if state is None:
         refuse_unsupported(geometry)  # a state model of a family whose SGLang state is not modelled
+    else:
+        _refuse_without_class(geometry, rules)
     full, swa = _pool_layers(geometry, state)
     if geometry.architecture in MLA_ARCHITECTURES and geometry.mla is not None:
         return _mla_layout(geometry, geometry.mla, full, swa, state)
@@ -180,7 +190,43 @@ def _gemma4_full_shape(text: Mapping[str, Any], head: int, kv_heads: int,
 NO_SGLANG_CLASS = frozenset({"JambaForCausalLM", "Zamba2ForCausalLM", "BambaForCausalLM"})
 
 
-def is_hybrid_swa(lay: SglangLayout, pinned: Mapping[str, Any]) -> bool:
+def _within(version: str, first: str, last: str | None = None) -> bool:
+    key = version_key(version)
+    return version_key(first) <= key and (last is None or key <= version_key(last))
+
+
+def _refuse_unreadable(geometry: ModelGeometry, rules: SglangRules) -> None:
+    """A config the release's own ModelConfig cannot read (its pinned transformers), as it fails
+    (`UNREADABLE_CONFIGS`); a checkpoint with remote code (auto_map) brings its own class."""
+    if "auto_map" in geometry.text_config:
+        return
+    for model_type, first, last, words in UNREADABLE_CONFIGS:
+        if geometry.model_type in (model_type, f"{model_type}_text") and _within(rules.version, first, last):
+            raise UnsupportedModel(f"SGLang {rules.version} cannot read this config.json: {words} "
+                                   f"[tests/data/sglang_layouts_versions.json]",
+                                   hint=f"SGLang {_after(last)} or later, or --engine vllm")
+
+
+def _after(version: str) -> str:
+    major, minor, patch = version.split(".")
+    return f"{major}.{minor}.{int(patch) + 1}"
+
+
+def _refuse_without_class(geometry: ModelGeometry, rules: SglangRules) -> None:
+    """A hybrid state architecture the release has no model class for (`STATE_MODEL_CLASSES`)."""
+    for architecture, first, where in STATE_MODEL_CLASSES:
+        if geometry.architecture == architecture and version_key(rules.version) < version_key(first):
+            raise UnsupportedModel(
+                f"SGLang {rules.version} has no model class for {architecture} (sglang/srt/{where} arrives in "
+                f"{first}): its Transformers fallback keeps no linear-attention/Mamba state",
+                hint=f"SGLang {first} or later, or --engine vllm")
+
+
+def is_hybrid_swa(lay: SglangLayout, pinned: Mapping[str, Any], rules: SglangRules | None = None) -> bool:
+    """Whether the sliding layers get their own pool: not with --disable-hybrid-swa-memory, nor in
+    0.5.1-0.5.2, which turn hybrid SWA memory off for every such model (`swa_pool` "off")."""
+    if rules is not None and rules.swa_pool == "off":
+        return False
     return bool(lay.swa_layers) and not pinned.get("--disable-hybrid-swa-memory", False)
 
 
@@ -192,9 +238,10 @@ def stage_layers(num_layers: int, pp: int) -> list[range]:
     return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
 
-def _mla_dim(lay: SglangLayout, kv_fp8: bool) -> int:
-    """`calculate_mla_kv_cache_dim` (mem_cache/kv_cache_configurator.py:3418-3475), CUDA default backends."""
-    if lay.dsa_index_head_dim is not None and kv_fp8:
+def _mla_dim(lay: SglangLayout, kv_fp8: bool, scaled: bool = True) -> int:
+    """`calculate_mla_kv_cache_dim` (mem_cache/kv_cache_configurator.py:3418-3475), CUDA default backends;
+    before 0.5.17 the cell counts kv_lora_rank + rope even for DSA's fp8 layout (`dsa_fp8_scaled_cell`)."""
+    if lay.dsa_index_head_dim is not None and kv_fp8 and scaled:
         return lay.mla_rank + lay.mla_rank // DSA_QUANT_BLOCK * 4 + lay.mla_rope * 2  # bf16 rope
     return lay.mla_rank + lay.mla_rope
 
@@ -208,38 +255,58 @@ def _dsa_index_bytes(lay: SglangLayout) -> int:
 
 
 def cell_size_bytes(lay: SglangLayout, *, kv_bytes: int, kv_fp8: bool, tp: int, pp: int,
-                    pinned: Mapping[str, Any] | None = None) -> float:
+                    pinned: Mapping[str, Any] | None = None, rules: SglangRules | None = None) -> float:
     """Bytes per token of `max_total_num_tokens` on the fullest pipeline stage.
 
     DefaultPoolConfigurator (pool_configurator.py:340-535) for a plain or state-hybrid
     pool, HybridSWAPoolConfigurator._recompute_cell_size (:786-803) for a hybrid SWA one:
-    full layers plus `--swa-full-tokens-ratio` x the sliding layers (a float).
+    full layers plus `--swa-full-tokens-ratio` x the sliding layers (a float). In 0.5.9-0.5.10
+    (`swa_pool` "split") the pool is profiled over full + sliding layers and split afterwards.
     """
-    pinned = pinned or {}
-    hybrid = is_hybrid_swa(lay, pinned)
-    ratio = float(pinned.get("--swa-full-tokens-ratio", 0.8))
-    best = 0.0
+    return max(stage_cells(lay, kv_bytes=kv_bytes, kv_fp8=kv_fp8, tp=tp, pp=pp, pinned=pinned, rules=rules),
+               key=lambda cell: cell.total).total
+
+
+@dataclass(frozen=True)
+class StageCell:
+    """One pipeline stage's bytes per token: all of it, and its full- and sliding-layer parts."""
+
+    total: float
+    full_part: float = 0.0
+    swa_part: float = 0.0  # the sliding layers at one token each (no ratio)
+
+
+def stage_cells(lay: SglangLayout, *, kv_bytes: int, kv_fp8: bool, tp: int, pp: int,
+                pinned: Mapping[str, Any] | None = None, rules: SglangRules | None = None) -> list[StageCell]:
+    """`cell_size_bytes` of every pipeline stage, in stage order."""
+    pinned, rules = pinned or {}, rules or RULES[-1]
+    hybrid = is_hybrid_swa(lay, pinned, rules)
+    ratio = float(pinned.get("--swa-full-tokens-ratio", 0.8)) if rules.swa_pool != "split" else 1.0
+    cells = []
     for stage in stage_layers(lay.num_layers, pp):
         if hybrid:
-            full = sum(1 for i in lay.full_layers if i in stage)
-            sliding = sum(1 for i in lay.swa_layers if i in stage)
+            # 0.5.7-0.5.20 take a stage's full/SWA layer ids up to end_layer + 1 (`swa_stage_extra_layer`).
+            ids = range(stage.start, stage.stop + 1) if rules.swa_stage_extra_layer else stage
+            full = sum(1 for i in lay.full_layers if i in ids)
+            sliding = sum(1 for i in lay.swa_layers if i in ids)
         else:
             full = sum(1 for i in (lay.full_layers + lay.swa_layers) if i in stage)
             sliding = 0
         if lay.attention == "MLA":
-            per_layer = _mla_dim(lay, kv_fp8) * kv_bytes
+            per_layer = _mla_dim(lay, kv_fp8, rules.dsa_fp8_scaled_cell) * kv_bytes
             cell = float(per_layer * full + _dsa_index_bytes(lay) * full)
-        else:
-            per_layer = kv_heads_per_rank(lay.num_kv_heads, tp) * (lay.head_dim + lay.v_head_dim) * kv_bytes
-            swa_layer = per_layer if lay.swa_head_dim is None else \
-                kv_heads_per_rank(lay.swa_kv_heads or lay.num_kv_heads, tp) * 2 * lay.swa_head_dim * kv_bytes
-            if not hybrid and lay.swa_head_dim is not None:  # one pool of the full shape (swa-off)
-                swa_layer = per_layer
-            cell = per_layer * full + (ratio * swa_layer * sliding if sliding else 0.0)
-            if hybrid and full == 0:
-                cell = float(swa_layer * sliding)  # all-SWA: no ratio (:787-795)
-        best = max(best, cell)
-    return best
+            cells.append(StageCell(cell, cell))
+            continue
+        per_layer = kv_heads_per_rank(lay.num_kv_heads, tp) * (lay.head_dim + lay.v_head_dim) * kv_bytes
+        swa_layer = per_layer if lay.swa_head_dim is None else \
+            kv_heads_per_rank(lay.swa_kv_heads or lay.num_kv_heads, tp) * 2 * lay.swa_head_dim * kv_bytes
+        if not hybrid and lay.swa_head_dim is not None:  # one pool of the full shape (swa-off)
+            swa_layer = per_layer
+        cell = per_layer * full + (ratio * swa_layer * sliding if sliding else 0.0)
+        if hybrid and full == 0:
+            cell = float(swa_layer * sliding)  # all-SWA: no ratio (:787-795)
+        cells.append(StageCell(float(cell), float(per_layer * full), float(swa_layer * sliding)))
+    return cells
 
 
 # `ModelConfig.__init__` (configs/model_config.py:690-717): multimodal is off for these unless
@@ -410,14 +477,15 @@ def _granite_state(geometry: ModelGeometry, dtype: str) -> StateLayout:
 
 
 def state_slot_bytes(state: StateLayout, *, tp: int, ssm_dtype: str | None = None, pp: int = 1,
-                     num_layers: int = 0) -> int:
+                     num_layers: int = 0, rules: SglangRules | None = None) -> int:
     """Bytes of one state slot on the fullest stage: `mamba_cache_per_req` x the stage's share
-    (`_handle_max_mamba_cache`, kv_cache_configurator.py:3229-3260). conv state in bfloat16
+    (`_handle_max_mamba_cache`, kv_cache_configurator.py:3229-3260; before 0.5.17 every stage charges
+    the whole model's state, `mamba_pool` "ratio"/"fixed"). conv state in bfloat16
     (SGLANG_MAMBA_CONV_DTYPE default), SSM state in `--mamba-ssm-dtype`, else the config's, else float32."""
     conv, temporal = _state_elements(state, tp)
     per_layer = conv * 2 + temporal * _STATE_DTYPE_BYTES[ssm_dtype or state.ssm_dtype]
     total = per_layer * len(state.layers)
-    if pp > 1 and state.layers:
+    if pp > 1 and state.layers and (rules or RULES[-1]).mamba_pool == "padded":
         most = max(sum(1 for i in state.layers if i in stage) for stage in stage_layers(num_layers, pp))
         return int(total * (most / len(state.layers)))
     return total
@@ -438,24 +506,38 @@ def _state_elements(state: StateLayout, tp: int) -> tuple[int, int]:
     return conv_dim // tp * (state.conv_kernel - 1), heads // tp * state.head_dim * state.state_size
 
 
-def state_slots_per_request(arch: str, pinned: Mapping[str, Any], *, pp: int) -> int:
-    """`_calculate_mamba_ratio` (kv_cache_configurator.py:3062-3088): state slots one request holds."""
-    if pinned.get("--disable-radix-cache", False):
+def state_slots_per_request(arch: str, pinned: Mapping[str, Any], *, pp: int, rules: SglangRules | None = None) -> int:
+    """`_calculate_mamba_ratio` (kv_cache_configurator.py:3062-3088): state slots one request holds.
+    0.5.1-0.5.2 keep one (`mamba_pool` "fixed", radix cache off); 0.5.5-0.5.13 turn Kimi-Linear's radix
+    cache off (`kimi_linear_radix`); the two extra_buffer slots by default from 0.5.14 (`mamba_extra_buffer`)."""
+    rules = rules or RULES[-1]
+    if pinned.get("--disable-radix-cache", False) or rules.mamba_pool == "fixed":
         return 1
-    if arch in EXTRA_BUFFER_ARCHITECTURES:
+    if arch == "KimiLinearForCausalLM" and not rules.kimi_linear_radix:
+        return 1
+    extra = {"off": frozenset(), "with_kimi": EXTRA_BUFFER_ARCHITECTURES,
+             "without_kimi": EXTRA_BUFFER_ARCHITECTURES - {"KimiLinearForCausalLM"}}[rules.mamba_extra_buffer]
+    if arch in extra:
         overlap = pp == 1 and not pinned.get("--disable-overlap-schedule", False)
         return MAMBA_BASE_SLOTS + (2 if overlap else 1)  # get_mamba_tracking_slots (allocation_sizing.py:11-19)
     return MAMBA_BASE_SLOTS
 
 
-def state_pool(rest_bytes: int, slot_bytes: int, ratio: float) -> tuple[int, int]:
+def state_pool(rest_bytes: int, slot_bytes: int, ratio: float, padded: bool = True) -> tuple[int, int]:
     """(slots, bytes) of the state pool `_handle_max_mamba_cache` carves out of the KV budget
-    (kv_cache_configurator.py:3348-3395): rest x r / (1 + r) in slots, plus one padding slot."""
+    (kv_cache_configurator.py:3348-3395): rest x r / (1 + r) in slots, plus one padding slot
+    (before 0.5.17 no padding slot: 0.5.13 model_runner_kv_cache_mixin.py:140-150, :170-175)."""
     budget = rest_bytes / (1 << 30) * ratio / (1 + ratio) * (1 << 30)
+    if not padded:
+        slots = int(budget // slot_bytes) if slot_bytes else 0
+        return slots, slots * slot_bytes
     if budget < slot_bytes:
         return 0, slot_bytes
     slots = int((budget - slot_bytes) // slot_bytes) if slot_bytes else 0
     return slots, (slots + 1) * slot_bytes
+
+
+FIXED_STATE_SLOTS = 512  # 0.5.1-0.5.2 model_runner.py:308-322: --max-running-requests, else 512
 
 
 # --------------------------------------------------------------------------- the verified table
@@ -573,12 +655,23 @@ def verified_architectures() -> list[ArchitectureRow]:
     return sorted(VERIFIED, key=lambda row: row.architecture)
 
 
-def architecture_status(geometry: ModelGeometry) -> tuple[bool, str]:
-    """(verified, note) for SGLang's layout of this architecture."""
+def architecture_status(geometry: ModelGeometry, rules: SglangRules | None = None) -> tuple[bool, str]:
+    """(verified, note) for SGLang's layout of this architecture in the release of `rules`."""
     row = _BY_NAME.get(geometry.architecture)
     if row is None:
         return False, (f"unverified architecture {geometry.architecture}: its KV cell size in SGLang "
                        f"{ENGINE_VERSION} was not checked against SGLang's code; the pool figure may be wrong")
+    rules = rules or RULES[-1]
+    try:
+        lay: SglangLayout | None = layout(geometry, rules)
+    except UnsupportedModel:  # refused where it is planned; the status is the row's
+        lay = None
+    unchecked = None if lay is None else (
+        "hybrid SWA pool" if lay.swa_layers and rules.swa_pool == "unchecked" else
+        "state pool" if lay.state is not None and rules.mamba_pool == "unchecked" else None)
+    if unchecked is not None:
+        return False, (f"unverified layout: SGLang {rules.version}'s {unchecked} for {geometry.architecture} was "
+                       "not run against its code (0.5.3-0.5.8 split it another way); the pool figure may be wrong")
     return True, (f"verified architecture {geometry.architecture}: cell size and pool equal SGLang {ENGINE_VERSION}'s "
                   f"own code on {', '.join(row.models)} ({GOLDEN})")
 
@@ -589,17 +682,31 @@ class PoolSizing:
     budget_bytes: int  # what the KV pool divides by the cell size
     state_slots: int | None = None  # max_mamba_cache_size
     state_bytes: int = 0
+    swa_tokens: int | None = None  # the sliding-window pool of a hybrid SWA model
+    profiled_tokens: int = 0  # budget // cell before the cap, the page floor and the SWA split
 
 
 def pool(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: float, cell_bytes: float, page_size: int,
          max_total_tokens: int | None, state_slot: int | None = None,
-         state_ratio: float = DEFAULT_MAMBA_FULL_MEMORY_RATIO, context_len: int = 0) -> PoolSizing:
+         state_ratio: float = DEFAULT_MAMBA_FULL_MEMORY_RATIO, context_len: int = 0,
+         rules: SglangRules | None = None, swa_ratio: float | None = None, swa_split: StageCell | None = None,
+         state_fixed_slots: int | None = None) -> PoolSizing:
     """`_profile_available_bytes` then the configurator, in SGLang's GiB floats
-    (kv_cache_configurator.py:2990-3060): rest = A - P x (1 - f), the state pool carved out first."""
+    (kv_cache_configurator.py:2990-3060): rest = A - P x (1 - f), the state pool carved out first.
+
+    `swa_ratio` (a hybrid SWA pool) gives the sliding pool `int(tokens x ratio)`; under `swa_pool` "split"
+    (0.5.9-0.5.10) the tokens profiled over `swa_split` (the stage's full + sliding parts) are split
+    afterwards (0.5.9 model_runner_kv_cache_mixin.py:262-360). `state_fixed_slots`: 0.5.1-0.5.2's fixed
+    state pool (`mamba_pool` "fixed")."""
+    rules = rules or RULES[-1]
     rest_gib = after_load_bytes / (1 << 30) - pre_load_bytes / (1 << 30) * (1 - fraction_value)
     slots, state_bytes = None, 0
-    if state_slot is not None and rest_gib > 0:
-        slots, state_bytes = state_pool(int(rest_gib * (1 << 30)), state_slot, state_ratio)
+    if state_slot is not None and state_fixed_slots is not None:
+        slots, state_bytes = state_fixed_slots, state_fixed_slots * state_slot
+        rest_gib -= state_bytes / (1 << 30)
+    elif state_slot is not None and rest_gib > 0:
+        slots, state_bytes = state_pool(int(rest_gib * (1 << 30)), state_slot, state_ratio,
+                                        padded=rules.mamba_pool == "padded")
         rest_gib -= state_bytes / (1 << 30)
     budget = int(rest_gib * (1 << 30))
     if cell_bytes <= 0 and budget > 0:
@@ -608,10 +715,45 @@ def pool(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: float, c
         return PoolSizing((max_total_tokens or context_len) // page_size * page_size, budget, slots, state_bytes)
     if budget <= 0 or cell_bytes <= 0:
         return PoolSizing(0, budget, slots, state_bytes)
-    tokens = int(budget // cell_bytes) // page_size * page_size
+    profiled = int(budget // cell_bytes)
+    tokens = profiled // page_size * page_size
     if max_total_tokens is not None:
         tokens = min(tokens, max_total_tokens) // page_size * page_size
-    return PoolSizing(tokens, budget, slots, state_bytes)
+    if swa_ratio is None:
+        return PoolSizing(tokens, budget, slots, state_bytes, profiled_tokens=profiled)
+    if rules.swa_pool == "split" and swa_split is not None and swa_split.full_part > 0:
+        full = int(tokens * (swa_split.full_part + swa_split.swa_part)
+                   / (swa_split.full_part + swa_ratio * swa_split.swa_part))
+        tokens = full // page_size * page_size
+    elif swa_split is not None and swa_split.full_part <= 0:  # every layer slides: one pool
+        return PoolSizing(tokens, budget, slots, state_bytes, tokens, profiled)
+    swa = int(tokens * swa_ratio) // page_size * page_size
+    return PoolSizing(tokens, budget, slots, state_bytes, swa, profiled)
+
+
+def pool_rules(lay: SglangLayout, *, rules: SglangRules, pinned: Mapping[str, Any], kv_bytes: int, tp: int,
+               pp: int) -> dict[str, Any]:
+    """The keyword arguments of `pool` that the release's arithmetic needs beyond the cell size."""
+    hybrid = is_hybrid_swa(lay, pinned, rules)
+    out: dict[str, Any] = {"rules": rules, "swa_ratio": float(pinned.get("--swa-full-tokens-ratio", 0.8))
+                           if hybrid else None}
+    if hybrid and rules.swa_pool == "split":
+        cells = stage_cells(lay, kv_bytes=kv_bytes, kv_fp8=kv_bytes == 1, tp=tp, pp=pp, pinned=pinned, rules=rules)
+        out["swa_split"] = max(cells, key=lambda cell: cell.total)
+    if lay.state is not None and rules.mamba_pool == "fixed":
+        out["state_fixed_slots"] = int(pinned.get("--max-running-requests") or FIXED_STATE_SLOTS)
+    return out
+
+
+def running_requests(tokens: int, context_len: int, pinned: int | None, rules: SglangRules | None = None) -> int:
+    """max_running_requests from the pool's tokens: `resolve_max_num_reqs` (<= tokens // 2 from 0.5.11); before,
+    init_memory_pool's estimate without that cap, from the tokens profiled before the pipeline minimum and the
+    SWA split (0.5.9 model_runner_kv_cache_mixin.py:364-374; 0.5.2 model_runner.py:1252-1262)."""
+    if rules is not None and rules.requests_before_pp_min:
+        return pinned if pinned is not None else min(max(int(tokens / context_len * 512), 2048), 4096)
+    if pinned is not None:
+        return min(max(1, pinned), tokens // 2)
+    return min(min(max(int(tokens / context_len * 512), 2048), 4096), tokens // 2)
 
 
 # --------------------------------------------------------------------------- which layers slide

@@ -58,6 +58,20 @@ KV_CACHE_DTYPE_CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+# Models whose release checks the attention backend before it picks the default one, so that they stop at
+# start unless --attention-backend names one of these (SGLang's own ServerArgs run per release:
+# tests/data/sglang_layouts_versions.json; ranges end at the last release checked to fail).
+# (architecture, first release, last release, accepted backends, SGLang's message, source)
+ATTENTION_BACKEND_REQUIRED: tuple[tuple[str, str, str, tuple[str, ...], str, str], ...] = (
+    ("Llama4ForConditionalGeneration", "0.5.1", "0.5.2", ("fa3", "aiter", "triton"),
+     "fa3, aiter, or triton is required for Llama4 model", "sglang/srt/server_args.py:2493-2498 (SGLang 0.5.2)"),
+    ("Exaone4ForCausalLM", "0.5.9", "0.5.21", ("fa3", "triton", "trtllm_mha"),
+     "One of the attention backends in ['fa3', 'triton', 'trtllm_mha'] is required for Exaone4ForCausalLM, "
+     "but got {backend}",
+     "sglang/srt/server_args.py:5693-5702 (SGLang 0.5.18), arg_groups/model_hook.py:626-636 (SGLang 0.5.21)"),
+)
+
+
 def kv_cache_dtype_choices(version: str | None) -> tuple[str, tuple[str, ...]]:
     """(the release those choices were read from, the choices) for `version`."""
     return lines_for(KV_CACHE_DTYPE_CHOICES, version)
@@ -113,6 +127,7 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             bad_argument=True))
 
     out.extend(_quant_rules(inp))
+    out.extend(_attention_backend_rules(inp))
 
     pinned = inp.max_model_len
     if pinned is not None and pinned > inp.model_max_len and not inp.allow_long_max_model_len:
@@ -124,6 +139,21 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             "this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
             _src("context"), hint=f"--context-length {inp.model_max_len}"))
     return tuple(out)
+
+
+def _attention_backend_rules(inp: CheckInput) -> list[EngineRule]:
+    """`ATTENTION_BACKEND_REQUIRED` for the release planned (the newest when unknown: none)."""
+    from launcher.engines.versions import version_key
+
+    if inp.engine_version is None:
+        return []
+    version = version_key(inp.engine_version)
+    for arch, first, last, accepted, message, source in ATTENTION_BACKEND_REQUIRED:
+        if inp.geometry.architecture == arch and version_key(first) <= version <= version_key(last) \
+                and inp.attention_backend not in accepted:
+            return [EngineRule("attention-backend-required", message.format(backend=inp.attention_backend), source,
+                               hint=f"--attention-backend {accepted[0]}")]
+    return []
 
 
 def _quant_rules(inp: CheckInput) -> list[EngineRule]:

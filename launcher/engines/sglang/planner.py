@@ -64,7 +64,7 @@ def plan(request: PlanRequest) -> Plan:
     length, length_reason, doubt = _context_length(request, setup, pool, doubt)
     budget = sizing.budget(pool, length)
     tokens = pool.planned
-    verified, architecture_note = layouts.architecture_status(setup.geometry)
+    verified, architecture_note = layouts.architecture_status(setup.geometry, setup.rules)
     unverified_error = 0 if verified else int(budget.kv * layouts.UNVERIFIED_KV_ERROR_FRACTION)
     pinned, derivation = setup.pinned, setup.derivation
     return Plan(
@@ -129,6 +129,7 @@ class _SglangSetup:
     page: int
     page_reason: str
     measured_context: int | None = None  # measured at an earlier start of this setup (calibration)
+    pool_rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the release's pool arithmetic
 
     @property
     def context(self) -> int:
@@ -159,7 +160,7 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     pinned = request.pinned.values
     # SGLang's own config classes may refuse the config; state families it has no model class for are
     # refused there too (--trust-engine lets SGLang decide).
-    layout = layouts.layout(geometry)
+    layout = layouts.layout(geometry, rules)
     # SGLang runs some wrappers text-only unless --enable-multimodal (configs/model_config.py:690-717).
     geometry = dataclasses.replace(geometry, is_multimodal=layouts.multimodal(geometry, pinned))
     tp, pp = sr.ranks(pinned)
@@ -177,7 +178,8 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
         tp=tp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"), block_size=pinned.get("--page-size"),
         max_model_len=pinned.get("--context-length"), model_max_len=derived_len, engine_version=request.engine_version,
         gpu_name=gpu.name, allow_long_max_model_len=request.allow_long_max_model_len,
-        quantization=pinned.get("--quantization"), pinned_dtype=pinned.get("--dtype"))))
+        quantization=pinned.get("--quantization"), pinned_dtype=pinned.get("--dtype"),
+        attention_backend=pinned.get("--attention-backend"))))
     moe_refusal = sb.mxfp4_runner_refusal(geometry, version=rules.version,
                                           moe_runner_backend=pinned.get("--moe-runner-backend"),
                                           compute_capability=gpu.compute_capability)
@@ -188,11 +190,14 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
         kv_elem, kv_reason = sk.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=tp, pp=pp, pinned=pinned)
+    cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=tp, pp=pp, pinned=pinned,
+                                   rules=rules)
     page, page_reason = _page_size(geometry, gpu, pinned)
     measured = request.calibration.context_bytes if request.calibration else None
     return _SglangSetup(rules, rules_note, pinned, geometry, layout, tp, pp, devices, gpu, gpu_mem_mib, derivation,
-                        dtype, dtype_reason, derived_len, derived_reason, kv_reason, cell, page, page_reason, measured)
+                        dtype, dtype_reason, derived_len, derived_reason, kv_reason, cell, page, page_reason, measured,
+                        pool_rules=layouts.pool_rules(layout, rules=rules, pinned=pinned, kv_bytes=kv_elem, tp=tp,
+                                                      pp=pp))
 
 
 def _refuse_what_sglang_refuses(refusals: tuple[EngineRule, ...]) -> None:
@@ -304,7 +309,8 @@ class _Sizing:
                             cell_bytes=self.setup.cell, page_size=self.setup.page,
                             max_total_tokens=pinned.get("--max-total-tokens"), state_slot=self.state_slot,
                             state_ratio=self.state_ratio,
-                            context_len=pinned.get("--context-length") or self.setup.derived_len)
+                            context_len=pinned.get("--context-length") or self.setup.derived_len,
+                            **self.setup.pool_rules)
 
     def central(self) -> layouts.PoolSizing:
         return self.pool_at(self.pre_load, self.after_load)
@@ -373,7 +379,7 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
     if as_loaded is not None:
         weights += as_loaded.extra_bytes
     after_load = pre_load - weights - load.bytes
-    if setup.geometry.is_multimodal and not setup.pinned.get("--language-only", False):
+    if setup.geometry.is_multimodal and not setup.pinned.get("--language-only", False) and setup.rules.mm_kv_reserve:
         after_load -= sb.MULTIMODAL_RESERVE_BYTES
     return _Sizing(
         setup=setup, fraction=fraction, pre_load=pre_load, weights=weights, load=load,
@@ -486,14 +492,15 @@ def _state_slot(setup: _SglangSetup) -> int | None:
     if layout.state is None or not layout.state.layers:
         return None
     return layouts.state_slot_bytes(layout.state, tp=setup.tp, ssm_dtype=setup.pinned.get("--mamba-ssm-dtype"),
-                                    pp=setup.pp, num_layers=layout.num_layers)
+                                    pp=setup.pp, num_layers=layout.num_layers, rules=setup.rules)
 
 
 def _state_request_cap(sizing: layouts.PoolSizing, setup: _SglangSetup, *, concurrency: int) -> int | None:
     """Requests the state pool lets SGLang run at once (`resolve_max_num_reqs`, kv_cache_configurator.py:3119-3170)."""
     if sizing.state_slots is None:
         return None
-    per_request = layouts.state_slots_per_request(setup.geometry.architecture, setup.pinned, pp=setup.pp)
+    per_request = layouts.state_slots_per_request(setup.geometry.architecture, setup.pinned, pp=setup.pp,
+                                                  rules=setup.rules)
     cap = sizing.state_slots // per_request
     if cap <= 0:
         raise WontFit(f"SGLang will fail: its state pool holds {sizing.state_slots} slots, {per_request} per request "
@@ -555,7 +562,8 @@ def _state_items(sizing: layouts.PoolSizing, slot: int | None, setup: _SglangSet
     state = setup.layout.state
     if sizing.state_slots is None or slot is None or state is None:
         return ()
-    per_request = layouts.state_slots_per_request(setup.geometry.architecture, setup.pinned, pp=setup.pp)
+    per_request = layouts.state_slots_per_request(setup.geometry.architecture, setup.pinned, pp=setup.pp,
+                                                  rules=setup.rules)
     return (BudgetItem("state", "state pool (mamba / linear attention)", sizing.state_bytes, FORMULA,
                        f"{sizing.state_slots} + 1 slots x {slot} B ({len(state.layers)} state layers, "
                        f"{per_request} slots per request; {state.config_class}.mamba2_cache_params)",

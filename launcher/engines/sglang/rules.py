@@ -57,6 +57,34 @@ class SglangRules:
     # --max-running-requests of at most 512 (arg_groups/model_overrides/qwen3_vl.py:20-62, called
     # from memory_hook.py:194 in 0.5.23, :185 in 0.5.20-0.5.21; absent in 0.5.19).
     hopper_qwen3_vl_bs: bool = False
+    # --- KV layouts (architectures.py), SGLang's own code run per release in
+    # tests/data/sglang_layouts_versions.json; the defaults are 0.5.21-0.5.23's.
+    # 0.5.18+: a multimodal model's 100 MiB embedding cache comes out of the KV budget
+    # (0.5.18 mem_cache/kv_cache_configurator.py:130-150, :1785); before, the budget keeps it.
+    mm_kv_reserve: bool = True
+    # Hybrid SWA pools: "ratio" (0.5.11+, HybridSWAPoolConfigurator: full + ratio x sliding layers per
+    # token), "split" (0.5.9-0.5.10: tokens over full + sliding layers, then split by the ratio,
+    # model_runner_kv_cache_mixin.py), "off" (0.5.1-0.5.2: every such model is pooled whole) or
+    # "unchecked" (0.5.3-0.5.8: split by the loaded model's layers or another formula; planned unverified).
+    swa_pool: str = "ratio"
+    # 0.5.7-0.5.20: a pipeline stage's full/SWA layer ids run to `end_layer + 1`, one layer of the
+    # next stage (0.5.9 model_runner.py:538-551, 0.5.18 layer_setup.py:223-234; 0.5.21 layer_setup.py:167-197).
+    swa_stage_extra_layer: bool = False
+    # 0.5.17+: a DSA model's fp8 cell is the scaled latent (calculate_mla_kv_cache_dim); before it is
+    # kv_lora_rank + rope at one byte (0.5.13 pool_configurator.py:134-161).
+    dsa_fp8_scaled_cell: bool = True
+    # The state pool of hybrid linear-attention / Mamba models: "padded" (0.5.17+: the ratio split with a
+    # padding slot, the fullest stage's share under PP), "ratio" (0.5.9-0.5.16: no padding slot, the
+    # whole model's state per slot), "fixed" (0.5.1-0.5.2: --max-running-requests or 512 slots, one per
+    # request) or "unchecked" (0.5.3-0.5.8; planned unverified).
+    mamba_pool: str = "padded"
+    # Two extra state slots per request (extra_buffer) by default: "off" (<= 0.5.13, no_buffer),
+    # "without_kimi" (0.5.14-0.5.15), "with_kimi" (0.5.16+).
+    mamba_extra_buffer: str = "with_kimi"
+    kimi_linear_radix: bool = True  # 0.5.5-0.5.13 turn the radix cache off for Kimi-Linear (one slot per request)
+    # <= 0.5.10: max_running_requests from this stage's profiled tokens, before the pipeline minimum
+    # and the SWA split (0.5.9 model_runner_kv_cache_mixin.py:364-386).
+    requests_before_pp_min: bool = False
     source: str = dataclasses.field(default="", compare=False)  # the code of the set's first change
 
 
@@ -88,21 +116,87 @@ def _history(*sets: tuple[str, int, dict[str, Any]]) -> tuple[SglangRules, ...]:
 RULES: tuple[SglangRules, ...] = _history(
     ("0.5.1", 2, dict(fraction="table", decode_reserve_when_off=True, tiers=(), top_tier=(16384, 512),
                       prefill_graph="off", fallback_fraction=0.88,
-                      source="0.5.2 server_args.py:449-500 (table), :505-530 (chunk, graph bs)")),
-    ("0.5.3", 4, dict(fraction="reserve", tiers=_TIERS_053, source="0.5.3 server_args.py:542-683")),
-    ("0.5.5", 9, dict(tiers=_TIERS_OLD, source="0.5.9 server_args.py:911-1070")),
-    ("0.5.10", 12, dict(prefill_graph="piecewise",
+                      mm_kv_reserve=False, swa_pool="off", swa_stage_extra_layer=False, dsa_fp8_scaled_cell=False,
+                      mamba_pool="fixed", mamba_extra_buffer="off", kimi_linear_radix=False,
+                      requests_before_pp_min=True,
+                      source="0.5.2 server_args.py:449-500 (table), :505-530 (chunk, graph bs); layouts: "
+                             "model_runner.py:1092-1140 (profile), :308-322 (GDN state), :1224-1300 (pool)")),
+    ("0.5.3", 4, dict(fraction="reserve", tiers=_TIERS_053, swa_pool="unchecked", mamba_pool="unchecked",
+                      source="0.5.3 server_args.py:542-683")),
+    ("0.5.5", 8, dict(tiers=_TIERS_OLD, source="0.5.9 server_args.py:911-1070")),
+    ("0.5.9", 9, dict(swa_pool="split", swa_stage_extra_layer=True, mamba_pool="ratio",
+                      source="0.5.9 model_runner_kv_cache_mixin.py:116-177 (profile, state), :262-420 "
+                             "(SWA split, pool), model_runner.py:538-551 (stage layer ids)")),
+    ("0.5.10", 10, dict(prefill_graph="piecewise",
                         source="0.5.10 server_args.py:1141-1330, :1076-1139 (piecewise auto-off)")),
-    ("0.5.13", 14, dict(prefill_cap_context=True, source="0.5.13 server_args.py:1444-1640")),
-    ("0.5.15", 16, dict(decode_reserve_when_off=False, source="0.5.15 server_args.py:3469-3690")),
-    ("0.5.17", 19, dict(prefill_cap_context=False,
-                        source="0.5.18 server_args.py:4802-4990; 0.5.19 arg_groups/memory_hook.py:26-270")),
-    ("0.5.20", 21, dict(tiers=_TIERS_NEW, prefill_graph="breakable", fallback_fraction=FALLBACK_FRACTION,
+    ("0.5.11", 12, dict(swa_pool="ratio", requests_before_pp_min=False,
+                        source="0.5.11 model_executor/pool_configurator.py:184-270 (HybridSWAPoolConfigurator), "
+                               "model_runner_kv_cache_mixin.py:730-760")),
+    ("0.5.13", 13, dict(prefill_cap_context=True, source="0.5.13 server_args.py:1444-1640")),
+    ("0.5.14", 14, dict(mamba_extra_buffer="without_kimi", kimi_linear_radix=True,
+                        source="0.5.14 server_args.py:4338-4400 (_handle_mamba_radix_cache: extra_buffer)")),
+    ("0.5.15", 15, dict(decode_reserve_when_off=False, source="0.5.15 server_args.py:3469-3690")),
+    ("0.5.16", 16, dict(mamba_extra_buffer="with_kimi",
+                        source="0.5.16 arg_groups/overrides.py:1128-1145 (_MAMBA_EXTRA_BUFFER_ARCHS)")),
+    ("0.5.17", 17, dict(prefill_cap_context=False, dsa_fp8_scaled_cell=True, mamba_pool="padded",
+                        source="0.5.18 server_args.py:4802-4990; 0.5.17 pool_configurator.py:199-210, "
+                               "mem_cache/kv_cache_configurator.py:1826-1839, :1978")),
+    ("0.5.18", 19, dict(mm_kv_reserve=True,
+                        source="0.5.18 mem_cache/kv_cache_configurator.py:130-150, :1785; "
+                               "0.5.19 arg_groups/memory_hook.py:26-270")),
+    ("0.5.20", 20, dict(tiers=_TIERS_NEW, prefill_graph="breakable", fallback_fraction=FALLBACK_FRACTION,
                         hopper_qwen3_vl_bs=True,
                         source="0.5.21 arg_groups/memory_hook.py:47-330, :350")),
+    ("0.5.21", 21, dict(swa_stage_extra_layer=False,
+                        source="0.5.21 model_runner_components/layer_setup.py:167-197 (owned layers)")),
     ("0.5.22", 23, dict(mrr_shrinks_bs=True,
                         source="0.5.23 arg_groups/memory_hook.py:47-330, :357 reserve_for_graph_mb, "
                                ":417 adjust_mem_fraction_for_vlm")),
+)
+
+
+# The first release whose model registry has a class for each hybrid linear-attention / Mamba
+# architecture (the `EntryClass` of sglang/srt/models/*.py in each wheel, 0.5.1-0.5.23). Before it,
+# SGLang falls back to its Transformers backend, which keeps no state, or cannot load the model: the
+# plan refuses, as for the architectures no release has a class for (architectures.NO_SGLANG_CLASS).
+STATE_MODEL_CLASSES: tuple[tuple[str, str, str], ...] = (
+    ("Qwen3NextForCausalLM", "0.5.2", "models/qwen3_next.py"),
+    ("FalconH1ForCausalLM", "0.5.3", "models/falcon_h1.py"),
+    ("NemotronHForCausalLM", "0.5.4", "models/nemotron_h.py"),
+    ("KimiLinearForCausalLM", "0.5.5", "models/kimi_linear.py"),
+    ("GraniteMoeHybridForCausalLM", "0.5.9", "models/granitemoehybrid.py"),
+    ("Lfm2ForCausalLM", "0.5.9", "models/lfm2.py"),
+    ("Qwen3_5ForConditionalGeneration", "0.5.9", "models/qwen3_5.py"),
+    ("Qwen3_5MoeForConditionalGeneration", "0.5.9", "models/qwen3_5.py"),
+    ("Qwen3_5ForCausalLM", "0.5.17", "models/qwen3_5_text.py"),
+    ("Qwen3_5MoeForCausalLM", "0.5.17", "models/qwen3_5_text.py"),
+    ("MambaForCausalLM", "0.5.20", "models/mamba.py"),
+    ("FalconMambaForCausalLM", "0.5.20", "models/falcon_mamba.py"),
+)
+# Configs a release cannot read, as its own ModelConfig run showed (tests/data/sglang_layouts_versions.json):
+# (model_type, first release that fails, last release that fails, SGLang's words; a wrapper's text config
+# `<model_type>_text` too). The model types are
+# those of the pinned transformers (0.5.1-0.5.2 4.55/4.56, 0.5.3-0.5.9 4.57, 0.5.13-0.5.14 5.8.1,
+# 0.5.15-0.5.21 5.12.1, 0.5.22+ 5.19.0); ranges end at the last release checked to fail.
+UNREADABLE_CONFIGS: tuple[tuple[str, str, str, str], ...] = (
+    ("minicpm3", "0.5.1", "0.5.21", "Transformers does not recognize this architecture (model type `minicpm3`)"),
+    ("dbrx", "0.5.13", "0.5.21", "transformers' DbrxConfig refuses an integer moe_jitter_eps (strict dataclass "
+                                 "validation: expected float, got int)"),
+    ("kimi_k2", "0.5.1", "0.5.9", "Transformers does not recognize this architecture (model type `kimi_k2`)"),
+    ("minimax_m2", "0.5.1", "0.5.9", "Transformers does not recognize this architecture (model type `minimax_m2`)"),
+    ("gemma4", "0.5.1", "0.5.9", "Transformers does not recognize this architecture (model type `gemma4`)"),
+    ("deepseek_v32", "0.5.1", "0.5.2", "Transformers does not recognize this architecture (model type "
+                                       "`deepseek_v32`)"),
+    ("olmo3", "0.5.1", "0.5.2", "Transformers does not recognize this architecture (model type `olmo3`)"),
+    ("qwen3_vl", "0.5.1", "0.5.2", "Transformers does not recognize this architecture (model type `qwen3_vl`)"),
+    ("qwen3_vl_moe", "0.5.1", "0.5.2", "Transformers does not recognize this architecture (model type "
+                                       "`qwen3_vl_moe`)"),
+    ("qwen3_5", "0.5.1", "0.5.2", "Transformers does not recognize this architecture (model type `qwen3_5`)"),
+    ("qwen3_5_moe", "0.5.1", "0.5.2", "Transformers does not recognize this architecture (model type "
+                                      "`qwen3_5_moe`)"),
+    ("nemotron_h", "0.5.1", "0.5.2", "Transformers does not recognize this architecture (model type `nemotron_h`)"),
+    ("kimi_linear", "0.5.1", "0.5.2", "Transformers does not recognize this architecture (model type "
+                                      "`kimi_linear`)"),
 )
 
 
@@ -133,6 +227,7 @@ FLAGS = (
     FlagSpec("--cuda-graph-max-bs", positive_int),  # <= 0.5.18 (ambiguous from 0.5.19 on)
     FlagSpec("--cuda-graph-backend-prefill", str),
     FlagSpec("--enable-dp-attention", None),
+    FlagSpec("--attention-backend", str),  # some releases refuse a model without it (checks.py)
     FlagSpec("--nnodes", positive_int),
     FlagSpec("--port", int),
     FlagSpec("--host", str),
