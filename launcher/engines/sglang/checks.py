@@ -156,11 +156,56 @@ def _attention_backend_rules(inp: CheckInput) -> list[EngineRule]:
     return []
 
 
+# Checkpoint methods another registered method's `override_quantization_method` may rewrite before the
+# registry check (awq -> awq_marlin / moe_wna16, gptq -> gptq_marlin / moe_wna16; model_config.py:2092-2101 in
+# 0.5.23): their absence from a registry is not a refusal the plan can see.
+REWRITTEN_METHODS = frozenset({"awq", "gptq"})
+
+
+def unregistered_method(method: str, version: str | None) -> tuple[str, tuple[str, ...]] | None:
+    """(the release whose registry it was read from, what that registry holds) where SGLang at `version`
+    registers no such quantization method on CUDA, else None. A release between two read ones is taken to
+    register what either does; one after the newest read, what the newest does."""
+    from launcher.engines.sglang.rules import QUANTIZATION_REGISTRY
+    from launcher.engines.versions import version_key
+
+    if method in REWRITTEN_METHODS:
+        return None
+    read = sorted(QUANTIZATION_REGISTRY, key=version_key)
+    at = version_key(version or read[-1])
+    below = [v for v in read if version_key(v) <= at]
+    above = [v for v in read if version_key(v) >= at]
+    neighbours = {below[-1] if below else read[0], above[0] if above else read[-1]}
+    if any(method in QUANTIZATION_REGISTRY[v] for v in neighbours):
+        return None
+    nearest = max(neighbours, key=version_key)
+    return nearest, tuple(sorted(QUANTIZATION_REGISTRY[nearest]))
+
+
+def _unknown_method_rule(inp: CheckInput, method: str) -> EngineRule | None:
+    """`ModelConfig._verify_quantization` (configs/model_config.py:2151-2155 in 0.5.23)."""
+    from launcher.engines.sglang.rules import QUANTIZATION_REGISTRY
+    from launcher.engines.versions import version_key
+
+    found = unregistered_method(method, inp.engine_version)
+    if found is None:
+        return None
+    release, registry = found
+    last = max((v for v in QUANTIZATION_REGISTRY if method in QUANTIZATION_REGISTRY[v]), key=version_key, default=None)
+    return EngineRule(
+        "quant-unknown-method", f"Unknown quantization method: {method}. Must be one of {list(registry)}.",
+        f"sglang/srt/configs/model_config.py _verify_quantization, layers/quantization/__init__.py (SGLang {release})",
+        hint=f"--engine-version {last} or older registers {method}" if last else None)
+
+
 def _quant_rules(inp: CheckInput) -> list[EngineRule]:
-    """The quantization method against the GPU's compute capability and the model dtype."""
+    """The quantization method against the release's registry, the GPU's compute capability and the model
+    dtype."""
     out: list[EngineRule] = []
     method = resolved_quant_method(inp)
     cc = inp.compute_capability
+    if method is not None and inp.device == "cuda" and (unknown := _unknown_method_rule(inp, method)) is not None:
+        return [unknown]
     if method is not None and inp.device == "cuda" and cc is not None:
         cap = cc[0] * 10 + cc[1]
         need = MIN_CAPABILITY.get(method)

@@ -310,3 +310,51 @@ def derived_context_length(geometry: ModelGeometry) -> tuple[int, str]:
             factor = float(entry["factor"])
     reason = f"config.json {key}={length}" + (f" x rope factor {factor:g}" if factor != 1.0 else "")
     return int(length * factor), reason
+
+
+# The quantization methods SGLang registers on CUDA, per release run (layers/quantization/__init__.py:
+# BASE_QUANTIZATION_METHODS with its is_cuda() updates, and 0.5.2's VLLM_QUANTIZATION_METHODS, read from each
+# wheel): `ModelConfig._verify_quantization` refuses a method outside it ("Unknown quantization method: X.
+# Must be one of [...]", configs/model_config.py:2151-2155 in 0.5.23). A release between two of these is
+# taken to register what either of them does (checks.py refuses only what both lack).
+QUANTIZATION_REGISTRY: Mapping[str, frozenset[str]] = {
+    "0.5.2": frozenset({
+        "aqlm", "awq", "awq_marlin", "bitsandbytes", "blockwise_int8", "compressed-tensors", "deepspeedfp",
+        "experts_int8", "fbgemm_fp8", "fp8", "gguf", "gptq", "gptq_marlin", "gptq_marlin_24", "marlin",
+        "modelopt", "modelopt_fp4", "moe_wna16", "mxfp4", "petit_nvfp4", "qoq", "qqq", "quark", "tpu_int8",
+        "w4afp8", "w8a8_fp8", "w8a8_int8"
+    }),
+    "0.5.9": frozenset({
+        "auto-round", "awq", "awq_marlin", "bitsandbytes", "blockwise_int8", "compressed-tensors", "fbgemm_fp8",
+        "fp8", "gguf", "gptq", "gptq_marlin", "modelopt", "modelopt_fp4", "modelopt_fp8", "modelslim",
+        "moe_wna16", "mxfp4", "mxfp8", "petit_nvfp4", "qoq", "quark", "quark_int4fp8_moe", "w4afp8", "w8a8_fp8",
+        "w8a8_int8"
+    }),
+    "0.5.13": frozenset({
+        "auto-round", "awq", "awq_marlin", "bitsandbytes", "blockwise_int8", "compressed-tensors", "fbgemm_fp8",
+        "fp8", "gguf", "gptq", "gptq_marlin", "modelopt", "modelopt_fp4", "modelopt_fp8", "modelopt_mixed",
+        "modelslim", "moe_wna16", "mxfp4", "mxfp8", "petit_nvfp4", "qoq", "quark", "quark_int4fp8_moe",
+        "quark_mxfp4", "w4afp8", "w8a8_fp8", "w8a8_int8"
+    }),
+    "0.5.18": frozenset({
+        "auto-round", "auto-round-int8", "awq", "awq_marlin", "bitsandbytes", "blockwise_int8",
+        "compressed-tensors", "fp8", "gguf", "gptq", "gptq_marlin", "humming", "modelopt", "modelopt_fp4",
+        "modelopt_fp8", "modelopt_mixed", "modelslim", "moe_wna16", "mxfp4", "mxfp8", "mxfp_w4a8",
+        "nvfp4_online", "petit_nvfp4", "quark", "quark_int4fp8_moe", "quark_mxfp4", "w4afp8", "w8a8_fp8",
+        "w8a8_int8"
+    }),
+    "0.5.21": frozenset({
+        "auto-round", "auto-round-int8", "awq", "awq_marlin", "bitsandbytes", "blockwise_int8",
+        "compressed-tensors", "fp8", "gguf", "gptq_marlin", "humming", "modelopt", "modelopt_fp4",
+        "modelopt_fp8", "modelopt_mixed", "modelslim", "moe_wna16", "mxfp4", "mxfp8", "mxfp_w4a8",
+        "nvfp4_online", "petit_nvfp4", "quark", "quark_int4fp8_moe", "quark_mxfp4", "w4afp8", "w8a8_fp8",
+        "w8a8_int8"
+    }),
+    "0.5.23": frozenset({
+        "auto-round", "auto-round-int8", "awq", "awq_marlin", "bitsandbytes", "blockwise_int8",
+        "compressed-tensors", "fp8", "gguf", "gptq_marlin", "humming", "minimax_m3_nvfp4", "modelopt",
+        "modelopt_fp4", "modelopt_fp8", "modelopt_mixed", "modelslim", "moe_wna16", "mxfp4", "mxfp8",
+        "mxfp_w4a8", "nvfp4_online", "petit_nvfp4", "quark", "quark_int4fp8_moe", "quark_mxfp4", "w4afp8",
+        "w8a8_fp8", "w8a8_int8"
+    }),
+}

@@ -92,3 +92,19 @@ def test_fp8_compressed_tensors_needs_sm80_in_sglang() -> None:
     with pytest.raises(WontFit, match="Min capability: 80") as info:
         make_plan(PlanRequest(model=resolve_model("qwen2.5-7b-fp8"), engine="sglang", gpus=hypothetical_gpus(["t4"])))
     assert info.value.rule == "quant-scheme-capability"
+
+
+def test_a_method_the_release_does_not_register_is_refused() -> None:
+    """fbgemm_fp8 (Llama-3.1-405B-Instruct-FP8) is registered through 0.5.13 and not from 0.5.18
+    (layers/quantization/__init__.py of each wheel); a release between them is taken to register what either
+    does, so 0.5.16 is not refused. awq/gptq may be rewritten by another method's override: never refused."""
+    from launcher.engines.sglang.checks import unregistered_method
+
+    assert unregistered_method("fbgemm_fp8", "0.5.13") is None
+    assert unregistered_method("fbgemm_fp8", "0.5.16") is None
+    release, registry = unregistered_method("fbgemm_fp8", "0.5.18")  # type: ignore[misc]
+    assert release == "0.5.18" and "fp8" in registry and "fbgemm_fp8" not in registry
+    assert unregistered_method("fbgemm_fp8", None) is not None  # the newest release: 0.5.23
+    assert unregistered_method("experts_int8", "0.5.2") is None and unregistered_method("experts_int8", "0.5.9")
+    assert unregistered_method("gptq", "0.5.23") is None  # not registered, but rewritten to gptq_marlin on sm80+
+    assert unregistered_method("fp8", "0.5.23") is None

@@ -71,10 +71,6 @@ NOT_REFUSED = {
     ("0.5.2", "qwen3-next-80b-a3b"): "0.5.2 sizes 512 state slots and runs out of memory at this scenario: "
                                      "the plan's pool is empty too (checked below)",
     ("0.5.2", "qwen3-next-80b-a3b-instruct"): "as qwen3-next-80b-a3b",
-    # fbgemm_fp8 left the quantization registry after 0.5.13 (0.5.23 refuses it too, tests/data/sglang_layouts.json):
-    # which methods a release registers is not a start check of the plan yet.
-    ("0.5.18", "llama-3.1-405b-instruct-fp8"): "Unknown quantization method: fbgemm_fp8 (not checked by the plan)",
-    ("0.5.21", "llama-3.1-405b-instruct-fp8"): "Unknown quantization method: fbgemm_fp8 (not checked by the plan)",
 }
 # The oracle cannot run this step without the model's modules (tests/oracles/sglang_legacy_layouts.py).
 ORACLE_UNSUPPORTED = "OracleUnsupported"
