@@ -187,9 +187,11 @@ def _unknown_method_rule(inp: CheckInput, method: str) -> EngineRule | None:
     from launcher.engines.sglang.rules import QUANTIZATION_REGISTRY
     from launcher.engines.versions import version_key
 
+    qc = quant_config(inp.geometry)
+    raw = str(qc.get("quant_method") or "").lower() if qc else ""
     found = unregistered_method(method, inp.engine_version)
-    if found is None:
-        return None
+    if found is None or (raw and raw != method and unregistered_method(raw, inp.engine_version) is None):
+        return None  # the checkpoint's own name is registered: our resolution may differ from SGLang's
     release, registry = found
     last = max((v for v in QUANTIZATION_REGISTRY if method in QUANTIZATION_REGISTRY[v]), key=version_key, default=None)
     return EngineRule(

@@ -108,3 +108,28 @@ def test_a_method_the_release_does_not_register_is_refused() -> None:
     assert unregistered_method("experts_int8", "0.5.2") is None and unregistered_method("experts_int8", "0.5.9")
     assert unregistered_method("gptq", "0.5.23") is None  # not registered, but rewritten to gptq_marlin on sm80+
     assert unregistered_method("fp8", "0.5.23") is None
+
+
+def test_a_registered_checkpoint_name_is_not_refused_for_our_resolution_of_it() -> None:
+    """0.5.2 registers `modelopt` but not `modelopt_fp8`, the name the plan resolves a ModelOpt FP8
+    checkpoint to: SGLang 0.5.2 loads it under `modelopt`, so the plan does not refuse it."""
+    import json
+    from pathlib import Path
+
+    from launcher.engines.checks_common import CheckInput
+    from launcher.engines.sglang.checks import resolved_quant_method, start_checks
+    from launcher.model.config import geometry_from_config
+
+    path = Path(__file__).resolve().parents[2] / "data" / "configs" / "llama-3.1-8b-instruct.json"
+    config = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "FP8"}
+
+    def inp(version: str) -> CheckInput:
+        return CheckInput(geometry=geometry_from_config(config), device="cuda", compute_capability=(9, 0),
+                          gpu_count=1, tp=1, pp=1, dtype="bfloat16", kv_cache_dtype=None, block_size=None,
+                          max_model_len=None, model_max_len=131072, engine_version=version)
+
+    assert resolved_quant_method(inp("0.5.2")) == "modelopt_fp8"
+    assert not [r for r in start_checks(inp("0.5.2")) if r.rule == "quant-unknown-method"]
+    config["quantization_config"] = {"quant_method": "fbgemm_fp8"}
+    assert [r.rule for r in start_checks(inp("0.5.21"))] == ["quant-unknown-method"]
