@@ -201,10 +201,20 @@ def _refuse_unreadable(geometry: ModelGeometry, rules: SglangRules) -> None:
     if "auto_map" in geometry.text_config:
         return
     for model_type, first, last, words in UNREADABLE_CONFIGS:
+        if model_type == "dbrx" and not _integer_jitter_eps(geometry.text_config):
+            continue
         if geometry.model_type in (model_type, f"{model_type}_text") and _within(rules.version, first, last):
             raise UnsupportedModel(f"SGLang {rules.version} cannot read this config.json: {words} "
                                    f"[tests/data/sglang_layouts_versions.json]",
                                    hint=f"SGLang {_after(last)} or later, or --engine vllm")
+
+
+def _integer_jitter_eps(config: Mapping[str, Any]) -> bool:
+    """DbrxConfig's strict validation (transformers 5.12.1) refuses only an integer moe_jitter_eps: a float, a
+    null or none at all is read."""
+    ffn = config.get("ffn_config")
+    value = ffn.get("moe_jitter_eps") if isinstance(ffn, Mapping) else None
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _after(version: str) -> str:

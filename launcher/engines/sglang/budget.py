@@ -454,13 +454,28 @@ def _flashinfer_layer(version: str, major: int, experts: int, hidden: int, share
 # intermediate padded as for triton_kernels, :560-563) - so does a pinned `triton` on any card (sm100 pads
 # the same, :495-498). Where SGLang refuses the pin (`mxfp4_runner_refusal`), the plan refuses it.
 QUANTIZATION_SKIPS_TRITON_KERNEL_SINCE = "0.5.9"
+# The triton_kernels SIGSEGV fallback of the gpt-oss defaults (0.5.10 server_args.py:1772-1781, not in 0.5.9;
+# 0.5.23 arg_groups/model_overrides/gpt_oss.py:108-114): sm100 and sm120 are matched before it.
+BLACKWELL_DRIVER_595_TRITON_SINCE = "0.5.10"
 DEQUANTIZING_RUNNERS = frozenset({"triton"})
 # (first release, line) of the refusals, layers/quantization/mxfp4.py (0.5.23 :655, :439-442).
-MARLIN_SM90_REFUSAL = (("0.5.18", 565), ("0.5.21", 636), ("0.5.23", 655))
-FLASHINFER_SM_REFUSAL = (("0.5.13", 421, "moe_runner_backend=flashinfer_mxfp4 requires SM90 or SM100."),
-                         ("0.5.18", 375, "moe_runner_backend=flashinfer_mxfp4 requires SM90, SM100, or SM120."),
-                         ("0.5.21", 426, "moe_runner_backend=flashinfer_mxfp4 requires SM90, SM100, or SM120."),
-                         ("0.5.23", 439, "moe_runner_backend=flashinfer_mxfp4 requires SM90, SM100, or SM120."))
+# Where SGLang stops a pinned runner, by release: (first release, line of mxfp4.py, message, the majors it
+# runs on; is_sm90/100/120_supported test the major exactly, utils/common.py:282-296 in 0.5.13).
+_SM90_OR_ABOVE = "MXFP4 Marlin requires Hopper/SM90 or above."
+MARLIN_SM90_REFUSAL: tuple[tuple[str, int, str, tuple[int, ...]], ...] = (
+    ("0.5.12", 564, _SM90_OR_ABOVE, (9,)), ("0.5.13", 572, _SM90_OR_ABOVE, (9,)),
+    ("0.5.14", 521, "MXFP4 Marlin requires SM90 or SM120.", (9, 12)),
+    ("0.5.17", 560, "MXFP4 Marlin requires SM90+.", (9, 10, 12)),
+    ("0.5.18", 565, "MXFP4 Marlin requires SM90+.", (9, 10, 12)),
+    ("0.5.21", 636, "MXFP4 Marlin requires SM90+.", (9, 10, 12)),
+    ("0.5.23", 655, "MXFP4 Marlin requires SM90+.", (9, 10, 12)))
+_SM90_SM100 = "moe_runner_backend=flashinfer_mxfp4 requires SM90 or SM100."
+_SM90_SM100_SM120 = "moe_runner_backend=flashinfer_mxfp4 requires SM90, SM100, or SM120."
+FLASHINFER_SM_REFUSAL: tuple[tuple[str, int, str, tuple[int, ...]], ...] = (
+    ("0.5.12", 413, _SM90_SM100, (9, 10)), ("0.5.13", 421, _SM90_SM100, (9, 10)),
+    ("0.5.14", 359, _SM90_SM100, (9, 10)), ("0.5.17", 370, _SM90_SM100_SM120, (9, 10, 12)),
+    ("0.5.18", 375, _SM90_SM100_SM120, (9, 10, 12)), ("0.5.21", 426, _SM90_SM100_SM120, (9, 10, 12)),
+    ("0.5.23", 439, _SM90_SM100_SM120, (9, 10, 12)))
 
 
 def _runner(value: object) -> str | None:
@@ -480,10 +495,9 @@ def mxfp4_runner_refusal(geometry: ModelGeometry, *, version: str, moe_runner_ba
     if geometry.architecture != GPT_OSS or method.lower() != "mxfp4" or runner is None or compute_capability is None:
         return None
     path = "sglang/srt/layers/quantization/mxfp4.py"
-    if runner == "marlin" and compute_capability[0] < 9 and (row := _since(MARLIN_SM90_REFUSAL, version)):
-        return "MXFP4 Marlin requires SM90+.", f"{path}:{row[1]} (SGLang {row[0]})"
-    if runner == "flashinfer_mxfp4" and compute_capability[0] not in (9, 10, 12) \
-            and (row := _since(FLASHINFER_SM_REFUSAL, version)):
+    table = {"marlin": MARLIN_SM90_REFUSAL, "flashinfer_mxfp4": FLASHINFER_SM_REFUSAL}.get(runner)
+    row = _since(table, version) if table is not None else None
+    if row is not None and compute_capability[0] not in row[3]:
         return row[2], f"{path}:{row[1]} (SGLang {row[0]})"
     return None
 
@@ -546,6 +560,10 @@ def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
         bw, _ = _triton_blackwell_layer(version, experts, hidden, share)
         highs = [h for h, _, _ in spans] + [bw]
         lows = [lo for _, lo, _ in spans] + [bw]
+        if major == 11 and version_key(version) >= version_key(BLACKWELL_DRIVER_595_TRITON_SINCE):
+            # With an NVIDIA driver >= 595 a Blackwell card that is neither sm100 nor sm120 gets runner `triton`
+            # (BLACKWELL_DRIVER_595_TRITON_SINCE), which upcasts the experts to bf16.
+            highs.append(_dequantized_layer(version, experts, hidden, share)[0])
         what = "the card is not known" if major is None else f"sm{major}0 is not derived"
         return _span(layers * max(highs) - checkpoint, layers * min(lows) - checkpoint,
                      f"{what}: the band spans the MXFP4 expert layouts SGLang {version} holds on the cards it runs")

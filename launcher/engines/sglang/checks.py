@@ -63,8 +63,10 @@ KV_CACHE_DTYPE_CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
 # tests/data/sglang_layouts_versions.json; ranges end at the last release checked to fail).
 # (architecture, first release, last release, accepted backends, SGLang's message, source)
 ATTENTION_BACKEND_REQUIRED: tuple[tuple[str, str, str, tuple[str, ...], str, str], ...] = (
-    ("Llama4ForConditionalGeneration", "0.5.1", "0.5.2", ("fa3", "aiter", "triton"),
-     "fa3, aiter, or triton is required for Llama4 model", "sglang/srt/server_args.py:2493-2498 (SGLang 0.5.2)"),
+    ("Llama4ForConditionalGeneration", "0.5.1", "0.5.5", ("fa3", "aiter", "triton"),
+     "fa3, aiter, or triton is required for Llama4 model",
+     "sglang/srt/server_args.py:2493-2498 (SGLang 0.5.2), :786-791 (0.5.3), :999-1003 (0.5.5; asserted before the "
+     "default backend is picked, which 0.5.6 auto-selects, :1125)"),
     ("Exaone4ForCausalLM", "0.5.9", "0.5.21", ("fa3", "triton", "trtllm_mha"),
      "One of the attention backends in ['fa3', 'triton', 'trtllm_mha'] is required for Exaone4ForCausalLM, "
      "but got {backend}",
@@ -150,7 +152,7 @@ def _attention_backend_rules(inp: CheckInput) -> list[EngineRule]:
     version = version_key(inp.engine_version)
     for arch, first, last, accepted, message, source in ATTENTION_BACKEND_REQUIRED:
         if inp.geometry.architecture == arch and version_key(first) <= version <= version_key(last) \
-                and inp.attention_backend not in accepted:
+                and inp.attention_backend not in accepted and _backend_check_applies(arch, inp):
             return [EngineRule("attention-backend-required", message.format(backend=inp.attention_backend), source,
                                hint=f"--attention-backend {accepted[0]}")]
     return []
@@ -198,6 +200,15 @@ def _unknown_method_rule(inp: CheckInput, method: str) -> EngineRule | None:
         "quant-unknown-method", f"Unknown quantization method: {method}. Must be one of {list(registry)}.",
         f"sglang/srt/configs/model_config.py _verify_quantization, layers/quantization/__init__.py (SGLang {release})",
         hint=f"--engine-version {last} or older registers {method}" if last else None)
+
+
+def _backend_check_applies(architecture: str, inp: CheckInput) -> bool:
+    """EXAONE 4's check runs only for a config with a sliding_window_pattern (0.5.9 server_args.py:1489,
+    0.5.18 :5694, 0.5.21 arg_groups/model_hook.py:628: `hf_config.sliding_window_pattern is not None`)."""
+    if architecture == "Exaone4ForCausalLM":  # Exaone4Config: 4 when absent, 0 without a window; None if null
+        config = inp.geometry.text_config
+        return "sliding_window_pattern" not in config or config["sliding_window_pattern"] is not None
+    return True
 
 
 def _quant_rules(inp: CheckInput) -> list[EngineRule]:

@@ -341,7 +341,8 @@ class _Sizing:
 
     def request_table(self, tokens: int, length: int) -> int:
         """req_to_token: (max running requests + 1) x (length + 4) int32 (`resolve_max_num_reqs`)."""
-        mrr = sb.max_running_requests(max(tokens, 2), length, self.setup.pinned.get("--max-running-requests"))
+        mrr = layouts.running_requests(max(tokens, 2), length, self.setup.pinned.get("--max-running-requests"),
+                                       self.setup.rules)
         return (mrr + 1) * (length + 4) * 4
 
     def budget(self, pool: _PoolTokens, length: int) -> SglangBudget:

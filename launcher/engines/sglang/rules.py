@@ -82,8 +82,8 @@ class SglangRules:
     # "without_kimi" (0.5.14-0.5.15), "with_kimi" (0.5.16+).
     mamba_extra_buffer: str = "with_kimi"
     kimi_linear_radix: bool = True  # 0.5.5-0.5.13 turn the radix cache off for Kimi-Linear (one slot per request)
-    # <= 0.5.10: max_running_requests from this stage's profiled tokens, before the pipeline minimum
-    # and the SWA split (0.5.9 model_runner_kv_cache_mixin.py:364-386).
+    # <= 0.5.9: max_running_requests from this stage's profiled tokens, before the pipeline minimum
+    # and the SWA split (0.5.9 model_runner_kv_cache_mixin.py:364-386; 0.5.10 :828-858 takes them after).
     requests_before_pp_min: bool = False
     source: str = dataclasses.field(default="", compare=False)  # the code of the set's first change
 
@@ -123,13 +123,16 @@ RULES: tuple[SglangRules, ...] = _history(
                              "model_runner.py:1092-1140 (profile), :308-322 (GDN state), :1224-1300 (pool)")),
     ("0.5.3", 4, dict(fraction="reserve", tiers=_TIERS_053, swa_pool="unchecked", mamba_pool="unchecked",
                       source="0.5.3 server_args.py:542-683")),
-    ("0.5.5", 8, dict(tiers=_TIERS_OLD, source="0.5.9 server_args.py:911-1070")),
+    ("0.5.5", 6, dict(tiers=_TIERS_OLD, source="0.5.9 server_args.py:911-1070")),
+    ("0.5.7", 8, dict(swa_stage_extra_layer=True,
+                      source="0.5.7 model_runner.py:472-478, 0.5.8 :506-512 (stage layer ids to end_layer + 1)")),
     ("0.5.9", 9, dict(swa_pool="split", swa_stage_extra_layer=True, mamba_pool="ratio",
                       source="0.5.9 model_runner_kv_cache_mixin.py:116-177 (profile, state), :262-420 "
                              "(SWA split, pool), model_runner.py:538-551 (stage layer ids)")),
-    ("0.5.10", 10, dict(prefill_graph="piecewise",
-                        source="0.5.10 server_args.py:1141-1330, :1076-1139 (piecewise auto-off)")),
-    ("0.5.11", 12, dict(swa_pool="ratio", requests_before_pp_min=False,
+    ("0.5.10", 10, dict(prefill_graph="piecewise", requests_before_pp_min=False,
+                        source="0.5.10 server_args.py:1141-1330, :1076-1139 (piecewise auto-off); "
+                               "model_runner_kv_cache_mixin.py:828-858, :880-884 (requests after the PP minimum)")),
+    ("0.5.11", 12, dict(swa_pool="ratio",
                         source="0.5.11 model_executor/pool_configurator.py:184-270 (HybridSWAPoolConfigurator), "
                                "model_runner_kv_cache_mixin.py:730-760")),
     ("0.5.13", 13, dict(prefill_cap_context=True, source="0.5.13 server_args.py:1444-1640")),

@@ -501,7 +501,7 @@ def _backend_runs_on(backend: str, compute_capability: tuple[int, int], rules: V
 
 
 def mxfp4_backend_refusal(geometry: ModelGeometry, *, version: str, moe_backend: object,
-                          compute_capability: tuple[int, int] | None) -> tuple[str, str] | None:
+                          compute_capability: tuple[int, int] | None, lora: bool = False) -> tuple[str, str] | None:
     """(vLLM's message, its file:line) where vLLM stops loading gpt-oss under this --moe-backend, else None:
     a name the release does not map for MXFP4 (only names its MoEBackend literal accepts reach it), or a
     derived backend whose kernel does not run on this card."""
@@ -510,7 +510,7 @@ def mxfp4_backend_refusal(geometry: ModelGeometry, *, version: str, moe_backend:
     name = normalized_moe_backend(moe_backend)
     method = (geometry.quantization.method if geometry.quantization else "") or ""
     if (name is None or "mxfp4" not in method.lower() or not geometry.num_experts or compute_capability is None
-            or _version(version) < _version(MOE_BACKEND_SINCE)):
+            or _version(version) < _version(MOE_BACKEND_SINCE) or _lora_marlin(lora, version)):
         return None
     row = MXFP4_MOE_BACKENDS[0]
     for candidate in MXFP4_MOE_BACKENDS:
@@ -539,9 +539,21 @@ _MOE_BACKEND_LITERAL_NAMES = frozenset({
     "rdna3"})
 
 
+# 0.19-0.20: with --enable-lora the MXFP4 oracle returns before the pinned --moe-backend is read, Marlin
+# unless VLLM_MXFP4_USE_MARLIN is set to false where Triton runs (TRITON_UNFUSED, Triton's layout, the
+# smaller one) (0.19.0 oracle/mxfp4.py:209-223, the pin read at :262; 0.20.0 :259-272; no such branch in 0.21).
+LORA_MARLIN_SINCE, LORA_MARLIN_UNTIL = "0.19", "0.21"
+
+
+def _lora_marlin(lora: bool, version: str) -> bool:
+    return lora and _version(LORA_MARLIN_SINCE) <= _version(version) < _version(LORA_MARLIN_UNTIL)
+
+
 def _pinned_backends(name: str | None, marlin_env: bool, compute_capability: tuple[int, int], version: str,
-                     rules: VllmRules) -> tuple[tuple[str, ...], str, str] | None:
+                     rules: VllmRules, lora: bool = False) -> tuple[tuple[str, ...], str, str] | None:
     """(backends, when the others run, why) where a pinned flag or VLLM_MXFP4_USE_MARLIN decides; None: default."""
+    if _lora_marlin(lora, version):
+        return (MXFP4_MARLIN,), "", "--enable-lora (vLLM 0.19-0.20 take Marlin for MXFP4 LoRA, before --moe-backend)"
     if name is not None and _version(version) >= _version(MOE_BACKEND_SINCE):
         backend = _PINNED_LAYOUT.get(name)
         if backend is not None:
@@ -569,7 +581,7 @@ def _mxfp4_rule(backend: str, *, hopper: bool, version: str, rules: VllmRules) -
 
 def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
                     compute_capability: tuple[int, int] | None, moe_backend: object = None,
-                    marlin_env: bool = False) -> Mxfp4AsLoaded:
+                    marlin_env: bool = False, lora: bool = False) -> Mxfp4AsLoaded:
     """gpt-oss's MXFP4 experts per rank as the kernel vLLM picks holds them, beyond the checkpoint's share.
 
     Where the pick depends on what the install has (FlashInfer's kernels, an optional package) or the card
@@ -595,7 +607,7 @@ def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
     decided_by, pinned_rule, underived = "", "", ""
     for card in cards:
         backends, decided_by = _mxfp4_backends(card, rules)
-        pinned = _pinned_backends(normalized_moe_backend(moe_backend), marlin_env, card, version, rules)
+        pinned = _pinned_backends(normalized_moe_backend(moe_backend), marlin_env, card, version, rules, lora)
         if pinned is not None:
             pinned_rule = pinned[2]
             if pinned[0]:

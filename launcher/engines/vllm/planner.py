@@ -106,7 +106,8 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
         pinned_dtype=pinned.get("--dtype"), nnodes=int(pinned.get("--nnodes", 1)),
         cpu_amx=request.host.cpu_amx if request.host else None)))
     moe_refusal = vb.mxfp4_backend_refusal(geometry, version=rules.version, moe_backend=pinned.get("--moe-backend"),
-                                           compute_capability=compute_capability if request.device == "cuda" else None)
+                                           compute_capability=compute_capability if request.device == "cuda" else None,
+                                           lora=bool(pinned.get("--enable-lora")))
     if moe_refusal is not None:
         refuse_what_vllm_refuses((EngineRule("moe-backend", moe_refusal[0], moe_refusal[1],
                                              hint="--moe-backend auto (vLLM's own pick for this card)"),))
@@ -651,7 +652,8 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     cal = request.calibration
     mxfp4 = vb.mxfp4_as_loaded(request.model.geometry, version=rules.version, tp=tp, pp=pp,
                                compute_capability=gpu.compute_capability, moe_backend=pinned.get("--moe-backend"),
-                               marlin_env=vb.marlin_env_set(request.engine_env, rules.version))
+                               marlin_env=vb.marlin_env_set(request.engine_env, rules.version),
+                               lora=bool(pinned.get("--enable-lora")))
     repack, repack_rule = mxfp4.extra, mxfp4.rule
     online, online_error, online_rule = vb.online_quant_delta_bytes(
         request.model.geometry, quantization=pinned.get("--quantization"), checkpoint_bytes=request.model.weight_bytes,

@@ -302,3 +302,57 @@ def test_hybrid_pools_of_releases_not_run_are_planned_unverified() -> None:
     assert any("unverified layout: SGLang 0.5.6's hybrid SWA pool" in w for w in plan.warnings)
     assert make_plan(_plan_request("configs/gpt-oss-20b.json", "0.5.9")).architecture_verified
     assert make_plan(_plan_request("configs/llama-3.1-8b.json", "0.5.6")).architecture_verified
+
+
+def _plan_config(raw: dict[str, Any], version: str, *engine_args: str) -> Any:
+    from launcher.model.catalog import hypothetical_gpus
+    from launcher.model.resolve import ResolvedModel
+    from launcher.plan.planner import make_plan
+    from launcher.plan.types import PlanRequest
+
+    model = ResolvedModel(name="test", source="local", geometry=geometry_from_config(raw), weight_bytes=16 * GiB,
+                          weight_bytes_source="test", config=raw)
+    return make_plan(PlanRequest(model=model, engine="sglang", gpus=hypothetical_gpus(["8xh200"]),
+                                 engine_version=version, engine_args=("--tp-size", "8", *engine_args)))
+
+
+def test_exaone4_with_a_null_window_pattern_needs_no_backend() -> None:
+    """SGLang checks the backend only when `hf_config.sliding_window_pattern is not None` (0.5.18
+    server_args.py:5694): an explicit null skips it; absent, Exaone4Config's default 4 applies."""
+    from launcher.common.errors import WontFit
+
+    raw = json.loads((TESTS / "data" / "sglang_layouts/configs/exaone-4.0-32b.json").read_text())
+    with pytest.raises(WontFit, match=r"required for Exaone4ForCausalLM"):
+        _plan_config({k: v for k, v in raw.items() if k != "sliding_window_pattern"}, "0.5.18")
+    assert _plan_config({**raw, "sliding_window_pattern": None}, "0.5.18").kv_cache_tokens > 0
+
+
+def test_llama4_needs_a_backend_through_0_5_5() -> None:
+    """0.5.3-0.5.5 assert Llama 4's backend before picking a default (0.5.5 server_args.py:999-1003); 0.5.6
+    auto-selects one."""
+    from launcher.common.errors import WontFit
+
+    raw = json.loads((TESTS / "data" / "sglang_layouts/configs/llama-4-scout.json").read_text())
+    with pytest.raises(WontFit, match=r"fa3, aiter, or triton is required for Llama4 model"):
+        _plan_config(raw, "0.5.5")
+    assert _plan_config(raw, "0.5.5", "--attention-backend", "fa3").kv_cache_tokens > 0
+    assert _plan_config(raw, "0.5.6").kv_cache_tokens > 0
+
+
+def test_dbrx_is_refused_only_with_an_integer_jitter_eps() -> None:
+    """transformers 5.12.1's DbrxConfig refuses `moe_jitter_eps: 0` (strict validation) and reads 0.0 or null."""
+    raw = json.loads((TESTS / "data" / "sglang_layouts/configs/dbrx-instruct.json").read_text())
+    with_int = {**raw, "ffn_config": {**raw["ffn_config"], "moe_jitter_eps": 0}}
+    with pytest.raises(UnsupportedModel, match=r"cannot read this config.json"):
+        _plan_config(with_int, "0.5.18")
+    for value in (0.0, None):
+        assert _plan_config({**raw, "ffn_config": {**raw["ffn_config"], "moe_jitter_eps": value}},
+                            "0.5.18").kv_cache_tokens > 0
+
+
+def test_the_next_stages_first_layer_from_0_5_7() -> None:
+    """0.5.7-0.5.20 run a stage's layer ids to end_layer + 1 (0.5.7 model_runner.py:472-478)."""
+    assert not sg.rules_for("0.5.6")[0].swa_stage_extra_layer
+    assert sg.rules_for("0.5.7")[0].swa_stage_extra_layer and sg.rules_for("0.5.20")[0].swa_stage_extra_layer
+    assert not sg.rules_for("0.5.21")[0].swa_stage_extra_layer
+    assert sg.rules_for("0.5.9")[0].requests_before_pp_min and not sg.rules_for("0.5.10")[0].requests_before_pp_min

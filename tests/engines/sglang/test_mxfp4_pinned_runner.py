@@ -93,3 +93,22 @@ def test_the_plan_on_an_h100_with_quantization_pinned() -> None:
 def test_the_flag_is_a_calibration_key() -> None:
     assert "--moe-runner-backend" in sr.CALIBRATION_KEY_FLAGS
     assert sr.pinned_flags(("--moe-runner-backend", "triton"))["--moe-runner-backend"] == "triton"
+
+
+def test_the_runner_refusals_by_release_and_major() -> None:
+    """is_sm90/100/120_supported test the major exactly (0.5.13 utils/common.py:282-296): Marlin runs on sm90
+    only in 0.5.12-0.5.13 ("requires Hopper/SM90 or above", mxfp4.py:564), sm90/sm120 in 0.5.14-0.5.16
+    (:521), sm90/100/120 from 0.5.17 (:560); flashinfer_mxfp4 on sm90/sm100 until 0.5.16 (:413, :359), plus
+    sm120 from 0.5.17 (:370)."""
+    geometry = resolve_model("gpt-oss-20b").geometry
+
+    def refused(runner: str, cc: tuple[int, int], version: str) -> bool:
+        return sb.mxfp4_runner_refusal(geometry, version=version, moe_runner_backend=runner,
+                                       compute_capability=cc) is not None
+
+    assert not refused("marlin", (10, 0), "0.5.11")  # no such check yet
+    assert refused("marlin", (10, 0), "0.5.12") and refused("marlin", (12, 0), "0.5.13")
+    assert not refused("marlin", (12, 0), "0.5.14") and refused("marlin", (10, 0), "0.5.16")
+    assert not refused("marlin", (10, 0), "0.5.17") and refused("marlin", (11, 0), "0.5.23")
+    assert refused("flashinfer_mxfp4", (12, 0), "0.5.16") and not refused("flashinfer_mxfp4", (12, 0), "0.5.17")
+    assert refused("flashinfer_mxfp4", (8, 9), "0.5.12") and not refused("flashinfer_mxfp4", (10, 0), "0.5.12")

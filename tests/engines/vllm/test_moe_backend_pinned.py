@@ -150,3 +150,16 @@ def test_the_flag_is_a_calibration_key_and_read_once() -> None:
     assert "--moe-backend" in vr.CALIBRATION_KEY_FLAGS
     assert "VLLM_MXFP4_USE_MARLIN" in vr.ENV_KEYS
     assert vr.pinned_flags(("--moe-backend", "marlin"))["--moe-backend"] == "marlin"
+
+
+def test_lora_takes_marlin_before_the_pin_on_0_19_and_0_20() -> None:
+    """0.19-0.20 return Marlin for MXFP4 LoRA before reading --moe-backend (0.19.0 oracle/mxfp4.py:209-223):
+    `--moe-backend triton` on an RTX 4090 starts there (no refusal), and an H100 holds Marlin's layout, not
+    Triton's. 0.21 has no such branch: the pin is read (and refused on the 4090)."""
+    _, plan = _plan("rtx4090", "0.19.0", "--enable-lora", "--moe-backend", "triton")
+    assert plan.kv_cache_bytes > 0
+    model, h100 = _plan("h100", "0.20.0", "--enable-lora")
+    weights = next(i for i in h100.budget if i.key == "weights")
+    assert weights.bytes == model.weight_bytes + MARLIN * EXPERT_LAYERS and weights.error_bytes == 0
+    with pytest.raises(WontFit, match="TRITON"):
+        _plan("rtx4090", "0.21.0", "--enable-lora", "--moe-backend", "triton")
