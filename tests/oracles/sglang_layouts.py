@@ -275,13 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the per-release file from these runs against --base (no sglang needed)")
     ap.add_argument("--base", default=os.path.join(DATA, "sglang_layouts.json"))
     args = ap.parse_args(argv)
+    from sglang_oracle import write_or_print
+
     if args.merge_versions:
-        text = merge_versions(args.base, args.merge_versions)
-        if args.output:
-            with open(args.output, "w") as f:
-                f.write(text)
-        else:
-            sys.stdout.write(text)
+        write_or_print(merge_versions(args.base, args.merge_versions), args.output)
         return 0
     if args.sglang_path:
         sys.path.insert(0, os.path.abspath(args.sglang_path))
@@ -292,12 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         diffs = [r["id"] for r in payload["results"] if golden.get(r["id"]) != r]
         print(json.dumps({"compared": len(payload["results"]), "differences": diffs}, indent=1))
         return 1 if diffs else 0
-    text = dump(payload)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    write_or_print(dump(payload), args.output)
     return 0
 
 

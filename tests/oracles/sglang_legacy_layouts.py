@@ -543,18 +543,9 @@ class LayoutOracle(Oracle):
     def _stub_runner_imports(self) -> None:
         if getattr(self, "_legacy_runner_stubs", False):
             return
-        from sglang_oracle import LEGACY_RUNNER_STUBS, STUBBED, _StubFinder
+        from sglang_oracle import stub_legacy_runner_imports
 
-        roots = []
-        for name in LEGACY_RUNNER_STUBS:
-            try:
-                importlib.import_module(name)
-            except Exception:
-                sys.modules.pop(name, None)
-                roots.append(name)
-        if roots:
-            sys.meta_path.insert(0, _StubFinder(roots))
-            STUBBED.extend(roots)
+        stub_legacy_runner_imports()
         self._legacy_runner_stubs = True
 
     # -- shared pieces -----------------------------------------------------------------------

@@ -142,6 +142,29 @@ STUBBED: list[str] = []
 LEGACY_RUNNER_STUBS = ("sgl_kernel", "flashinfer")
 
 
+def stub_legacy_runner_imports() -> None:
+    """Stub the CUDA kernel packages an older model_runner.py imports at module level, where they do not import."""
+    roots = []
+    for name in LEGACY_RUNNER_STUBS:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            sys.modules.pop(name, None)
+            roots.append(name)
+    if roots:
+        sys.meta_path.insert(0, _StubFinder(roots))
+        STUBBED.extend(roots)
+
+
+def write_or_print(text: str, output: str | None) -> None:
+    """The run's text to `output`, or to stdout without one."""
+    if output:
+        with open(output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
 def _prepare_imports():
     """Import torch, settle its triton probe, then stub what cannot be imported."""
     import torch
@@ -807,16 +830,7 @@ class Oracle:
             # model_runner.py imports sgl_kernel (CUDA kernels) at module level in these
             # releases; stub it only here, after resolution has run, so resolution never
             # sees it.
-            roots = []
-            for name in LEGACY_RUNNER_STUBS:
-                try:
-                    importlib.import_module(name)
-                except Exception:
-                    sys.modules.pop(name, None)
-                    roots.append(name)
-            if roots:
-                sys.meta_path.insert(0, _StubFinder(roots))
-                STUBBED.extend(roots)
+            stub_legacy_runner_imports()
             self._legacy_runner_stubs = True
         from sglang.srt.model_executor.model_runner import ModelRunner
 
@@ -1575,11 +1589,7 @@ def main(argv=None) -> int:
             "tests/oracles/sglang_oracle.py --merge "
             + " ".join(os.path.basename(p) for p in args.merge),
         )
-        if args.output:
-            with open(args.output, "w") as f:
-                f.write(text)
-        else:
-            sys.stdout.write(text)
+        write_or_print(text, args.output)
         return 0
 
     if args.sglang_path:
