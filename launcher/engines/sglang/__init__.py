@@ -25,7 +25,6 @@ from launcher.engines.sglang.budget import (
     NVLS_NCCL_BYTES,
     FractionDerivation,
     default_fraction,
-    max_running_requests,
     pool_tokens,
     prefill_graph_buckets,
     tier_defaults,
@@ -63,6 +62,6 @@ __all__ = [
     "NEWEST", "NOT_MODELLED", "OTHER_FLAGS", "STATE_MODEL_CLASSES", "RULES", "TP_FLAG", "UNVERIFIED_KV_ERROR_FRACTION",
     "FractionDerivation", "SglangRules", "architecture_status", "cell_size_bytes",
     "default_fraction", "default_page_size", "derived_context_length", "is_hybrid_swa", "kv_dtype_bytes",
-    "max_running_requests", "pinned_flags", "pool_tokens", "prefill_graph_buckets", "ranks", "rules_for",
+    "pinned_flags", "pool_tokens", "prefill_graph_buckets", "ranks", "rules_for",
     "stage_layers", "tier_defaults",
 ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.common.units import GiB
+from launcher.engines.checks_common import lines_for
 from launcher.engines.online_quant import kept_layers, quantized_weights
 from launcher.engines.sglang.architectures import breakable_graph_multimodal_ok
 from launcher.engines.sglang.rules import RULES, SglangRules
@@ -273,14 +274,6 @@ def pool_tokens(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: f
     return tokens, budget
 
 
-def max_running_requests(tokens: int, context_len: int, pinned: int | None) -> int:
-    """`resolve_max_num_reqs`: estimated from capacity, clamped to [2048, 4096], <= tokens // 2."""
-    if pinned is not None:
-        return min(max(1, pinned), tokens // 2)
-    estimated = min(max(int(tokens / context_len * 512), 2048), 4096)
-    return min(estimated, tokens // 2)
-
-
 # --------------------------------------------------------------------------- loader leftovers
 
 # What is allocated between SGLang's baseline (P) and the pool's measure (A) besides the checkpoint's
@@ -395,14 +388,24 @@ def _experts_bytes(experts: int, hidden: int, inter: int, bias_bytes: int) -> in
                       + bias_bytes * (2 * inter + hidden))
 
 
+def _triton_inter(version: str, share: int) -> int:
+    """The per-rank intermediate size the experts are created at for triton_kernels (and for the bf16 upcast)."""
+    return _up(share, 64 if version_key(version) >= version_key(TRITON_PAD_64_SINCE) else 32)
+
+
+def _scale_bytes(experts: int, hidden: int, inter: int) -> int:
+    """One layer's [E, 2I, H/32] + [E, H, I/32] e8m0 block scales."""
+    return experts * (2 * inter * hidden // 32 + hidden * inter // 32)
+
+
 def _triton_layer(version: str, major: int, experts: int, hidden: int, share: int) -> tuple[int, int, str]:
     """(bytes, +/- bytes, rule) of one layer on triton_kernels (sm80-sm90): mxfp4.py:1046-1075 turns the
     biases to fp32, swizzles values and scales (`_swizzle_mxfp4`, :244-281) and deletes the loaded values
     but not the loaded scales, which stay registered beside the swizzled copies the kernels read."""
-    inter = _up(share, 64 if version_key(version) >= version_key(TRITON_PAD_64_SINCE) else 32)
+    inter = _triton_inter(version, share)
     held = _experts_bytes(experts, hidden, inter, 4)  # biases fp32 (:1049-1053)
     new_api = version_key(version) >= version_key(TRITON_KERNELS_NEW_API_SINCE)
-    scales = experts * (2 * inter * hidden // 32 + hidden * inter // 32)
+    scales = _scale_bytes(experts, hidden, inter)
     if major < 9:
         # StridedLayout(-2) both (layout.py make_default_matmul_mxfp4_*): values and scales keep their
         # size; since 0.5.18 convert_layout (tensor.py:235-244) writes a copy, so the scales are held twice
@@ -458,33 +461,28 @@ QUANTIZATION_SKIPS_TRITON_KERNEL_SINCE = "0.5.9"
 # 0.5.23 arg_groups/model_overrides/gpt_oss.py:108-114): sm100 and sm120 are matched before it.
 BLACKWELL_DRIVER_595_TRITON_SINCE = "0.5.10"
 DEQUANTIZING_RUNNERS = frozenset({"triton"})
-# (first release, line) of the refusals, layers/quantization/mxfp4.py (0.5.23 :655, :439-442).
 # Where SGLang stops a pinned runner, by release: (first release, line of mxfp4.py, message, the majors it
 # runs on; is_sm90/100/120_supported test the major exactly, utils/common.py:282-296 in 0.5.13).
 _SM90_OR_ABOVE = "MXFP4 Marlin requires Hopper/SM90 or above."
-MARLIN_SM90_REFUSAL: tuple[tuple[str, int, str, tuple[int, ...]], ...] = (
-    ("0.5.12", 564, _SM90_OR_ABOVE, (9,)), ("0.5.13", 572, _SM90_OR_ABOVE, (9,)),
-    ("0.5.14", 521, "MXFP4 Marlin requires SM90 or SM120.", (9, 12)),
-    ("0.5.17", 560, "MXFP4 Marlin requires SM90+.", (9, 10, 12)),
-    ("0.5.18", 565, "MXFP4 Marlin requires SM90+.", (9, 10, 12)),
-    ("0.5.21", 636, "MXFP4 Marlin requires SM90+.", (9, 10, 12)),
-    ("0.5.23", 655, "MXFP4 Marlin requires SM90+.", (9, 10, 12)))
+_Refusal = tuple[int, str, tuple[int, ...]]
+MARLIN_SM90_REFUSAL: tuple[tuple[str, _Refusal], ...] = (
+    ("0.5.12", (564, _SM90_OR_ABOVE, (9,))), ("0.5.13", (572, _SM90_OR_ABOVE, (9,))),
+    ("0.5.14", (521, "MXFP4 Marlin requires SM90 or SM120.", (9, 12))),
+    ("0.5.17", (560, "MXFP4 Marlin requires SM90+.", (9, 10, 12))),
+    ("0.5.18", (565, "MXFP4 Marlin requires SM90+.", (9, 10, 12))),
+    ("0.5.21", (636, "MXFP4 Marlin requires SM90+.", (9, 10, 12))),
+    ("0.5.23", (655, "MXFP4 Marlin requires SM90+.", (9, 10, 12))))
 _SM90_SM100 = "moe_runner_backend=flashinfer_mxfp4 requires SM90 or SM100."
 _SM90_SM100_SM120 = "moe_runner_backend=flashinfer_mxfp4 requires SM90, SM100, or SM120."
-FLASHINFER_SM_REFUSAL: tuple[tuple[str, int, str, tuple[int, ...]], ...] = (
-    ("0.5.12", 413, _SM90_SM100, (9, 10)), ("0.5.13", 421, _SM90_SM100, (9, 10)),
-    ("0.5.14", 359, _SM90_SM100, (9, 10)), ("0.5.17", 370, _SM90_SM100_SM120, (9, 10, 12)),
-    ("0.5.18", 375, _SM90_SM100_SM120, (9, 10, 12)), ("0.5.21", 426, _SM90_SM100_SM120, (9, 10, 12)),
-    ("0.5.23", 439, _SM90_SM100_SM120, (9, 10, 12)))
+FLASHINFER_SM_REFUSAL: tuple[tuple[str, _Refusal], ...] = (
+    ("0.5.12", (413, _SM90_SM100, (9, 10))), ("0.5.13", (421, _SM90_SM100, (9, 10))),
+    ("0.5.14", (359, _SM90_SM100, (9, 10))), ("0.5.17", (370, _SM90_SM100_SM120, (9, 10, 12))),
+    ("0.5.18", (375, _SM90_SM100_SM120, (9, 10, 12))), ("0.5.21", (426, _SM90_SM100_SM120, (9, 10, 12))),
+    ("0.5.23", (439, _SM90_SM100_SM120, (9, 10, 12))))
 
 
 def _runner(value: object) -> str | None:
     return value.strip().lower() if isinstance(value, str) and value.strip().lower() not in ("", "auto") else None
-
-
-def _since(table: tuple[tuple[Any, ...], ...], version: str) -> tuple[Any, ...] | None:
-    rows = [row for row in table if version_key(row[0]) <= version_key(version)]
-    return rows[-1] if rows else None
 
 
 def mxfp4_runner_refusal(geometry: ModelGeometry, *, version: str, moe_runner_backend: object,
@@ -496,32 +494,30 @@ def mxfp4_runner_refusal(geometry: ModelGeometry, *, version: str, moe_runner_ba
         return None
     path = "sglang/srt/layers/quantization/mxfp4.py"
     table = {"marlin": MARLIN_SM90_REFUSAL, "flashinfer_mxfp4": FLASHINFER_SM_REFUSAL}.get(runner)
-    row = _since(table, version) if table is not None else None
-    if row is not None and compute_capability[0] not in row[3]:
-        return row[2], f"{path}:{row[1]} (SGLang {row[0]})"
-    return None
+    if table is None or version_key(version) < version_key(table[0][0]):  # no such check before its first release
+        return None
+    release, (line, message, majors) = lines_for(table, version)
+    return None if compute_capability[0] in majors else (message, f"{path}:{line} (SGLang {release})")
 
 
 def _dequantized_layer(version: str, experts: int, hidden: int, share: int) -> tuple[int, str]:
     """The experts upcast to bf16: [E, 2I, H] + [E, H, I] bf16 and bf16 biases, I padded to 64 (32 before
     0.5.10)."""
-    inter = _up(share, 64 if version_key(version) >= version_key(TRITON_PAD_64_SINCE) else 32)
+    inter = _triton_inter(version, share)
     return experts * (2 * (2 * inter * hidden + hidden * inter) + 2 * (2 * inter + hidden)), (
         f"MXFP4 experts upcast to bf16 (intermediate {inter} per rank), the packed values and scales freed")
 
 
-def _triton_blackwell_layer(version: str, experts: int, hidden: int, share: int) -> tuple[int, str]:
+def _triton_blackwell_layer(version: str, experts: int, hidden: int, share: int) -> int:
     """One layer on triton_kernel where the card is Blackwell-class but not sm100/sm120 (sm110: is_sm100/120
     test the major, gpt_oss.py:103-120, so triton_kernel runs, and triton_kernels takes its Blackwell layouts
     from capability 10): not read from SGLang's code here, so the larger of the layouts it may take is
     counted: values in rows padded to 128 bytes, scales to K % 8 x N % 128 (the Blackwell layouts as vLLM's
     third_party copy pads them), the loaded scales kept beside them (:1046-1075), biases fp32."""
-    inter = _up(share, 64 if version_key(version) >= version_key(TRITON_PAD_64_SINCE) else 32)
+    inter = _triton_inter(version, share)
     values = experts * (2 * inter * _up(hidden // 2, 128) + hidden * _up(inter // 2, 128))
     scales = experts * (_up(hidden // 32, 8) * _up(2 * inter, 128) + _up(inter // 32, 8) * _up(hidden, 128))
-    kept = experts * (2 * inter * hidden // 32 + hidden * inter // 32)
-    return values + scales + kept + experts * 4 * (2 * inter + hidden), (
-        "MXFP4 experts on triton_kernels' Blackwell layouts (not read from SGLang's code), the loaded scales kept")
+    return values + scales + _scale_bytes(experts, hidden, inter) + experts * 4 * (2 * inter + hidden)
 
 
 def _span(high: int, low: int, rule: str) -> Mxfp4AsLoaded:
@@ -557,7 +553,7 @@ def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
         return Mxfp4AsLoaded(layers * held - checkpoint, 0, f"{why}: {rule}")
     if major not in (8, 9, 10, 12):  # a card not known (a bare --gpu size), or sm110
         spans = [_card_layout(version, m, experts, hidden, share) for m in (8, 9, 10, 12)]
-        bw, _ = _triton_blackwell_layer(version, experts, hidden, share)
+        bw = _triton_blackwell_layer(version, experts, hidden, share)
         highs = [h for h, _, _ in spans] + [bw]
         lows = [lo for _, lo, _ in spans] + [bw]
         if major == 11 and version_key(version) >= version_key(BLACKWELL_DRIVER_595_TRITON_SINCE):

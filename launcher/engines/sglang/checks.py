@@ -21,6 +21,8 @@ from launcher.engines.checks_common import (
     quant_config,
     tp_sizes_for_heads,
 )
+from launcher.engines.sglang.rules import QUANTIZATION_REGISTRY
+from launcher.engines.versions import version_key
 
 VERSION = "0.5.23"
 _SRC = {
@@ -145,8 +147,6 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
 
 def _attention_backend_rules(inp: CheckInput) -> list[EngineRule]:
     """`ATTENTION_BACKEND_REQUIRED` for the release planned (the newest when unknown: none)."""
-    from launcher.engines.versions import version_key
-
     if inp.engine_version is None:
         return []
     version = version_key(inp.engine_version)
@@ -168,9 +168,6 @@ def unregistered_method(method: str, version: str | None) -> tuple[str, tuple[st
     """(the release whose registry it was read from, what that registry holds) where SGLang at `version`
     registers no such quantization method on CUDA, else None. A release between two read ones is taken to
     register what either does; one after the newest read, what the newest does."""
-    from launcher.engines.sglang.rules import QUANTIZATION_REGISTRY
-    from launcher.engines.versions import version_key
-
     if method in REWRITTEN_METHODS:
         return None
     read = sorted(QUANTIZATION_REGISTRY, key=version_key)
@@ -186,9 +183,6 @@ def unregistered_method(method: str, version: str | None) -> tuple[str, tuple[st
 
 def _unknown_method_rule(inp: CheckInput, method: str) -> EngineRule | None:
     """`ModelConfig._verify_quantization` (configs/model_config.py:2151-2155 in 0.5.23)."""
-    from launcher.engines.sglang.rules import QUANTIZATION_REGISTRY
-    from launcher.engines.versions import version_key
-
     qc = quant_config(inp.geometry)
     raw = str(qc.get("quant_method") or "").lower() if qc else ""
     found = unregistered_method(method, inp.engine_version)

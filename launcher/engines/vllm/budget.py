@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.common.units import GiB, MiB, format_gib
+from launcher.engines.checks_common import lines_for
 from launcher.engines.online_quant import ELEMENT_BYTES, kept_layers, quantized_weights
 from launcher.engines.versions import version_key
 from launcher.engines.vllm.compilation import GraphMode, GraphPins, graph_mode
@@ -332,23 +333,13 @@ class Mxfp4AsLoaded:
 NOT_MXFP4 = Mxfp4AsLoaded(0, 0, "", "")
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
-
-
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _checkpoint_expert_bytes(hidden: int, share: int) -> int:
-    """One expert's share as stored: u8 pairs of fp4 values, one e8m0 byte per 32 values, bf16 biases."""
-    values = (2 * share * hidden // 2) + (hidden * share // 2)
-    scales = 2 * share * (hidden // MXFP4_BLOCK) + hidden * (share // MXFP4_BLOCK)
-    return values + scales + 2 * (2 * share + hidden)
-
-
 def _padded_expert_bytes(hidden: int, inter: int, bias_bytes: int) -> int:
-    """w13 [2I, H/2] and w2 [H, I/2] u8 values, their [2I, H/32] and [H, I/32] scales, biases [2I] and [H]."""
+    """w13 [2I, H/2] and w2 [H, I/2] u8 values, their [2I, H/32] and [H, I/32] scales, biases [2I] and [H]
+    (the checkpoint's share: I the share, bf16 biases)."""
     values = (2 * inter * hidden // 2) + (hidden * inter // 2)
     scales = 2 * inter * (hidden // MXFP4_BLOCK) + hidden * (inter // MXFP4_BLOCK)
     return values + scales + bias_bytes * (2 * inter + hidden)
@@ -358,8 +349,8 @@ def _triton_hopper_expert_bytes(hidden: int, share: int, version: str) -> int:
     # The expert tensors are created with the intermediate size per rank rounded up to 64
     # (mxfp4_round_up_hidden_size_and_intermediate_size, the Triton branch).
     inter = _round_up(share, 64)
-    old_layout = _version(version) < (0, 22)  # third_party/triton_kernels hopper_value.py: pad to 64
-    scales_kept = _version(version) < (0, 25)
+    old_layout = version_key(version) < version_key("0.22")  # third_party/triton_kernels hopper_value.py: pad to 64
+    scales_kept = version_key(version) < version_key("0.25")
 
     def values(rows: int, cols: int) -> int:  # u8 [rows, cols] after the transpose the swizzle takes
         if old_layout:
@@ -370,7 +361,7 @@ def _triton_hopper_expert_bytes(hidden: int, share: int, version: str) -> int:
     # Scales swizzled for Hopper (hopper_scale.py: rows padded to 2 x 8 warps x 2 x 8 = 256, the groups to
     # 2); from 0.26 the groups are first padded to a multiple of 4 on sm90 ("Patches #47303", 0.32.0
     # quantization/utils/mxfp4_utils.py:117-122; not in 0.25).
-    groups = 4 if _version(version) >= (0, 26) else 2
+    groups = 4 if version_key(version) >= version_key("0.26") else 2
     swizzled_scales = (_round_up(2 * inter, 256) * _round_up(hidden // 32, groups)
                        + _round_up(hidden, 256) * _round_up(inter // 32, groups))
     # The loaded scales kept before 0.25 are the tensors create_weights made, at the padded intermediate.
@@ -386,7 +377,8 @@ def _triton_blackwell_expert_bytes(hidden: int, share: int, version: str) -> int
     values = 2 * inter * _round_up(hidden // 2, 128) + hidden * _round_up(inter // 2, 128)
     scales = (_round_up(hidden // MXFP4_BLOCK, 8) * _round_up(2 * inter, 128)
               + _round_up(inter // MXFP4_BLOCK, 8) * _round_up(hidden, 128))
-    kept = 2 * inter * (hidden // MXFP4_BLOCK) + hidden * (inter // MXFP4_BLOCK) if _version(version) < (0, 25) else 0
+    scales_kept = version_key(version) < version_key("0.25")
+    kept = 2 * inter * (hidden // MXFP4_BLOCK) + hidden * (inter // MXFP4_BLOCK) if scales_kept else 0
     return values + scales + kept + 4 * (2 * inter + hidden)
 
 
@@ -431,7 +423,6 @@ def _mxfp4_backends(compute_capability: tuple[int, int], rules: VllmRules) -> tu
     return (MXFP4_MARLIN,), ""
 
 
-
 # `--moe-backend` (KernelConfig.moe_backend, engine/arg_utils.py:1805-1807 and :2757 in 0.32) picks the MXFP4
 # backend from 0.19 (fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend: `map_mxfp4_backend`, then
 # `_return_or_raise` of its BF16-activation variant); 0.18.1 accepts the flag but its MXFP4 path
@@ -448,13 +439,13 @@ _MAPPED_0_29 = ("b12x", *_MAPPED_0_22)
 _MAPPED_0_30 = (*_MAPPED_0_29[:11], "aiter_triton_mxfp4_bf16", *_MAPPED_0_29[11:])
 _MAPPED_0_32 = (*_MAPPED_0_30[:6], "flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm", *_MAPPED_0_30[6:])
 _MAPPED_0_33 = (*_MAPPED_0_32[:16], "aiter_triton_mxfp4_mxfp4", *_MAPPED_0_32[16:])
-# (release, names mapped, line of the raise for an unmapped name, line of `_return_or_raise`'s raise)
-MXFP4_MOE_BACKENDS: tuple[tuple[str, tuple[str, ...], int, int], ...] = (
-    ("0.19.0", _MAPPED_0_19, 164, 260), ("0.20.0", _MAPPED_0_20, 188, 309), ("0.21.0", _MAPPED_0_21, 226, 340),
-    ("0.22.0", _MAPPED_0_22, 265, 383), ("0.24.0", _MAPPED_0_22, 299, 417), ("0.25.0", _MAPPED_0_22, 299, 418),
-    ("0.26.0", _MAPPED_0_22, 302, 421), ("0.27.0", _MAPPED_0_22, 305, 427), ("0.28.0", _MAPPED_0_22, 301, 423),
-    ("0.29.0", _MAPPED_0_29, 316, 440), ("0.30.0", _MAPPED_0_30, 327, 455), ("0.31.0", _MAPPED_0_30, 337, 464),
-    ("0.32.0", _MAPPED_0_32, 384, 542), ("0.33.0", _MAPPED_0_33, 397, 611),
+# (release, (names mapped, line of the raise for an unmapped name, line of `_return_or_raise`'s raise))
+MXFP4_MOE_BACKENDS: tuple[tuple[str, tuple[tuple[str, ...], int, int]], ...] = (
+    ("0.19.0", (_MAPPED_0_19, 164, 260)), ("0.20.0", (_MAPPED_0_20, 188, 309)), ("0.21.0", (_MAPPED_0_21, 226, 340)),
+    ("0.22.0", (_MAPPED_0_22, 265, 383)), ("0.24.0", (_MAPPED_0_22, 299, 417)), ("0.25.0", (_MAPPED_0_22, 299, 418)),
+    ("0.26.0", (_MAPPED_0_22, 302, 421)), ("0.27.0", (_MAPPED_0_22, 305, 427)), ("0.28.0", (_MAPPED_0_22, 301, 423)),
+    ("0.29.0", (_MAPPED_0_29, 316, 440)), ("0.30.0", (_MAPPED_0_30, 327, 455)), ("0.31.0", (_MAPPED_0_30, 337, 464)),
+    ("0.32.0", (_MAPPED_0_32, 384, 542)), ("0.33.0", (_MAPPED_0_33, 397, 611)),
 )
 # The pinned names whose layout is derived here (the BF16-activation variant `_filter_by_activation` keeps;
 # flashinfer_trtllm_afp8 shares the TRT-LLM weight format, TRTLLM_BACKENDS and
@@ -481,7 +472,7 @@ def normalized_moe_backend(value: object) -> str | None:
 def marlin_env_set(env: Mapping[str, str], version: str) -> bool:
     """Whether vLLM `version` reads VLLM_MXFP4_USE_MARLIN from `env` as true."""
     raw = env.get(MARLIN_ENV, "").strip()
-    if _version(version) >= _version(MARLIN_ENV_UNTIL) or not raw:
+    if version_key(version) >= version_key(MARLIN_ENV_UNTIL) or not raw:
         return False
     try:
         return int(raw) != 0
@@ -510,13 +501,9 @@ def mxfp4_backend_refusal(geometry: ModelGeometry, *, version: str, moe_backend:
     name = normalized_moe_backend(moe_backend)
     method = (geometry.quantization.method if geometry.quantization else "") or ""
     if (name is None or "mxfp4" not in method.lower() or not geometry.num_experts or compute_capability is None
-            or _version(version) < _version(MOE_BACKEND_SINCE) or _lora_marlin(lora, version)):
+            or version_key(version) < version_key(MOE_BACKEND_SINCE) or _lora_marlin(lora, version)):
         return None
-    row = MXFP4_MOE_BACKENDS[0]
-    for candidate in MXFP4_MOE_BACKENDS:
-        if _version(candidate[0]) <= _version(version):
-            row = candidate
-    release, mapped, map_line, raise_line = row
+    release, (mapped, map_line, raise_line) = lines_for(MXFP4_MOE_BACKENDS, version)
     path = "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
     if name not in mapped:
         if name in _MOE_BACKEND_LITERAL_NAMES:
@@ -546,7 +533,7 @@ LORA_MARLIN_SINCE, LORA_MARLIN_UNTIL = "0.19", "0.21"
 
 
 def _lora_marlin(lora: bool, version: str) -> bool:
-    return lora and _version(LORA_MARLIN_SINCE) <= _version(version) < _version(LORA_MARLIN_UNTIL)
+    return lora and version_key(LORA_MARLIN_SINCE) <= version_key(version) < version_key(LORA_MARLIN_UNTIL)
 
 
 def _pinned_backends(name: str | None, marlin_env: bool, compute_capability: tuple[int, int], version: str,
@@ -554,13 +541,13 @@ def _pinned_backends(name: str | None, marlin_env: bool, compute_capability: tup
     """(backends, when the others run, why) where a pinned flag or VLLM_MXFP4_USE_MARLIN decides; None: default."""
     if _lora_marlin(lora, version):
         return (MXFP4_MARLIN,), "", "--enable-lora (vLLM 0.19-0.20 take Marlin for MXFP4 LoRA, before --moe-backend)"
-    if name is not None and _version(version) >= _version(MOE_BACKEND_SINCE):
+    if name is not None and version_key(version) >= version_key(MOE_BACKEND_SINCE):
         backend = _PINNED_LAYOUT.get(name)
         if backend is not None:
             return (backend,), "", f"--moe-backend {name}"
         return (), "", f"--moe-backend {name}"
     if marlin_env:
-        if _version(version) < _version(MOE_BACKEND_SINCE) and compute_capability[0] == 10:
+        if version_key(version) < version_key(MOE_BACKEND_SINCE) and compute_capability[0] == 10:
             return ((MXFP4_TRTLLM, MXFP4_MARLIN), "where FlashInfer is not installed (picked before the variable)",
                     f"{MARLIN_ENV}=1")
         return (MXFP4_MARLIN,), "", f"{MARLIN_ENV}=1"
@@ -573,7 +560,7 @@ def _mxfp4_rule(backend: str, *, hopper: bool, version: str, rules: VllmRules) -
     if backend == MXFP4_TRTLLM:
         return (f"MXFP4 experts shuffled for FlashInfer TRT-LLM ({MXFP4_TRTLLM}): hidden padded to 256, "
                 f"intermediate to {rules.mxfp4_trtllm_intermediate_align} per rank, fp32 biases")
-    kept = ", loaded scales kept (before 0.25)" if _version(version) < (0, 25) else ""
+    kept = ", loaded scales kept (before 0.25)" if version_key(version) < version_key("0.25") else ""
     if hopper:
         return "MXFP4 experts swizzled for Hopper's Triton kernels: padded values and scales, fp32 biases" + kept
     return "MXFP4 experts swizzled for the Triton kernels on Blackwell: padded values and scales, fp32 biases" + kept
@@ -601,7 +588,7 @@ def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
         return NOT_MXFP4
     rules = rules_for(version)[0]
     share = moe // max(tp, 1)
-    checkpoint = _checkpoint_expert_bytes(hidden, share)
+    checkpoint = _padded_expert_bytes(hidden, share, bias_bytes=2)
     cards = (compute_capability,) if compute_capability is not None else ((8, 9), (9, 0), (10, 0), (12, 0))
     layouts: dict[tuple[str, bool], int] = {}  # (backend, on Hopper) -> bytes beyond the checkpoint an expert
     decided_by, pinned_rule, underived = "", "", ""
@@ -629,7 +616,7 @@ def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
         rule = (f"{underived}: its layout is not derived here; the band spans the largest derived layout on "
                 f"this card ({rule}) down to the checkpoint's ({format_gib(high)} less)")
     elif high != low:
-        others = "/".join(sorted({b for (b, _), size in layouts.items() if (b, _) != (largest, hopper)}))
+        others = "/".join(sorted({b for b, on_hopper in layouts if (b, on_hopper) != (largest, hopper)}))
         why = "the card is not known" if compute_capability is None else decided_by
         rule = (f"{pinned_rule + ': ' if pinned_rule else ''}{rule}; {others} where {why}: "
                 f"{format_gib(high - low)} less; the plan counts the middle, the band spans both")

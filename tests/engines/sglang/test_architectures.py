@@ -83,7 +83,7 @@ def _pool(case: dict) -> dict[str, int]:
     if arch.is_hybrid_swa(lay, pinned):
         ratio = float(pinned.get("--swa-full-tokens-ratio", 0.8))
         out["swa_max_total_num_tokens"] = int(sizing.tokens * ratio) // case["page_size"] * case["page_size"]
-    requests = sg.max_running_requests(sizing.tokens, case["context_len"], pinned.get("--max-running-requests"))
+    requests = arch.running_requests(sizing.tokens, case["context_len"], pinned.get("--max-running-requests"))
     if sizing.state_slots is not None:
         out["max_mamba_cache_size"] = sizing.state_slots
         requests = min(requests, sizing.state_slots // arch.state_slots_per_request(geometry.architecture, pinned,
