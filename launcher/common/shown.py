@@ -43,6 +43,17 @@ def shown_assignments(argv: Sequence[str]) -> list[str]:
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
 
 
+# A run of text without spaces this long is a pasted value, not a word: `--moe-backend` of 100,000
+# characters is echoed by the engine's own refusal ("invalid choice: 'xxx...'").
+_LONG_RUN = re.compile(r"\S{201,}")
+
+
+def clipped(line: str, keep: int = 80) -> str:
+    """`line` with every run of over 200 non-space characters cut to its first `keep`, and its length
+    said: an error line stays one readable line whatever value it quotes (linear in the line)."""
+    return _LONG_RUN.sub(lambda run: f"{run.group()[:keep]}...({len(run.group()):,} characters)", line)
+
+
 def printable(line: str) -> str:
     """`line` with every control, format and line-separator character escaped (``\\n``,
     ``\\x1b``, ``\\u2028``): a model name or path holding a newline or a terminal escape

@@ -472,19 +472,22 @@ def _run(args: list[str]) -> None:
 
 def _wont_fit(exc: WontFit) -> NoReturn:
     """The refusal and the configurations that would fit, on stderr; the refusal object with --json."""
-    click.echo(f"safe-serve: will not fit: {exc}", err=True)
+    from launcher.common.shown import clipped
+
+    click.echo(f"safe-serve: will not fit: {clipped(str(exc))}", err=True)
     for alternative in exc.alternatives:
         click.echo(f"  would fit: {alternative}", err=True)
     if _JSON.wanted and not _JSON.written:
-        emit_json(exc.to_json())
+        doc = exc.to_json()
+        emit_json({**doc, "reason": clipped(str(doc["reason"]))})
     sys.exit(int(exc.exit_code))
 
 
 def _refused(exc: SafeServeError) -> NoReturn:
-    from launcher.common.shown import printable
+    from launcher.common.shown import clipped, printable
 
-    click.echo(f"safe-serve: {printable(str(exc))}", err=True)  # paths and names in it: one line
-    _fail(int(exc.exit_code), type(exc).__name__, exc.message, exc.hint)
+    click.echo(f"safe-serve: {printable(clipped(str(exc)))}", err=True)  # paths and names in it: one line
+    _fail(int(exc.exit_code), type(exc).__name__, clipped(exc.message), exc.hint)
 
 
 def _usage_error(exc: click.ClickException, args: list[str]) -> NoReturn:

@@ -36,6 +36,7 @@ class PlanFacts:
     cuda_total_bytes: int | None
     total_source: str | None  # "measured" (NVML), "catalog", or "pinned" (a bare --gpu size)
     engine_version_assumed: bool
+    total_why: str | None = None  # a catalog CUDA total that spans setups (ECC state unknown)
 
     @property
     def unused(self) -> int:
@@ -66,7 +67,8 @@ def plan_facts(plan: Plan, given: Sequence[GpuDevice] | None = None) -> PlanFact
     cuda = tight.usable_total_bytes if tight is not None else None
     source = (None if tight is None else "pinned" if tight.size_given else
               "catalog" if tight.source == "catalog" else "measured")
-    return PlanFacts(tuple(d.name for d in used), tuple(d.name for d in given), reason, nvml, cuda, source, assumed)
+    return PlanFacts(tuple(d.name for d in used), tuple(d.name for d in given), reason, nvml, cuda, source, assumed,
+                     tight.cuda_total_why if tight is not None else None)
 
 
 def where_text(plan: Plan, facts: PlanFacts) -> str:
@@ -106,9 +108,15 @@ def _total_rows(plan: Plan, facts: PlanFacts) -> list[str]:
     source = facts.total_source or total.source
     if "(NVML)" in total.label:
         cuda = format_gib(facts.cuda_total_bytes, width=8, unit=False)
+        if facts.total_why:  # the middle of a span, not this NVML total less a reserve
+            return [f"  {'CUDA total (what the engine gets)':34} {cuda}  {source:14} "
+                    "the middle of ECC on (in-band ECC) to ECC off; the rows below count from it"]
         return [f"  {'CUDA total (what the engine gets)':34} {cuda}  {source:14} "
                 f"NVML total - {format_gib(gap)} the driver keeps back; the rows below count from it"]
     nvml = format_gib(facts.nvml_total_bytes, width=8, unit=False)
+    if facts.total_why:  # the CUDA total is the middle of a span, not this card's total less a reserve
+        return [f"  {'NVML total (nvidia-smi)':34} {nvml}  {source:14} "
+                f"with ECC on (in-band ECC); more with ECC off: the CUDA total above spans both"]
     return [f"  {'NVML total (nvidia-smi)':34} {nvml}  {source:14} "
             f"CUDA total + {format_gib(gap)} the driver keeps back, never usable"]
 
@@ -191,7 +199,7 @@ def plan_to_json(plan: Plan, command: Sequence[str] | None = None, *,
         "gpu": {"name": plan.gpu_name, "count": plan.gpu_count, "used": list(facts.used),
                 "given": None if facts.given is None else list(facts.given), "unused": facts.unused,
                 "unused_reason": facts.unused_reason, "nvml_total_bytes": facts.nvml_total_bytes,
-                "cuda_total_bytes": facts.cuda_total_bytes},
+                "cuda_total_bytes": facts.cuda_total_bytes, "cuda_total_spans": facts.total_why},
         "tensor_parallel_size": plan.tp,
         "pipeline_parallel_size": plan.pp,
         "max_model_len": plan.max_model_len,

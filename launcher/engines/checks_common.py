@@ -60,6 +60,7 @@ class CheckInput:
     quantization: str | None = None  # pinned --quantization, if any
     pinned_dtype: str | None = None  # the --dtype as typed, if pinned (unknown names are refused)
     attention_backend: str | None = None  # pinned --attention-backend (SGLang), if any
+    moe_backend: str | None = None  # pinned --moe-backend (vLLM), if any
     nnodes: int = 1  # --nnodes: the ranks spread over that many nodes, this node holds its share
     cpu_amx: bool | None = None  # the host's AMX tiles (CPU kernels that need them), None: unknown
 

@@ -15,14 +15,29 @@ from typing import Any
 
 from launcher.common.errors import UsageError
 from launcher.common.paths import load_yaml, profiles_dir
-from launcher.common.units import MiB, parse_size
-from launcher.model.gpu import CUDA_RESERVE_BYTES, GpuDevice
+from launcher.common.units import GiB, MiB, parse_size
+from launcher.model.gpu import CUDA_RESERVE_BYTES, CUDA_RESERVE_ERROR_BYTES, GpuDevice
 
 _COUNT = re.compile(r"^\s*([0-9]+)\s*[x×*]\s*(.+)$", re.IGNORECASE)
 # More devices than any one engine launch spans: `100000000xrtx4090` would otherwise build a
 # hundred million device records (minutes, 1.6 GB) before anything could refuse it.
 MAX_GPUS = 1024
 _NOISE = re.compile(r"nvidia|geforce|tesla|quadro|[\s_\-]+", re.IGNORECASE)
+
+
+# `--gpu rtx6000ada-ecc` / `-noecc`: the ECC state of a card whose ECC is optional (normalised text).
+_ECC_SUFFIXES = (("noecc", False), ("eccoff", False), ("eccon", True), ("ecc", True))
+
+
+@dataclass(frozen=True)
+class EccOn:
+    """An ECC-optional GDDR card with ECC switched on: in-band ECC takes 1/16 of the memory, which
+    NVML's total already shows (49140 -> 46068 MiB on a 48 GB card), and CUDA's total sits below it."""
+
+    nvml_total_bytes: int
+    cuda_total_bytes: int | None
+    cuda_total_source: str | None = None
+    cuda_total_error_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -34,6 +49,8 @@ class CatalogGpu:
     cuda_total_source: str | None
     compute_capability: tuple[int, int] | None
     cuda_total_error_bytes: int = 0  # +/- on cuda_total_bytes: the spread of the totals published for it
+    # ECC optional and off in the totals above (RTX A6000, RTX 6000 Ada): the same card with ECC on.
+    ecc_on: EccOn | None = None
 
 
 def normalise(text: str) -> str:
@@ -54,6 +71,14 @@ def load_catalog() -> tuple[CatalogGpu, ...]:
 def _entry(entry: Mapping[str, Any]) -> CatalogGpu:
     cc = entry.get("compute_capability")
     cuda_total = entry.get("cuda_total_bytes")
+    ecc = entry.get("ecc_on")
+    ecc_on = None
+    if isinstance(ecc, Mapping) and ecc.get("nvml_total_mib"):
+        ecc_total = ecc.get("cuda_total_bytes")
+        ecc_on = EccOn(nvml_total_bytes=int(ecc["nvml_total_mib"]) * MiB,
+                       cuda_total_bytes=int(ecc_total) if ecc_total else None,
+                       cuda_total_source=ecc.get("cuda_total_source"),
+                       cuda_total_error_bytes=int(ecc.get("cuda_total_error_bytes") or 0))
     return CatalogGpu(
         name=str(entry["name"]),
         aliases=tuple(str(a) for a in entry.get("aliases") or ()),
@@ -62,6 +87,7 @@ def _entry(entry: Mapping[str, Any]) -> CatalogGpu:
         cuda_total_source=entry.get("cuda_total_source"),
         compute_capability=(int(cc[0]), int(cc[1])) if isinstance(cc, Sequence) and len(cc) == 2 else None,
         cuda_total_error_bytes=int(entry.get("cuda_total_error_bytes") or 0),
+        ecc_on=ecc_on,
     )
 
 
@@ -97,16 +123,11 @@ def _shown(spec: str) -> str:
 
 
 def _device(what: str, spec: str, index: int, catalog: Sequence[CatalogGpu] | None) -> GpuDevice:
-    gpu = find(what, catalog)
+    gpu, ecc = find(what, catalog), None
+    if gpu is None:
+        gpu, ecc = _with_ecc_state(what, spec, catalog)
     if gpu is not None:
-        usable = gpu.cuda_total_bytes or gpu.nvml_total_bytes - CUDA_RESERVE_BYTES
-        return GpuDevice(index=index, name=gpu.name, total_bytes=gpu.nvml_total_bytes, free_bytes=usable,
-                         used_bytes=gpu.nvml_total_bytes - usable, cuda_total_bytes=gpu.cuda_total_bytes,
-                         cuda_total_error_bytes=gpu.cuda_total_error_bytes if gpu.cuda_total_bytes else 0,
-                         compute_capability=gpu.compute_capability, source="catalog",
-                         notes=(f"CUDA total: {gpu.cuda_total_source}" if gpu.cuda_total_bytes else
-                                f"CUDA total unknown: NVML total less the typical reserve "
-                                f"({CUDA_RESERVE_BYTES // MiB} MiB)",))
+        return _catalog_device(gpu, index, ecc)
     if re.match(r"^\s*\d", what):
         try:
             size = parse_size(what)
@@ -122,6 +143,64 @@ def _device(what: str, spec: str, index: int, catalog: Sequence[CatalogGpu] | No
                          used_bytes=0, cuda_total_bytes=size, source="catalog", size_given=True)
     raise UsageError(f"--gpu {_shown(spec)}: not a GPU in the catalog nor a size like 24GiB",
                      hint=suggest(what, catalog or load_catalog()))
+
+
+def _with_ecc_state(what: str, spec: str,
+                    catalog: Sequence[CatalogGpu] | None) -> tuple[CatalogGpu | None, bool | None]:
+    """`rtx6000ada-ecc` / `rtx6000ada-noecc`: the card and the ECC state asked for, or (None, None)."""
+    wanted = normalise(what)
+    for suffix, on in _ECC_SUFFIXES:
+        gpu = find(wanted[:-len(suffix)], catalog) if wanted.endswith(suffix) and len(wanted) > len(suffix) else None
+        if gpu is None:
+            continue
+        if gpu.ecc_on is None:
+            raise UsageError(f"--gpu {_shown(spec)}: the catalog knows one memory setup for {gpu.name} "
+                             "(its ECC is not optional, or costs no capacity)", hint=f"--gpu {typed_name(gpu)}")
+        return gpu, on
+    return None, None
+
+
+def _totals(gpu: CatalogGpu, ecc: bool) -> tuple[int, int | None, int, str]:
+    """(NVML total, published CUDA total or None, +/- on it, where it comes from), ECC on or off."""
+    if ecc and gpu.ecc_on is not None:
+        on = gpu.ecc_on
+        nvml, cuda, error, source = on.nvml_total_bytes, on.cuda_total_bytes, on.cuda_total_error_bytes, \
+            on.cuda_total_source
+    else:
+        nvml, cuda, error, source = gpu.nvml_total_bytes, gpu.cuda_total_bytes, gpu.cuda_total_error_bytes, \
+            gpu.cuda_total_source
+    if cuda:
+        return nvml, cuda, error, f"CUDA total: {source}"
+    return nvml, None, CUDA_RESERVE_ERROR_BYTES, (f"CUDA total unknown: NVML total less the typical reserve "
+                                                  f"({CUDA_RESERVE_BYTES // MiB} MiB)")
+
+
+def _catalog_device(gpu: CatalogGpu, index: int, ecc: bool | None) -> GpuDevice:
+    """The card idle; an ECC-optional card whose ECC state was not given spans both states."""
+    def device(nvml: int, cuda: int | None, error: int, notes: tuple[str, ...], why: str | None = None) -> GpuDevice:
+        usable = cuda or nvml - CUDA_RESERVE_BYTES
+        return GpuDevice(index=index, name=gpu.name, total_bytes=nvml, free_bytes=usable, used_bytes=nvml - usable,
+                         cuda_total_bytes=cuda, cuda_total_error_bytes=error if cuda else 0,
+                         cuda_total_why=why, compute_capability=gpu.compute_capability, source="catalog",
+                         notes=notes)
+
+    if gpu.ecc_on is None or ecc is not None:
+        nvml, cuda, error, note = _totals(gpu, bool(ecc))
+        state = () if ecc is None else (f"ECC {'on' if ecc else 'off'}, as given",)
+        return device(nvml, cuda, error, (*state, note))
+    # ECC state unknown: from ECC on's low end to ECC off's high end, the middle as the figure; the
+    # plan's length comes from the band's low end, so "fits" never rests on ECC being off. The NVML
+    # total is ECC on's: SGLang's default fraction reserves a fixed size of it, a smaller share of more.
+    on_nvml, on_cuda, on_error, on_note = _totals(gpu, True)
+    nvml, off_cuda, off_error, off_note = _totals(gpu, False)
+    low = (on_cuda or on_nvml - CUDA_RESERVE_BYTES) - on_error
+    high = (off_cuda or nvml - CUDA_RESERVE_BYTES) + off_error
+    typed = typed_name(gpu)
+    return device(on_nvml, (low + high) // 2, (high - low) // 2, (
+        f"ECC state unknown (optional on this card): CUDA total {low / GiB:.2f}-{high / GiB:.2f} GiB, from ECC on "
+        f"(in-band ECC takes 1/16: NVML {on_nvml // MiB} MiB) to ECC off (NVML {nvml // MiB} MiB); "
+        f"--gpu {typed}-ecc or {typed}-noecc plans one, and on the host NVML reads it",
+        f"ECC on: {on_note}", f"ECC off: {off_note}"), why="ECC state unknown: from ECC on to ECC off")
 
 
 def typed_name(gpu: CatalogGpu) -> str:

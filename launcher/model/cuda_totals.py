@@ -65,9 +65,24 @@ def card_for(observation: Observation, catalog: Sequence[CatalogGpu]) -> Catalog
     for candidate in (name, f"{name} {size.group(1)}GB" if size else None, re.sub(r"\s*\d+GB?$", "", name)):
         card = find(candidate, catalog) if candidate else None
         if card is not None and _same_size(card, size.group(1) if size else None) and (
-                observation.nvml_total_mib is None or observation.nvml_total_mib * MiB == card.nvml_total_bytes):
+                observation.nvml_total_mib is None or observation.nvml_total_mib * MiB in _nvml_totals(card)):
             return card  # an NVML total that differs is another memory setup (ECC on/off)
     return None
+
+
+def _nvml_totals(card: CatalogGpu) -> tuple[int, ...]:
+    return (card.nvml_total_bytes,) + ((card.ecc_on.nvml_total_bytes,) if card.ecc_on is not None else ())
+
+
+def with_ecc_on(observation: Observation, card: CatalogGpu) -> bool:
+    """Whether an observation of an ECC-optional card was taken with ECC on: its NVML total says so,
+    or without one its CUDA total, below the ECC-on NVML total (in-band ECC takes 1/16 of the memory,
+    3 GiB on a 48 GB card; the driver's reserve is under 1 GiB)."""
+    if card.ecc_on is None:
+        return False
+    if observation.nvml_total_mib is not None:
+        return observation.nvml_total_mib * MiB == card.ecc_on.nvml_total_bytes
+    return observation.total_bytes is not None and observation.total_bytes < card.ecc_on.nvml_total_bytes
 
 
 def _same_size(card: CatalogGpu, gigabytes: str | None) -> bool:
@@ -91,11 +106,12 @@ class DerivedTotal:
 
 
 def derive(card: CatalogGpu, observations: Sequence[Observation],
-           catalog: Sequence[CatalogGpu]) -> DerivedTotal | None:
-    """The card's CUDA total: the median of its usable observations, +/- the farthest of them
-    (at least the print resolution)."""
+           catalog: Sequence[CatalogGpu], *, ecc_on: bool = False) -> DerivedTotal | None:
+    """The card's CUDA total (with ECC on: `ecc_on`): the median of its usable observations, +/- the
+    farthest of them (at least the print resolution)."""
     totals = [(o.total_bytes, o.source) for o in observations
-              if usable(o) and o.total_bytes is not None and (c := card_for(o, catalog)) and c.name == card.name]
+              if usable(o) and o.total_bytes is not None and (c := card_for(o, catalog)) and c.name == card.name
+              and with_ecc_on(o, card) == ecc_on]
     if not totals:
         return None
     values = [t for t, _ in totals]
@@ -113,10 +129,14 @@ def catalog_without(catalog: Sequence[CatalogGpu], observations: Sequence[Observ
     rebuilt = []
     for card in catalog:
         derived = derive(card, kept, catalog)
-        if derived is None:
-            rebuilt.append(dataclasses.replace(card, cuda_total_bytes=None, cuda_total_error_bytes=0,
-                                               cuda_total_source=None))
-        else:
-            rebuilt.append(dataclasses.replace(card, cuda_total_bytes=derived.total_bytes,
-                                               cuda_total_error_bytes=derived.error_bytes))
+        card = dataclasses.replace(card, cuda_total_bytes=derived.total_bytes if derived else None,
+                                   cuda_total_error_bytes=derived.error_bytes if derived else 0,
+                                   cuda_total_source=card.cuda_total_source if derived else None)
+        if card.ecc_on is not None:
+            on = derive(card, kept, catalog, ecc_on=True)
+            card = dataclasses.replace(card, ecc_on=dataclasses.replace(
+                card.ecc_on, cuda_total_bytes=on.total_bytes if on else None,
+                cuda_total_error_bytes=on.error_bytes if on else 0,
+                cuda_total_source=card.ecc_on.cuda_total_source if on else None))
+        rebuilt.append(card)
     return tuple(rebuilt)

@@ -46,6 +46,7 @@ class GpuDevice:
     # where ECC or the driver reserves memory (L40S: 44.42 GiB vs 46068 MiB).
     cuda_total_bytes: int | None = None
     cuda_total_error_bytes: int = 0  # +/- on a catalog CUDA total (the spread of published totals); 0 measured
+    cuda_total_why: str | None = None  # a catalog total that is not the published one (ECC state unknown)
     compute_capability: tuple[int, int] | None = None
     mig_index: int | None = None  # set for a MIG instance
     mig_mode: bool | None = None  # MIG enabled on this (parent) GPU

@@ -89,7 +89,8 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
         engine_args=pinned.argv, pinned=pinned, engine_env={k: env[k] for k in engine.env_keys if k in env},
         concurrency=settings.concurrency, max_gpu_memory_bytes=settings.max_gpu_memory_bytes,
         margin_bytes=settings.margin_bytes, trust_engine=options.trust_engine, variants=variants,
-        calibration=calibration, notes=(*settings.notes, *flag_warnings), warnings=calibration_warnings,
+        calibration=calibration, notes=(*settings.notes, *flag_warnings, *_spanned_totals(gpus)),
+        warnings=calibration_warnings,
         allow_long_max_model_len=env.get(engine.allow_long_env, "").strip().lower() in ("1", "true"),
     )
 
@@ -125,6 +126,11 @@ def _read_proc_version() -> str:
         return Path("/proc/version").read_text(errors="replace")
     except OSError:
         return ""
+
+
+def _spanned_totals(gpus: Sequence[GpuDevice]) -> tuple[str, ...]:
+    """Catalog cards whose CUDA total spans setups (ECC state unknown): said once per card name."""
+    return tuple(dict.fromkeys(f"{gpu.name}: {gpu.notes[0]}" for gpu in gpus if gpu.cuda_total_why and gpu.notes))
 
 
 def _devices(options: PlanOptions, env: Mapping[str, str]) -> tuple[tuple[GpuDevice, ...], HostMemory | None]:

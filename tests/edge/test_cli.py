@@ -27,6 +27,17 @@ class TestPlanCommand:
         assert doc["engine_args"] == ["--gpu-memory-utilization", "0.92", "--max-model-len", str(doc["max_model_len"])]
         assert {item["key"] for item in doc["budget"]} >= {"weights", "activation", "cudagraph", "kv"}
 
+    def test_ecc_unknown_card_says_its_total_spans(self) -> None:
+        """`--gpu rtx6000ada`: the JSON and the table say the CUDA total spans ECC on and off, and how
+        to plan one; `-ecc` plans the published ECC-on total."""
+        doc = json.loads(CliRunner().invoke(cli, ["plan", "qwen2.5-7b", "--gpu", "rtx6000ada", "--json"]).output)
+        assert doc["gpu"]["cuda_total_spans"] == "ECC state unknown: from ECC on to ECC off"
+        assert any("--gpu rtx6000ada-ecc or rtx6000ada-noecc" in note for note in doc["notes"])
+        table = CliRunner().invoke(cli, ["plan", "qwen2.5-7b", "--gpu", "rtx6000ada", "--engine", "sglang"]).output
+        assert "the middle of ECC on (in-band ECC) to ECC off" in table
+        doc = json.loads(CliRunner().invoke(cli, ["plan", "qwen2.5-7b", "--gpu", "rtx6000ada-ecc", "--json"]).output)
+        assert doc["gpu"]["cuda_total_spans"] is None and doc["gpu"]["cuda_total_bytes"] == 47706349240
+
     def test_unknown_engine_version_says_so(self) -> None:
         """A version newer than we know plans with the newest rules and a note."""
         result = CliRunner().invoke(cli, ["plan", "qwen2.5-7b", "--gpu", "h100", "--engine", "sglang",
@@ -54,6 +65,7 @@ class TestPlanCommand:
 @pytest.mark.parametrize(("argv", "code", "text"), [
     (["plan", "no-such-model", "--gpu", "h100"], 66, "not a directory, a known alias"),
     (["plan", "qwen2.5-7b", "--gpu", "rtx9999"], 2, "not a GPU in the catalog"),
+    (["plan", "qwen2.5-7b", "--gpu", "h100-ecc"], 2, "knows one memory setup for NVIDIA H100"),
     (["plan", "qwen2.5-7b", "--gpu", "h100", "--", "--max-model-len", "lots"], 2, "cannot read 'lots'"),
     (["plan", "llama-3.1-70b", "--gpu", "rtx4090"], 78, "will not fit"),
     (["plan", "qwen2.5-7b"], 69, "--gpu NAME"),

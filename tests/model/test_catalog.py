@@ -85,3 +85,49 @@ class TestBounds:
 
     def test_normalise(self) -> None:
         assert normalise("NVIDIA GeForce RTX-4090") == "rtx4090" and normalise("Tesla_V100 16GB") == "v10016gb"
+
+
+class TestEccOptionalCards:
+    """RTX A6000 / RTX 6000 Ada: ECC optional. Unknown state spans ECC on (low end) to ECC off."""
+
+    ON_ADA = 47706349240  # 44.43 GiB published with ECC on (NVML 46068 MiB), +/- 5368709 B of print
+    RESERVE, RESERVE_ERROR = 542 * MiB, 226 * MiB  # the typical reserve where no total is published
+
+    def test_unknown_state_spans_both(self) -> None:
+        (ada,) = hypothetical_gpus(["rtx6000ada"])
+        low = self.ON_ADA - 5368709
+        high = 49140 * MiB - self.RESERVE + self.RESERVE_ERROR
+        assert ada.usable_total_bytes == (low + high) // 2 == 49448327577
+        assert ada.usable_total_error_bytes == (high - low) // 2 == 1747347046
+        assert ada.cuda_total_why and ada.total_bytes == 46068 * MiB  # SGLang's default fraction: ECC on's
+        assert "--gpu rtx6000ada-ecc or rtx6000ada-noecc" in ada.notes[0]
+        assert "44.42-47.68 GiB" in ada.notes[0]
+
+    @pytest.mark.parametrize("spec", ["rtx6000ada-ecc", "RTX 6000 Ada ECC", "rtx6000ada_eccon"])
+    def test_ecc_on_is_the_published_total(self, spec: str) -> None:
+        (ada,) = hypothetical_gpus([spec])
+        assert (ada.total_bytes, ada.usable_total_bytes, ada.usable_total_error_bytes) == (
+            46068 * MiB, self.ON_ADA, 5368709)
+        assert ada.cuda_total_why is None and ada.notes[0] == "ECC on, as given"
+
+    @pytest.mark.parametrize("spec", ["rtx6000ada-noecc", "rtx6000ada-ecc-off"])
+    def test_ecc_off_is_nvml_less_the_reserve(self, spec: str) -> None:
+        (ada,) = hypothetical_gpus([spec])
+        assert (ada.total_bytes, ada.usable_total_bytes, ada.usable_total_error_bytes) == (
+            49140 * MiB, 49140 * MiB - self.RESERVE, self.RESERVE_ERROR)
+
+    def test_a6000_has_no_published_total_either_way(self) -> None:
+        (a6000,) = hypothetical_gpus(["a6000"])
+        low, high = 46068 * MiB - self.RESERVE - self.RESERVE_ERROR, 49140 * MiB - self.RESERVE + self.RESERVE_ERROR
+        assert (a6000.usable_total_bytes, a6000.usable_total_error_bytes) == ((low + high) // 2, (high - low) // 2)
+        (on,) = hypothetical_gpus(["2xa6000-ecc"])[:1]
+        assert on.usable_total_bytes == 46068 * MiB - self.RESERVE
+
+    @pytest.mark.parametrize("spec", ["h100-ecc", "l40s-noecc", "t4-ecc"])
+    def test_cards_with_one_setup_refuse_a_state(self, spec: str) -> None:
+        with pytest.raises(UsageError, match="knows one memory setup"):
+            hypothetical_gpus([spec])
+
+    def test_ecc_alone_is_not_a_card(self) -> None:
+        with pytest.raises(UsageError, match="not a GPU in the catalog"):
+            hypothetical_gpus(["ecc"])

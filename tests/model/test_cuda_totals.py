@@ -38,10 +38,39 @@ def test_observations_map_to_the_right_cards() -> None:
     assert card("A100", "80GB (variant not stated)") == "NVIDIA A100-SXM4-80GB"
     assert card("NVIDIA A100 40GB", "40GB") == "NVIDIA A100-SXM4-40GB"
     assert card('A100 ("one A100")', "40GB class (variant not stated)") is None
-    # An RTX 6000 Ada with ECC on (NVML 46068 MiB) is not the catalog's ECC-off card (49140 MiB).
-    assert card("NVIDIA RTX 6000 Ada Generation", "48GB", nvml=46068) is None
+    # An RTX 6000 Ada with ECC on (NVML 46068 MiB) is the card's ECC-on setup; another NVML total is
+    # another memory setup nobody catalogued.
+    assert card("NVIDIA RTX 6000 Ada Generation", "48GB", nvml=46068) == "NVIDIA RTX 6000 Ada Generation"
+    assert card("NVIDIA RTX 6000 Ada Generation", "48GB", nvml=47000) is None
+    assert card("NVIDIA L40S", "48GB", nvml=49140) is None  # L40S: ECC on, not optional in the catalog
     assert card("NVIDIA GeForce RTX 5090 Laptop GPU", "24GB") is None
     assert not ct.usable(ct.Observation("RTX 4080", "16GB", 1, "s", "a round total typical of Windows/WDDM"))
+
+
+@pytest.mark.parametrize("card", [c for c in CATALOG if c.ecc_on is not None], ids=lambda c: c.name)
+def test_ecc_on_total_is_the_published_one(card: ct.CatalogGpu) -> None:
+    assert card.ecc_on is not None
+    derived = ct.derive(card, OBSERVATIONS, CATALOG, ecc_on=True)
+    on = card.ecc_on
+    if derived is None:
+        assert on.cuda_total_bytes is None, f"{card.name}: an ECC-on CUDA total with no published observation"
+        return
+    assert (on.cuda_total_bytes, on.cuda_total_error_bytes) == (derived.total_bytes, derived.error_bytes)
+
+
+def test_ecc_state_of_an_observation() -> None:
+    """The NVML total tells the ECC state; without it, a CUDA total under the ECC-on NVML total can only
+    be ECC on (ECC takes 3 GiB of a 48 GB card, the driver's reserve under 1 GiB)."""
+    ada = find("rtx6000ada")
+    assert ada is not None and ada.ecc_on is not None and ada.ecc_on.nvml_total_bytes == 46068 * MiB
+    def obs(total_gib: float, nvml: int | None = None) -> ct.Observation:
+        return ct.Observation("NVIDIA RTX 6000 Ada Generation", "48GB", int(total_gib * GiB), "s", "", nvml)
+    assert ct.with_ecc_on(obs(44.43, 46068), ada) and not ct.with_ecc_on(obs(44.43, 49140), ada)
+    assert ct.with_ecc_on(obs(44.43), ada) and not ct.with_ecc_on(obs(47.45), ada)
+    assert not ct.with_ecc_on(obs(44.42), find("l40s"))  # type: ignore[arg-type]
+    # The only published RTX 6000 Ada total (MTVCrafter#21, NVML 46068 MiB) is its ECC-on total, not
+    # the ECC-off card's: that stays NVML less the typical reserve.
+    assert ada.cuda_total_bytes is None and round(ada.ecc_on.cuda_total_bytes / GiB, 2) == 44.43  # type: ignore[operator]
 
 
 def test_the_spread_is_the_band() -> None:
@@ -58,6 +87,10 @@ def test_leaving_a_source_out_rebuilds_from_the_others() -> None:
     rebuilt = {c.name: c for c in ct.catalog_without(CATALOG, OBSERVATIONS, a100)}
     assert rebuilt["NVIDIA A100-SXM4-40GB"].cuda_total_bytes is None
     assert rebuilt["NVIDIA H100 80GB HBM3"].cuda_total_bytes == find("h100").cuda_total_bytes  # type: ignore[union-attr]
+    ada = "https://github.com/DINGYANB/MTVCrafter/issues/21"  # the only RTX 6000 Ada total, ECC on
+    rebuilt_ada = {c.name: c for c in ct.catalog_without(CATALOG, OBSERVATIONS, ada)}["NVIDIA RTX 6000 Ada Generation"]
+    assert rebuilt_ada.ecc_on is not None and rebuilt_ada.ecc_on.cuda_total_bytes is None
+    assert find("rtx6000ada").ecc_on.cuda_total_bytes is not None  # type: ignore[union-attr]
 
 
 def _uncertain_nvml(name: str) -> bool:

@@ -373,3 +373,27 @@ class TestInvalidKvCacheDtype:
         # the setup refusal it would otherwise be
         with pytest.raises(WontFit, match="must be divisible by tensor parallel size"):
             make_plan(request("qwen2.5-7b", "3x80GB", engine_args=("-tp", "3")))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_ecc_unknown_never_fits_on_ecc_off(engine: str) -> None:
+    """An RTX 6000 Ada of unknown ECC state: the band reaches down to the ECC-on card's and up to the
+    ECC-off card's, and the length comes from its low end (what the ECC-on card holds)."""
+    from launcher.plan.planner import make_plan
+    from launcher.plan.types import PlanRequest
+
+    model = resolve_model("qwen2.5-7b")
+
+    def plan(spec: str):  # type: ignore[no-untyped-def]
+        return make_plan(PlanRequest(model=model, engine=engine, gpus=hypothetical_gpus([spec])))
+
+    span, on, off = plan("rtx6000ada"), plan("rtx6000ada-ecc"), plan("rtx6000ada-noecc")
+    assert on.kv_cache_bytes < span.kv_cache_bytes < off.kv_cache_bytes
+    assert span.kv_cache_bytes_low <= on.kv_cache_bytes_low + 16 * MiB
+    # SGLang: the span keeps ECC on's default fraction (a fixed reserve of the smaller NVML total), so
+    # its high end is a little under the ECC-off card's.
+    fewer = (off.engine_figures["mem_fraction_static"] - span.engine_figures["mem_fraction_static"]
+             if engine == "sglang" else 0.0)
+    assert engine == "vllm" or round(fewer, 3) == 0.010  # 1 - 7248/49140 vs 1 - 7248/46068
+    assert span.kv_cache_bytes_high >= off.kv_cache_bytes_high - fewer * 49140 * MiB - 16 * MiB
+    assert span.kv_cache_bytes_high - span.kv_cache_bytes_low > 3 * GiB * 0.8  # ECC's 3 GiB, times the fraction

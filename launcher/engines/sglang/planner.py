@@ -585,6 +585,13 @@ def _args(pinned: Mapping[str, Any], fraction: float, length: int) -> list[str]:
 BAND_TARGET = 0.05
 
 
+def _total_why(gpu: GpuDevice) -> str:
+    """Why a catalog card's CUDA total carries a band."""
+    if gpu.cuda_total_why:
+        return gpu.cuda_total_why
+    return "spread of published totals" if gpu.cuda_total_bytes else "NVML total less the typical reserve"
+
+
 def _band_note(sizing: _Sizing, budget: SglangBudget, verified: bool) -> tuple[str, ...]:
     """Which estimated terms make a verified architecture's KV band wider than +/- 5 %: the pool's
     arithmetic is SGLang's own; what is not known exactly is measured before it starts."""
@@ -595,7 +602,7 @@ def _band_note(sizing: _Sizing, budget: SglangBudget, verified: bool) -> tuple[s
     spread = gpu.usable_total_error_bytes if gpu.source == "catalog" else 0
     context_error = sizing.setup.context_error
     terms = sorted(((context_error * fraction, "the CUDA context (+ NCCL) before SGLang's baseline"),
-                    (spread * fraction, "the card's CUDA total (spread of published totals)"),
+                    (spread * fraction, f"the card's CUDA total ({_total_why(gpu)})"),
                     (sizing.load.error_bytes, "the loader's leftovers"),
                     (sizing.weights_error, "the weights quantized while loading" if sizing.online else
                      "the MXFP4 experts' layout as loaded")),

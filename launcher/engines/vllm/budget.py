@@ -494,8 +494,8 @@ def _backend_runs_on(backend: str, compute_capability: tuple[int, int], rules: V
 def mxfp4_backend_refusal(geometry: ModelGeometry, *, version: str, moe_backend: object,
                           compute_capability: tuple[int, int] | None, lora: bool = False) -> tuple[str, str] | None:
     """(vLLM's message, its file:line) where vLLM stops loading gpt-oss under this --moe-backend, else None:
-    a name the release does not map for MXFP4 (only names its MoEBackend literal accepts reach it), or a
-    derived backend whose kernel does not run on this card."""
+    a name the release does not map for MXFP4 (names its MoEBackend literal does not offer are refused
+    before, by checks.py as argparse does), or a derived backend whose kernel does not run on this card."""
     from launcher.engines.vllm.rules import rules_for
 
     name = normalized_moe_backend(moe_backend)
@@ -505,25 +505,14 @@ def mxfp4_backend_refusal(geometry: ModelGeometry, *, version: str, moe_backend:
         return None
     release, (mapped, map_line, raise_line) = lines_for(MXFP4_MOE_BACKENDS, version)
     path = "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
-    if name not in mapped:
-        if name in _MOE_BACKEND_LITERAL_NAMES:
-            return (f"moe_backend='{name}' is not supported for MXFP4 MoE. Expected one of {list(mapped)}.",
-                    f"{path}:{map_line} (vLLM {release})")
-        return None
+    if name not in mapped:  # a name the release's argparse offers (checks.py refuses the others first)
+        return (f"moe_backend='{name}' is not supported for MXFP4 MoE. Expected one of {list(mapped)}.",
+                f"{path}:{map_line} (vLLM {release})")
     backend = _PINNED_LAYOUT.get(name)
     if backend is None or _backend_runs_on(backend, compute_capability, rules_for(version)[0]):
         return None
     return (f"Mxfp4 MoE backend '{backend}' does not support the deployment configuration since kernel does not "
             "support current device cuda.", f"{path}:{raise_line} (vLLM {release})")
-
-
-# Names vLLM's --moe-backend accepts (config/kernel.py MoEBackend, 0.19-0.33) that may not map for MXFP4.
-_MOE_BACKEND_LITERAL_NAMES = frozenset({
-    "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
-    "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "b12x",
-    "flashinfer_moe_ep_mega_deep_gemm", "flashinfer_moe_ep_mega_cutedsl", "marlin", "humming", "triton_unfused",
-    "aiter", "aiter_mega_moe", "aiter_triton_mxfp4_bf16", "aiter_triton_mxfp4_mxfp4", "flydsl", "hpc", "emulation",
-    "rdna3"})
 
 
 # 0.19-0.20: with --enable-lora the MXFP4 oracle returns before the pinned --moe-backend is read, Marlin

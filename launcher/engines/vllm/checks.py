@@ -555,7 +555,7 @@ def _quant_support_rules(method: str, inp: CheckInput, lines: Mapping[str, tuple
 def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
     """Every vLLM start-time rule this configuration breaks; empty means vLLM accepts it."""
     version, lines = lines_for(_LINES, inp.engine_version)
-    return (*_parallel_rules(inp, lines, version), *_dtype_rules(inp, lines, version),
+    return (*_moe_backend_rules(inp), *_parallel_rules(inp, lines, version), *_dtype_rules(inp, lines, version),
             *_kv_dtype_rules(inp, lines, version), *_quant_rules(inp, lines, version),
             *_length_rules(inp, lines, version))
 
@@ -611,6 +611,58 @@ def _dtype_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version:
             "You can use float16 instead by explicitly setting the `dtype` flag in CLI, for example: --dtype=half.",
             _src(lines, version, "bf16", inp.engine_version), hint="--dtype half"))
     return out
+
+
+# --moe-backend's choices: KernelConfig's MoEBackend literal (vllm/config/kernel.py), which argparse
+# offers after lower-casing the value and turning '-' into '_' (engine/arg_utils.py:1805-1807 in 0.32).
+# The flag appears in 0.17 (0.17.1 arg_utils.py:1236-1238; 0.16.0 has none). Per release read:
+_MOE_BASE = ("auto", "triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass",
+             "flashinfer_cutedsl", "marlin", "aiter")
+_MOE_021 = ("auto", "triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass",
+            "flashinfer_cutedsl", "marlin", "humming", "triton_unfused", "aiter", "emulation")
+_MOE_025 = ("auto", "triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass",
+            "flashinfer_cutedsl", "flashinfer_b12x", "marlin", "humming", "triton_unfused", "aiter", "flydsl", "hpc",
+            "emulation")
+_MOE_029 = ("auto", "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
+            "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_b12x", "b12x", "flashinfer_moe_ep_mega_deep_gemm",
+            "flashinfer_moe_ep_mega_cutedsl", "marlin", "humming", "triton_unfused", "aiter", "flydsl", "hpc",
+            "emulation")
+_MOE_032 = ("auto", "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
+            "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "b12x",
+            "flashinfer_moe_ep_mega_deep_gemm", "marlin", "humming", "triton_unfused", "aiter", "aiter_mega_moe",
+            "aiter_triton_mxfp4_bf16", "flydsl", "hpc", "emulation", "rdna3")
+MOE_BACKEND_CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("0.17", _MOE_BASE),  # kernel.py:12 (0.17.1, 0.18.1, 0.19.x)
+    ("0.20", (*_MOE_BASE[:3], "deep_gemm_mega_moe", *_MOE_BASE[3:], "emulation")),  # kernel.py:108
+    ("0.21", _MOE_021),  # kernel.py:111
+    ("0.22", (*_MOE_021[:8], "flashinfer_b12x", *_MOE_021[8:])),  # kernel.py:122 (0.22-0.23)
+    ("0.24", (*_MOE_025[:14], *_MOE_025[15:])),  # kernel.py:122: flydsl, no hpc yet
+    ("0.25", _MOE_025),  # kernel.py:122 (0.25-0.26)
+    ("0.27", (*_MOE_025[:2], "batched_triton", *_MOE_025[2:])),  # kernel.py:122 (0.27-0.28)
+    ("0.29", _MOE_029),  # kernel.py:122
+    ("0.30", (*_MOE_029[:17], "aiter_triton_mxfp4_bf16", *_MOE_029[17:], "rdna3")),  # kernel.py:125 (0.31: :118)
+    ("0.32", _MOE_032),  # kernel.py:122
+    ("0.33", (*_MOE_032[:19], "aiter_triton_mxfp4_mxfp4", *_MOE_032[19:])),  # kernel.py:122
+)
+MOE_BACKEND_FIRST = "0.17"
+
+
+def _moe_backend_rules(inp: CheckInput) -> list[EngineRule]:
+    """A --moe-backend name the release's argparse does not offer: vLLM exits before reading a config."""
+    if not isinstance(inp.moe_backend, str):
+        return []
+    if inp.engine_version is not None and version_key(inp.engine_version) < version_key(MOE_BACKEND_FIRST):
+        return [EngineRule("moe-backend-unknown-flag", "unrecognized arguments: --moe-backend",
+                           f"vllm/engine/arg_utils.py (vLLM {inp.engine_version}: the flag appears in 0.17)",
+                           hint="drop --moe-backend, or plan for vLLM 0.17 or newer", bad_argument=True)]
+    release, choices = lines_for(MOE_BACKEND_CHOICES, inp.engine_version)
+    name = inp.moe_backend.lower().replace("-", "_")
+    if name in choices:
+        return []
+    return [EngineRule("moe-backend-unknown", f"argument --moe-backend: invalid choice: {name!r} "
+                       f"(choose from {', '.join(choices)})",
+                       f"vllm/config/kernel.py MoEBackend (vLLM {release})", hint="--moe-backend auto",
+                       bad_argument=True)]
 
 
 def _kv_dtype_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:

@@ -104,7 +104,7 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
         max_len_key=vr.max_len_key(geometry),
         allow_long_max_model_len=request.allow_long_max_model_len, quantization=pinned.get("--quantization"),
         pinned_dtype=pinned.get("--dtype"), nnodes=int(pinned.get("--nnodes", 1)),
-        cpu_amx=request.host.cpu_amx if request.host else None)))
+        cpu_amx=request.host.cpu_amx if request.host else None, moe_backend=pinned.get("--moe-backend"))))
     moe_refusal = vb.mxfp4_backend_refusal(geometry, version=rules.version, moe_backend=pinned.get("--moe-backend"),
                                            compute_capability=compute_capability if request.device == "cuda" else None,
                                            lora=bool(pinned.get("--enable-lora")))
@@ -813,7 +813,8 @@ def _total_item(gpu: GpuDevice, total: int, error: int) -> BudgetItem:
         return BudgetItem("total", "GPU total (CUDA)", total, PINNED,
                           "cudaMemGetInfo total (the --gpu size given, taken as the CUDA total)", error_bytes=error)
     return BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
-                      "cudaMemGetInfo total" + (" (catalog: published totals for this card)"
+                      "cudaMemGetInfo total" + (f" (catalog: {gpu.cuda_total_why})" if gpu.cuda_total_why else
+                                                " (catalog: published totals for this card)"
                                                 if gpu.cuda_total_bytes and gpu.source == "catalog" else
                                                 "" if gpu.cuda_total_bytes else
                                                 " = NVML total - driver reserve" if gpu.reserved_bytes else

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher.common.errors import WontFit
+from launcher.engines.checks_common import CheckInput
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm import rules as vr
 from launcher.model.catalog import hypothetical_gpus
@@ -163,3 +164,44 @@ def test_lora_takes_marlin_before_the_pin_on_0_19_and_0_20() -> None:
     assert weights.bytes == model.weight_bytes + MARLIN * EXPERT_LAYERS and weights.error_bytes == 0
     with pytest.raises(WontFit, match="TRITON"):
         _plan("rtx4090", "0.21.0", "--enable-lora", "--moe-backend", "triton")
+
+
+def _plan_exit(argv: list[str]) -> tuple[int, str]:
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "launcher", "plan", *argv], capture_output=True, text=True, timeout=60)
+    return run.returncode, run.stderr
+
+
+@pytest.mark.parametrize(("version", "name", "offered"), [
+    ("0.33.0", "aiter_triton_mxfp4_mxfp4", True),  # new in 0.33 (config/kernel.py:122)
+    ("0.32.0", "aiter_triton_mxfp4_mxfp4", False),
+    ("0.32.0", "flashinfer_moe_ep_mega_cutedsl", False),  # 0.29-0.31 only
+    ("0.30.0", "flashinfer_moe_ep_mega_cutedsl", True),
+    ("0.19.0", "emulation", False),  # from 0.20
+    ("0.20.0", "Deep-GEMM-Mega-MoE", True),  # lower-cased, '-' as '_' (arg_utils.py:1806)
+    ("0.17.1", "marlin", True),
+])
+def test_the_release_argparse_choices(version: str, name: str, offered: bool) -> None:
+    from launcher.engines.vllm.checks import _moe_backend_rules
+
+    rules = _moe_backend_rules(CheckInput(
+        geometry=_geometry(), device="cuda", compute_capability=(9, 0), gpu_count=1, tp=1, pp=1, dtype="bfloat16",
+        kv_cache_dtype=None, block_size=None, max_model_len=None, model_max_len=131072, engine_version=version,
+        moe_backend=name))
+    assert (not rules) == offered
+    if rules:
+        assert rules[0].bad_argument and "invalid choice" in rules[0].message
+
+
+@pytest.mark.parametrize(("argv", "text"), [
+    (["--", "--moe-backend", "x" * 100_000], "argument --moe-backend: invalid choice: 'xxxx"),
+    (["--engine-version", "0.19.0", "--", "--moe-backend", "emulation"], "invalid choice: 'emulation'"),
+    (["--engine-version", "0.16.0", "--", "--moe-backend", "marlin"], "unrecognized arguments: --moe-backend"),
+])
+def test_names_the_release_does_not_offer_are_usage_errors(argv: list[str], text: str) -> None:
+    """vLLM's argparse refuses them before reading a config: exit 2 on one line, for any model."""
+    code, err = _plan_exit(["qwen2.5-7b", "--gpu", "h100", *argv])
+    assert code == 2 and text in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2 and len(err) < 2000
