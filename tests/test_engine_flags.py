@@ -64,7 +64,7 @@ def test_argparse_spellings_the_engines_take() -> None:
 @pytest.mark.parametrize("flags", [["-O3"], ["-O", "3"], ["-O=3"], ["-O0", "--enforce-eager"], ["-Odecode"]])
 def test_vllm_optimization_short_flag_is_taken(flags: list[str]) -> None:
     """vLLM rewrites -O3 / -O 3 / -O=3 to --optimization-level (argparse_utils.py:358-369): not exit 2 (was)."""
-    for version in ("0.31.0", "0.32.0"):
+    for version in ("0.31.0", "0.32.0", "0.33.0"):
         assert check_engine_args(VLLM, version, flags) == ()
 
 
@@ -89,7 +89,7 @@ def test_a_leading_word_that_is_not_a_flag_is_exit_2(engine: str, argv: list[str
 
 def test_a_newer_release_than_our_table_warns_not_blocks() -> None:
     warnings = check_engine_args(VLLM, "0.40.0", ["--some-new-flag", "3"])
-    assert len(warnings) == 1 and "--some-new-flag" in warnings[0] and "0.32.0" in warnings[0]
+    assert len(warnings) == 1 and "--some-new-flag" in warnings[0] and "0.33.0" in warnings[0]
     with pytest.raises(UsageError, match="--context-length"):  # another engine's spelling: in every release
         check_engine_args(VLLM, "0.40.0", ["--context-length", "4096"])
     code, out, _ = run(["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--engine-version", "0.40.0", "--json",
@@ -102,6 +102,46 @@ def test_a_flag_of_another_release_warns() -> None:
     assert only_new, "0.32 adds flags over 0.31"
     warnings = check_engine_args(VLLM, "0.31.5", [only_new[0], "1"])  # between tables: not exact
     assert warnings and "another release" in warnings[0]
+
+
+@pytest.mark.parametrize(("table", "version", "flags", "said"), [
+    (SGLANG, "0.5.23", ["--attention-backend", "foo"], "argument --attention-backend: invalid choice: 'foo'"),
+    (SGLANG, "0.5.23", ["--moe-runner-backend=Triton"], "invalid choice: 'Triton'"),  # SGLang: as typed
+    (VLLM, "0.32.0", ["--moe-backend", "nope"], "argument --moe-backend: invalid choice: 'nope'"),
+    (VLLM, "0.32.0", ["--kv_cache_dtype", "fp9"], "argument --kv_cache_dtype: invalid choice: 'fp9'"),
+    (VLLM, "0.32.0", ["--moe-backe", "fp9"], "invalid choice: 'fp9'"),  # allow_abbrev: a unique prefix
+])
+def test_a_value_outside_argparse_choices_is_exit_2(table: object, version: str, flags: list[str],
+                                                     said: str) -> None:
+    """The engine's argparse refuses it before loading anything (engine_flags.py records `choices`)."""
+    with pytest.raises(UsageError, match="refuses the command line") as caught:
+        check_engine_args(table, version, flags)  # type: ignore[arg-type]
+    assert said in caught.value.message
+
+
+@pytest.mark.parametrize(("table", "version", "flags"), [
+    (SGLANG, "0.5.23", ["--attention-backend", "fa3", "--moe-runner-backend", "triton_kernel"]),
+    (VLLM, "0.32.0", ["--moe-backend", "Flashinfer-TRTLLM"]),  # vLLM lower-cases, '-' to '_' (arg_utils.py:1806)
+    (VLLM, "0.32.0", ["--kv-cache-dtype", "fp8", "--dtype=half"]),
+])
+def test_values_argparse_takes_pass(table: object, version: str, flags: list[str]) -> None:
+    assert check_engine_args(table, version, flags) == ()  # type: ignore[arg-type]
+
+
+def test_a_choice_of_an_unread_release_warns() -> None:
+    """0.32.5 sits between the tables: the newest read below it (0.32.0) vouches for nothing exactly."""
+    assert "aiter_triton_mxfp4_mxfp4" in VLLM.choices["0.33.0"]["--moe-backend"].values  # new in 0.33
+    with pytest.raises(UsageError, match="invalid choice"):
+        check_engine_args(VLLM, "0.32.0", ["--moe-backend", "aiter_triton_mxfp4_mxfp4"])
+    warnings = check_engine_args(VLLM, "0.32.5", ["--moe-backend", "brand_new"])
+    assert len(warnings) == 1 and "invalid choice: 'brand_new'" in warnings[0] and "the engine decides" in warnings[0]
+
+
+def test_the_refusal_is_one_line_through_the_cli() -> None:
+    code, out, err = run(["plan", "qwen2.5-7b", "--engine", "sglang", "--gpu", "h100", "--", "--attention-backend",
+                          "x" * 100_000])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) <= 2 and len(err) < 2_000, err[:300]
+    assert "SGLang 0.5.23 refuses the command line: argument --attention-backend: invalid choice" in err
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -135,7 +175,7 @@ def _live(python_env: str, engine: str, tmp_path: Path) -> dict[str, list[str]]:
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
-    return {"version": doc["version"], **doc["flags"]}
+    return {"version": doc["version"], "choices": doc["choices"], **doc["flags"]}
 
 
 @pytest.mark.slow
@@ -147,4 +187,15 @@ def test_the_table_is_the_installed_engines_argparse(engine: str, python_env: st
     table = json.loads((ROOT / f"launcher/engines/{engine}/argparse_flags.json").read_text())["versions"]
     if version not in table:
         pytest.skip(f"{engine} {version} installed; the table has {sorted(table)}")
+    choices = live.pop("choices")
     assert live == table[version]["flags"]
+    assert choices == table[version]["choices"]
+
+
+def test_vllm_033_keeps_the_hidden_negations() -> None:
+    """0.33's EnableDisableAction pairs --enable-x with --disable-x and keeps --no-enable-x registered
+    but hidden from help (utils/argparse_utils.py:120-151): both spellings are taken."""
+    for flags in (["--no-enable-prefix-caching"], ["--disable-prefix-caching"], ["--enable-prefix-caching"]):
+        assert check_engine_args(VLLM, "0.33.0", flags) == ()
+    with pytest.raises(UsageError, match="does not take engine flag --disable-prefix-caching"):
+        check_engine_args(VLLM, "0.32.0", ["--disable-prefix-caching"])

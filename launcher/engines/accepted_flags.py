@@ -17,13 +17,27 @@ import functools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.common.errors import UsageError
 from launcher.engines.versions import version_key
 
 _FLAG = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*")
+
+
+@dataclass(frozen=True)
+class Choices:
+    """An argument's argparse `choices` and how its `type` turns a value into one (argparse converts
+    first): "exact", "lower", or "lower_underscore" (vLLM's --moe-backend)."""
+
+    values: tuple[str, ...]
+    normalize: str = "exact"
+
+    def converted(self, value: str) -> str:
+        if self.normalize == "lower_underscore":
+            return value.lower().replace("-", "_")
+        return value.lower() if self.normalize == "lower" else value
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,8 @@ class AcceptedFlags:
     underscores: bool = True  # the parser also takes --max_model_len for --max-model-len
     # The engine's own rewriting of its argv before argparse sees it (vLLM: -O3 -> --optimization-level 3)
     rewrite: Callable[[Sequence[str]], list[str]] | None = None
+    # release -> option string -> that argument's choices (every spelling of it), where argparse has them
+    choices: Mapping[str, Mapping[str, Choices]] = field(default_factory=dict)
 
     def table_for(self, version: str | None) -> tuple[str, bool]:
         """The release whose table applies to `version`, and whether it is that release exactly
@@ -54,6 +70,18 @@ def load_table(path: Path) -> dict[str, frozenset[str]]:
     doc = json.loads(path.read_text())
     return {version: frozenset(s for spellings in entry["flags"].values() for s in spellings)
             for version, entry in doc["versions"].items()}
+
+
+def load_choices(path: Path) -> dict[str, dict[str, Choices]]:
+    """{release: {option string: choices}} from an argparse_flags.json (releases read with choices)."""
+    doc = json.loads(path.read_text())
+    table: dict[str, dict[str, Choices]] = {}
+    for version, entry in doc["versions"].items():
+        spellings = entry["flags"]
+        table[version] = {spelling: Choices(tuple(spec["values"]), str(spec.get("normalize", "exact")))
+                          for canonical, spec in (entry.get("choices") or {}).items()
+                          for spelling in spellings.get(canonical, [canonical])}
+    return table
 
 
 def _names(engine_args: Sequence[str]) -> list[str]:
@@ -113,4 +141,44 @@ def check_engine_args(table: AcceptedFlags, version: str | None, engine_args: Se
             warnings.append(f"engine flag {name} is not in {table.engine_label}'s argparse as of {release} "
                             f"(the newest we read is {sorted(table.versions, key=version_key)[-1]}); "
                             f"the engine decides")
-    return tuple(warnings)
+    return (*warnings, *_choice_warnings(table, release, exact, parsed))
+
+
+def _values(engine_args: Sequence[str]) -> list[tuple[str, str]]:
+    """(flag as written, its value) for `--x=v` and `--x v` (a next token that is not a flag)."""
+    found = []
+    for i, token in enumerate(engine_args):
+        name, eq, value = token.partition("=")
+        if not _FLAG.fullmatch(name):
+            continue
+        if eq:
+            found.append((name, value))
+        elif i + 1 < len(engine_args) and not engine_args[i + 1].startswith("-"):
+            found.append((name, engine_args[i + 1]))
+    return found
+
+
+def _choice_warnings(table: AcceptedFlags, release: str, exact: bool, engine_args: Sequence[str]) -> list[str]:
+    """A value outside its argument's argparse choices: exit 2 in a release read exactly (the engine's
+    argparse exits before loading anything), a warning in a release between or past the ones read."""
+    choices = table.choices.get(release)
+    if not choices:
+        return []
+    warnings: list[str] = []
+    accepted = table.versions[release]
+    for name, value in _values(engine_args):
+        normal = name.replace("_", "-") if table.underscores else name
+        prefixed = _prefixed(normal, accepted) if normal.startswith("--") and normal not in accepted else ()
+        allowed = choices.get(prefixed[0] if len(prefixed) == 1 else normal)  # allow_abbrev: a unique prefix
+        if allowed is None or allowed.converted(value) in allowed.values:
+            continue
+        shown = allowed.converted(value)
+        message = f"argument {name}: invalid choice: {shown!r} (choose from {', '.join(allowed.values)})"
+        if exact:
+            close = difflib.get_close_matches(shown, allowed.values, n=2, cutoff=0.6)
+            raise UsageError(f"{table.engine_label} {release} refuses the command line: {message}",
+                             hint=("did you mean " + " or ".join(f"{name} {c}" for c in close)) if close else
+                             f"{name} takes one of the values above")
+        warnings.append(f"{message} in {table.engine_label} {release}'s argparse (not the release planned "
+                        "for); the engine decides")
+    return warnings

@@ -27,7 +27,8 @@ def vllm_parser() -> tuple[str, str, argparse.ArgumentParser]:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
         from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined,no-redef]
-    for name in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+    for name in ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args",
+                 "vllm.entrypoints.openai.cli_args"):  # 0.33, 0.32, earlier
         try:
             module = importlib.import_module(name)
         except ImportError:
@@ -49,20 +50,61 @@ def sglang_parser() -> tuple[str, str, argparse.ArgumentParser]:
     return __version__, "sglang.srt.server_args.ServerArgs.add_cli_args", parser
 
 
+def _registered(parser: argparse.ArgumentParser, action: argparse.Action) -> list[str]:
+    """Every option string the parser matches for `action`: its own, and those registered but hidden
+    from help (vLLM 0.33's EnableDisableAction keeps `--no-enable-x` only in the parser's table,
+    utils/argparse_utils.py:120-151)."""
+    return sorted({*action.option_strings,
+                   *(s for s, a in parser._option_string_actions.items() if a is action)})
+
+
 def flags_of(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
     """Canonical (first long) spelling -> every option string of that argument."""
     flags = {}
     for action in parser._actions:
-        if not action.option_strings or "--help" in action.option_strings:
+        strings = _registered(parser, action)
+        if not strings or "--help" in strings:
             continue
-        longs = sorted(s for s in action.option_strings if s.startswith("--"))
-        flags[longs[0] if longs else action.option_strings[0]] = sorted(action.option_strings)
+        longs = [s for s in strings if s.startswith("--")]
+        flags[longs[0] if longs else strings[0]] = strings
     return flags
+
+
+# How argparse's `type` turns a value into what `choices` is checked against (argparse calls
+# `type` first): as typed (no type, or str), or lower-cased with '-' as '_' (vLLM's --moe-backend,
+# arg_utils.py:1806 in 0.32). Any other conversion is not recorded: its choices are not checked.
+_PROBE = "Ab-C"
+_NORMALIZATIONS = {"Ab-C": "exact", "ab_c": "lower_underscore", "ab-c": "lower"}
+
+
+def choices_of(parser: argparse.ArgumentParser) -> dict[str, dict[str, object]]:
+    """Canonical spelling -> {"values": the choices as strings, "normalize": how a value is turned into
+    one}, for the arguments with string choices and a conversion named in _NORMALIZATIONS."""
+    found: dict[str, dict[str, object]] = {}
+    for action in parser._actions:
+        if (not action.option_strings or action.choices is None or action.nargs is not None
+                or "--help" in action.option_strings):  # several values per flag: not checked
+            continue
+        # a set's order changes from run to run (SGLang's --sampling-backend): sorted then
+        values = sorted(action.choices) if isinstance(action.choices, (set, frozenset)) else list(action.choices)
+        if not values or not all(isinstance(v, str) for v in values):
+            continue
+        try:
+            converted = _PROBE if action.type in (None, str) else action.type(_PROBE)  # type: ignore[misc,operator]
+        except Exception:  # a type that refuses the probe: not a plain string conversion
+            continue
+        normalize = _NORMALIZATIONS.get(converted) if isinstance(converted, str) else None
+        if normalize is None:
+            continue
+        strings = _registered(parser, action)
+        longs = [s for s in strings if s.startswith("--")]
+        found[longs[0] if longs else strings[0]] = {"values": values, "normalize": normalize}
+    return found
 
 
 if __name__ == "__main__":
     engine, out = sys.argv[1], sys.argv[2]
     version, source, parser = vllm_parser() if engine == "vllm" else sglang_parser()
-    Path(out).write_text(json.dumps({"version": version, "source": source, "flags": flags_of(parser)},
-                                    indent=1, sort_keys=True) + "\n")
-    print(version, len(flags_of(parser)))
+    Path(out).write_text(json.dumps({"version": version, "source": source, "flags": flags_of(parser),
+                                     "choices": choices_of(parser)}, indent=1, sort_keys=True) + "\n")
+    print(version, len(flags_of(parser)), len(choices_of(parser)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.engines.accepted_flags import AcceptedFlags, load_table
+from launcher.engines.accepted_flags import AcceptedFlags, load_choices, load_table
 
 # vLLM's spelling -> SGLang's (vllm/engine/arg_utils.py beside sglang/srt/server_args.py).
 EQUIVALENTS = {
@@ -33,4 +33,5 @@ MODEL_FLAGS = frozenset({"--model-path", "--model"})
 
 # SGLang's plain argparse.ArgumentParser takes no underscore spellings it does not list itself.
 ACCEPTED = AcceptedFlags("SGLang", load_table(Path(__file__).with_name("argparse_flags.json")), EQUIVALENTS,
-                         MODEL_FLAGS, underscores=False)
+                         MODEL_FLAGS, underscores=False,
+                         choices=load_choices(Path(__file__).with_name("argparse_flags.json")))

@@ -1,6 +1,8 @@
 """The flags vLLM's own argparse takes, by release (argparse_flags.json, read from vLLM's code by
 tests/oracles/engine_flags.py: vllm/entrypoints/launchers/cli_args.py:421 make_arg_parser and
-vllm/engine/arg_utils.py:934 EngineArgs.add_cli_args on 0.32), and SGLang's spellings of vLLM's.
+vllm/engine/arg_utils.py:934 EngineArgs.add_cli_args on 0.32; vllm/entrypoints/common/cli_args.py:431 on
+0.33, whose hidden `--no-enable-x` spellings stay registered), with each argument's argparse choices, and
+SGLang's spellings of vLLM's.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.engines.accepted_flags import AcceptedFlags, load_table
+from launcher.engines.accepted_flags import AcceptedFlags, load_choices, load_table
 
 # SGLang's spelling -> vLLM's (sglang/srt/server_args.py beside vllm/engine/arg_utils.py).
 EQUIVALENTS = {
@@ -51,4 +53,5 @@ def optimization_short_flag(engine_args: Sequence[str]) -> list[str]:
 
 ACCEPTED = AcceptedFlags("vLLM", load_table(Path(__file__).with_name("argparse_flags.json")), EQUIVALENTS,
                          MODEL_FLAGS, underscores=True,  # FlexibleArgumentParser: _ -> - (argparse_utils.py:337)
-                         rewrite=optimization_short_flag)
+                         rewrite=optimization_short_flag,
+                         choices=load_choices(Path(__file__).with_name("argparse_flags.json")))
