@@ -199,3 +199,17 @@ def test_vllm_033_keeps_the_hidden_negations() -> None:
         assert check_engine_args(VLLM, "0.33.0", flags) == ()
     with pytest.raises(UsageError, match="does not take engine flag --disable-prefix-caching"):
         check_engine_args(VLLM, "0.32.0", ["--disable-prefix-caching"])
+
+
+def test_each_release_read_is_its_own_argparse() -> None:
+    """Tables for vLLM 0.19-0.33 and SGLang 0.5.2-0.5.23 (engine_flags.py on each release's tree): a
+    flag or value is taken exactly by the releases that had it."""
+    assert check_engine_args(VLLM, "0.19.0", ["--calculate-kv-scales"]) == ()  # removed before 0.31
+    with pytest.raises(UsageError, match="vLLM 0.31.0 does not take engine flag --calculate-kv-scales"):
+        check_engine_args(VLLM, "0.31.0", ["--calculate-kv-scales"])
+    assert check_engine_args(SGLANG, "0.5.9", ["--attention-backend", "fa4"]) == ()
+    with pytest.raises(UsageError, match="SGLang 0.5.2 refuses the command line: argument --attention-backend: "
+                                         "invalid choice: 'fa4'"):
+        check_engine_args(SGLANG, "0.5.2", ["--attention-backend", "fa4"])
+    warnings = check_engine_args(SGLANG, "0.5.5", ["--attention-backend", "fa4"])  # between 0.5.2 and 0.5.9
+    assert len(warnings) == 1 and "SGLang 0.5.2's argparse" in warnings[0]
