@@ -65,23 +65,19 @@ class AcceptedFlags:
         return chosen, version_key(chosen) == version_key(version)
 
 
-def load_table(path: Path) -> dict[str, frozenset[str]]:
-    """{release: option strings} from an argparse_flags.json."""
+def load_table(path: Path) -> tuple[dict[str, frozenset[str]], dict[str, dict[str, Choices]]]:
+    """From one argparse_flags.json: {release: option strings}, and {release: {option string: choices}}
+    (every spelling of an argument with choices)."""
     doc = json.loads(path.read_text())
-    return {version: frozenset(s for spellings in entry["flags"].values() for s in spellings)
-            for version, entry in doc["versions"].items()}
-
-
-def load_choices(path: Path) -> dict[str, dict[str, Choices]]:
-    """{release: {option string: choices}} from an argparse_flags.json (releases read with choices)."""
-    doc = json.loads(path.read_text())
-    table: dict[str, dict[str, Choices]] = {}
+    flags: dict[str, frozenset[str]] = {}
+    choices: dict[str, dict[str, Choices]] = {}
     for version, entry in doc["versions"].items():
         spellings = entry["flags"]
-        table[version] = {spelling: Choices(tuple(spec["values"]), str(spec.get("normalize", "exact")))
-                          for canonical, spec in (entry.get("choices") or {}).items()
-                          for spelling in spellings.get(canonical, [canonical])}
-    return table
+        flags[version] = frozenset(s for strings in spellings.values() for s in strings)
+        choices[version] = {spelling: Choices(tuple(spec["values"]), str(spec.get("normalize", "exact")))
+                            for canonical, spec in (entry.get("choices") or {}).items()
+                            for spelling in spellings.get(canonical, [canonical])}
+    return flags, choices
 
 
 def _names(engine_args: Sequence[str]) -> list[str]:
@@ -170,9 +166,11 @@ def _choice_warnings(table: AcceptedFlags, release: str, exact: bool, engine_arg
         normal = name.replace("_", "-") if table.underscores else name
         prefixed = _prefixed(normal, accepted) if normal.startswith("--") and normal not in accepted else ()
         allowed = choices.get(prefixed[0] if len(prefixed) == 1 else normal)  # allow_abbrev: a unique prefix
-        if allowed is None or allowed.converted(value) in allowed.values:
+        if allowed is None:
             continue
         shown = allowed.converted(value)
+        if shown in allowed.values:
+            continue
         message = f"argument {name}: invalid choice: {shown!r} (choose from {', '.join(allowed.values)})"
         if exact:
             close = difflib.get_close_matches(shown, allowed.values, n=2, cutoff=0.6)

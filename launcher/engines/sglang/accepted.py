@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.engines.accepted_flags import AcceptedFlags, load_choices, load_table
+from launcher.engines.accepted_flags import AcceptedFlags, load_table
 
 # vLLM's spelling -> SGLang's (vllm/engine/arg_utils.py beside sglang/srt/server_args.py).
 EQUIVALENTS = {
@@ -32,6 +32,7 @@ EQUIVALENTS = {
 MODEL_FLAGS = frozenset({"--model-path", "--model"})
 
 # SGLang's plain argparse.ArgumentParser takes no underscore spellings it does not list itself.
-ACCEPTED = AcceptedFlags("SGLang", load_table(Path(__file__).with_name("argparse_flags.json")), EQUIVALENTS,
+_FLAGS, _CHOICES = load_table(Path(__file__).with_name("argparse_flags.json"))
+ACCEPTED = AcceptedFlags("SGLang", _FLAGS, EQUIVALENTS,
                          MODEL_FLAGS, underscores=False,
-                         choices=load_choices(Path(__file__).with_name("argparse_flags.json")))
+                         choices=_CHOICES)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.engines.accepted_flags import AcceptedFlags, load_choices, load_table
+from launcher.engines.accepted_flags import AcceptedFlags, load_table
 
 # SGLang's spelling -> vLLM's (sglang/srt/server_args.py beside vllm/engine/arg_utils.py).
 EQUIVALENTS = {
@@ -51,7 +51,8 @@ def optimization_short_flag(engine_args: Sequence[str]) -> list[str]:
     return rewritten
 
 
-ACCEPTED = AcceptedFlags("vLLM", load_table(Path(__file__).with_name("argparse_flags.json")), EQUIVALENTS,
+_FLAGS, _CHOICES = load_table(Path(__file__).with_name("argparse_flags.json"))
+ACCEPTED = AcceptedFlags("vLLM", _FLAGS, EQUIVALENTS,
                          MODEL_FLAGS, underscores=True,  # FlexibleArgumentParser: _ -> - (argparse_utils.py:337)
                          rewrite=optimization_short_flag,
-                         choices=load_choices(Path(__file__).with_name("argparse_flags.json")))
+                         choices=_CHOICES)
