@@ -95,7 +95,9 @@ def config_cases() -> Iterator[tuple[str, object]]:
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
+    # The output path comes first; a flag in its place (``plan_grid.py --quick``) once wrote
+    # a file named "--quick" into the checkout.
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         print(__doc__)
         return 2
     quick = "--quick" in sys.argv[2:]

@@ -15,7 +15,8 @@ ENGINES_DIR = Path(__file__).resolve().parents[1].parent / "launcher" / "engines
 LAYOUT = {"__init__.py", "adapter.py", "architectures.py", "budget.py", "checks.py", "kv.py", "logs.py",
           "planner.py", "rules.py", "runtime.py", "accepted.py"}
 # What one engine needs beyond the shared layout, named so a new module is a decision, not an accident.
-EXTRA = {"vllm": {"hybrid.py", "compilation.py"}, "sglang": set()}  # compilation: the CUDA-graph flags
+# compilation: the CUDA-graph flags; parameters: the tensors SGLang's loader allocates, tensor by tensor
+EXTRA = {"vllm": {"hybrid.py", "compilation.py"}, "sglang": {"parameters.py"}}
 
 
 @pytest.mark.parametrize("engine", ENGINES)

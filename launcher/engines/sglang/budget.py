@@ -16,6 +16,7 @@ from typing import Any
 from launcher.common.units import GiB
 from launcher.engines.checks_common import lines_for
 from launcher.engines.online_quant import kept_layers, quantized_weights
+from launcher.engines.sglang import parameters
 from launcher.engines.sglang.architectures import breakable_graph_multimodal_ok
 from launcher.engines.sglang.rules import RULES, SglangRules
 from launcher.engines.versions import version_key
@@ -282,18 +283,7 @@ def pool_tokens(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: f
 # `get_available_gpu_memory` empties the cache before A (utils/common.py:446-447): what remains beyond
 # the tensors is the allocator's rounding of the segments that hold them, and the buffers the model
 # code adds (the rotary cos/sin cache).
-# torch 2.13 include/c10/core/AllocatorConfig.h:17-25 (CUDACachingAllocator's get_allocation_size):
-SMALL_SIZE = 1 << 20  # up to 1 MiB: packed in 2 MiB segments
-SMALL_BUFFER = 2 << 20
-MIN_LARGE_ALLOC = 10 << 20  # 1-10 MiB: packed in 20 MiB segments
-LARGE_BUFFER = 20 << 20
-ROUND_LARGE = 2 << 20  # 10 MiB or more: a segment of its own, rounded up to 2 MiB
-MIN_BLOCK = 512  # every request rounded up to 512 B
-VOCAB_PADDING = 64  # DEFAULT_VOCAB_PADDING_SIZE (layers/vocab_parallel_embedding.py:48, :273-290)
-ROPE_CACHE_DTYPE_BYTES = 4  # cos_sin_cache stays float32 on CUDA (layers/rotary_embedding/base.py:115-120)
-# Dense decoders whose SGLang modules are the fused qkv_proj / o_proj / gate_up_proj / down_proj
-# (models/llama.py, models/qwen2.py, models/qwen3.py; Mistral runs llama.py's classes).
-DENSE_DECODERS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+# The tensors and the allocator's rules: launcher/engines/sglang/parameters.py.
 # Beyond the parameters and the rope cache: kernels loaded lazily during the load, the sampler and
 # the small buffers of the modules. Three published starts (tests/data/startup-logs: R1-Distill-Qwen-7B
 # on an RTX 3090, Qwen3-14B and QwQ-32B at TP 4) left 0-46 MiB beyond the derived figure (each
@@ -599,25 +589,24 @@ class LoadOverhead:
     detail: str
 
 
-def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int,
-                  quantized_online: bool = False) -> LoadOverhead:
-    """Derived from SGLang's modules where their tensors are known (unquantized dense decoders on one
+def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int, quantized_online: bool = False,
+                  compute_capability: tuple[int, int] | None = None) -> LoadOverhead:
+    """Derived from SGLang's modules where their tensors are known (parameters.loader_tensors, one
     pipeline stage, not quantized while loading), else bounded by the layer count, with the wider error
     that leaves."""
-    rope = rope_cache_bytes(geometry)
     element = _DTYPE_BYTES.get(dtype)
-    if (geometry.architecture not in DENSE_DECODERS or geometry.quantization is not None or quantized_online or pp != 1
-            or rope is None or element is None or not geometry.intermediate_size):
-        return _bounded_overhead(geometry, rope, pp, "weights quantized while loading" if quantized_online else
-                                 "this model")
-    tensors = dense_parameter_bytes(geometry, element=element, tp=tp)
-    padding = _vocab_padding_bytes(geometry, element=element, tp=tp)
-    rounding = allocator_slack_bytes(tensors)
+    loader = None if quantized_online or pp != 1 or element is None else \
+        parameters.loader_tensors(geometry, element=element, tp=tp)
+    if loader is None or not parameters.post_load_is_derived(loader, compute_capability):
+        return _bounded_overhead(geometry, parameters.rope_cache_bytes(geometry), pp,
+                                 "weights quantized while loading" if quantized_online else "this model")
+    rounding = parameters.allocator_slack_bytes(loader.tensors)
+    repack, repack_error, repack_rule = parameters.repack_leftovers(loader, compute_capability)
     return LoadOverhead(
-        rope + padding + rounding + LOAD_RESIDUAL_BYTES, LOAD_RESIDUAL_ERROR_BYTES,
-        f"derived: rope cache {rope / 2**20:.0f} MiB + allocator rounding of {len(tensors)} parameter tensors "
-        f"{rounding / 2**20:.0f} MiB" + (f" + vocab padding {padding / 2**20:.0f} MiB" if padding else "")
-        + f" + {LOAD_RESIDUAL_BYTES >> 20} MiB residual")
+        loader.engine_only_bytes + rounding + repack + LOAD_RESIDUAL_BYTES, LOAD_RESIDUAL_ERROR_BYTES + repack_error,
+        f"derived: {loader.rule}: {loader.engine_only_bytes / 2**20:.0f} MiB no checkpoint holds ("
+        + ", ".join(loader.engine_only) + f") + allocator rounding {rounding / 2**20:.0f} MiB"
+        + (f" + {repack_rule}" if repack_rule else "") + f" + {LOAD_RESIDUAL_BYTES >> 20} MiB residual")
 
 
 def _bounded_overhead(geometry: ModelGeometry, rope: int | None, pp: int, what: str) -> LoadOverhead:
@@ -631,69 +620,3 @@ def _bounded_overhead(geometry: ModelGeometry, rope: int | None, pp: int, what: 
         rounding + rope_bytes + LOAD_RESIDUAL_BYTES, rounding + rope_error + LOAD_RESIDUAL_ERROR_BYTES,
         f"estimated: SGLang's parameter tensors are not derived for {what}; up to {2 * per_layer} MiB "
         "of allocator rounding per layer" + ("" if rope is not None else ", a rope cache of 0-64 MiB"))
-
-
-def rope_cache_bytes(geometry: ModelGeometry) -> int | None:
-    """The float32 cos/sin cache of one rotary embedding (max_position x rotary_dim), None where its
-    length depends on a scaling SGLang sizes otherwise (only plain and llama3 ropes keep max_position)."""
-    text = geometry.text_config
-    scaling = text.get("rope_scaling")
-    if scaling is not None and (not isinstance(scaling, Mapping) or "mrope_section" in scaling
-                                or scaling.get("rope_type", scaling.get("type")) not in ("llama3", "default")):
-        return None
-    positions = text.get("max_position_embeddings")
-    factor = text.get("partial_rotary_factor", 1)
-    if not isinstance(positions, int) or not isinstance(factor, (int, float)):
-        return None
-    return positions * int(factor * geometry.head_dim) * ROPE_CACHE_DTYPE_BYTES
-
-
-def _padded_vocab_rows(vocab: int, tp: int) -> int:
-    """Rows of one rank's embedding: the vocab padded to 64 (64 x tp when that does not split)."""
-    pad = VOCAB_PADDING if -(-vocab // VOCAB_PADDING) * VOCAB_PADDING % tp == 0 else VOCAB_PADDING * tp
-    return -(-vocab // pad) * pad // tp
-
-
-def _vocab_padding_bytes(geometry: ModelGeometry, *, element: int, tp: int) -> int:
-    """Rows SGLang adds to the embedding (and an untied lm_head) beyond the checkpoint's share."""
-    extra = (_padded_vocab_rows(geometry.vocab_size, tp) * tp - geometry.vocab_size) // tp
-    return extra * geometry.hidden_size * element * (1 if geometry.tie_word_embeddings else 2)
-
-
-def dense_parameter_bytes(geometry: ModelGeometry, *, element: int, tp: int) -> list[int]:
-    """One rank's parameter tensors in the order SGLang's modules create them (bytes)."""
-    hidden, head, layers = geometry.hidden_size, geometry.head_dim, geometry.num_layers
-    inter = (geometry.intermediate_size or 0) // tp
-    heads = geometry.num_attention_heads // tp
-    kv_heads = max(geometry.num_kv_heads // tp, 1)  # QKVParallelLinear replicates below one head (linear.py:1140)
-    qkv_rows = (heads + 2 * kv_heads) * head
-    vocab = _padded_vocab_rows(geometry.vocab_size, tp) * hidden * element
-    qkv_bias = geometry.architecture == "Qwen2ForCausalLM" or bool(geometry.text_config.get("attention_bias"))
-    qk_norms = geometry.architecture == "Qwen3ForCausalLM"
-    layer = [qkv_rows * hidden * element, *([qkv_rows * element] if qkv_bias else []),
-             hidden * heads * head * element, *([head * element] * 2 if qk_norms else []),
-             2 * inter * hidden * element, hidden * inter * element, hidden * element, hidden * element]
-    return [vocab, *layer * layers, hidden * element, *([] if geometry.tie_word_embeddings else [vocab])]
-
-
-def allocator_slack_bytes(tensors: list[int]) -> int:
-    """Bytes the caching allocator's segments hold beyond `tensors`, allocated in order and kept:
-    best fit among the free blocks, else a new segment (`get_allocation_size`), split when the rest
-    is worth a block (more than 1 MiB in the large pool, 512 B in the small one)."""
-    free: dict[bool, list[int]] = {True: [], False: []}  # small pool, large pool
-    reserved = 0
-    for size in tensors:
-        size = -(-size // MIN_BLOCK) * MIN_BLOCK
-        small = size <= SMALL_SIZE
-        fits = [block for block in free[small] if block >= size]
-        if fits:
-            block = min(fits)
-            free[small].remove(block)
-        else:
-            block = SMALL_BUFFER if small else LARGE_BUFFER if size < MIN_LARGE_ALLOC else \
-                -(-size // ROUND_LARGE) * ROUND_LARGE
-            reserved += block
-        rest = block - size
-        if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
-            free[small].append(rest)
-    return reserved - sum(tensors)

@@ -369,7 +369,7 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
                                    moe_runner_backend=setup.pinned.get("--moe-runner-backend"),
                                    quantization=setup.pinned.get("--quantization"))
     load = sb.load_overhead(setup.geometry, dtype=setup.dtype, tp=setup.tp, pp=setup.pp,
-                            quantized_online=online is not None)
+                            quantized_online=online is not None, compute_capability=gpu.compute_capability)
     if cal is not None and cal.load_overhead_bytes is not None:
         load = sb.LoadOverhead(cal.load_overhead_bytes, 0, f"measured at an earlier start ({cal.key})")
     pre_load = _pre_load(setup)

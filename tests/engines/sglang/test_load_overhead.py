@@ -13,6 +13,7 @@ import yaml
 
 from launcher.common.units import GiB, MiB
 from launcher.engines.sglang import budget as sb
+from launcher.engines.sglang import parameters
 from launcher.model.catalog import hypothetical_gpus
 from launcher.model.config import geometry_from_config
 from launcher.model.resolve import resolve_model
@@ -38,20 +39,24 @@ class TestAllocatorSlack:
         ([100 * MiB], 0),
     ])
     def test_segments_beyond_the_tensors(self, tensors: list[int], slack: int) -> None:
-        assert sb.allocator_slack_bytes(tensors) == slack
+        assert parameters.allocator_slack_bytes(tensors) == slack
 
     def test_qwen2_5_7b_parameters(self) -> None:
-        """199 tensors whose bytes are the checkpoint's; 3.5 MiB of rounding per layer."""
-        geometry = resolve_model("qwen2.5-7b").geometry
-        tensors = sb.dense_parameter_bytes(geometry, element=2, tp=1)
-        assert (len(tensors), sum(tensors)) == (199, resolve_model("qwen2.5-7b").weight_bytes)
-        assert sb.allocator_slack_bytes(tensors) == 105_239_552  # 100.4 MiB
+        """199 tensors whose bytes are the checkpoint's, and the rope cache; 3.5 MiB of rounding per layer."""
+        model = resolve_model("qwen2.5-7b")
+        loader = parameters.loader_tensors(model.geometry, element=2, tp=1)
+        assert loader is not None and loader.engine_only_bytes == 32768 * 128 * 4
+        assert (len(loader.tensors), sum(loader.tensors)) == (200, model.weight_bytes + loader.engine_only_bytes)
+        assert parameters.allocator_slack_bytes(loader.tensors) == 105_239_552  # 100.4 MiB
 
 
 def test_rope_cache_is_float32_max_position_by_rotary_dim() -> None:
-    assert sb.rope_cache_bytes(resolve_model("llama-3.1-8b").geometry) == 131072 * 128 * 4  # llama3 scaling
-    yarn = geometry_from_config({**QWQ_32B, "rope_scaling": {"type": "yarn", "factor": 4.0}})
-    assert sb.rope_cache_bytes(yarn) is None  # YaRN sizes its cache by the factor: not derived
+    assert parameters.rope_cache_bytes(resolve_model("llama-3.1-8b").geometry) == 131072 * 128 * 4  # llama3
+    yarn = geometry_from_config({**QWQ_32B, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                              "original_max_position_embeddings": 32768}})
+    assert parameters.rope_cache_bytes(yarn) == 32768 * 4 * 128 * 4  # YaRN: the original length x the factor
+    dynamic = geometry_from_config({**QWQ_32B, "rope_scaling": {"type": "dynamic", "factor": 4.0}})
+    assert parameters.rope_cache_bytes(dynamic) is None  # not derived
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +76,9 @@ def test_derived_leftovers_cover_published_starts(logged: dict, case_id: str, mo
     """Load begin/end avail mem (or mem usage) less the checkpoint's share: within the residual's error."""
     log = logged[case_id]["log"]
     geometry = resolve_model(model).geometry if model else geometry_from_config(QWQ_32B)
-    weights = resolve_model(model).weight_bytes if model else sum(sb.dense_parameter_bytes(geometry, element=2, tp=1))
+    loader = parameters.loader_tensors(geometry, element=2, tp=1)
+    assert loader is not None
+    weights = resolve_model(model).weight_bytes if model else sum(loader.tensors) - loader.engine_only_bytes
     usage = re.search(r"mem usage=([\d.]+) GB", log)
     begin = re.search(r"Load weight begin\. avail mem=([\d.]+)", log)
     end = re.search(r"Load weight end\..*?avail mem=([\d.]+)", log)
@@ -82,11 +89,30 @@ def test_derived_leftovers_cover_published_starts(logged: dict, case_id: str, mo
     assert abs(derived.bytes - observed) <= derived.error_bytes == sb.LOAD_RESIDUAL_ERROR_BYTES
 
 
-def test_underived_models_are_bounded_by_layers() -> None:
-    """Qwen2.5-7B-AWQ: tensors not derived (quantized): 4 MiB +/- 4 MiB a layer, rope 16 MiB, residual."""
-    overhead = sb.load_overhead(resolve_model("qwen2.5-7b-awq").geometry, dtype="float16", tp=1, pp=1)
-    assert (overhead.bytes, overhead.error_bytes) == (152 * MiB, 144 * MiB)
-    assert overhead.detail.startswith("estimated")
+def test_awq_leftovers_are_derived_with_the_marlin_repack_bounded() -> None:
+    """Qwen2.5-7B-AWQ: its 424 tensors derived (165 MiB of rounding, the 16 MiB rope cache); on sm80+
+    awq_marlin replaces 12 tensor sizes a layer and adds 112 workspaces: 2 MiB + 56 +/- 56 MiB more."""
+    geometry = resolve_model("qwen2.5-7b-awq").geometry
+    turing = sb.load_overhead(geometry, dtype="float16", tp=1, pp=1, compute_capability=(7, 5))
+    ada = sb.load_overhead(geometry, dtype="float16", tp=1, pp=1, compute_capability=(8, 9))
+    unknown = sb.load_overhead(geometry, dtype="float16", tp=1, pp=1)
+    assert (turing.bytes, turing.error_bytes) == (215_294_976, 32 * MiB)
+    assert (ada.bytes - turing.bytes, ada.error_bytes) == (58 * MiB, 88 * MiB)
+    assert unknown == ada  # a card not known: the repack counted
+    assert turing.detail.startswith("derived: 424 tensors") and "Marlin repack" in ada.detail
+
+
+def test_fp8_below_sm89_and_unknown_models_stay_bounded() -> None:
+    """compressed-tensors FP8 below sm89 runs the W8A16 Marlin scheme (not derived); gpt-oss's MXFP4
+    experts are not derived either: both bounded by the layer count."""
+    fp8 = resolve_model("qwen2.5-7b-fp8").geometry
+    ampere = sb.load_overhead(fp8, dtype="bfloat16", tp=1, pp=1, compute_capability=(8, 6))
+    ada = sb.load_overhead(fp8, dtype="bfloat16", tp=1, pp=1, compute_capability=(8, 9))
+    assert (ampere.bytes, ampere.error_bytes) == (152 * MiB, 144 * MiB) and ampere.detail.startswith("estimated")
+    assert ada.error_bytes == 32 * MiB and ada.detail.startswith("derived: 312 tensors")
+    oss = sb.load_overhead(resolve_model("gpt-oss-20b").geometry, dtype="bfloat16", tp=1, pp=1,
+                           compute_capability=(9, 0))
+    assert (oss.bytes, oss.error_bytes) == (248 * MiB, 224 * MiB)
 
 
 def _plan(model: str, gpu: str) -> object:

@@ -1,0 +1,362 @@
+"""The tensors SGLang's loader allocates for one rank of a model, from SGLang's module code, and what
+PyTorch's caching allocator holds for them.
+
+SGLang builds the modules on the device (0.5.23 model_loader/loader.py:1012-1016), so every parameter
+and registered buffer is one allocation, in the order the modules create them; the pool is measured
+after `empty_cache()` (utils/common.py:446-447), so what stays beyond the tensors is the rounding of
+the segments that hold them. The tensor lists below are checked, tensor by tensor, against the
+modules SGLang 0.5.23 itself builds (tests/oracles/sglang_params.py -> tests/data/sglang_params.json).
+
+Covered: Llama, Mistral, Qwen2, Qwen3 (unquantized, AWQ, compressed-tensors FP8), Gemma 2, the fused
+MoE decoders Qwen3-MoE and Mixtral, DeepSeek-V2 without a q LoRA (unquantized). Anything else is
+bounded by the caller (budget.load_overhead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.model.config import ModelGeometry
+
+# torch 2.13 include/c10/core/AllocatorConfig.h:17-25 (CUDACachingAllocator's get_allocation_size):
+SMALL_SIZE = 1 << 20  # up to 1 MiB: packed in 2 MiB segments
+SMALL_BUFFER = 2 << 20
+MIN_LARGE_ALLOC = 10 << 20  # 1-10 MiB: packed in 20 MiB segments
+LARGE_BUFFER = 20 << 20
+ROUND_LARGE = 2 << 20  # 10 MiB or more: a segment of its own, rounded up to 2 MiB
+MIN_BLOCK = 512  # every request rounded up to 512 B
+VOCAB_PADDING = 64  # DEFAULT_VOCAB_PADDING_SIZE (layers/vocab_parallel_embedding.py:48, :273-290)
+ROPE_CACHE_DTYPE_BYTES = 4  # cos_sin_cache stays float32 on CUDA (layers/rotary_embedding/base.py:115-120)
+
+# Dense decoders whose SGLang modules are the fused qkv_proj / o_proj / gate_up_proj / down_proj
+# (models/llama.py, models/qwen2.py, models/qwen3.py; Mistral runs llama.py's classes).
+DENSE_DECODERS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+GEMMA2 = "Gemma2ForCausalLM"
+FUSED_MOE = frozenset({"Qwen3MoeForCausalLM", "MixtralForCausalLM"})
+DEEPSEEK_V2 = "DeepseekV2ForCausalLM"
+
+
+@dataclass(frozen=True)
+class LoaderTensors:
+    """One rank's tensors in creation order, and the part of their bytes no checkpoint holds."""
+
+    tensors: tuple[int, ...]
+    engine_only_bytes: int  # rope cache, vocab padding rows, Gemma's second norm weights
+    engine_only: tuple[str, ...]  # what those bytes are
+    quantized_with: str | None  # the linear layers' scheme: None, "awq", "fp8-channel", "fp8-tensor"
+    rule: str
+    # The quantized linear layers' tensors (bias aside) of one layer, and the number of linear layers:
+    # what a Marlin repack after loading replaces (repack_leftovers).
+    layer_linear_tensors: tuple[int, ...] = ()
+    linear_layers: int = 0
+
+
+# --------------------------------------------------------------------------- rope cache
+
+
+def rope_cache_bytes(geometry: ModelGeometry) -> int | None:
+    """The float32 cos/sin cache of the model's rotary embedding (positions x rotary_dim), None where
+    SGLang sizes it by a rule not derived here. Plain and llama3 ropes keep max_position_embeddings;
+    YaRN (rotary_embedding/rope_variant.py, YaRNScalingRotaryEmbedding and DeepSeek's) caches
+    original_max_position_embeddings x factor positions."""
+    text = geometry.text_config
+    positions = text.get("max_position_embeddings")
+    factor = text.get("partial_rotary_factor", 1)
+    rotary = text.get("qk_rope_head_dim") if geometry.mla is not None else int(factor * geometry.head_dim) \
+        if isinstance(factor, (int, float)) else None
+    if not isinstance(positions, int) or not isinstance(rotary, int):
+        return None
+    scaling = text.get("rope_scaling")
+    if scaling is None:
+        return positions * rotary * ROPE_CACHE_DTYPE_BYTES
+    if not isinstance(scaling, Mapping) or "mrope_section" in scaling:
+        return None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in ("llama3", "default"):
+        return positions * rotary * ROPE_CACHE_DTYPE_BYTES
+    if kind in ("yarn", "deepseek_yarn"):
+        original, scale = scaling.get("original_max_position_embeddings", positions), scaling.get("factor")
+        if isinstance(original, int) and isinstance(scale, (int, float)):
+            return int(original * scale) * rotary * ROPE_CACHE_DTYPE_BYTES
+    return None
+
+
+# --------------------------------------------------------------------------- vocabulary
+
+
+def padded_vocab_rows(vocab: int, tp: int) -> int:
+    """Rows of one rank's embedding: the vocab padded to 64 (64 x tp when that does not split)."""
+    pad = VOCAB_PADDING if -(-vocab // VOCAB_PADDING) * VOCAB_PADDING % tp == 0 else VOCAB_PADDING * tp
+    return -(-vocab // pad) * pad // tp
+
+
+def vocab_padding_bytes(geometry: ModelGeometry, *, element: int, tp: int, tied: bool) -> int:
+    """Rows SGLang adds to the embedding (and an untied lm_head) beyond the checkpoint's share."""
+    extra = (padded_vocab_rows(geometry.vocab_size, tp) * tp - geometry.vocab_size) // tp
+    return extra * geometry.hidden_size * element * (1 if tied else 2)
+
+
+# --------------------------------------------------------------------------- linear layers
+
+
+@dataclass(frozen=True)
+class _Scheme:
+    name: str | None  # None (model dtype), "awq", "fp8-channel", "fp8-tensor"
+    group_size: int = 0
+
+
+def _scheme(geometry: ModelGeometry) -> _Scheme | None:
+    """The linear layers' tensors per SGLang's quantization method, None where not derived."""
+    if geometry.quantization is None:
+        return _Scheme(None)
+    config = geometry.text_config.get("quantization_config")
+    if not isinstance(config, Mapping):
+        return None
+    method = geometry.quantization.method
+    if method == "awq" and config.get("bits", config.get("w_bit")) == 4 and config.get("zero_point", True):
+        group = config.get("group_size", config.get("q_group_size"))
+        # AWQ GEMM (layers/quantization/awq/awq.py create_weights): qweight int32 [in, out/8], qzeros
+        # int32 [in/group, out/8], scales fp16 [in/group, out]; awq_marlin (sm80+) creates the same.
+        return _Scheme("awq", group) if isinstance(group, int) and group > 0 else None
+    if method == "compressed-tensors":
+        groups = config.get("config_groups")
+        if not isinstance(groups, Mapping) or len(groups) != 1:
+            return None
+        group_config = next(iter(groups.values()))
+        weights, inputs = group_config.get("weights") or {}, group_config.get("input_activations") or {}
+        if weights.get("type") != "float" or weights.get("num_bits") != 8 or config.get("ignore") not in (
+                ["lm_head"], None) or weights.get("dynamic"):
+            return None
+        # compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py create_weights: fp8 weight; a float32
+        # weight_scale per output row (channel) or per fused part (tensor); a static input scale per part.
+        if weights.get("strategy") == "channel" and inputs.get("dynamic"):
+            return _Scheme("fp8-channel")
+        if weights.get("strategy") == "tensor" and inputs.get("dynamic") is False:
+            return _Scheme("fp8-tensor")
+    return None
+
+
+def _linear(rows: int, cols: int, parts: int, element: int, scheme: _Scheme, bias: bool) -> list[int]:
+    """One rank's tensors of a linear layer of `rows` outputs and `cols` inputs (after the split),
+    fused from `parts` checkpoint matrices, in the order its quantization method creates them."""
+    if scheme.name == "awq":
+        groups = cols // scheme.group_size
+        tensors = [cols * rows // 8 * 4, groups * rows // 8 * 4, groups * rows * 2]
+    elif scheme.name == "fp8-channel":
+        tensors = [rows * cols, rows * 4]
+    elif scheme.name == "fp8-tensor":
+        tensors = [rows * cols, parts * 4, parts * 4]
+    else:
+        tensors = [rows * cols * element]
+    return tensors + ([rows * element] if bias else [])
+
+
+# --------------------------------------------------------------------------- decoders
+
+
+def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderTensors | None:
+    """The tensors SGLang creates for one rank (one pipeline stage holding every layer), or None."""
+    scheme = _scheme(geometry)
+    rope = rope_cache_bytes(geometry)
+    if scheme is None or rope is None or geometry.is_multimodal:
+        return None
+    architecture = geometry.architecture
+    linear_tensors: list[int] = []
+    layers: list[int] | None
+    if architecture in DENSE_DECODERS and geometry.intermediate_size:
+        layers = _dense_layers(geometry, element, tp, scheme, rope)
+        if scheme.name is not None:
+            qkv, out = _attention(geometry, element, tp, scheme, False)
+            inter = geometry.intermediate_size // tp
+            linear_tensors = qkv + out + _linear(2 * inter, geometry.hidden_size, 2, element, scheme, False) \
+                + _linear(geometry.hidden_size, inter, 1, element, scheme, False)
+    elif architecture == GEMMA2 and scheme.name is None and geometry.intermediate_size:
+        layers = _gemma2_layers(geometry, element, tp, rope)
+    elif architecture in FUSED_MOE and scheme.name is None:
+        layers = _moe_layers(geometry, element, tp, rope)
+    elif architecture == DEEPSEEK_V2 and scheme.name is None and geometry.mla is not None:
+        layers = _deepseek_v2_layers(geometry, element, tp, rope)
+    else:
+        return None
+    if layers is None:
+        return None
+    hidden = geometry.hidden_size
+    # Embeddings and norms stay in the model dtype under every method (AWQ checkpoints are fp16).
+    vocab = padded_vocab_rows(geometry.vocab_size, tp) * hidden * element
+    gemma = architecture == GEMMA2
+    before = [element, vocab] if gemma else [vocab]  # Gemma 2's `normalizer` buffer, a scalar
+    final_norm = [hidden * element] * (2 if gemma else 1)
+    tied = geometry.tie_word_embeddings or gemma  # Gemma2ForCausalLM has no lm_head (models/gemma2.py)
+    after = final_norm + ([] if tied else [vocab])
+    padding = vocab_padding_bytes(geometry, element=element, tp=tp, tied=tied)
+    engine_only = rope + padding
+    what = ("rope cache",) + (("vocab padding",) if padding else ()) + (("Gemma's norm copies",) if gemma else ())
+    if gemma:
+        # GemmaRMSNorm keeps `gemma_weight` (1 + weight) beside `weight` (layers/layernorm.py): four
+        # norms a layer and the final one, plus the normalizer.
+        engine_only += (4 * geometry.num_layers + 1) * hidden * element + element
+    tensors = tuple(before + layers + after)
+    return LoaderTensors(tensors, engine_only, what, scheme.name,
+                         f"{len(tensors)} tensors of SGLang's {architecture} modules"
+                         + (f" ({scheme.name} linear layers)" if scheme.name else ""),
+                         tuple(linear_tensors), 4 * geometry.num_layers if linear_tensors else 0)
+
+
+def _attention(geometry: ModelGeometry, element: int, tp: int, scheme: _Scheme, bias: bool) -> tuple[list[int],
+                                                                                                     list[int]]:
+    """qkv_proj and o_proj: QKVParallelLinear replicates KV heads below one per rank (linear.py:1140)."""
+    hidden, head = geometry.hidden_size, geometry.head_dim
+    heads, kv_heads = geometry.num_attention_heads // tp, max(geometry.num_kv_heads // tp, 1)
+    qkv = _linear((heads + 2 * kv_heads) * head, hidden, 3, element, scheme, bias)
+    out = _linear(hidden, heads * head, 1, element, scheme, False)
+    return qkv, out
+
+
+def _dense_layers(geometry: ModelGeometry, element: int, tp: int, scheme: _Scheme, rope: int) -> list[int]:
+    hidden, inter = geometry.hidden_size, (geometry.intermediate_size or 0) // tp
+    qkv_bias = geometry.architecture == "Qwen2ForCausalLM" or bool(geometry.text_config.get("attention_bias"))
+    qkv, out = _attention(geometry, element, tp, scheme, qkv_bias)
+    # Qwen3Attention creates q_norm / k_norm first (models/qwen3.py).
+    qk_norms = [geometry.head_dim * element] * 2 if geometry.architecture == "Qwen3ForCausalLM" else []
+    mlp = _linear(2 * inter, hidden, 2, element, scheme, False) + _linear(hidden, inter, 1, element, scheme, False)
+    norms = [hidden * element] * 2
+    first = qk_norms + qkv + out + [rope] + mlp + norms  # the rope cache: built once, by layer 0
+    return first + (qk_norms + qkv + out + mlp + norms) * (geometry.num_layers - 1)
+
+
+def _gemma2_layers(geometry: ModelGeometry, element: int, tp: int, rope: int) -> list[int]:
+    hidden, inter = geometry.hidden_size, (geometry.intermediate_size or 0) // tp
+    plain = _Scheme(None)
+    qkv, out = _attention(geometry, element, tp, plain, bool(geometry.text_config.get("attention_bias")))
+    mlp = [2 * inter * hidden * element, hidden * inter * element]
+    norms = [hidden * element] * 8  # input, post-attention, pre- and post-feedforward: weight and gemma_weight
+    return qkv + out + [rope] + mlp + norms + (qkv + out + mlp + norms) * (geometry.num_layers - 1)
+
+
+def _experts(experts: int, inter: int, hidden: int, element: int) -> list[int]:
+    """FusedMoE (layers/moe/fused_moe_triton/layer.py): w13 [E, 2 x I, H] and w2 [E, H, I], I split by
+    the ranks (expert parallelism off)."""
+    return [experts * 2 * inter * hidden * element, experts * hidden * inter * element]
+
+
+def _moe_layers(geometry: ModelGeometry, element: int, tp: int, rope: int) -> list[int] | None:
+    text: Mapping[str, Any] = geometry.text_config
+    experts, hidden = geometry.num_experts, geometry.hidden_size
+    inter = text.get("moe_intermediate_size", geometry.intermediate_size)
+    if not isinstance(experts, int) or not isinstance(inter, int) or text.get("mlp_only_layers") \
+            or text.get("decoder_sparse_step", 1) != 1:
+        return None
+    qwen3 = geometry.architecture == "Qwen3MoeForCausalLM"
+    qkv, out = _attention(geometry, element, tp, _Scheme(None), bool(text.get("attention_bias")))
+    gate = [experts * hidden * element]
+    moe = _experts(experts, inter // tp, hidden, element)
+    norms = [hidden * element] * 2
+    if qwen3:  # models/qwen3_moe.py: q_norm / k_norm after the rope; the router after the experts
+        qk_norms = [geometry.head_dim * element] * 2
+        first = qkv + out + [rope] + qk_norms + moe + gate + norms
+        rest = qkv + out + qk_norms + moe + gate + norms
+    else:  # models/mixtral.py: the router, then the experts
+        first = qkv + out + [rope] + gate + moe + norms
+        rest = qkv + out + gate + moe + norms
+    return first + rest * (geometry.num_layers - 1)
+
+
+def _deepseek_v2_layers(geometry: ModelGeometry, element: int, tp: int, rope: int) -> list[int] | None:
+    """models/deepseek_v2.py without a q LoRA (DeepSeek-V2-Lite): q_proj, the replicated
+    kv_a_proj_with_mqa, kv_b_proj, o_proj, kv_a_layernorm; dense MLPs for the first layers, then the
+    router, the routed experts and the shared experts."""
+    text: Mapping[str, Any] = geometry.text_config
+    mla = geometry.mla
+    experts, hidden = geometry.num_experts, geometry.hidden_size
+    moe_inter, shared = text.get("moe_intermediate_size"), text.get("n_shared_experts")
+    dense_layers = text.get("first_k_dense_replace", 0)
+    if mla is None or text.get("q_lora_rank") is not None or not isinstance(experts, int) \
+            or not isinstance(moe_inter, int) or not isinstance(shared, int) or not isinstance(dense_layers, int) \
+            or text.get("moe_layer_freq", 1) != 1 or text.get("topk_method") == "noaux_tc":
+        return None
+    heads = geometry.num_attention_heads // tp
+    head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    attention = [heads * head * hidden * element, (mla.kv_lora_rank + mla.qk_rope_head_dim) * hidden * element,
+                 heads * (mla.qk_nope_head_dim + mla.v_head_dim) * mla.kv_lora_rank * element,
+                 hidden * heads * mla.v_head_dim * element, mla.kv_lora_rank * element]
+    inter = (geometry.intermediate_size or 0) // tp
+    dense = [2 * inter * hidden * element, hidden * inter * element]
+    shared_inter = moe_inter * shared // tp
+    sparse = [experts * hidden * element, *_experts(experts, moe_inter // tp, hidden, element),
+              2 * shared_inter * hidden * element, hidden * shared_inter * element]
+    norms = [hidden * element] * 2
+    layers: list[int] = []
+    for index in range(geometry.num_layers):
+        layers += attention + ([rope] if index == 0 else []) + (dense if index < dense_layers else sparse) + norms
+    return layers
+
+
+# --------------------------------------------------------------------------- after loading
+
+# Marlin: AWQ checkpoints on sm80+ run awq_marlin (0.5.23 awq/awq.py:333-354, check_marlin_supported);
+# compressed-tensors FP8 below sm89 runs the weight-only W8A16 Marlin scheme
+# (compressed_tensors.py `_check_scheme_supported(..., error=False)`).
+MARLIN_MIN_CAPABILITY = 80
+FP8_W8A8_MIN_CAPABILITY = 89
+MARLIN_WORKSPACE_BYTES = 1024  # marlin_make_workspace: SMs x int32 per linear layer (<= 256 SMs), one block
+
+
+def post_load_is_derived(loader: LoaderTensors, compute_capability: tuple[int, int] | None) -> bool:
+    """Whether `process_weights_after_loading` leaves the tensors as created (or replaced in place by
+    the Marlin repack that repack_leftovers bounds): False where another scheme runs (FP8 below sm89)."""
+    if loader.quantized_with in ("fp8-channel", "fp8-tensor"):
+        return compute_capability is not None and compute_capability[0] * 10 + compute_capability[1] >= \
+            FP8_W8A8_MIN_CAPABILITY
+    return True
+
+
+def repack_leftovers(loader: LoaderTensors, compute_capability: tuple[int, int] | None) -> tuple[int, int, str]:
+    """(bytes, error, rule) the Marlin repack leaves in the allocator's segments, 0 where none runs.
+
+    AWQMarlinLinearKernel.process_weights_after_loading (hardware_backend/gpu/quantization/
+    awq_kernels.py:109-141) allocates a workspace per linear layer, then replaces qweight, scales and
+    qzeros by tensors of the same size, each allocated before the old one is freed. The caching
+    allocator hands each layer the block the previous layer freed (best fit), so at the end one block
+    per distinct size is free: a segment of its own from 10 MiB (released by empty_cache), else it may
+    hold a 20 MiB segment (1-10 MiB) or a 2 MiB one (up to 1 MiB) that live tensors share. The
+    conversion's temporaries (awq_to_marlin_zero_points unpacks the zeros) may hold one more 20 MiB
+    segment. Counted: the workspaces and half of that bound; the band: the other half. A card not
+    known counts the repack (every card since Ampere runs it)."""
+    if loader.quantized_with != "awq" or (
+            compute_capability is not None and compute_capability[0] * 10 < MARLIN_MIN_CAPABILITY):
+        return 0, 0, ""
+    sizes = {-(-size // MIN_BLOCK) * MIN_BLOCK for size in loader.layer_linear_tensors}
+    bound = LARGE_BUFFER + sum(0 if size >= MIN_LARGE_ALLOC else LARGE_BUFFER if size > SMALL_SIZE else SMALL_BUFFER
+                               for size in sizes)
+    workspaces = -(-loader.linear_layers * MARLIN_WORKSPACE_BYTES // SMALL_BUFFER) * SMALL_BUFFER
+    return workspaces + bound // 2, bound // 2, (
+        f"Marlin repack: {loader.linear_layers} workspaces {workspaces >> 20} MiB + 0-{bound >> 20} MiB of segments "
+        f"the replaced tensors ({len(sizes)} sizes) may leave")
+
+
+# --------------------------------------------------------------------------- the allocator
+
+
+def allocator_slack_bytes(tensors: list[int] | tuple[int, ...]) -> int:
+    """Bytes the caching allocator's segments hold beyond `tensors`, allocated in order and kept:
+    best fit among the free blocks, else a new segment (`get_allocation_size`), split when the rest
+    is worth a block (more than 1 MiB in the large pool, 512 B in the small one)."""
+    free: dict[bool, list[int]] = {True: [], False: []}  # small pool, large pool
+    reserved = 0
+    for size in tensors:
+        size = -(-size // MIN_BLOCK) * MIN_BLOCK
+        small = size <= SMALL_SIZE
+        fits = [block for block in free[small] if block >= size]
+        if fits:
+            block = min(fits)
+            free[small].remove(block)
+        else:
+            block = SMALL_BUFFER if small else LARGE_BUFFER if size < MIN_LARGE_ALLOC else \
+                -(-size // ROUND_LARGE) * ROUND_LARGE
+            reserved += block
+        rest = block - size
+        if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
+            free[small].append(rest)
+    return reserved - sum(tensors)

@@ -1,0 +1,128 @@
+"""The tensors SGLang's loader allocates, derived (launcher/engines/sglang/parameters.py), against the
+modules SGLang 0.5.23 builds itself (tests/oracles/sglang_params.py -> tests/data/sglang_params.json):
+tensor by tensor where derived, and the layer-count bound where not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from launcher.common.units import MiB
+from launcher.engines.sglang import budget as sb
+from launcher.engines.sglang import parameters
+from launcher.model.config import ModelGeometry, geometry_from_config
+
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = json.loads((ROOT / "tests" / "data" / "sglang_params.json").read_text())
+BUILT = [record for record in GOLDEN["results"] if "error" not in record]
+# The same cases built by 2 and 4 ranks (one process each, rank 0 kept): the splits of every layer.
+SPLIT = [record for tp in (2, 4)
+         for record in json.loads((ROOT / "tests" / "data" / f"sglang_params_tp{tp}.json").read_text())["results"]
+         if "error" not in record]
+ELEMENT = {"bfloat16": 2, "float16": 2, "float32": 4}
+# SGLang has no module of its own for Seed-OSS and runs the Transformers backend, whose rotary
+# embedding computes its table in the forward pass: the bound, which counts a rope cache, is above.
+TRANSFORMERS_BACKEND = {"config:seed-oss-36b-instruct"}
+
+
+def _config(record: dict[str, Any]) -> dict[str, Any]:
+    source = ROOT / record["source"]
+    loaded = yaml.safe_load(source.read_text()) if source.suffix == ".yaml" else json.loads(source.read_text())
+    return loaded["config"] if source.suffix == ".yaml" else loaded
+
+
+def _sequence(record: dict[str, Any]) -> list[int]:
+    """Every tensor's bytes in creation order."""
+    sizes = [tensor[3] for tensor in record["before_layers"]]
+    for kind in record["layers"]:
+        sizes += [tensor[3] for tensor in record["layer_kinds"][kind]]
+    return sizes + [tensor[3] for tensor in record["after_layers"]]
+
+
+def _geometry(record: dict[str, Any]) -> ModelGeometry:
+    return geometry_from_config(_config(record))
+
+
+DERIVED = [record for record in BUILT
+           if parameters.loader_tensors(_geometry(record), element=ELEMENT[record["dtype"]], tp=1) is not None]
+
+
+def test_the_golden_file_is_sglangs_own() -> None:
+    assert GOLDEN["meta"]["sglang"] == "0.5.23" and GOLDEN["meta"]["platform"] == "sm90"
+    assert len(GOLDEN["results"]) == 116 and len(BUILT) == 96
+
+
+def test_derived_families_cover_the_common_decoders() -> None:
+    """Llama/Mistral/Qwen2/Qwen3 (plain, AWQ, FP8), Gemma 2, Qwen3-MoE, Mixtral, DeepSeek-V2-Lite."""
+    families = {(_geometry(record).architecture, record["quant_class"]) for record in DERIVED}
+    assert len(DERIVED) == 59
+    assert families == {
+        ("LlamaForCausalLM", None), ("MistralForCausalLM", None), ("Qwen2ForCausalLM", None),
+        ("Qwen3ForCausalLM", None), ("Gemma2ForCausalLM", None), ("Qwen3MoeForCausalLM", None),
+        ("MixtralForCausalLM", None), ("DeepseekV2ForCausalLM", None),
+        ("LlamaForCausalLM", "AWQMarlinConfig"), ("Qwen2ForCausalLM", "AWQMarlinConfig"),
+        ("Qwen3ForCausalLM", "AWQMarlinConfig"), ("LlamaForCausalLM", "CompressedTensorsConfig"),
+        ("Qwen2ForCausalLM", "CompressedTensorsConfig")}
+
+
+@pytest.mark.parametrize("record", DERIVED, ids=lambda record: record["id"])
+def test_tensor_by_tensor(record: dict[str, Any]) -> None:
+    """The same tensors in the same order; what no checkpoint holds equals SGLang's buffers (the
+    rope cache, Gemma's norm copies) and the vocab padding."""
+    geometry = _geometry(record)
+    element = ELEMENT[record["dtype"]]
+    loader = parameters.loader_tensors(geometry, element=element, tp=1)
+    assert loader is not None
+    assert list(loader.tensors) == _sequence(record)
+    padding = parameters.vocab_padding_bytes(geometry, element=element, tp=1,
+                                             tied=geometry.tie_word_embeddings or geometry.architecture == "Gemma2ForCausalLM")
+    assert loader.engine_only_bytes == record["buffer_bytes"] + padding
+
+
+SPLIT_DERIVED = [record for record in SPLIT if parameters.loader_tensors(
+    _geometry(record), element=ELEMENT[record["dtype"]], tp=record["tp"]) is not None]
+
+
+def test_every_split_case_is_derived_where_one_rank_is() -> None:
+    """59 cases at 2 ranks, 58 at 4: SGLang does not build Qwen2.5-0.5B at 4 (14 heads)."""
+    assert [len([r for r in SPLIT_DERIVED if r["tp"] == tp]) for tp in (2, 4)] == [59, 58]
+
+
+@pytest.mark.parametrize("record", SPLIT_DERIVED, ids=lambda record: f"{record['id']}-tp{record['tp']}")
+def test_tensor_by_tensor_per_rank(record: dict[str, Any]) -> None:
+    geometry = _geometry(record)
+    loader = parameters.loader_tensors(geometry, element=ELEMENT[record["dtype"]], tp=record["tp"])
+    assert loader is not None and list(loader.tensors) == _sequence(record)
+
+
+@pytest.mark.parametrize("record", [record for record in DERIVED if record["source"].startswith("profiles/")],
+                         ids=lambda record: record["id"])
+def test_profiles_weights_are_the_parameters(record: dict[str, Any]) -> None:
+    """The profile's weight bytes are SGLang's parameters, to the byte for unquantized and AWQ models;
+    FP8 checkpoints keep their scales in bfloat16 where SGLang allocates float32 (under 3 MiB)."""
+    profile = yaml.safe_load((ROOT / record["source"]).read_text())
+    loader = parameters.loader_tensors(_geometry(record), element=ELEMENT[record["dtype"]], tp=1)
+    assert loader is not None
+    difference = sum(loader.tensors) - loader.engine_only_bytes - profile["weight_bytes"]
+    if loader.quantized_with in ("fp8-channel", "fp8-tensor"):
+        assert 0 <= difference < 3 * MiB
+    else:
+        assert difference == 0
+
+
+@pytest.mark.parametrize("record", [record for record in BUILT if record not in DERIVED],
+                         ids=lambda record: record["id"])
+def test_the_bound_holds_where_not_derived(record: dict[str, Any]) -> None:
+    """Where the tensors are not derived the plan bounds the leftovers by the layer count: SGLang's own
+    tensors (their allocator rounding and buffers) fall inside, or below for the Transformers backend."""
+    geometry = _geometry(record)
+    sequence = _sequence(record)
+    truth = parameters.allocator_slack_bytes(sequence) + record["buffer_bytes"] + sb.LOAD_RESIDUAL_BYTES
+    bound = sb.load_overhead(geometry, dtype=record["dtype"], tp=1, pp=1, compute_capability=(9, 0))
+    assert truth <= bound.bytes + bound.error_bytes
+    if record["id"] not in TRANSFORMERS_BACKEND:
+        assert bound.bytes - bound.error_bytes <= truth
