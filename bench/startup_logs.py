@@ -209,9 +209,17 @@ def _checkpoint_from_logged(case: Mapping[str, Any], geometry: ModelGeometry, pe
         loaded = sgb.mxfp4_as_loaded(geometry, version=rules.version, tp=tp, pp=pp, compute_capability=cc)
         extra = loaded.extra_bytes if loaded is not None else 0
     else:
-        extra = vb.mxfp4_as_loaded(geometry, version=vl.rules_for(version)[0].version, tp=tp, pp=pp,
-                                   compute_capability=cc).extra
+        rules_version = vl.rules_for(version)[0].version
+        extra = vb.mxfp4_as_loaded(geometry, version=rules_version, tp=tp, pp=pp, compute_capability=cc).extra
+        # vLLM's figure includes the rotary tables, which the plan adds to the checkpoint's share.
+        tables = vb.rope_tables(geometry, dtype=_vllm_dtype(geometry), version=version or rules_version)
+        extra += tables.bytes if tables is not None else 0
     return int((per_rank - extra) * tp * pp)
+
+
+def _vllm_dtype(geometry: ModelGeometry) -> str:
+    """The dtype vLLM builds the tables in: the config's 16-bit dtype (float32 checkpoints run in it too)."""
+    return geometry.config_dtype if geometry.config_dtype in ("bfloat16", "float16") else "bfloat16"
 
 
 def _real_config_model(case: Mapping[str, Any], logged: Any, tp: int, gpu: CatalogGpu | None) -> tuple[Any, str]:

@@ -25,6 +25,7 @@ from tests.model.test_resolve import hub_env as hub_env  # a fixture, used by na
 
 BIN_INDEX = "pytorch_model.bin.index.json"
 CAVEAT = "pickles, not opened: their size bounds the tensor bytes from above"
+ROPE = 32768 * 128 * 2  # the rotary table vLLM builds beside Qwen2.5-7B's weights (bfloat16), in the weights row
 
 
 class _Trap:
@@ -141,15 +142,16 @@ class TestCommandLine:
         result = CliRunner().invoke(cli, ["plan", str(model), "--gpu", "rtx4090", "--json"])
         assert result.exit_code == 0, result.output
         weights = next(i for i in json.loads(result.output)["budget"] if i["key"] == "weights")
-        assert weights["bytes"] == sizes["pytorch_model.bin"] and weights["source"] == "measured"
-        assert weights["detail"] == f"sizes of 1 .bin file(s) on disk ({CAVEAT})"
+        assert weights["bytes"] == sizes["pytorch_model.bin"] + ROPE and weights["source"] == "measured"
+        assert weights["detail"].startswith(f"sizes of 1 .bin file(s) on disk ({CAVEAT}), + 0.01 GiB as loaded")
         _never_unpickled(model)
 
     def test_plan_with_index_plans_on_its_total_size(self, tmp_path: Path) -> None:
         model, _ = _bin_model(tmp_path / "m", {"metadata": {"total_size": 15_231_233_024}})
         result = CliRunner().invoke(cli, ["plan", str(model), "--gpu", "rtx4090", "--json"])
         weights = next(i for i in json.loads(result.output)["budget"] if i["key"] == "weights")
-        assert (result.exit_code, weights["bytes"], weights["detail"]) == (0, 15_231_233_024, f"{BIN_INDEX} total_size")
+        assert (result.exit_code, weights["bytes"]) == (0, 15_231_233_024 + ROPE)
+        assert weights["detail"].startswith(f"{BIN_INDEX} total_size, + 0.01 GiB as loaded (rotary tables")
 
     def test_unsizable_weights_exit_codes(self, tmp_path: Path) -> None:
         """65 without --trust-engine (plan and serve); plan --trust-engine refuses (78, as for an unknown
@@ -185,7 +187,8 @@ class TestHubCache:
         run, _ = _run([*_PLAN, "someorg/binidx", "--json"], hub_env(HF_HUB_OFFLINE="1"))
         assert run.returncode == 0, run.stderr
         weights = next(i for i in json.loads(run.stdout)["budget"] if i["key"] == "weights")
-        assert (weights["bytes"], weights["detail"]) == (15_231_233_024, f"someorg/binidx {BIN_INDEX} total_size")
+        assert weights["bytes"] == 15_231_233_024 + ROPE
+        assert weights["detail"].startswith(f"someorg/binidx {BIN_INDEX} total_size, + 0.01 GiB as loaded")
 
     def test_cached_single_bin_plans_offline_on_its_size(self, tmp_path: Path,
                                                          hub_env: Callable[..., dict[str, str]]) -> None:
@@ -195,8 +198,8 @@ class TestHubCache:
         run, _ = _run([*_PLAN, "someorg/onebin", "--json"], hub_env(HF_HUB_OFFLINE="1"))
         assert run.returncode == 0, run.stderr
         weights = next(i for i in json.loads(run.stdout)["budget"] if i["key"] == "weights")
-        assert weights["bytes"] == len(data)
-        assert weights["detail"] == f"someorg/onebin pytorch_model.bin size on disk (cached; {CAVEAT})"
+        assert weights["bytes"] == len(data) + ROPE
+        assert weights["detail"].startswith(f"someorg/onebin pytorch_model.bin size on disk (cached; {CAVEAT}), + 0.01")
         assert not (tmp_path / "unpickled").exists()
 
 

@@ -19,7 +19,8 @@ import chain needs (`pip install openai partial-json-parser`):
 
     .venv-sglang/bin/python tests/oracles/sglang_params.py --output tests/data/sglang_params.json
 
-One rank (tp 1) of every profile in profiles/models/ and every config in tests/data/configs/, as on an H100 (platform preset sm90, whose
+One rank (tp 1; --tp N builds N ranks, one gloo process each) of every profile in profiles/models/ and
+every config in tests/data/configs/, as on an H100 (platform preset sm90, whose
 capability also picks the quantization method: AWQ checkpoints become awq_marlin on sm80+).
 Each record: the case, SGLang's quantization class, the total bytes (and those of buffers and plain
 tensors, no parameter of the checkpoint's), and every tensor (name, shape, dtype, bytes, whether it is
@@ -66,7 +67,8 @@ def _patch_capability(capability: tuple[int, int]) -> None:
         return capability
 
     for name, module in list(sys.modules.items()):
-        if name.startswith("sglang") and module is not None and callable(getattr(module, "get_device_capability", None)):
+        if name.startswith("sglang") and module is not None \
+                and callable(getattr(module, "get_device_capability", None)):
             try:
                 module.get_device_capability = answer
             except Exception:

@@ -87,8 +87,8 @@ class TestVllmSafeSide:
         """Llama-3.1-8B on an L4: 3.94 GiB of KV at the centre, 2.77 GiB at the band's low end."""
         plan = make_plan(request("llama-3.1-8b", "l4"))
         assert plan.may_not_fit is None and plan.at_risk == ()
-        assert plan.max_model_len == plan.max_model_len_low_end == 22640
-        assert plan.max_model_len_central == 32208
+        assert plan.max_model_len == plan.max_model_len_low_end == 22384
+        assert plan.max_model_len_central == 31952
         # One request of that length fits in the low end's bytes (2 MiB blocks of 16 tokens, one spare).
         per_block = plan.kv_cache_bytes // plan.num_blocks
         assert (plan.kv_cache_bytes_low // per_block - 1) * 16 >= plan.max_model_len
@@ -102,8 +102,8 @@ class TestVllmSafeSide:
         plan = make_plan(request("llama-3.1-8b", "l4", engine_args=("--max-model-len", "28000")))
         assert plan.max_model_len == 28000 and plan.at_risk == ("max_model_len",)
         assert plan.may_not_fit and "low end of the KV band" in plan.may_not_fit
-        assert "vLLM estimates the maximum model length at 22640 (vLLM refuses to start there)" in plan.may_not_fit
-        assert plan.max_model_len_low_end == 22640 and plan.max_model_len_central == 32208
+        assert "vLLM estimates the maximum model length at 22384 (vLLM refuses to start there)" in plan.may_not_fit
+        assert plan.max_model_len_low_end == 22384 and plan.max_model_len_central == 31952
 
     def test_concurrency_beyond_the_low_end_is_at_risk(self) -> None:
         """Three requests of 8192 fit in the 3.94 GiB centre, not in the 2.77 GiB low end: 2.76 do."""
@@ -115,11 +115,11 @@ class TestVllmSafeSide:
         from launcher.edge.render import plan_to_json, render_plan
 
         plan = make_plan(request("gemma-2-9b", "l4"))
-        assert plan.max_model_len == plan.max_model_len_central == 3536 and plan.max_model_len_low_end == 0
+        assert plan.max_model_len == plan.max_model_len_central == 3520 and plan.max_model_len_low_end == 0
         assert plan.at_risk == ("max_model_len",) and "refuses to start there" in (plan.may_not_fit or "")
         doc = plan_to_json(plan)
         assert doc["fits"] is False and doc["at_risk"] == ["max_model_len"] and doc["max_model_len_low_end"] == 0
-        assert "length band    0 holds at the KV band's low end (none), 3,536 at the central estimate" in \
+        assert "length band    0 holds at the KV band's low end (none), 3,520 at the central estimate" in \
             render_plan(plan)
 
     def test_a_pinned_kv_size_beyond_the_low_end_is_at_risk(self) -> None:

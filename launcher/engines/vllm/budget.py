@@ -298,7 +298,7 @@ def utilization_for(room_bytes: int, cuda_total_bytes: int) -> float:
 #   728-744 in 0.19.0, quantization/mxfp4.py:403-418 in 0.10.1): values re-laid out with padding, biases
 #   made fp32, block scales copied into a padded swizzled layout while, before 0.25, the loaded scales are
 #   kept too ("del layer.w13_weight_scale" first appears in 0.25.0): 13.64 GiB for gpt-oss-20b's 12.82 GiB
-#   checkpoint on vLLM 0.19 (this rule: 13.60).
+#   checkpoint on vLLM 0.19 (this rule: 13.60, and the 0.02 GiB rotary table: 13.62).
 # - Ampere/Ada (8.x), SM12x (RTX 50, RTX PRO 6000) and, before 0.32, SM110: Marlin. FlashInfer TRT-LLM is
 #   SM100-family only (0.19.0 experts/trtllm_mxfp4_moe.py:81), FlashInfer CUTLASS takes MXFP4 x bf16 on
 #   SM90 only (flashinfer_cutlass_moe.py:158-167), Triton stops below SM110 until 0.31 and from 0.32 is
@@ -553,6 +553,102 @@ def _mxfp4_rule(backend: str, *, hopper: bool, version: str, rules: VllmRules) -
     if hopper:
         return "MXFP4 experts swizzled for Hopper's Triton kernels: padded values and scales, fp32 biases" + kept
     return "MXFP4 experts swizzled for the Triton kernels on Blackwell: padded values and scales, fp32 biases" + kept
+
+
+# --------------------------------------------------------------------------- rotary tables
+
+# vLLM's weights term ("Model loading took", DeviceMemoryProfiler around the load) counts the buffers
+# the modules allocate beside the checkpoint: above all the rotary embedding's cos/sin table, built on
+# the device in the model dtype (0.32.0 model_executor/layers/rotary_embedding/base.py:58-63), one per
+# distinct rope configuration (get_rope caches them, rotary_embedding/__init__.py:74-85), on every rank.
+# Positions by rope type (rotary_embedding/__init__.py:112-330): the model's maximum for default,
+# llama3 and longrope's long table (plus its original for the short one, phi3_long_rope_scaled_rope.py),
+# x factor for linear and dynamic, original x factor for YaRN and DeepSeek's YaRN, x 4 for M-RoPE
+# (mrope.py:319-351). Checked against the tables vLLM 0.32 builds (tests/oracles/vllm_params.py ->
+# tests/data/vllm_params.json); the same table in the model dtype and the same M-RoPE x 4 in 0.10.1
+# and 0.19.0 (base.py:35-37, mrope.py:197/238). Llama 4 Scout's 10,485,760 positions make 2.5 GiB on
+# each rank.
+MROPE_POSITIONS_FACTOR = 4
+# Qwen3-VL and Qwen3.5 build theirs with factor 1 unless video pruning is on (0.32.0 models/qwen3_vl.py:
+# 1818-1831); 0.19.0 has no such argument (x 4, mrope.py:238): before 0.32 the plan counts x 4 (the safe side).
+MROPE_FACTOR_ONE = ("Qwen3VL", "Qwen3_5")
+MROPE_FACTOR_ONE_SINCE = "0.32"
+# No rotary embedding: NoPE attention layers (Jamba, Nemotron-H; Granite 4.0-H with
+# position_embedding_type "nope"), or no attention at all.
+ROPE_FREE = frozenset({"JambaForCausalLM", "NemotronHForCausalLM", "MambaForCausalLM", "Mamba2ForCausalLM",
+                       "FalconMambaForCausalLM"})
+# Served by the Transformers backend in 0.32 (model_executor/models/registry.py:709-730), whose HF rotary
+# module computes its table in the forward pass: no table at load. Earlier releases ran some of them
+# natively; the plan counts a table there (the safe side).
+TRANSFORMERS_BACKEND_SINCE_032 = frozenset({
+    "ArceeForCausalLM", "CwmForCausalLM", "FlexOlmoForCausalLM", "GlmForCausalLM", "GPTBigCodeForCausalLM",
+    "GPTNeoXForCausalLM", "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM", "Jais2ForCausalLM",
+    "MellumForCausalLM", "NanbeigeForCausalLM", "OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
+    "PhiForCausalLM", "SeedOssForCausalLM", "SmolLM3ForCausalLM", "Starcoder2ForCausalLM", "VaultGemmaForCausalLM"})
+
+
+@dataclass(frozen=True)
+class RopeTables:
+    """The cos/sin tables one rank holds beside the checkpoint."""
+
+    bytes: int
+    rule: str
+
+
+def _rope_positions(text: Mapping[str, Any], scaling: Mapping[str, Any] | None, positions: int,
+                    architecture: str, version: str) -> int | None:
+    if not scaling:
+        return positions
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    factor = scaling.get("factor")
+    original = scaling.get("original_max_position_embeddings", text.get("original_max_position_embeddings", positions))
+    if "mrope_section" in scaling or kind == "mrope":
+        one = architecture.startswith(MROPE_FACTOR_ONE) and version_key(version) >= version_key(MROPE_FACTOR_ONE_SINCE)
+        return positions * (1 if one else MROPE_POSITIONS_FACTOR)
+    if kind in ("default", "llama3"):
+        return positions
+    if kind in ("linear", "dynamic") and isinstance(factor, (int, float)):
+        return int(positions * factor)
+    if kind in ("yarn", "deepseek_yarn") and isinstance(factor, (int, float)) and isinstance(original, int):
+        return int(original * factor)
+    if kind in ("longrope", "su") and isinstance(original, int):
+        return positions + original
+    return None
+
+
+def rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) -> RopeTables | None:
+    """vLLM's rotary tables for this model (one rank), None where its rope type is not derived here."""
+    text = geometry.text_config
+    positions = text.get("max_position_embeddings")
+    element = ELEMENT_BYTES.get(dtype)
+    architecture = geometry.architecture
+    if geometry.kv_layers == 0 or architecture in ROPE_FREE or text.get("position_embedding_type") == "nope":
+        return RopeTables(0, "no rotary embedding")
+    if architecture in TRANSFORMERS_BACKEND_SINCE_032 and version_key(version) >= version_key("0.32"):
+        return RopeTables(0, "Transformers backend: the table is computed in the forward pass")
+    if not isinstance(positions, int) or element is None:
+        return None
+    factor = text.get("partial_rotary_factor", 1.0)
+    if geometry.mla is not None:
+        rotary = geometry.mla.qk_rope_head_dim
+    elif architecture == "Zamba2ForCausalLM" and isinstance(text.get("attention_head_dim"), int):
+        rotary = text["attention_head_dim"]  # its shared transformer's heads (models/zamba2.py)
+    elif isinstance(factor, (int, float)):
+        rotary = int(geometry.head_dim * factor)
+    else:
+        return None
+    scaling = text.get("rope_scaling") or text.get("rope_parameters")
+    if scaling is not None and not isinstance(scaling, Mapping):
+        return None
+    tables = [_rope_positions(text, scaling, positions, architecture, version)]
+    if isinstance(text.get("rope_local_base_freq"), (int, float)):
+        # Gemma 3: the sliding layers' rope (its own base, no scaling) is a second table.
+        tables.append(positions)
+    if any(table is None for table in tables):
+        return None
+    sized = [int(table or 0) * rotary * element for table in tables]
+    return RopeTables(sum(sized), " + ".join(f"{table:,} positions x {rotary}" for table in tables)
+                      + f" x {element} B")
 
 
 def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,

@@ -435,9 +435,11 @@ class _Sizing:
     free_at_init: int
     requested: int
     weights: int
-    repack: int  # weights as loaded beyond the checkpoint's share (in weights): MXFP4 repacking, online fp8
+    repack: int  # weights as loaded beyond the checkpoint's share (in weights): MXFP4 repacking, online fp8,
+    # the rotary tables
     repack_rule: str
     repack_error: int  # +/- on repack: the MXFP4 layout the install may pick instead, online fp8's
+    transformed: bool  # the checkpoint's tensors are changed while loading (not only tables added)
     non_torch: int
     non_torch_error: int
     cudagraph: int  # the graphs' estimate where the version subtracts it, else 0
@@ -641,6 +643,19 @@ def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_i
     return None
 
 
+def _rope_tables(request: PlanRequest, setup: _VllmSetup) -> vb.RopeTables:
+    """The rotary tables each rank builds beside the checkpoint (vllm/budget.py rope_tables); a rope
+    type not derived counts the model's maximum length (the table of the default rope)."""
+    geometry = request.model.geometry
+    tables = vb.rope_tables(geometry, dtype=setup.dtype, version=request.engine_version or setup.rules.version)
+    if tables is not None:
+        return tables
+    positions = geometry.text_config.get("max_position_embeddings")
+    element = 4 if setup.dtype == "float32" else 2
+    fallback = positions * geometry.head_dim * element if isinstance(positions, int) else 0
+    return vb.RopeTables(fallback, "rope type not derived: the default table of the maximum length counted")
+
+
 def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,
                 utilization: float, context: int, verified: bool, graphs: vb.CudaGraphs) -> _Sizing:
     """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
@@ -659,6 +674,8 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         request.model.geometry, quantization=pinned.get("--quantization"), checkpoint_bytes=request.model.weight_bytes,
         model_dtype=setup.dtype, version=request.engine_version or rules.version)
     repack += online // (tp * pp)
+    tables = _rope_tables(request, setup)
+    repack += tables.bytes
     if online:
         # Dynamic per-token fp8 activations: the profile run also holds an fp8 copy of the widest linear
         # input, which the bf16-fitted peak does not count; kept in the band.
@@ -671,7 +688,10 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         requested=vb.requested_bytes(gpu.usable_total_bytes, utilization),
         # vLLM's "Model loading took": the weights as its kernels hold them.
         weights=max(request.model.weight_bytes // (tp * pp) - offloaded, 0) + repack, repack=repack,
-        repack_rule="; ".join(rule for rule in (repack_rule, online_rule) if rule),
+        transformed=repack != tables.bytes,
+        repack_rule="; ".join(rule for rule in (repack_rule, online_rule,
+                                                 f"rotary tables {format_gib(tables.bytes)}: {tables.rule}"
+                                                 if tables.bytes else "") if rule),
         repack_error=online_error // (tp * pp) + mxfp4.error,
         non_torch=non_torch, non_torch_error=non_torch_error, graphs=graphs,
         cudagraph=graphs.estimate_bytes if subtracted else 0,
@@ -783,7 +803,7 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
         BudgetItem("requested", f"requested = ceil(total x {utilization.value:g})", budget.requested,
                    utilization.source, utilization.detail),
         BudgetItem("weights", "weights (per rank)", budget.weights,
-                   COMPUTED if sizing.repack else weights_source(model),
+                   COMPUTED if sizing.transformed else weights_source(model),
                    model.weight_bytes_source + (f" / {setup.tp * setup.pp} ranks" if setup.tp * setup.pp > 1 else "")
                    + _offload_detail(setup)
                    + (f", {'+' if sizing.repack > 0 else '-'} {format_gib(abs(sizing.repack))} as loaded "

@@ -78,8 +78,8 @@ def test_tensor_by_tensor(record: dict[str, Any]) -> None:
     loader = parameters.loader_tensors(geometry, element=element, tp=1)
     assert loader is not None
     assert list(loader.tensors) == _sequence(record)
-    padding = parameters.vocab_padding_bytes(geometry, element=element, tp=1,
-                                             tied=geometry.tie_word_embeddings or geometry.architecture == "Gemma2ForCausalLM")
+    tied = geometry.tie_word_embeddings or geometry.architecture == "Gemma2ForCausalLM"
+    padding = parameters.vocab_padding_bytes(geometry, element=element, tp=1, tied=tied)
     assert loader.engine_only_bytes == record["buffer_bytes"] + padding
 
 

@@ -70,6 +70,7 @@ def test_the_hopper_rule_by_version() -> None:
 #   -> 14,141,184: +904,704
 # Experts x layers: gpt-oss-20b 32 x 24 = 768, gpt-oss-120b 128 x 36 = 4608.
 MARLIN, TRTLLM_256, TRTLLM_128, TRITON_BW = 1_195_264, 1_840_896, 1_213_184, 904_704
+ROPE = 4096 * 32 * 64 * 2  # vLLM's rotary table: YaRN, 4096 x 32 positions x 64, bfloat16 (vllm/budget.py rope_tables)
 EXPERT_LAYERS = {"gpt-oss-20b": 768, "gpt-oss-120b": 4608}
 
 
@@ -153,7 +154,7 @@ def test_gpt_oss_20b_on_rtx4090_plans_the_marlin_weights() -> None:
     request = PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["rtx4090"]), engine_version="0.33.0",
                           engine_args=("--max-model-len", "8192"))
     weights = next(i for i in make_plan(request).budget if i.key == "weights")
-    assert weights.bytes == model.weight_bytes + MARLIN * 768
+    assert weights.bytes == model.weight_bytes + MARLIN * 768 + ROPE
     assert weights.source == COMPUTED and "Marlin" in weights.detail and weights.error_bytes == 0
 
 
@@ -163,7 +164,7 @@ def test_gpt_oss_20b_on_b200_carries_the_triton_fallback_in_the_band() -> None:
                           engine_args=("--max-model-len", "8192"))
     plan = make_plan(request)
     weights = next(i for i in plan.budget if i.key == "weights")
-    assert weights.bytes == model.weight_bytes + (TRTLLM_128 + TRITON_BW) * 768 // 2
+    assert weights.bytes == model.weight_bytes + (TRTLLM_128 + TRITON_BW) * 768 // 2 + ROPE
     assert weights.error_bytes == (TRTLLM_128 - TRITON_BW) * 768 // 2
     assert "TRT-LLM" in weights.detail and "TRITON where" in weights.detail and "the middle" in weights.detail
     assert plan.kv_cache_bytes_high - plan.kv_cache_bytes >= (TRTLLM_128 - TRITON_BW) * 768 // 2

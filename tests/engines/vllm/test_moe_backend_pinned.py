@@ -35,6 +35,7 @@ MODELS = Path(__file__).resolve().parents[2] / "data" / "startup-logs" / "models
 #   fp32 biases 8640*4 = 34,560 -> 13,300,480: +64,000
 MARLIN, TRTLLM_128, TRITON_HOPPER = 1_195_264, 1_213_184, 64_000
 EXPERT_LAYERS = 768
+ROPE = 4096 * 32 * 64 * 2  # vLLM's rotary table: YaRN, 4096 x 32 positions x 64, bfloat16 (vllm/budget.py rope_tables)
 
 
 def _geometry():  # type: ignore[no-untyped-def]
@@ -56,7 +57,7 @@ def test_the_default_triton_layout_on_hopper() -> None:
 def test_moe_backend_marlin_on_h100_counts_marlin() -> None:
     model, plan = _plan("h100", "0.33.0", "--moe-backend", "marlin")
     weights = next(i for i in plan.budget if i.key == "weights")
-    assert weights.bytes == model.weight_bytes + MARLIN * EXPERT_LAYERS  # + 917,962,752 (0.85 GiB)
+    assert weights.bytes == model.weight_bytes + MARLIN * EXPERT_LAYERS + ROPE  # + 917,962,752 (0.85 GiB)
     assert weights.error_bytes == 0 and weights.source == COMPUTED
     assert "--moe-backend marlin" in weights.detail and "Marlin" in weights.detail
     _, default = _plan("h100", "0.33.0")
@@ -141,7 +142,7 @@ def test_vllm_mxfp4_use_marlin_env() -> None:
     assert not vb.marlin_env_set({"VLLM_MXFP4_USE_MARLIN": "1"}, "0.24.0")
     model, plan = _plan("h100", "0.19.0", env={"VLLM_MXFP4_USE_MARLIN": "1"})
     weights = next(i for i in plan.budget if i.key == "weights")
-    assert weights.bytes == model.weight_bytes + MARLIN * 768 and weights.error_bytes == 0
+    assert weights.bytes == model.weight_bytes + MARLIN * 768 + ROPE and weights.error_bytes == 0
     # B200 before 0.19: FlashInfer is picked before the variable where installed: TRT-LLM (256) or Marlin.
     b200 = vb.mxfp4_as_loaded(_geometry(), version="0.12.0", tp=1, pp=1, compute_capability=(10, 0), marlin_env=True)
     assert (b200.extra + b200.error, b200.extra - b200.error) == (1_840_896 * 768, MARLIN * 768)
@@ -161,7 +162,7 @@ def test_lora_takes_marlin_before_the_pin_on_0_19_and_0_20() -> None:
     assert plan.kv_cache_bytes > 0
     model, h100 = _plan("h100", "0.20.0", "--enable-lora")
     weights = next(i for i in h100.budget if i.key == "weights")
-    assert weights.bytes == model.weight_bytes + MARLIN * EXPERT_LAYERS and weights.error_bytes == 0
+    assert weights.bytes == model.weight_bytes + MARLIN * EXPERT_LAYERS + ROPE and weights.error_bytes == 0
     with pytest.raises(WontFit, match="TRITON"):
         _plan("rtx4090", "0.21.0", "--enable-lora", "--moe-backend", "triton")
 
