@@ -13,18 +13,19 @@ import sys
 OTHER_COMMANDS = ("plan", "fit", "gpus", "models", "--help", "-h", "--version")
 
 
-def _reopen_closed_std_fds() -> None:
+def _reopen_closed_std_fds() -> set[int]:
     """Descriptors 0-2 on /dev/null where the caller closed them, before anything else opens a
     file: otherwise the first file opened (the start lock) becomes stdout and gets the engine's
-    output, and a closed stderr turns every clean stop into an error."""
+    output, and a closed stderr turns every clean stop into an error. Returns those reopened."""
     import os
 
+    reopened = set()
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
             continue
         except OSError:
-            pass
+            reopened.add(fd)
         null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
         if null != fd:
             os.dup2(null, fd)
@@ -32,6 +33,7 @@ def _reopen_closed_std_fds() -> None:
         name = ("stdin", "stdout", "stderr")[fd]
         if getattr(sys, name) is None:  # Python found it closed at start-up and set None
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
+    return reopened
 
 
 def main() -> None:
@@ -39,7 +41,12 @@ def main() -> None:
 
     serving = not (len(sys.argv) > 1 and sys.argv[1] in OTHER_COMMANDS)  # `safe-serve MODEL` is serve
     stopsignals.install(serving=serving)  # from here on a stop signal is never a death by default action
-    _reopen_closed_std_fds()  # before anything opens a file that stays open (the import's files are closed)
+    reopened = _reopen_closed_std_fds()  # before anything opens a file that stays open (the import's files are closed)
+    if 1 in reopened and not serving:
+        # plan, fit, gpus, models: the result is the output, and with stdout closed (`>&-`) it would go
+        # nowhere with exit 0. A supervisor (serve) keeps running: its caller discarded the engine's output.
+        sys.stderr.write("safe-serve: cannot write the output: standard output is closed\n")
+        sys.exit(74)  # launcher.common.errors.ExitCode.IO_ERROR (not imported: light start)
     try:
         from launcher.edge.cli import main as cli_main
     except KeyboardInterrupt:

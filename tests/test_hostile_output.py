@@ -227,10 +227,15 @@ def test_closed_descriptors_are_reopened_on_dev_null(tmp_path: Path, nvml_stub: 
     assert files["record"].joinpath("stdout.bin").exists()
 
 
-def test_plan_with_stdout_closed_exits_0() -> None:
-    result = subprocess.run([sys.executable, "-m", "launcher", "plan", "qwen2.5-7b", "--gpu", "rtx4090"], cwd=REPO,
+@pytest.mark.parametrize("argv", [["plan", "qwen2.5-7b", "--gpu", "rtx4090"],
+                                  ["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--json"], ["models"]])
+def test_a_result_with_stdout_closed_is_one_line_and_74(argv: list[str]) -> None:
+    """`safe-serve plan --json >&-`: the result has nowhere to go; it exited 0 having written nothing
+    (as `> /dev/full` is 74, so is this). A supervisor keeps running (above)."""
+    result = subprocess.run([sys.executable, "-m", "launcher", *argv], cwd=REPO,
                             stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1), timeout=60)  # noqa: PLW1509
-    assert 0 == result.returncode, result.stderr
+    said = b"safe-serve: cannot write the output: standard output is closed\n"
+    assert (result.returncode, result.stderr) == (74, said)
 
 
 # --------------------------------------------------------------------------- model paths and names

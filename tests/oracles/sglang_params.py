@@ -210,7 +210,9 @@ class ParamsOracle:
         return out
 
 
-def _cases(only: list[str] | None) -> list[tuple[str, str, dict]]:
+def cases(only: list[str] | None) -> list[tuple[str, str, dict]]:
+    """(id, source, config) for every profile and every config in tests/data/configs (shared with
+    vllm_params.py)."""
     import yaml
 
     cases: list[tuple[str, str, dict]] = []
@@ -227,7 +229,7 @@ def _cases(only: list[str] | None) -> list[tuple[str, str, dict]]:
 def _run(tp: int, rank: int, port: int, only: list[str] | None) -> list[dict]:
     oracle = ParamsOracle(tp, rank, port)
     results = []
-    for case_id, source, config in _cases(only):
+    for case_id, source, config in cases(only):
         result = oracle.run(case_id, config)
         result["source"] = source
         if rank == 0:
@@ -265,13 +267,18 @@ def main() -> int:
                          "seconds": round(time.time() - started, 1),
                          "what": "parameters and buffers of _initialize_model, in creation order, before loading"},
                 "results": results}
+    write(document, args.output)
+    return 0
+
+
+def write(document: dict, output: str | None) -> None:
+    """The golden file, compact (one line), or stdout."""
     text = json.dumps(document, separators=(",", ":"))
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
             handle.write(text + "\n")
     else:
         print(text)
-    return 0
 
 
 if __name__ == "__main__":

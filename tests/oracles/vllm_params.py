@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import io
 import json
 import logging
@@ -32,25 +31,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-# Keys our abridged configs lack and the checkpoints carry (as tests/oracles/sglang_params.py).
-CONFIG_DEFAULTS = {"deepseek_v3": {"moe_layer_freq": 1}, "kimi_k2": {"moe_layer_freq": 1},
-                   "gemma2": {"hidden_act": "gelu_pytorch_tanh"}}
-
-
-def _cases(only: list[str] | None) -> list[tuple[str, str, dict]]:
-    import yaml
-
-    cases: list[tuple[str, str, dict]] = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "profiles", "models", "*.yaml"))):
-        with open(path, encoding="utf-8") as handle:
-            profile = yaml.safe_load(handle)
-        cases.append((profile["alias"], os.path.relpath(path, ROOT), profile["config"]))
-    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "data", "configs", "*.json"))):
-        with open(path, encoding="utf-8") as handle:
-            cases.append(("config:" + os.path.basename(path)[:-5], os.path.relpath(path, ROOT), json.load(handle)))
-    return [case for case in cases if not only or case[0] in only]
-
+sys.path.insert(0, HERE)
+from sglang_params import CONFIG_DEFAULTS, cases, write  # noqa: E402 (stdlib-only at import)
 
 # PyPI's torchvision is CUDA-linked and the CPU venv has none (tests/oracles/README.md); vision
 # wrappers import it at module level, in vLLM's inspection subprocess too. An inert stub (the SGLang
@@ -155,19 +137,14 @@ def main() -> int:
     started = time.time()
     oracle = ParamsOracle()
     results = []
-    for case_id, source, config in _cases(args.only):
+    for case_id, source, config in cases(args.only):
         result = oracle.run(case_id, source, config)
         print(f"{case_id}: {result.get('buffer_bytes', result.get('error'))}", file=sys.stderr)
         results.append(result)
     document = {"meta": {"vllm": oracle.version, "tp": 1, "seconds": round(time.time() - started, 1),
                          "what": "parameters' total and every buffer of initialize_model, before loading"},
                 "results": results}
-    text = json.dumps(document, separators=(",", ":"))
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-    else:
-        print(text)
+    write(document, args.output)
     return 0
 
 
