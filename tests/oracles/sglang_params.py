@@ -44,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 
-PLATFORM = "sm90"
+PLATFORM = "sm90"  # the default; --platform sm80/sm86/sm89/sm100 (sglang_oracle.PLATFORM_PRESETS)
 
 
 def _cudaify() -> None:
@@ -102,10 +102,10 @@ def _layer_index(name: str) -> int | None:
 
 
 class ParamsOracle:
-    def __init__(self, tp: int = 1, rank: int = 0, port: int = 29533) -> None:
+    def __init__(self, tp: int = 1, rank: int = 0, port: int = 29533, platform: str = PLATFORM) -> None:
         import sglang_oracle as so
 
-        self.tp, self.rank, self.port = tp, rank, port
+        self.tp, self.rank, self.port, self.platform = tp, rank, port, platform
         self.so = so
         self.oracle = so.Oracle()
         import torch
@@ -118,7 +118,7 @@ class ParamsOracle:
     def _facts(self) -> dict:
         import sglang.srt.runtime_context as rc
 
-        facts = self.so.PLATFORM_PRESETS[PLATFORM]
+        facts = self.so.PLATFORM_PRESETS[self.platform]
         known = set(getattr(rc, "_PLATFORM_PROBES", {})) | set(getattr(rc, "_PLATFORM_VALUES", {}))
         return {k: v for k, v in facts.items() if k in known}
 
@@ -139,9 +139,10 @@ class ParamsOracle:
         torch = self.torch
         config = {**CONFIG_DEFAULTS.get(str(config.get("model_type")), {}), **config}
         model_dir = self.oracle._config_dir(config)
-        capability = self.so.PLATFORM_PRESETS[PLATFORM]["device_capability"]
-        out: dict = {"id": alias, "platform": PLATFORM, "tp": self.tp}
-        with override_platform(**self._facts()), self.so._device_capability(self.so.PLATFORM_PRESETS[PLATFORM]):
+        preset = self.so.PLATFORM_PRESETS[self.platform]
+        capability = preset["device_capability"]
+        out: dict = {"id": alias, "platform": self.platform, "tp": self.tp}
+        with override_platform(**self._facts()), self.so._device_capability(preset):
             try:
                 _cudaify()
                 _patch_capability(capability)
@@ -226,8 +227,8 @@ def cases(only: list[str] | None) -> list[tuple[str, str, dict]]:
     return [case for case in cases if not only or case[0] in only]
 
 
-def _run(tp: int, rank: int, port: int, only: list[str] | None) -> list[dict]:
-    oracle = ParamsOracle(tp, rank, port)
+def _run(tp: int, rank: int, port: int, only: list[str] | None, platform: str = PLATFORM) -> list[dict]:
+    oracle = ParamsOracle(tp, rank, port, platform)
     results = []
     for case_id, source, config in cases(only):
         result = oracle.run(case_id, config)
@@ -239,9 +240,9 @@ def _run(tp: int, rank: int, port: int, only: list[str] | None) -> list[dict]:
     return results
 
 
-def _other_rank(tp: int, rank: int, port: int, only: list[str] | None) -> None:
+def _other_rank(tp: int, rank: int, port: int, only: list[str] | None, platform: str) -> None:
     sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the ranks beyond 0 build the same, quietly)
-    _run(tp, rank, port, only)
+    _run(tp, rank, port, only, platform)
 
 
 def main() -> int:
@@ -249,26 +250,52 @@ def main() -> int:
     parser.add_argument("--output", help="write the golden file here (default: stdout)")
     parser.add_argument("--only", nargs="*", help="case ids: profile aliases, config:NAME (default: all)")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel ranks, one process each (rank 0 kept)")
+    parser.add_argument("--platform", default=PLATFORM, help="platform preset (sglang_oracle.PLATFORM_PRESETS)")
+    parser.add_argument("--digest", action="store_true",
+                        help="per case only the quantization class, the total and the SHA-256 of the tensors' bytes "
+                             "in creation order (a compact record of another platform)")
     args = parser.parse_args()
     import multiprocessing
 
     started = time.time()
     port = 29500 + os.getpid() % 1000
-    others = [multiprocessing.get_context("spawn").Process(target=_other_rank, args=(args.tp, rank, port, args.only))
+    spawn = multiprocessing.get_context("spawn")
+    others = [spawn.Process(target=_other_rank, args=(args.tp, rank, port, args.only, args.platform))
               for rank in range(1, args.tp)]
     for process in others:
         process.start()
-    results = _run(args.tp, 0, port, args.only)
+    results = _run(args.tp, 0, port, args.only, args.platform)
     for process in others:
         process.join()
     import sglang
 
-    document = {"meta": {"sglang": sglang.__version__, "platform": PLATFORM, "tp": args.tp,
+    if args.digest:
+        results = [digest(result) for result in results]
+    document = {"meta": {"sglang": sglang.__version__, "platform": args.platform, "tp": args.tp,
                          "seconds": round(time.time() - started, 1),
                          "what": "parameters and buffers of _initialize_model, in creation order, before loading"},
                 "results": results}
     write(document, args.output)
     return 0
+
+
+def sequence(result: dict) -> list[int]:
+    """Every tensor's bytes in creation order, from a record."""
+    sizes = [tensor[3] for tensor in result["before_layers"]]
+    for kind in result["layers"]:
+        sizes += [tensor[3] for tensor in result["layer_kinds"][kind]]
+    return sizes + [tensor[3] for tensor in result["after_layers"]]
+
+
+def digest(result: dict) -> dict:
+    import hashlib
+
+    if "error" in result:
+        return {"id": result["id"], "error": result["error"]}
+    text = json.dumps(sequence(result), separators=(",", ":")).encode()
+    return {"id": result["id"], "source": result["source"], "dtype": result["dtype"],
+            "quant_class": result["quant_class"], "total_bytes": result["total_bytes"],
+            "sha256": hashlib.sha256(text).hexdigest()}
 
 
 def write(document: dict, output: str | None) -> None:

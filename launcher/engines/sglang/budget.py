@@ -597,7 +597,7 @@ def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int, quan
     element = _DTYPE_BYTES.get(dtype)
     loader = None if quantized_online or pp != 1 or element is None else \
         parameters.loader_tensors(geometry, element=element, tp=tp)
-    if loader is None or not parameters.post_load_is_derived(loader, compute_capability):
+    if loader is None:
         return _bounded_overhead(geometry, parameters.rope_cache_bytes(geometry), pp,
                                  "weights quantized while loading" if quantized_online else "this model")
     rounding = parameters.allocator_slack_bytes(loader.tensors)

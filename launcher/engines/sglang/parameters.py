@@ -51,6 +51,7 @@ class LoaderTensors:
     # what a Marlin repack after loading replaces (repack_leftovers).
     layer_linear_tensors: tuple[int, ...] = ()
     linear_layers: int = 0
+    layer_linear_rows: int = 0  # the output rows of one layer's linear layers (one rank)
 
 
 # --------------------------------------------------------------------------- rope cache
@@ -164,6 +165,7 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
         return None
     architecture = geometry.architecture
     linear_tensors: list[int] = []
+    linear_rows = 0
     layers: list[int] | None
     if architecture in DENSE_DECODERS and geometry.intermediate_size:
         layers = _dense_layers(geometry, element, tp, scheme, rope)
@@ -172,6 +174,8 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
             inter = geometry.intermediate_size // tp
             linear_tensors = qkv + out + _linear(2 * inter, geometry.hidden_size, 2, element, scheme, False) \
                 + _linear(geometry.hidden_size, inter, 1, element, scheme, False)
+            heads, kv_heads = geometry.num_attention_heads // tp, max(geometry.num_kv_heads // tp, 1)
+            linear_rows = (heads + 2 * kv_heads) * geometry.head_dim + 2 * geometry.hidden_size + 2 * inter
     elif architecture == GEMMA2 and scheme.name is None and geometry.intermediate_size:
         layers = _gemma2_layers(geometry, element, tp, rope)
     elif architecture in FUSED_MOE and scheme.name is None:
@@ -201,7 +205,7 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
     return LoaderTensors(tensors, engine_only, what, scheme.name,
                          f"{len(tensors)} tensors of SGLang's {architecture} modules"
                          + (f" ({scheme.name} linear layers)" if scheme.name else ""),
-                         tuple(linear_tensors), 4 * geometry.num_layers if linear_tensors else 0)
+                         tuple(linear_tensors), 4 * geometry.num_layers if linear_tensors else 0, linear_rows)
 
 
 def _attention(geometry: ModelGeometry, element: int, tp: int, scheme: _Scheme, bias: bool) -> tuple[list[int],
@@ -296,20 +300,22 @@ def _deepseek_v2_layers(geometry: ModelGeometry, element: int, tp: int, rope: in
 # --------------------------------------------------------------------------- after loading
 
 # Marlin: AWQ checkpoints on sm80+ run awq_marlin (0.5.23 awq/awq.py:333-354, check_marlin_supported);
-# compressed-tensors FP8 below sm89 runs the weight-only W8A16 Marlin scheme
-# (compressed_tensors.py `_check_scheme_supported(..., error=False)`).
+# compressed-tensors FP8 below sm89 runs the weight-only W8A16 Marlin scheme, whose modules hold the
+# same tensors (compressed_tensors.py `_check_scheme_supported(..., error=False)`; the oracle's sm80 and
+# sm86 builds match the derivation as the sm90 one does).
 MARLIN_MIN_CAPABILITY = 80
 FP8_W8A8_MIN_CAPABILITY = 89
 MARLIN_WORKSPACE_BYTES = 1024  # marlin_make_workspace: SMs x int32 per linear layer (<= 256 SMs), one block
 
 
-def post_load_is_derived(loader: LoaderTensors, compute_capability: tuple[int, int] | None) -> bool:
-    """Whether `process_weights_after_loading` leaves the tensors as created (or replaced in place by
-    the Marlin repack that repack_leftovers bounds): False where another scheme runs (FP8 below sm89)."""
-    if loader.quantized_with in ("fp8-channel", "fp8-tensor"):
-        return compute_capability is not None and compute_capability[0] * 10 + compute_capability[1] >= \
-            FP8_W8A8_MIN_CAPABILITY
-    return True
+def _runs_marlin(loader: LoaderTensors, compute_capability: tuple[int, int] | None) -> bool:
+    """AWQ on sm80+, compressed-tensors FP8 below sm89; a card not known runs it (the safe side)."""
+    if compute_capability is None:
+        return loader.quantized_with is not None
+    capability = compute_capability[0] * 10 + compute_capability[1]
+    if loader.quantized_with == "awq":
+        return capability >= MARLIN_MIN_CAPABILITY
+    return loader.quantized_with in ("fp8-channel", "fp8-tensor") and capability < FP8_W8A8_MIN_CAPABILITY
 
 
 def repack_leftovers(loader: LoaderTensors, compute_capability: tuple[int, int] | None) -> tuple[int, int, str]:
@@ -317,19 +323,22 @@ def repack_leftovers(loader: LoaderTensors, compute_capability: tuple[int, int] 
 
     AWQMarlinLinearKernel.process_weights_after_loading (hardware_backend/gpu/quantization/
     awq_kernels.py:109-141) allocates a workspace per linear layer, then replaces qweight, scales and
-    qzeros by tensors of the same size, each allocated before the old one is freed. The caching
-    allocator hands each layer the block the previous layer freed (best fit), so at the end one block
-    per distinct size is free: a segment of its own from 10 MiB (released by empty_cache), else it may
-    hold a 20 MiB segment (1-10 MiB) or a 2 MiB one (up to 1 MiB) that live tensors share. The
-    conversion's temporaries (awq_to_marlin_zero_points unpacks the zeros) may hold one more 20 MiB
-    segment. Counted: the workspaces and half of that bound; the band: the other half. A card not
-    known counts the repack (every card since Ampere runs it)."""
-    if loader.quantized_with != "awq" or (
-            compute_capability is not None and compute_capability[0] * 10 < MARLIN_MIN_CAPABILITY):
+    qzeros by tensors of the same size, each allocated before the old one is freed; the W8A16 FP8
+    scheme below sm89 (compressed_tensors_w8a16_fp8.py:42-62, prepare_fp8_layer_for_marlin) does the
+    same with the weight and its scales, a per-tensor scale first widened to one per output row. The
+    caching allocator hands each layer the block the previous layer freed (best fit), so at the end
+    one block per distinct size is free: a segment of its own from 10 MiB (released by empty_cache),
+    else it may hold a 20 MiB segment (1-10 MiB) or a 2 MiB one (up to 1 MiB) that live tensors share.
+    The conversion's temporaries (AWQ's unpacked zeros, FP8's widened scales) may hold one more 20 MiB
+    segment, and FP8's scales per row up to 4 B a row. Counted: the workspaces and half of the rest;
+    the band: the other half."""
+    if not _runs_marlin(loader, compute_capability):
         return 0, 0, ""
     sizes = {-(-size // MIN_BLOCK) * MIN_BLOCK for size in loader.layer_linear_tensors}
     bound = LARGE_BUFFER + sum(0 if size >= MIN_LARGE_ALLOC else LARGE_BUFFER if size > SMALL_SIZE else SMALL_BUFFER
                                for size in sizes)
+    if loader.quantized_with != "awq":
+        bound += loader.layer_linear_rows * 4 * (loader.linear_layers // 4)
     workspaces = -(-loader.linear_layers * MARLIN_WORKSPACE_BYTES // SMALL_BUFFER) * SMALL_BUFFER
     return workspaces + bound // 2, bound // 2, (
         f"Marlin repack: {loader.linear_layers} workspaces {workspaces >> 20} MiB + 0-{bound >> 20} MiB of segments "

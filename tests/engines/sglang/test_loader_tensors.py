@@ -126,3 +126,29 @@ def test_the_bound_holds_where_not_derived(record: dict[str, Any]) -> None:
     assert truth <= bound.bytes + bound.error_bytes
     if record["id"] not in TRANSFORMERS_BACKEND:
         assert bound.bytes - bound.error_bytes <= truth
+
+
+# The same cases built on other cards' platform presets, recorded compactly (tests/oracles/sglang_params.py
+# --digest): per case the SHA-256 of its tensors' bytes in creation order.
+PLATFORMS = {platform: json.loads((ROOT / "tests" / "data" / f"sglang_params_{platform}.json").read_text())
+             for platform in ("sm80", "sm86", "sm89", "sm100")}
+
+
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_every_card_builds_the_derived_tensors(platform: str) -> None:
+    """A100, A10/RTX 3090, L4/RTX 4090, B200: SGLang builds what the derivation lists, as on the H100
+    (AWQ becomes awq_marlin on each, compressed-tensors FP8 keeps its tensors below sm89)."""
+    import hashlib
+
+    records = {record["id"]: record for record in PLATFORMS[platform]["results"]}
+    assert PLATFORMS[platform]["meta"]["platform"] == platform
+    checked = 0
+    for record in DERIVED:
+        built = records[record["id"]]
+        loader = parameters.loader_tensors(_geometry(record), element=ELEMENT[record["dtype"]], tp=1)
+        assert loader is not None
+        text = json.dumps(list(loader.tensors), separators=(",", ":")).encode()
+        assert (built["quant_class"], built["sha256"]) == (record["quant_class"], hashlib.sha256(text).hexdigest())
+        checked += 1
+    assert checked == 59
+
