@@ -7,9 +7,9 @@ after `empty_cache()` (utils/common.py:446-447), so what stays beyond the tensor
 the segments that hold them. The tensor lists below are checked, tensor by tensor, against the
 modules SGLang 0.5.23 itself builds (tests/oracles/sglang_params.py -> tests/data/sglang_params.json).
 
-Covered: Llama, Mistral, Qwen2, Qwen3 (unquantized, AWQ, compressed-tensors FP8), Gemma 2, the fused
-MoE decoders Qwen3-MoE and Mixtral, DeepSeek-V2 without a q LoRA (unquantized). Anything else is
-bounded by the caller (budget.load_overhead).
+Covered: Llama, Mistral, Qwen2, Qwen3, Phi-3/4, Granite 3, GLM-4 (unquantized, AWQ, compressed-tensors
+FP8), Gemma 2, the fused MoE decoders Qwen3-MoE and Mixtral, DeepSeek-V2 without a q LoRA (unquantized).
+Anything else is bounded by the caller (budget.load_overhead).
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ VOCAB_PADDING = 64  # DEFAULT_VOCAB_PADDING_SIZE (layers/vocab_parallel_embeddin
 ROPE_CACHE_DTYPE_BYTES = 4  # cos_sin_cache stays float32 on CUDA (layers/rotary_embedding/base.py:115-120)
 
 # Dense decoders whose SGLang modules are the fused qkv_proj / o_proj / gate_up_proj / down_proj
-# (models/llama.py, models/qwen2.py, models/qwen3.py; Mistral runs llama.py's classes).
-DENSE_DECODERS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+# (models/llama.py, models/qwen2.py, models/qwen3.py, models/phi3.py, models/granite.py, models/glm4.py;
+# Mistral runs llama.py's classes). GLM-4 adds two norms a layer (post_self_attn, post_mlp).
+DENSE_DECODERS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                            "Phi3ForCausalLM", "GraniteForCausalLM", "Glm4ForCausalLM"})
 GEMMA2 = "Gemma2ForCausalLM"
 FUSED_MOE = frozenset({"Qwen3MoeForCausalLM", "MixtralForCausalLM"})
 DEEPSEEK_V2 = "DeepseekV2ForCausalLM"
@@ -225,7 +227,7 @@ def _dense_layers(geometry: ModelGeometry, element: int, tp: int, scheme: _Schem
     # Qwen3Attention creates q_norm / k_norm first (models/qwen3.py).
     qk_norms = [geometry.head_dim * element] * 2 if geometry.architecture == "Qwen3ForCausalLM" else []
     mlp = _linear(2 * inter, hidden, 2, element, scheme, False) + _linear(hidden, inter, 1, element, scheme, False)
-    norms = [hidden * element] * 2
+    norms = [hidden * element] * (4 if geometry.architecture == "Glm4ForCausalLM" else 2)
     first = qk_norms + qkv + out + [rope] + mlp + norms  # the rope cache: built once, by layer 0
     return first + (qk_norms + qkv + out + mlp + norms) * (geometry.num_layers - 1)
 

@@ -57,13 +57,15 @@ def test_the_golden_file_is_sglangs_own() -> None:
 
 
 def test_derived_families_cover_the_common_decoders() -> None:
-    """Llama/Mistral/Qwen2/Qwen3 (plain, AWQ, FP8), Gemma 2, Qwen3-MoE, Mixtral, DeepSeek-V2-Lite."""
+    """Llama/Mistral/Qwen2/Qwen3 (plain, AWQ, FP8), Phi-3/4, Granite 3, GLM-4, Gemma 2, Qwen3-MoE, Mixtral,
+    DeepSeek-V2-Lite."""
     families = {(_geometry(record).architecture, record["quant_class"]) for record in DERIVED}
-    assert len(DERIVED) == 59
+    assert len(DERIVED) == 62
     assert families == {
         ("LlamaForCausalLM", None), ("MistralForCausalLM", None), ("Qwen2ForCausalLM", None),
         ("Qwen3ForCausalLM", None), ("Gemma2ForCausalLM", None), ("Qwen3MoeForCausalLM", None),
-        ("MixtralForCausalLM", None), ("DeepseekV2ForCausalLM", None),
+        ("MixtralForCausalLM", None), ("DeepseekV2ForCausalLM", None), ("Phi3ForCausalLM", None),
+        ("GraniteForCausalLM", None), ("Glm4ForCausalLM", None),
         ("LlamaForCausalLM", "AWQMarlinConfig"), ("Qwen2ForCausalLM", "AWQMarlinConfig"),
         ("Qwen3ForCausalLM", "AWQMarlinConfig"), ("LlamaForCausalLM", "CompressedTensorsConfig"),
         ("Qwen2ForCausalLM", "CompressedTensorsConfig")}
@@ -88,8 +90,9 @@ SPLIT_DERIVED = [record for record in SPLIT if parameters.loader_tensors(
 
 
 def test_every_split_case_is_derived_where_one_rank_is() -> None:
-    """59 cases at 2 ranks, 58 at 4: SGLang does not build Qwen2.5-0.5B at 4 (14 heads)."""
-    assert [len([r for r in SPLIT_DERIVED if r["tp"] == tp]) for tp in (2, 4)] == [59, 58]
+    """62 cases at 2 ranks, 60 at 4: SGLang does not build Qwen2.5-0.5B (14 heads) or Phi-4 (10 KV heads)
+    at 4."""
+    assert [len([r for r in SPLIT_DERIVED if r["tp"] == tp]) for tp in (2, 4)] == [62, 60]
 
 
 @pytest.mark.parametrize("record", SPLIT_DERIVED, ids=lambda record: f"{record['id']}-tp{record['tp']}")
@@ -150,5 +153,5 @@ def test_every_card_builds_the_derived_tensors(platform: str) -> None:
         text = json.dumps(list(loader.tensors), separators=(",", ":")).encode()
         assert (built["quant_class"], built["sha256"]) == (record["quant_class"], hashlib.sha256(text).hexdigest())
         checked += 1
-    assert checked == 59
+    assert checked == 62
 
