@@ -640,8 +640,14 @@ def rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) -> RopeTab
     scaling = text.get("rope_scaling") or text.get("rope_parameters")
     if scaling is not None and not isinstance(scaling, Mapping):
         return None
-    tables = [_rope_positions(text, scaling, positions, architecture, version)]
-    if isinstance(text.get("rope_local_base_freq"), (int, float)):
+    if scaling and all(isinstance(value, Mapping) for value in scaling.values()):
+        # transformers 5's rope_parameters per layer type ({"sliding_attention": {...}, ...}): a table each
+        # distinct configuration (models/gemma3.py:157 reads config.rope_parameters[layer_type]).
+        distinct = {json.dumps(value, sort_keys=True): value for value in scaling.values()}
+        tables = [_rope_positions(text, value, positions, architecture, version) for value in distinct.values()]
+    else:
+        tables = [_rope_positions(text, scaling, positions, architecture, version)]
+    if isinstance(text.get("rope_local_base_freq"), (int, float)) and len(tables) == 1:
         # Gemma 3: the sliding layers' rope (its own base, no scaling) is a second table.
         tables.append(positions)
     if any(table is None for table in tables):

@@ -84,3 +84,15 @@ def test_qwen3_vl_takes_factor_one_from_0_32_only() -> None:
     assert vb.rope_tables(geometry, dtype="bfloat16", version="0.32.0").bytes == 262144 * 128 * 2
     assert vb.rope_tables(geometry, dtype="bfloat16", version="0.19.0").bytes == 4 * 262144 * 128 * 2
 
+
+
+def test_rope_parameters_per_layer_type_count_a_table_each() -> None:
+    """transformers 5 writes rope_parameters per layer type; Gemma 3 in that form: the same two tables."""
+    record = next(record for record in BUILT if record["id"] == "config:gemma-3-12b-it")
+    source = json.loads((ROOT / record["source"]).read_text())
+    text = {key: value for key, value in source["text_config"].items()
+            if key not in ("rope_scaling", "rope_local_base_freq", "rope_theta")}
+    text["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                               "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+    geometry = geometry_from_config({**source, "text_config": text})
+    assert vb.rope_tables(geometry, dtype="bfloat16", version="0.32.0").bytes == _tables(record) == 603_979_776
