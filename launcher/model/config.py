@@ -469,15 +469,17 @@ def _check_engine_numbers(text: Mapping[str, Any]) -> None:
             raise ModelConfigError(f"config.json: '{key}' must be an object, not {_short(value)}")
         entries = [value, *(v for v in value.values() if isinstance(v, Mapping))]
         for entry in entries:
-            _check_number(entry, "factor", _MAX_ROPE_FACTOR, where=f"{key}.factor")
+            # A factor of 0 leaves no length and no table (transformers' rope validation wants >= 1).
+            _check_number(entry, "factor", _MAX_ROPE_FACTOR, where=f"{key}.factor", positive=True)
             _check_number(entry, "original_max_position_embeddings", _MAX_CONFIG_LENGTH,
                           where=f"{key}.original_max_position_embeddings")
 
 
-def _check_number(cfg: Mapping[str, Any], key: str, limit: float, *, where: str) -> None:
+def _check_number(cfg: Mapping[str, Any], key: str, limit: float, *, where: str, positive: bool = False) -> None:
     value = cfg.get(key)
-    if value is not None and not (_is_number(value) and 0 <= value <= limit):
-        raise ModelConfigError(f"config.json: '{where}' must be a number from 0 to {limit:.3g}, not {_short(value)}")
+    if value is not None and not (_is_number(value) and (0 < value if positive else 0 <= value) and value <= limit):
+        low = "above 0" if positive else "from 0"
+        raise ModelConfigError(f"config.json: '{where}' must be a number {low} to {limit:.3g}, not {_short(value)}")
 
 
 def _is_number(value: Any) -> bool:

@@ -69,7 +69,7 @@ def rope_cache_bytes(geometry: ModelGeometry) -> int | None:
     factor = text.get("partial_rotary_factor", 1)
     rotary = text.get("qk_rope_head_dim") if geometry.mla is not None else int(factor * geometry.head_dim) \
         if isinstance(factor, (int, float)) else None
-    if not isinstance(positions, int) or not isinstance(rotary, int):
+    if not isinstance(positions, int) or not isinstance(rotary, int) or positions <= 0 or rotary <= 0:
         return None
     scaling = text.get("rope_scaling")
     if scaling is None:
@@ -81,7 +81,7 @@ def rope_cache_bytes(geometry: ModelGeometry) -> int | None:
         return positions * rotary * ROPE_CACHE_DTYPE_BYTES
     if kind in ("yarn", "deepseek_yarn"):
         original, scale = scaling.get("original_max_position_embeddings", positions), scaling.get("factor")
-        if isinstance(original, int) and isinstance(scale, (int, float)):
+        if isinstance(original, int) and isinstance(scale, (int, float)) and original > 0 and scale > 0:
             return int(original * scale) * rotary * ROPE_CACHE_DTYPE_BYTES
     return None
 

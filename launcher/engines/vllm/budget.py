@@ -650,8 +650,8 @@ def rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) -> RopeTab
     if isinstance(text.get("rope_local_base_freq"), (int, float)) and len(tables) == 1:
         # Gemma 3: the sliding layers' rope (its own base, no scaling) is a second table.
         tables.append(positions)
-    if any(table is None for table in tables):
-        return None
+    if any(table is None or table <= 0 for table in tables) or rotary <= 0:
+        return None  # a length, factor or rotary fraction vLLM would not build a table from
     sized = [int(table or 0) * rotary * element for table in tables]
     return RopeTables(sum(sized), " + ".join(f"{table:,} positions x {rotary}" for table in tables)
                       + f" x {element} B")

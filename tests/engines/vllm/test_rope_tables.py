@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from launcher.common.errors import ModelConfigError
 from launcher.common.units import GiB, MiB
 from launcher.engines.vllm import budget as vb
 from launcher.model.catalog import hypothetical_gpus
@@ -96,3 +97,13 @@ def test_rope_parameters_per_layer_type_count_a_table_each() -> None:
                                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
     geometry = geometry_from_config({**source, "text_config": text})
     assert vb.rope_tables(geometry, dtype="bfloat16", version="0.32.0").bytes == _tables(record) == 603_979_776
+
+
+def test_a_table_no_engine_would_build_is_not_derived() -> None:
+    """A zero-length table (a stranger's config.json: no rotary dims) must not be derived as a saving; the
+    zero factor that would give one is refused before (config.py: a rope factor is above 0)."""
+    model = resolve_model("llama-3.1-8b")
+    geometry = geometry_from_config({**model.config, "partial_rotary_factor": 0.0})
+    assert vb.rope_tables(geometry, dtype="bfloat16", version="0.32.0") is None
+    with pytest.raises(ModelConfigError, match="'rope_scaling.factor' must be a number above 0 to 6.55e"):
+        geometry_from_config({**model.config, "rope_scaling": {"rope_type": "linear", "factor": 0}})
