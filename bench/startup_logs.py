@@ -212,8 +212,7 @@ def _checkpoint_from_logged(case: Mapping[str, Any], geometry: ModelGeometry, pe
         rules_version = vl.rules_for(version)[0].version
         extra = vb.mxfp4_as_loaded(geometry, version=rules_version, tp=tp, pp=pp, compute_capability=cc).extra
         # vLLM's figure includes the rotary tables, which the plan adds to the checkpoint's share.
-        tables = vb.rope_tables(geometry, dtype=_vllm_dtype(geometry), version=version or rules_version)
-        extra += tables.bytes if tables is not None else 0
+        extra += vb.counted_rope_tables(geometry, dtype=_vllm_dtype(geometry), version=version or rules_version).bytes
     return int((per_rank - extra) * tp * pp)
 
 

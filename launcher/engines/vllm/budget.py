@@ -657,6 +657,17 @@ def rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) -> RopeTab
                       + f" x {element} B")
 
 
+def counted_rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) -> RopeTables:
+    """The tables the plan counts: rope_tables, else (a rope type not derived) the default rope's table
+    of the maximum length."""
+    tables = rope_tables(geometry, dtype=dtype, version=version)
+    if tables is not None:
+        return tables
+    positions = geometry.text_config.get("max_position_embeddings")
+    fallback = positions * geometry.head_dim * ELEMENT_BYTES.get(dtype, 2) if isinstance(positions, int) else 0
+    return RopeTables(fallback, "rope type not derived: the default table of the maximum length counted")
+
+
 def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
                     compute_capability: tuple[int, int] | None, moe_backend: object = None,
                     marlin_env: bool = False, lora: bool = False) -> Mxfp4AsLoaded:

@@ -643,19 +643,6 @@ def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_i
     return None
 
 
-def _rope_tables(request: PlanRequest, setup: _VllmSetup) -> vb.RopeTables:
-    """The rotary tables each rank builds beside the checkpoint (vllm/budget.py rope_tables); a rope
-    type not derived counts the model's maximum length (the table of the default rope)."""
-    geometry = request.model.geometry
-    tables = vb.rope_tables(geometry, dtype=setup.dtype, version=request.engine_version or setup.rules.version)
-    if tables is not None:
-        return tables
-    positions = geometry.text_config.get("max_position_embeddings")
-    element = 4 if setup.dtype == "float32" else 2
-    fallback = positions * geometry.head_dim * element if isinstance(positions, int) else 0
-    return vb.RopeTables(fallback, "rope type not derived: the default table of the maximum length counted")
-
-
 def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,
                 utilization: float, context: int, verified: bool, graphs: vb.CudaGraphs) -> _Sizing:
     """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
@@ -674,7 +661,8 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         request.model.geometry, quantization=pinned.get("--quantization"), checkpoint_bytes=request.model.weight_bytes,
         model_dtype=setup.dtype, version=request.engine_version or rules.version)
     repack += online // (tp * pp)
-    tables = _rope_tables(request, setup)
+    tables = vb.counted_rope_tables(request.model.geometry, dtype=setup.dtype,
+                                    version=request.engine_version or rules.version)
     repack += tables.bytes
     if online:
         # Dynamic per-token fp8 activations: the profile run also holds an fp8 copy of the widest linear
