@@ -47,6 +47,7 @@ class GpuDevice:
     cuda_total_bytes: int | None = None
     cuda_total_error_bytes: int = 0  # +/- on a catalog CUDA total (the spread of published totals); 0 measured
     cuda_total_why: str | None = None  # a catalog total that is not the published one (ECC state unknown)
+    cuda_total_measured: bool = False  # read from the CUDA driver here (launcher/probe/cuda_driver.py)
     compute_capability: tuple[int, int] | None = None
     mig_index: int | None = None  # set for a MIG instance
     mig_mode: bool | None = None  # MIG enabled on this (parent) GPU
@@ -67,8 +68,9 @@ class GpuDevice:
     def usable_total_bytes(self) -> int:
         """The total the engines size against: CUDA's view (cudaMemGetInfo).
 
-        Known from the catalog, else NVML total less the driver's reserve (memory info v2),
-        else NVML total less the typical reserve (`CUDA_RESERVE_BYTES`).
+        Measured through the CUDA driver (cuDeviceTotalMem) or known from the catalog, else NVML
+        total less the driver's reserve (memory info v2), else NVML total less the typical reserve
+        (`CUDA_RESERVE_BYTES`).
         """
         if self.cuda_total_bytes is not None:
             return self.cuda_total_bytes

@@ -195,7 +195,7 @@ def lock_live_devices(options: PlanOptions, timeout_s: float) -> DeviceLock | No
 
     engine = adapter(options.engine)
     tp, pp = engine.ranks(options.pinned.values)
-    visible = probe_inventory().visible[:tp * pp]
+    visible = probe_inventory(cuda_totals=False).visible[:tp * pp]  # identities only: no CUDA query
     lock = DeviceLock([g.uuid for g in visible if g.uuid], timeout_s=timeout_s)
     lock.acquire()
     return lock

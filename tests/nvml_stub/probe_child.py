@@ -12,6 +12,7 @@ stderr with the error's exit code.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 
@@ -20,7 +21,9 @@ from launcher.probe import probe_inventory
 
 
 def main() -> int:
-    env = json.loads(sys.argv[1])
+    # The engine's environment: this process's (the stand-in libraries' path, the fixture) with the
+    # test's additions; the caller strips CUDA_* from this process's own.
+    env = {**os.environ, **json.loads(sys.argv[1])}
     try:
         inventory = probe_inventory(env)
     except ProbeError as exc:

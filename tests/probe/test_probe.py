@@ -50,15 +50,16 @@ class StubLibs:
 
 
 def _build(variant: Path, *defines: str) -> Path:
+    """The NVML stand-in and the CUDA driver's (cuda_stub.c) side by side, as a driver installs them."""
     variant.mkdir(parents=True, exist_ok=True)
-    target = variant / "libnvidia-ml.so.1"
-    scratch = variant / f".build-{uuid.uuid4().hex}.so"  # build aside, then swap in atomically
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-fvisibility=hidden",
-         "-Wl,-soname,libnvidia-ml.so.1", *defines, "-o", str(scratch), str(STUB_DIR / "nvml_stub.c")],
-        check=True,
-    )
-    os.replace(scratch, target)
+    for library, source in (("libnvidia-ml.so.1", "nvml_stub.c"), ("libcuda.so.1", "cuda_stub.c")):
+        scratch = variant / f".build-{uuid.uuid4().hex}.so"  # build aside, then swap in atomically
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-fvisibility=hidden",
+             f"-Wl,-soname,{library}", *defines, "-o", str(scratch), str(STUB_DIR / source)],
+            check=True,
+        )
+        os.replace(scratch, variant / library)
     return variant
 
 
@@ -155,8 +156,13 @@ class TestSeveralGpus:
         assert (9, 0) == h100.compute_capability
         assert h100.mig_mode is False
         assert (1, "NVIDIA L40S", L40S_UUID) == (l40s.index, l40s.name, l40s.uuid)
-        assert (48305799168, 47852814336, 0, 452984832) == (
+        # The CUDA driver gives the L40S 150 MiB less than NVML's total less its reserved: CUDA's free
+        # is its own total less what NVML counts as used, not NVML's free.
+        assert (48305799168, 47695611822, 0, 452984832) == (
             l40s.total_bytes, l40s.free_bytes, l40s.used_bytes, l40s.reserved_bytes)
+        assert (85029615043, 47695611822) == (h100.cuda_total_bytes, l40s.cuda_total_bytes)
+        assert h100.cuda_total_measured and l40s.cuda_total_measured
+        assert (0, 0) == (h100.usable_total_error_bytes, l40s.usable_total_error_bytes)
         assert (8, 9) == l40s.compute_capability
         assert l40s.mig_mode is False  # NOT_SUPPORTED for MIG means MIG is off, without a note
         assert () == l40s.notes == h100.notes
@@ -489,8 +495,9 @@ class TestCliOnTheProbe:
         context = next(item for item in doc["budget"] if item["key"] == "context")
         requested = next(item for item in doc["budget"] if item["key"] == "requested")
         assert doc["gpu"]["name"] == "NVIDIA H100 80GB HBM3"
-        # NVML total - reserved - free: the tenant's 15,250,489,344 B, not the driver's reserve.
-        assert other["bytes"] == 85520809984 - 566231040 - 69704089600 == 15250489344
+        # The CUDA driver's total - NVML's free: the tenant's 15,250,489,344 B and the 72 MiB NVML's
+        # reserved holds beyond the driver's own gap (free is the smaller of the two views: the safe side).
+        assert other["bytes"] == 85029615043 - 69704089600 == 15250489344 + 75036099
         assert f"pid {sleeper.pid} sleep" in other["detail"]
         # requested = ceil(total x u) stays within free - context - margin: vLLM will start.
         assert requested["bytes"] <= 69704089600 - context["bytes"] - 256 * 2**20

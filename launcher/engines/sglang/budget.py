@@ -15,7 +15,7 @@ from typing import Any
 
 from launcher.common.units import GiB
 from launcher.engines.checks_common import lines_for
-from launcher.engines.online_quant import kept_layers, quantized_weights
+from launcher.engines.online_quant import ELEMENT_BYTES, kept_layers, quantized_weights
 from launcher.engines.sglang import parameters
 from launcher.engines.sglang.architectures import breakable_graph_multimodal_ok
 from launcher.engines.sglang.rules import RULES, SglangRules
@@ -290,7 +290,6 @@ def pool_tokens(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: f
 # read from two-decimal GiB prints, +/- 10 MiB): 24 +/- 32 MiB covers them.
 LOAD_RESIDUAL_BYTES = 24 << 20
 LOAD_RESIDUAL_ERROR_BYTES = 32 << 20
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 # Online fp8: `--quantization fp8` on a checkpoint without a quantization config. SGLang 0.5.23 creates
@@ -594,7 +593,7 @@ def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int, quan
     """Derived from SGLang's modules where their tensors are known (parameters.loader_tensors, one
     pipeline stage, not quantized while loading), else bounded by the layer count, with the wider error
     that leaves."""
-    element = _DTYPE_BYTES.get(dtype)
+    element = ELEMENT_BYTES.get(dtype)
     loader = None if quantized_online or pp != 1 or element is None else \
         parameters.loader_tensors(geometry, element=element, tp=tp)
     if loader is None:

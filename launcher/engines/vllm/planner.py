@@ -824,6 +824,8 @@ def _total_item(gpu: GpuDevice, total: int, error: int) -> BudgetItem:
                       "cudaMemGetInfo total" + (f" (catalog: {gpu.cuda_total_why})" if gpu.cuda_total_why else
                                                 " (catalog: published totals for this card)"
                                                 if gpu.cuda_total_bytes and gpu.source == "catalog" else
+                                                " (measured here: the CUDA driver's cuDeviceTotalMem)"
+                                                if gpu.cuda_total_measured else
                                                 "" if gpu.cuda_total_bytes else
                                                 " = NVML total - driver reserve" if gpu.reserved_bytes else
                                                 " ~ NVML total - the typical driver reserve (not measured for this "
