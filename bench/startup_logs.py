@@ -211,8 +211,10 @@ def _checkpoint_from_logged(case: Mapping[str, Any], geometry: ModelGeometry, pe
     else:
         rules_version = vl.rules_for(version)[0].version
         extra = vb.mxfp4_as_loaded(geometry, version=rules_version, tp=tp, pp=pp, compute_capability=cc).extra
-        # vLLM's figure includes the rotary tables, which the plan adds to the checkpoint's share.
+        # vLLM's figure includes the rotary tables and MLA's dequantized kv_b_proj, which the plan adds to the
+        # checkpoint's share.
         extra += vb.counted_rope_tables(geometry, dtype=_vllm_dtype(geometry), version=version or rules_version).bytes
+        extra += vb.mla_decode_weights(geometry, dtype=_vllm_dtype(geometry), tp=tp, pp=pp).bytes
     return int((per_rank - extra) * tp * pp)
 
 

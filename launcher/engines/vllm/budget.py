@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from launcher.engines.online_quant import ELEMENT_BYTES, kept_layers, quantized_
 from launcher.engines.versions import version_key
 from launcher.engines.vllm.compilation import GraphMode, GraphPins, graph_mode
 from launcher.engines.vllm.rules import VllmRules, uses_v2_runner
-from launcher.model.config import ModelGeometry
+from launcher.model.config import MLA, ModelGeometry
 
 # CUDA context + torch before the init snapshot. vLLM 0.10.2 on an idle 80 GB card printed
 # "Free memory on device (78.66/79.19 GiB) on startup": 0.53 GiB gone before weights.
@@ -666,6 +667,61 @@ def counted_rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) ->
     positions = geometry.text_config.get("max_position_embeddings")
     fallback = positions * geometry.head_dim * ELEMENT_BYTES.get(dtype, 2) if isinstance(positions, int) else 0
     return RopeTables(fallback, "rope type not derived: the default table of the maximum length counted")
+
+
+# MLA's decode weights: MLAAttention.process_weights_after_loading takes W_UK_T and W_UV as views of
+# kv_b_proj's weight in [kv_lora_rank, heads x (qk_nope + v_head)] (0.10.1 v1/attention/backends/mla/
+# common.py:956-1005; 0.19.0 model_executor/layers/attention/mla_attention.py:710-797; 0.32.0 :407-422
+# split_kv_b_proj, :1220-1320). An unquantized kv_b_proj is its own weight; a quantized one (fp8 blocks,
+# compressed-tensors, AWQ/GPTQ, online fp8) is dequantized into a model-dtype copy (quant_utils.py
+# get_and_maybe_dequant_weights: the identity through the layer, or the scales applied) that the views
+# keep alive beside the quantized weight, inside "Model loading took".
+_IGNORE_KEYS = ("ignore", "modules_to_not_convert", "ignored_layers")
+_LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class MlaDecodeWeights:
+    """The dequantized kv_b_proj copies one rank holds beside the checkpoint."""
+
+    bytes: int
+    rule: str
+
+
+def mla_decode_weights(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int,
+                       online_quantization: object = None) -> MlaDecodeWeights:
+    """One rank's model-dtype copies of the quantized kv_b_proj of its MLA layers (0 where none)."""
+    mla, element = geometry.mla, ELEMENT_BYTES.get(dtype, 2)
+    online = isinstance(online_quantization, str) and online_quantization.strip().lower() not in ("", "none")
+    if mla is None or (geometry.quantization is None and not online):
+        return MlaDecodeWeights(0, "")
+    layers = sum(1 for kind in geometry.layer_kinds if kind == MLA)
+    kept = _unquantized_kv_b_layers(geometry.text_config.get("quantization_config"))
+    if kept is None:  # a pattern covering every layer's kv_b_proj
+        return MlaDecodeWeights(0, "kv_b_proj left unquantized by the checkpoint: no dequantized copy")
+    layers = -(-max(layers - len(kept), 0) // max(pp, 1))
+    heads = max(geometry.num_attention_heads // max(tp, 1), 1)
+    per_layer = mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim) * element
+    return MlaDecodeWeights(layers * per_layer, (
+        f"MLA W_UK_T/W_UV: kv_b_proj dequantized to {dtype}, {layers} layers x {mla.kv_lora_rank} x {heads} heads x "
+        f"{mla.qk_nope_head_dim + mla.v_head_dim}"))
+
+
+def _unquantized_kv_b_layers(config: object) -> set[int] | None:
+    """Layers whose kv_b_proj the quantization config leaves out, None where a pattern leaves out all."""
+    kept: set[int] = set()
+    if not isinstance(config, Mapping):
+        return kept
+    for key in _IGNORE_KEYS:
+        names = config.get(key)
+        for name in names if isinstance(names, list) else []:
+            if not isinstance(name, str) or "kv_b_proj" not in name:
+                continue
+            index = _LAYER_INDEX.search(name)
+            if index is None or name.startswith("re:"):
+                return None
+            kept.add(int(index.group(1)))
+    return kept
 
 
 def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,

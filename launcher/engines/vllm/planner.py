@@ -664,6 +664,9 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     tables = vb.counted_rope_tables(request.model.geometry, dtype=setup.dtype,
                                     version=request.engine_version or rules.version)
     repack += tables.bytes
+    mla = vb.mla_decode_weights(request.model.geometry, dtype=setup.dtype, tp=tp, pp=pp,
+                                online_quantization=pinned.get("--quantization"))
+    repack += mla.bytes
     if online:
         # Dynamic per-token fp8 activations: the profile run also holds an fp8 copy of the widest linear
         # input, which the bf16-fitted peak does not count; kept in the band.
@@ -679,7 +682,8 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         transformed=repack != tables.bytes,
         repack_rule="; ".join(rule for rule in (repack_rule, online_rule,
                                                  f"rotary tables {format_gib(tables.bytes)}: {tables.rule}"
-                                                 if tables.bytes else "") if rule),
+                                                 if tables.bytes else "",
+                                                 f"{format_gib(mla.bytes)} {mla.rule}" if mla.bytes else "") if rule),
         repack_error=online_error // (tp * pp) + mxfp4.error,
         non_torch=non_torch, non_torch_error=non_torch_error, graphs=graphs,
         cudagraph=graphs.estimate_bytes if subtracted else 0,
