@@ -12,7 +12,9 @@ shared by all layers through get_rope's cache), with the tensors a module keeps 
 
 What it does not run: loading (the checkpoint's values) and `process_weights_after_loading` (Marlin
 repacks, fp8 transposes), which replace tensors by tensors of the same size and are bounded, not
-derived, in the plan.
+derived, in the plan. It does run a model's `post_load_weights` (DeepSeek's, which the loader calls
+at the end of load_weights and which adds the MLA w_kc / w_vc copies): `post_load` lists the tensors
+it adds, in order (or its error where it cannot run on the meta device).
 
 Runs in the SGLang oracle venv (tests/oracles/README.md) with two more packages that the sampler's
 import chain needs (`pip install openai partial-json-parser`):
@@ -208,7 +210,27 @@ class ParamsOracle:
         out["layer_kinds"] = kinds
         out["layers"] = sequence
         out["after_layers"] = after
+        if hasattr(model, "post_load_weights"):
+            out["post_load"] = self._post_load(model, seen)
         return out
+
+    def _post_load(self, model, seen: set[int]) -> list | dict:
+        """The tensors the model's post_load_weights adds after loading (DeepSeek's MLA w_kc / w_vc), in
+        layer order: SGLang's loader calls it at the end of load_weights (deepseek_weight_loader.py:550)."""
+        torch = self.torch
+        try:
+            with torch.device("meta"):
+                model.post_load_weights()
+        except Exception as error:
+            return {"type": type(error).__name__, "message": str(error)[:300]}
+        added = []
+        for module_name, module in model.named_modules():
+            for name, value in vars(module).items():
+                if isinstance(value, torch.Tensor) and value.device.type == "meta" and id(value) not in seen:
+                    seen.add(id(value))
+                    added.append([f"{module_name}.{name}", list(value.shape), str(value.dtype).replace("torch.", ""),
+                                  value.numel() * value.element_size()])
+        return added
 
 
 def cases(only: list[str] | None) -> list[tuple[str, str, dict]]:
@@ -273,7 +295,8 @@ def main() -> int:
         results = [digest(result) for result in results]
     document = {"meta": {"sglang": sglang.__version__, "platform": args.platform, "tp": args.tp,
                          "seconds": round(time.time() - started, 1),
-                         "what": "parameters and buffers of _initialize_model, in creation order, before loading"},
+                         "what": "parameters and buffers of _initialize_model, in creation order, before loading; "
+                                 "post_load: the tensors post_load_weights adds after it"},
                 "results": results}
     write(document, args.output)
     return 0

@@ -599,12 +599,14 @@ def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int, quan
     if loader is None:
         return _bounded_overhead(geometry, parameters.rope_cache_bytes(geometry), pp,
                                  "weights quantized while loading" if quantized_online else "this model")
-    rounding = parameters.allocator_slack_bytes(loader.tensors)
+    rounding = parameters.allocator_slack_bytes(loader.tensors + loader.post_load)
     repack, repack_error, repack_rule = parameters.repack_leftovers(loader, compute_capability)
     return LoadOverhead(
-        loader.engine_only_bytes + rounding + repack + LOAD_RESIDUAL_BYTES, LOAD_RESIDUAL_ERROR_BYTES + repack_error,
+        loader.engine_only_bytes + sum(loader.post_load) + rounding + repack + LOAD_RESIDUAL_BYTES,
+        LOAD_RESIDUAL_ERROR_BYTES + repack_error,
         f"derived: {loader.rule}: {loader.engine_only_bytes / 2**20:.0f} MiB no checkpoint holds ("
-        + ", ".join(loader.engine_only) + f") + allocator rounding {rounding / 2**20:.0f} MiB"
+        + ", ".join(loader.engine_only) + ")" + (f" + {loader.post_load_rule}" if loader.post_load else "")
+        + f" + allocator rounding {rounding / 2**20:.0f} MiB"
         + (f" + {repack_rule}" if repack_rule else "") + f" + {LOAD_RESIDUAL_BYTES >> 20} MiB residual")
 
 

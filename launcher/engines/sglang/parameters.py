@@ -8,7 +8,8 @@ the segments that hold them. The tensor lists below are checked, tensor by tenso
 modules SGLang 0.5.23 itself builds (tests/oracles/sglang_params.py -> tests/data/sglang_params.json).
 
 Covered: Llama, Mistral, Qwen2, Qwen3, Phi-3/4, Granite 3, GLM-4 (unquantized, AWQ, compressed-tensors
-FP8), Gemma 2, the fused MoE decoders Qwen3-MoE and Mixtral, DeepSeek-V2 without a q LoRA (unquantized).
+FP8), Gemma 2, the fused MoE decoders Qwen3-MoE and Mixtral, DeepSeek-V2 without a q LoRA (unquantized;
+with the w_kc / w_vc copies its post_load_weights adds after loading).
 Anything else is bounded by the caller (budget.load_overhead).
 """
 
@@ -54,6 +55,9 @@ class LoaderTensors:
     layer_linear_tensors: tuple[int, ...] = ()
     linear_layers: int = 0
     layer_linear_rows: int = 0  # the output rows of one layer's linear layers (one rank)
+    # Allocated after loading, kept beside the loaded tensors (DeepSeek's MLA w_kc / w_vc copies), in order.
+    post_load: tuple[int, ...] = ()
+    post_load_rule: str = ""
 
 
 # --------------------------------------------------------------------------- rope cache
@@ -168,6 +172,8 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
     architecture = geometry.architecture
     linear_tensors: list[int] = []
     linear_rows = 0
+    post_load: list[int] = []
+    post_load_rule = ""
     layers: list[int] | None
     if architecture in DENSE_DECODERS and geometry.intermediate_size:
         layers = _dense_layers(geometry, element, tp, scheme, rope)
@@ -184,6 +190,7 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
         layers = _moe_layers(geometry, element, tp, rope)
     elif architecture == DEEPSEEK_V2 and scheme.name is None and geometry.mla is not None:
         layers = _deepseek_v2_layers(geometry, element, tp, rope)
+        post_load, post_load_rule = _mla_decode_copies(geometry, element, tp)
     else:
         return None
     if layers is None:
@@ -207,7 +214,8 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
     return LoaderTensors(tensors, engine_only, what, scheme.name,
                          f"{len(tensors)} tensors of SGLang's {architecture} modules"
                          + (f" ({scheme.name} linear layers)" if scheme.name else ""),
-                         tuple(linear_tensors), 4 * geometry.num_layers if linear_tensors else 0, linear_rows)
+                         tuple(linear_tensors), 4 * geometry.num_layers if linear_tensors else 0, linear_rows,
+                         tuple(post_load), post_load_rule)
 
 
 def _attention(geometry: ModelGeometry, element: int, tp: int, scheme: _Scheme, bias: bool) -> tuple[list[int],
@@ -297,6 +305,20 @@ def _deepseek_v2_layers(geometry: ModelGeometry, element: int, tp: int, rope: in
     for index in range(geometry.num_layers):
         layers += attention + ([rope] if index == 0 else []) + (dense if index < dense_layers else sparse) + norms
     return layers
+
+
+def _mla_decode_copies(geometry: ModelGeometry, element: int, tp: int) -> tuple[list[int], str]:
+    """DeepSeek's MLA decode weights: after loading, post_load_weights splits each layer's kv_b_proj into
+    w_kc and w_vc and stores contiguous copies of both (0.5.23 models/deepseek_common/deepseek_weight_loader.py:
+    550, :586-820, `w_kc.transpose(1, 2).contiguous()`, `w_vc.contiguous()`), while kv_b_proj stays for the
+    prefill: [heads, qk_nope, kv_lora_rank] and [heads, kv_lora_rank, v_head] per rank, layer by layer."""
+    mla = geometry.mla
+    if mla is None:
+        return [], ""
+    heads = geometry.num_attention_heads // tp
+    copies = [heads * mla.qk_nope_head_dim * mla.kv_lora_rank * element,
+              heads * mla.kv_lora_rank * mla.v_head_dim * element] * geometry.num_layers
+    return copies, f"MLA w_kc/w_vc copies of kv_b_proj {sum(copies) / 2**20:.0f} MiB"
 
 
 # --------------------------------------------------------------------------- after loading

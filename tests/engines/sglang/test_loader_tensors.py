@@ -85,6 +85,39 @@ def test_tensor_by_tensor(record: dict[str, Any]) -> None:
     assert loader.engine_only_bytes == record["buffer_bytes"] + padding
 
 
+def _post_load(record: dict[str, Any]) -> list[int]:
+    """The tensors post_load_weights added after loading, in order ([] for a model without one)."""
+    added = record.get("post_load", [])
+    assert isinstance(added, list), added  # an error on the meta device would be a dict
+    return [tensor[3] for tensor in added]
+
+
+def test_post_load_copies_are_sglangs() -> None:
+    """Only DeepSeek's MLA models add tensors after loading: w_kc and w_vc a layer, 2 MiB each for
+    DeepSeek-V2-Lite (16 heads x 128 x 512 in bf16) and 16 MiB for DeepSeek-V3 (128 heads)."""
+    added = {record["id"]: _post_load(record) for record in BUILT if _post_load(record)}
+    assert set(added) >= {"deepseek-v2-lite", "config:deepseek-v2-lite", "config:deepseek-v3"}
+    assert all("deepseek" in case or "kimi" in case or "moonlight" in case for case in added), sorted(added)
+    assert added["deepseek-v2-lite"] == [2 * MiB] * 2 * 27
+    assert added["config:deepseek-v3"] == [16 * MiB] * 2 * 61
+
+
+POST_LOAD_DERIVED = [record for record in DERIVED + SPLIT if _post_load(record) and parameters.loader_tensors(
+    _geometry(record), element=ELEMENT[record["dtype"]], tp=record.get("tp", 1)) is not None]
+
+
+@pytest.mark.parametrize("record", POST_LOAD_DERIVED,
+                         ids=lambda record: f"{record['id']}-tp{record.get('tp', 1)}")
+def test_post_load_tensor_by_tensor(record: dict[str, Any]) -> None:
+    """The derived copies are SGLang's, per rank, and the leftovers count them."""
+    geometry = _geometry(record)
+    loader = parameters.loader_tensors(geometry, element=ELEMENT[record["dtype"]], tp=record.get("tp", 1))
+    assert loader is not None and list(loader.post_load) == _post_load(record)
+    overhead = sb.load_overhead(geometry, dtype=record["dtype"], tp=record.get("tp", 1), pp=1)
+    assert overhead.bytes >= loader.engine_only_bytes + sum(loader.post_load)
+    assert f"MLA w_kc/w_vc copies of kv_b_proj {sum(loader.post_load) // MiB} MiB" in overhead.detail
+
+
 SPLIT_DERIVED = [record for record in SPLIT if parameters.loader_tensors(
     _geometry(record), element=ELEMENT[record["dtype"]], tp=record["tp"]) is not None]
 
