@@ -115,6 +115,8 @@ class ModelGeometry:
     # The text config as the engines read it, for engine-specific derivations
     # (maximum length and rope scaling differ between vLLM and SGLang).
     text_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # The vision tower's config as written (vision_config), for engine-specific encoder terms.
+    vision_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def kv_layers(self) -> int:
@@ -221,6 +223,7 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         vision_hidden_size=vision_hidden,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
         text_config=dict(text),
+        vision_config=dict(vision) if isinstance(vision := config.get("vision_config"), Mapping) else {},
     )
 
 

@@ -110,7 +110,8 @@ def requested_bytes(cuda_total_bytes: int, utilization: float) -> int:
 # vLLM 0.19.0 H100 logs (tests/data/startup-logs/startup-logs-2.yaml, llm-d-planner sweep).
 PROFILE_CONSTANT_BYTES = int(0.052 * GiB)
 # Seven of those nine land within the print resolution (0.01 GiB) after the constant; the two
-# VLMs with their own vision towers sit 0.09-0.14 GiB above. The V2 runner's terms are from shapes
+# VLMs with their own vision towers sit above: Kimi-VL 0.02 GiB (after its MoonViT rope table),
+# Gemma 3 0.14 GiB (its SigLIP tower's profile, not derived). The V2 runner's terms are from shapes
 # only (no 0.22+ log prints a peak): a wider band until one does.
 V1_PEAK_ERROR_BYTES = int(0.15 * GiB)
 V2_PEAK_ERROR_BYTES = int(0.5 * GiB)
@@ -203,6 +204,23 @@ def _mm_count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 999
 
 
+# MoonViT (Kimi-VL): Rope2DPosEmb(head_dim, 512, 512) computes its complex64 table [512, 512, head_dim / 2] on the
+# first encoder forward and keeps it (a cached_property: 0.19.0 model_executor/models/moonvit.py:217-244, :467;
+# 0.32.0 :252-280, :528-530): the profile run's encoder pass creates it inside the torch peak.
+MOONVIT_GRID = 512
+COMPLEX64_BYTES = 8
+
+
+def vision_rope_table_bytes(geometry: ModelGeometry) -> int:
+    """The vision tower's rotary table the encoder's first forward caches (MoonViT's), 0 for other towers."""
+    vision = geometry.vision_config
+    hidden, heads = vision.get("hidden_size"), vision.get("num_attention_heads")
+    if vision.get("model_type") != "moonvit" or not isinstance(hidden, int) or not isinstance(heads, int) \
+            or hidden <= 0 or heads <= 0:
+        return 0
+    return MOONVIT_GRID * MOONVIT_GRID * (hidden // heads // 2) * COMPLEX64_BYTES
+
+
 def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: int, num_seqs: int, tp: int,
                  gpu_name: str = "", act_dtype_bytes: int = 2, language_only: bool = False) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
@@ -220,6 +238,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     hidden = act_dtype_bytes * t * h
     moe = moe_workspace_bytes(geometry, batched_tokens=t, tp=tp)
     encoder = act_dtype_bytes * t * h if geometry.is_multimodal and not language_only else 0
+    vision_rope = vision_rope_table_bytes(geometry) if encoder else 0
     if rules.sorting_sampler:
         # Before 0.19 (fitted on the V0/early-V1 logs: Qwen2.5 1.5B-7B at 256 rows, Phi-4 at 320,
         # 9.4-9.9 fp32 copies; one 0.1x gpt-oss-20b log at 1024 rows, 9.6): the larger of the forward
@@ -230,6 +249,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         sampler = 14 * r * v + 4 * sms * v
         terms: tuple[tuple[str, int], ...] = (("sampler", sampler), ("hidden states", hidden),
                                                ("MoE workspace", moe), ("encoder cache", encoder),
+                                               ("vision rope table", vision_rope),
                                                ("constant", PROFILE_CONSTANT_BYTES))
         return ProfilePeak(terms, sum(b for _, b in terms), V1_PEAK_ERROR_BYTES, "V1")
     intermediate = geometry.intermediate_size or 4 * h
@@ -238,7 +258,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     transient = max(forward, hidden + sampler)
     penalty = 4 * num_seqs * v + 4 * num_seqs * -(-v // 32)  # vllm/v1/worker/gpu/sample/penalties.py:40
     terms = (("forward" if forward >= hidden + sampler else "sampler", transient), ("MoE workspace", moe),
-             ("encoder cache", encoder), ("constant", PROFILE_CONSTANT_BYTES))
+             ("encoder cache", encoder), ("vision rope table", vision_rope), ("constant", PROFILE_CONSTANT_BYTES))
     return ProfilePeak(terms, sum(b for _, b in terms), V2_PEAK_ERROR_BYTES, "V2",
                        persistent_bytes=penalty if rules.v2_penalty_state_counted else 0)
 
