@@ -167,6 +167,7 @@ class ParamsOracle:
                 quant_config = loader._get_quantization_config(model_config, load_config)
                 with loader.set_default_torch_dtype(model_config.dtype), torch.device("meta"):
                     model = loader._initialize_model(model_config, load_config, quant_config)
+                post_load = self._post_load(model)  # on this platform, as load_weights ends
             except Exception as error:
                 out["error"] = {"type": type(error).__name__, "message": str(error)[:500]}
                 return out
@@ -210,26 +211,39 @@ class ParamsOracle:
         out["layer_kinds"] = kinds
         out["layers"] = sequence
         out["after_layers"] = after
-        if hasattr(model, "post_load_weights"):
-            out["post_load"] = self._post_load(model, seen)
+        if post_load is not None:
+            out["post_load"] = post_load
         return out
 
-    def _post_load(self, model, seen: set[int]) -> list | dict:
-        """The tensors the model's post_load_weights adds after loading (DeepSeek's MLA w_kc / w_vc), in
-        layer order: SGLang's loader calls it at the end of load_weights (deepseek_weight_loader.py:550)."""
+    def _post_load(self, model) -> list | dict | None:
+        """The tensors post_load_weights adds after loading (DeepSeek's MLA w_kc / w_vc), in layer order,
+        or None for a model without one. SGLang's loader calls it at the end of load_weights
+        (deepseek_weight_loader.py:550; a wrapper on its language model, kimi_vl.py:361). The attributes
+        it set are put back, so the record of the modules is the one before loading."""
         torch = self.torch
+        owner = model if hasattr(model, "post_load_weights") else getattr(model, "language_model", None)
+        if owner is None or not hasattr(owner, "post_load_weights"):
+            return None
+        before = {id(module): dict(vars(module)) for module in model.modules()}
+        existing = {id(value) for attributes in before.values() for value in attributes.values()
+                    if isinstance(value, torch.Tensor)}
+        existing |= {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
         try:
             with torch.device("meta"):
-                model.post_load_weights()
+                owner.post_load_weights()
         except Exception as error:
             return {"type": type(error).__name__, "message": str(error)[:300]}
         added = []
         for module_name, module in model.named_modules():
-            for name, value in vars(module).items():
-                if isinstance(value, torch.Tensor) and value.device.type == "meta" and id(value) not in seen:
-                    seen.add(id(value))
+            for name, value in list(vars(module).items()):
+                if isinstance(value, torch.Tensor) and value.device.type == "meta" and id(value) not in existing:
                     added.append([f"{module_name}.{name}", list(value.shape), str(value.dtype).replace("torch.", ""),
                                   value.numel() * value.element_size()])
+                    previous = before.get(id(module), {})
+                    if name in previous:
+                        object.__setattr__(module, name, previous[name])
+                    else:
+                        delattr(module, name)
         return added
 
 

@@ -597,8 +597,12 @@ def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int, quan
     loader = None if quantized_online or pp != 1 or element is None else \
         parameters.loader_tensors(geometry, element=element, tp=tp)
     if loader is None:
-        return _bounded_overhead(geometry, parameters.rope_cache_bytes(geometry), pp,
-                                 "weights quantized while loading" if quantized_online else "this model")
+        copies, rule = parameters.mla_decode_copies(geometry, element=element or 2, tp=tp, pp=pp)
+        bounded = _bounded_overhead(geometry, parameters.rope_cache_bytes(geometry), pp,
+                                    "weights quantized while loading" if quantized_online else "this model")
+        if not copies:
+            return bounded
+        return LoadOverhead(bounded.bytes + sum(copies), bounded.error_bytes, f"{bounded.detail}; + {rule}")
     rounding = parameters.allocator_slack_bytes(loader.tensors + loader.post_load)
     repack, repack_error, repack_rule = parameters.repack_leftovers(loader, compute_capability)
     return LoadOverhead(

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.model.config import ModelGeometry
+from launcher.model.config import MLA, ModelGeometry
 
 # torch 2.13 include/c10/core/AllocatorConfig.h:17-25 (CUDACachingAllocator's get_allocation_size):
 SMALL_SIZE = 1 << 20  # up to 1 MiB: packed in 2 MiB segments
@@ -190,7 +190,7 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
         layers = _moe_layers(geometry, element, tp, rope)
     elif architecture == DEEPSEEK_V2 and scheme.name is None and geometry.mla is not None:
         layers = _deepseek_v2_layers(geometry, element, tp, rope)
-        post_load, post_load_rule = _mla_decode_copies(geometry, element, tp)
+        post_load, post_load_rule = mla_decode_copies(geometry, element=element, tp=tp)
     else:
         return None
     if layers is None:
@@ -307,17 +307,29 @@ def _deepseek_v2_layers(geometry: ModelGeometry, element: int, tp: int, rope: in
     return layers
 
 
-def _mla_decode_copies(geometry: ModelGeometry, element: int, tp: int) -> tuple[list[int], str]:
-    """DeepSeek's MLA decode weights: after loading, post_load_weights splits each layer's kv_b_proj into
-    w_kc and w_vc and stores contiguous copies of both (0.5.23 models/deepseek_common/deepseek_weight_loader.py:
-    550, :586-820, `w_kc.transpose(1, 2).contiguous()`, `w_vc.contiguous()`), while kv_b_proj stays for the
-    prefill: [heads, qk_nope, kv_lora_rank] and [heads, kv_lora_rank, v_head] per rank, layer by layer."""
+def mla_decode_copies(geometry: ModelGeometry, *, element: int, tp: int, pp: int = 1) -> tuple[list[int], str]:
+    """MLA's decode weights: after loading, post_load_weights splits each MLA layer's kv_b_proj into w_kc
+    and w_vc and stores contiguous copies of both (0.5.23 models/deepseek_common/deepseek_weight_loader.py:
+    550, :586-820, `w_kc.transpose(1, 2).contiguous()`, `w_vc.contiguous()`; the wrappers call it too,
+    kimi_vl.py:361), while kv_b_proj stays for the prefill: [heads, qk_nope, kv_lora_rank] and [heads,
+    kv_lora_rank, v_head] per rank, layer by layer, on the stage that holds the most MLA layers. In the
+    model dtype, also for block FP8 (block_quant_dequant: SGLANG_USE_DEEPGEMM_BMM is off by default);
+    FP8 per tensor or channel keeps them in fp8."""
+    from launcher.engines.sglang.architectures import stage_layers
+
     mla = geometry.mla
     if mla is None:
         return [], ""
+    config = geometry.text_config.get("quantization_config")
+    block = isinstance(config, Mapping) and config.get("weight_block_size") is not None
+    if geometry.quantization is not None and geometry.quantization.method == "fp8" and not block:
+        element = 1
+    mla_layers = {index for index, kind in enumerate(geometry.layer_kinds) if kind == MLA}
+    layers = max(sum(1 for index in stage if index in mla_layers)
+                 for stage in stage_layers(len(geometry.layer_kinds), max(pp, 1)))
     heads = geometry.num_attention_heads // tp
     copies = [heads * mla.qk_nope_head_dim * mla.kv_lora_rank * element,
-              heads * mla.kv_lora_rank * mla.v_head_dim * element] * geometry.num_layers
+              heads * mla.kv_lora_rank * mla.v_head_dim * element] * layers
     return copies, f"MLA w_kc/w_vc copies of kv_b_proj {sum(copies) / 2**20:.0f} MiB"
 
 

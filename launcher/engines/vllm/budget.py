@@ -14,6 +14,7 @@ startup check. The constants below are estimates; each names where it comes from
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import re
@@ -206,19 +207,23 @@ def _mm_count(value: Any) -> int:
 
 # MoonViT (Kimi-VL): Rope2DPosEmb(head_dim, 512, 512) computes its complex64 table [512, 512, head_dim / 2] on the
 # first encoder forward and keeps it (a cached_property: 0.19.0 model_executor/models/moonvit.py:217-244, :467;
-# 0.32.0 :252-280, :528-530): the profile run's encoder pass creates it inside the torch peak.
+# 0.32.0 :252-280, :528-530): the profile run's encoder pass creates it inside the torch peak. Kimi-K2.5's
+# MoonViT3d registers the same table as a buffer on its first get_freqs_cis, its head dim from
+# qkv_hidden_size where given (0.32.0 kimi_k25_vit.py:249-300, :549-551).
 MOONVIT_GRID = 512
 COMPLEX64_BYTES = 8
+MOONVIT_ARCHITECTURES = frozenset({"KimiK25ForConditionalGeneration"})
 
 
 def vision_rope_table_bytes(geometry: ModelGeometry) -> int:
     """The vision tower's rotary table the encoder's first forward caches (MoonViT's), 0 for other towers."""
     vision = geometry.vision_config
-    hidden, heads = vision.get("hidden_size"), vision.get("num_attention_heads")
-    if vision.get("model_type") != "moonvit" or not isinstance(hidden, int) or not isinstance(heads, int) \
-            or hidden <= 0 or heads <= 0:
+    width = vision.get("qkv_hidden_size") or vision.get("hidden_size")
+    heads = vision.get("num_attention_heads")
+    moonvit = vision.get("model_type") == "moonvit" or geometry.architecture in MOONVIT_ARCHITECTURES
+    if not moonvit or not isinstance(width, int) or not isinstance(heads, int) or width <= 0 or heads <= 0:
         return 0
-    return MOONVIT_GRID * MOONVIT_GRID * (hidden // heads // 2) * COMPLEX64_BYTES
+    return MOONVIT_GRID * MOONVIT_GRID * (width // heads // 2) * COMPLEX64_BYTES
 
 
 def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: int, num_seqs: int, tp: int,
@@ -696,8 +701,19 @@ def counted_rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) ->
 # compressed-tensors, AWQ/GPTQ, online fp8) is dequantized into a model-dtype copy (quant_utils.py
 # get_and_maybe_dequant_weights: the identity through the layer, or the scales applied) that the views
 # keep alive beside the quantized weight, inside "Model loading took".
-_IGNORE_KEYS = ("ignore", "modules_to_not_convert", "ignored_layers")
-_LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
+# Where a checkpoint leaves kv_b_proj unquantized: its ignore lists (compressed-tensors `ignore`, fp8
+# `ignored_layers` / `modules_to_not_convert`, Quark `exclude`, ModelOpt `exclude_modules`) matched as vLLM
+# matches them (compressed_tensors/utils.py:53 should_ignore_layer: exact or `re:` re.match, fnmatch for
+# ModelOpt; quant_utils.py:617 is_layer_skipped: exact, AWQ's modules_to_not_convert by substring), and
+# compressed-tensors' config_groups targets (a layer no target matches stays unquantized).
+_IGNORE_KEYS = ("ignore", "ignored_layers", "modules_to_not_convert", "exclude", "exclude_modules")
+_SUBSTRING_METHODS = frozenset({"awq", "awq_marlin", "bitsandbytes"})
+# A stranger's regex runs against our short layer names only when it cannot backtrack for long: a few
+# quantifiers, no quantified group. Anything else is taken as not matching an ignore entry (the copy is
+# counted: the safe side) and as matching a quantization target (the same).
+_REGEX_MAX_LENGTH = 200
+_REGEX_MAX_QUANTIFIERS = 4
+_QUANTIFIED_GROUP = re.compile(r"\)[*+?{]")
 
 
 @dataclass(frozen=True)
@@ -710,16 +726,22 @@ class MlaDecodeWeights:
 
 def mla_decode_weights(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int,
                        online_quantization: object = None) -> MlaDecodeWeights:
-    """One rank's model-dtype copies of the quantized kv_b_proj of its MLA layers (0 where none)."""
+    """One rank's model-dtype copies of the quantized kv_b_proj of its MLA layers (0 where none), on the
+    pipeline stage that holds the most (vLLM's get_pp_indices split)."""
+    from launcher.engines.vllm.kv import pp_partitions
+
     mla, element = geometry.mla, ELEMENT_BYTES.get(dtype, 2)
     online = isinstance(online_quantization, str) and online_quantization.strip().lower() not in ("", "none")
     if mla is None or (geometry.quantization is None and not online):
         return MlaDecodeWeights(0, "")
-    layers = sum(1 for kind in geometry.layer_kinds if kind == MLA)
-    kept = _unquantized_kv_b_layers(geometry.text_config.get("quantization_config"))
-    if kept is None:  # a pattern covering every layer's kv_b_proj
+    config = geometry.text_config.get("quantization_config") if not online else None
+    method = geometry.quantization.method if geometry.quantization is not None and not online else "fp8"
+    quantized = {index for index, kind in enumerate(geometry.layer_kinds)
+                 if kind == MLA and _kv_b_quantized(index, config, method)}
+    stages = pp_partitions(len(geometry.layer_kinds), max(pp, 1))
+    layers = max(sum(1 for index in stage if index in quantized) for stage in stages)
+    if not layers:
         return MlaDecodeWeights(0, "kv_b_proj left unquantized by the checkpoint: no dequantized copy")
-    layers = -(-max(layers - len(kept), 0) // max(pp, 1))
     heads = max(geometry.num_attention_heads // max(tp, 1), 1)
     per_layer = mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim) * element
     return MlaDecodeWeights(layers * per_layer, (
@@ -727,21 +749,50 @@ def mla_decode_weights(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int,
         f"{mla.qk_nope_head_dim + mla.v_head_dim}"))
 
 
-def _unquantized_kv_b_layers(config: object) -> set[int] | None:
-    """Layers whose kv_b_proj the quantization config leaves out, None where a pattern leaves out all."""
-    kept: set[int] = set()
+def _kv_b_quantized(index: int, config: object, method: str) -> bool:
+    """Whether vLLM quantizes layer `index`'s kv_b_proj under this quantization_config."""
     if not isinstance(config, Mapping):
-        return kept
+        return True
+    names = (f"model.layers.{index}.self_attn.kv_b_proj", f"language_model.model.layers.{index}.self_attn.kv_b_proj")
+    substring = method.lower() in _SUBSTRING_METHODS
     for key in _IGNORE_KEYS:
-        names = config.get(key)
-        for name in names if isinstance(names, list) else []:
-            if not isinstance(name, str) or "kv_b_proj" not in name:
-                continue
-            index = _LAYER_INDEX.search(name)
-            if index is None or name.startswith("re:"):
-                return None
-            kept.add(int(index.group(1)))
-    return kept
+        entries = config.get(key)
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, str) and any(_ignored(name, entry, substring) for name in names):
+                return False
+    groups = config.get("config_groups")
+    if isinstance(groups, Mapping) and groups:
+        targets: list[object] = []
+        for group in groups.values():
+            listed = group.get("targets") if isinstance(group, Mapping) else None
+            targets += listed if isinstance(listed, list) else []
+        return any(_targeted(name, target) for name in names for target in targets if isinstance(target, str))
+    return True
+
+
+def _ignored(name: str, entry: str, substring: bool) -> bool:
+    if entry.startswith("re:"):
+        return _regex_match(entry[3:], name) is True
+    if "*" in entry or "?" in entry:
+        return fnmatch.fnmatchcase(name, entry)
+    return name == entry or name.endswith("." + entry) or (substring and bool(entry) and entry in name)
+
+
+def _targeted(name: str, target: str) -> bool:
+    if target.startswith("re:"):
+        return _regex_match(target[3:], name) is not False  # too complex to run: taken as quantized
+    return target in ("Linear", "ColumnParallelLinear") or name == target or name.endswith("." + target)
+
+
+def _regex_match(pattern: str, name: str) -> bool | None:
+    """re.match of a config's pattern against a layer name, None where the pattern is not run."""
+    quantifiers = sum(pattern.count(q) for q in "*+?{")
+    if len(pattern) > _REGEX_MAX_LENGTH or quantifiers > _REGEX_MAX_QUANTIFIERS or _QUANTIFIED_GROUP.search(pattern):
+        return None
+    try:
+        return re.match(pattern, name) is not None
+    except re.error:
+        return None
 
 
 def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,

@@ -275,6 +275,9 @@ ONLINE_QUANTIZATION = (("0.16.0", ("--quantization", "fp8")), ("0.20.0", ("--qua
 NOT_MODELLED = {
     "--speculative-config": "the draft model's weights, KV cache and activations",
     "--enable-lora": "the LoRA adapters' weights and their activations",
+    # The profile run skips the encoder (gpu_model_runner.py profile_run): what it allocates at the first
+    # image or clip (activations, MoonViT's cached rope table) comes from memory vLLM did not request.
+    "--skip-mm-profiling": "the multimodal encoder's memory at the first image (not in vLLM's budget either)",
 }
 # Engine flags people give without `--` by mistake, beyond the ones we read.
 OTHER_FLAGS = frozenset({"--served-model-name", "--trust-remote-code", "--api-key", "--chat-template"})

@@ -93,13 +93,38 @@ def _post_load(record: dict[str, Any]) -> list[int]:
 
 
 def test_post_load_copies_are_sglangs() -> None:
-    """Only DeepSeek's MLA models add tensors after loading: w_kc and w_vc a layer, 2 MiB each for
-    DeepSeek-V2-Lite (16 heads x 128 x 512 in bf16) and 16 MiB for DeepSeek-V3 (128 heads)."""
+    """Only the MLA models add tensors after loading: w_kc and w_vc a layer, 2 MiB each for DeepSeek-V2-Lite
+    and Kimi-VL's language model (16 heads x 128 x 512 in bf16), 16 MiB for DeepSeek-V3 (128 heads, its
+    block FP8 dequantized), 4 MiB for Kimi-Linear's 7 MLA layers (32 heads) among its KDA ones."""
     added = {record["id"]: _post_load(record) for record in BUILT if _post_load(record)}
-    assert set(added) >= {"deepseek-v2-lite", "config:deepseek-v2-lite", "config:deepseek-v3"}
-    assert all("deepseek" in case or "kimi" in case or "moonlight" in case for case in added), sorted(added)
-    assert added["deepseek-v2-lite"] == [2 * MiB] * 2 * 27
+    assert set(added) == {"deepseek-v2-lite", "config:deepseek-v2-lite", "config:deepseek-v3", "config:deepseek-v3.1",
+                          "config:deepseek-r1-0528", "config:kimi-k2-instruct", "config:kimi-linear-48b-a3b-instruct",
+                          "config:kimi-vl-a3b-instruct"}
+    assert added["deepseek-v2-lite"] == added["config:kimi-vl-a3b-instruct"] == [2 * MiB] * 2 * 27
     assert added["config:deepseek-v3"] == [16 * MiB] * 2 * 61
+    assert added["config:kimi-linear-48b-a3b-instruct"] == [4 * MiB] * 2 * 7
+
+
+@pytest.mark.parametrize("record", [record for record in BUILT + SPLIT if _post_load(record)],
+                         ids=lambda record: f"{record['id']}-tp{record.get('tp', 1)}")
+def test_every_mla_copy_is_counted(record: dict[str, Any]) -> None:
+    """Derived or bounded, the leftovers count the copies SGLang makes, per rank."""
+    geometry = _geometry(record)
+    tp = record.get("tp", 1)
+    copies, rule = parameters.mla_decode_copies(geometry, element=ELEMENT[record["dtype"]], tp=tp)
+    assert copies == _post_load(record)
+    overhead = sb.load_overhead(geometry, dtype=record["dtype"], tp=tp, pp=1)
+    assert rule in overhead.detail and overhead.bytes >= sum(copies)
+
+
+def test_the_copies_of_the_fullest_pipeline_stage() -> None:
+    """Kimi-Linear's MLA layers (3, 7, ..., 26) on 2 stages of 13 + 14 layers: 3 and 4 of them."""
+    record = next(record for record in BUILT if record["id"] == "config:kimi-linear-48b-a3b-instruct")
+    geometry = _geometry(record)
+    kinds = geometry.layer_kinds
+    stages = [sum(1 for i in range(start, stop) if kinds[i] == "mla") for start, stop in ((0, 13), (13, 27))]
+    copies, _ = parameters.mla_decode_copies(geometry, element=2, tp=1, pp=2)
+    assert len(copies) == 2 * max(stages) and stages == [3, 4]
 
 
 POST_LOAD_DERIVED = [record for record in DERIVED + SPLIT if _post_load(record) and parameters.loader_tensors(
@@ -154,10 +179,12 @@ def test_profiles_weights_are_the_parameters(record: dict[str, Any]) -> None:
                          ids=lambda record: record["id"])
 def test_the_bound_holds_where_not_derived(record: dict[str, Any]) -> None:
     """Where the tensors are not derived the plan bounds the leftovers by the layer count: SGLang's own
-    tensors (their allocator rounding and buffers) fall inside, or below for the Transformers backend."""
+    tensors (their allocator rounding and buffers, and the MLA copies made after loading) fall inside, or
+    below for the Transformers backend."""
     geometry = _geometry(record)
-    sequence = _sequence(record)
-    truth = parameters.allocator_slack_bytes(sequence) + record["buffer_bytes"] + sb.LOAD_RESIDUAL_BYTES
+    sequence = _sequence(record) + _post_load(record)
+    truth = parameters.allocator_slack_bytes(sequence) + record["buffer_bytes"] + sum(_post_load(record)) \
+        + sb.LOAD_RESIDUAL_BYTES
     bound = sb.load_overhead(geometry, dtype=record["dtype"], tp=1, pp=1, compute_capability=(9, 0))
     assert truth <= bound.bytes + bound.error_bytes
     if record["id"] not in TRANSFORMERS_BACKEND:

@@ -93,3 +93,14 @@ def test_switching_the_encoder_off_returns_its_outputs_to_the_kv_cache() -> None
 
     encoder = 2 * 8192 * geometry.hidden_size
     assert kv("--limit-mm-per-prompt", '{"image": 0, "video": 0}') - kv() == pytest.approx(encoder, abs=2 << 20)
+
+
+def test_skipping_the_encoder_profile_is_said() -> None:
+    """--skip-mm-profiling leaves the encoder out of vLLM's budget: the plan follows and says so."""
+    geometry = _geometry("qwen2.5-vl-7b")
+    model = ResolvedModel(name="qwen2.5-vl-7b", source="local", geometry=geometry, weight_bytes=16_580_000_000,
+                          weight_bytes_source="test", config={})
+    plan = make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["1x h100-80gb"]),
+                                 engine_version="0.19.0", engine_args=("--skip-mm-profiling",)))
+    assert ("--skip-mm-profiling: the multimodal encoder's memory at the first image (not in vLLM's budget "
+            "either); the plan does not count it") in plan.warnings

@@ -109,6 +109,11 @@ def test_moonvit_caches_its_rope_table_in_the_profile_run() -> None:
     skipped = vb.profile_peak(geometry, rules=rules, batched_tokens=8192, num_seqs=1024, tp=1, language_only=True)
     assert ("vision rope table", 72 * 2**20) in profiled.terms and ("vision rope table", 0) in skipped.terms
     assert abs(logged_bytes(case) - shape_bytes(case) - vb.PROFILE_CONSTANT_BYTES) <= 0.03 * GiB
+    # Kimi-K2.5's MoonViT3d: the same table, its head dim from qkv_hidden_size where given.
+    k25 = geometry_from_config({**config, "architectures": ["KimiK25ForConditionalGeneration"],
+                                "vision_config": {**config["vision_config"], "model_type": "kimi_k25_vision",
+                                                  "qkv_hidden_size": 2048}})
+    assert vb.vision_rope_table_bytes(k25) == 512 * 512 * (2048 // 16 // 2) * 8
     # Other towers cache no such table (Gemma 3's SigLIP).
     gemma = geometry_from_config(json.loads((DATA / "models" / "gemma-3-12b-it" / "config.json").read_text()))
     assert vb.vision_rope_table_bytes(gemma) == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +70,42 @@ def test_the_plan_counts_the_copies_with_the_weights() -> None:
     assert fp8.item("weights").bytes - plain.item("weights").bytes == 27 * 512 * 16 * 256 * 2 == 108 * MiB
     assert "0.11 GiB MLA W_UK_T/W_UV: kv_b_proj dequantized to bfloat16, 27 layers" in fp8.item("weights").detail
     assert fp8.item("weights").source == "computed"
+
+
+def _with_quant(**changes: Any) -> Any:
+    config = _config("deepseek-v3")
+    return geometry_from_config({**config, "quantization_config": {**config["quantization_config"], **changes}})
+
+
+def test_ignore_lists_are_matched_as_vllm_matches_them() -> None:
+    """A regex naming some layers leaves the others' copies; a regex or wildcard over all attention
+    leaves none; config_groups whose targets miss kv_b_proj leave it unquantized; the MTP layer (61),
+    outside the decoder, changes nothing."""
+    def mib(geometry: Any, pp: int = 1) -> int:
+        return vb.mla_decode_weights(geometry, dtype="bfloat16", tp=8, pp=pp).bytes // MiB
+
+    assert mib(_with_quant(ignore=[r"re:model\.layers\.[0-2]\.self_attn\.kv_b_proj"])) == 58 * 4
+    assert mib(_with_quant(ignore=["re:.*self_attn.*", "lm_head"])) == 0  # as Kimi-K2-Thinking ships
+    assert mib(_with_quant(exclude_modules=["model.layers.*.self_attn*"])) == 0  # ModelOpt's wildcards
+    assert mib(_with_quant(exclude=["re:.*kv_b_proj$"])) == 0  # Quark
+    assert mib(_with_quant(config_groups={"group_0": {"targets": [r"re:.*mlp\.experts.*"]}})) == 0
+    assert mib(_with_quant(config_groups={"group_0": {"targets": ["Linear"]}})) == 61 * 4
+    assert mib(_with_quant(modules_to_not_convert=["model.layers.61.self_attn.kv_b_proj"])) == 61 * 4
+    # fp8's modules_to_not_convert matches exactly: "self_attn" alone names no layer there (AWQ's would).
+    assert mib(_with_quant(modules_to_not_convert=["self_attn"])) == 61 * 4
+
+
+def test_pipeline_stages_split_as_vllm_splits_them() -> None:
+    """61 layers on 2 stages are [31, 30] (get_pp_indices): with layers 0-3 unquantized the first stage
+    holds 27 copies, the second 30, and the plan takes the larger."""
+    ignored = [f"model.layers.{i}.self_attn.kv_b_proj" for i in range(4)]
+    added = vb.mla_decode_weights(_with_quant(ignored_layers=ignored), dtype="bfloat16", tp=8, pp=2)
+    assert added.bytes == 30 * 4 * MiB
+
+
+def test_a_strangers_regex_cannot_stall_the_plan() -> None:
+    """Patterns that could backtrack for long are not run: the copies are counted (the safe side), at once."""
+    started = time.monotonic()
+    for pattern in ["re:(a+)+$", "re:(.*)*x", "re:" + ".*" * 12 + "x", "re:" + "a" * 500, "re:[unclosed"]:
+        assert vb.mla_decode_weights(_with_quant(ignore=[pattern]), dtype="bfloat16", tp=8, pp=1).bytes == 244 * MiB
+    assert time.monotonic() - started < 5
