@@ -95,19 +95,10 @@ def _visible_line(inv: GpuInventory) -> str:
     return _cut(f"engine sees (CUDA_VISIBLE_DEVICES {chosen}): {seen}", WIDTH)
 
 
-def cuda_total_source(device: GpuDevice) -> str:
-    """Where the CUDA total the engines size from comes from (launcher/model/gpu.py usable_total_bytes)."""
-    if device.cuda_total_measured:
-        return "cuda driver"
-    if device.cuda_total_bytes is not None:
-        return "catalog"
-    return "nvml reserved" if device.reserved_bytes else "typical reserve"
-
-
 def _cuda_totals_line(inv: GpuInventory) -> str:
     """`CUDA totals (from the CUDA driver): GPU 0 79.19 GiB, GPU 1 44.42 GiB`, wrapped on many GPUs."""
     parts = [f"{device.label} {format_gib(device.usable_total_bytes)}" for device in inv.devices if device.total_bytes]
-    sources = sorted({cuda_total_source(device) for device in inv.devices if device.total_bytes})
+    sources = sorted({device.usable_total_source for device in inv.devices if device.total_bytes})
     words = {"cuda driver": "the CUDA driver", "catalog": "published totals",
              "nvml reserved": "NVML total - reserved", "typical reserve": "NVML total - a typical reserve"}
     return textwrap.fill(f"CUDA totals (from {'; '.join(words[s] for s in sources)}): {', '.join(parts)}",
@@ -200,7 +191,7 @@ def _device_json(device: GpuDevice) -> dict[str, Any]:
         "used_bytes": device.used_bytes,
         "reserved_bytes": device.reserved_bytes,
         "cuda_total_bytes": device.cuda_total_bytes,
-        "cuda_total_source": cuda_total_source(device),
+        "cuda_total_source": device.usable_total_source,
         "compute_capability": None if cc is None else f"{cc[0]}.{cc[1]}",
         "mig_mode": device.mig_mode,
         "source": device.source,

@@ -79,6 +79,16 @@ class GpuDevice:
         return self.total_bytes - CUDA_RESERVE_BYTES
 
     @property
+    def usable_total_source(self) -> str:
+        """Which of `usable_total_bytes`' sources gave it: "cuda driver", "catalog", "nvml reserved" or
+        "typical reserve"."""
+        if self.cuda_total_measured:
+            return "cuda driver"
+        if self.cuda_total_bytes is not None:
+            return "catalog"
+        return "nvml reserved" if self.reserved_bytes else "typical reserve"
+
+    @property
     def usable_total_error_bytes(self) -> int:
         """+/- on `usable_total_bytes`: a catalog total's spread, 0 where NVML measured the reserve,
         the spread of reserves seen where it is NVML less the typical reserve."""

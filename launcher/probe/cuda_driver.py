@@ -92,6 +92,7 @@ class CudaReport:
 
     totals: Mapping[str, CudaTotal]
     notes: tuple[str, ...] = ()
+    no_library: bool = False  # libcuda.so.1 did not load: no other query can do better
 
 
 def uuid_hex(nvml_uuid: str | None) -> str | None:
@@ -127,38 +128,39 @@ def read_cuda_totals(env: Mapping[str, str], devices: Sequence[GpuDevice], *,
     totals: dict[str, CudaTotal] = {}
     notes: list[str] = []
     for group in _queries(devices):
-        report = _ask(child_env(env, group), deadline - time.monotonic(), timeout_s)
+        report, final = _ask(child_env(env, group), deadline - time.monotonic(), timeout_s)
         totals.update(report.totals)
         notes += report.notes
-        if any("did not answer" in note or "could not" in note for note in report.notes):
+        if final:
             break  # no driver, or a hung one: asking again costs the same
     return CudaReport(totals, tuple(dict.fromkeys(notes)))
 
 
-def _ask(env: dict[str, str], left_s: float, timeout_s: float) -> CudaReport:
+def _ask(env: dict[str, str], left_s: float, timeout_s: float) -> tuple[CudaReport, bool]:
+    """One child's report, and whether asking again is pointless (no driver library, no child, a hang)."""
     hung = CudaReport({}, (f"CUDA totals not measured: the CUDA driver did not answer in {timeout_s:.0f} s "
                            "(cuInit; see `nvidia-smi` and the kernel log)",))
     if left_s <= 0:
-        return hung
+        return hung, True
     try:
         proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", CHILD_SOURCE], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
     except OSError as exc:
-        return CudaReport({}, (f"CUDA totals not measured: the driver query could not start ({exc.strerror})",))
+        return CudaReport({}, (f"CUDA totals not measured: the driver query could not start ({exc.strerror})",)), True
     try:
         out, _ = proc.communicate(timeout=left_s)
     except subprocess.TimeoutExpired:
         _stop(proc)
-        return hung
+        return hung, True
     except BaseException:  # Ctrl-C while waiting: the child is in its own session and would not see it
         _stop(proc)
         raise
     report = parse_child_output(out[:_MAX_OUTPUT].decode("ascii", "replace"))
     if not report.totals and not report.notes:
         return CudaReport({}, (f"CUDA totals not measured: the driver query ended with status {proc.returncode} "
-                               "and no answer",))
-    return report
+                               "and no answer",)), False
+    return report, report.no_library
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -178,6 +180,7 @@ def parse_child_output(text: str) -> CudaReport:
     """The child's lines, each checked: a UUID of 32 hex digits and a total in bytes."""
     totals: dict[str, CudaTotal] = {}
     notes: list[str] = []
+    no_library = False
     for line in text.splitlines()[:256]:
         try:
             record = json.loads(line)
@@ -187,6 +190,7 @@ def parse_child_output(text: str) -> CudaReport:
             continue
         error = record.get("error")
         if error == "library":
+            no_library = True
             notes.append("CUDA totals not measured: libcuda.so.1 could not be loaded (no CUDA driver "
                          "library on the engine's library path)")
         elif isinstance(error, str):
@@ -197,7 +201,7 @@ def parse_child_output(text: str) -> CudaReport:
             uuid, total = record.get("uuid"), record.get("total")
             if isinstance(uuid, str) and _UUID_HEX.fullmatch(uuid) and type(total) is int and 0 < total < 1 << 50:
                 totals[uuid] = CudaTotal(total, record.get("uuid_v2") is True)
-    return CudaReport(totals, tuple(dict.fromkeys(notes)))
+    return CudaReport(totals, tuple(dict.fromkeys(notes)), no_library)
 
 
 def with_cuda_totals(devices: Sequence[GpuDevice], report: CudaReport) -> tuple[GpuDevice, ...]:

@@ -596,20 +596,21 @@ def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int, quan
     element = ELEMENT_BYTES.get(dtype)
     loader = None if quantized_online or pp != 1 or element is None else \
         parameters.loader_tensors(geometry, element=element, tp=tp)
+    # The MLA models' w_kc / w_vc, allocated after every loaded tensor, whether those are derived or bounded.
+    copies, copies_rule = parameters.mla_decode_copies(geometry, element=element or 2, tp=tp, pp=pp)
     if loader is None:
-        copies, rule = parameters.mla_decode_copies(geometry, element=element or 2, tp=tp, pp=pp)
         bounded = _bounded_overhead(geometry, parameters.rope_cache_bytes(geometry), pp,
                                     "weights quantized while loading" if quantized_online else "this model")
         if not copies:
             return bounded
-        return LoadOverhead(bounded.bytes + sum(copies), bounded.error_bytes, f"{bounded.detail}; + {rule}")
-    rounding = parameters.allocator_slack_bytes(loader.tensors + loader.post_load)
+        return LoadOverhead(bounded.bytes + sum(copies), bounded.error_bytes, f"{bounded.detail}; + {copies_rule}")
+    rounding = parameters.allocator_slack_bytes(loader.tensors + tuple(copies))
     repack, repack_error, repack_rule = parameters.repack_leftovers(loader, compute_capability)
     return LoadOverhead(
-        loader.engine_only_bytes + sum(loader.post_load) + rounding + repack + LOAD_RESIDUAL_BYTES,
+        loader.engine_only_bytes + sum(copies) + rounding + repack + LOAD_RESIDUAL_BYTES,
         LOAD_RESIDUAL_ERROR_BYTES + repack_error,
         f"derived: {loader.rule}: {loader.engine_only_bytes / 2**20:.0f} MiB no checkpoint holds ("
-        + ", ".join(loader.engine_only) + ")" + (f" + {loader.post_load_rule}" if loader.post_load else "")
+        + ", ".join(loader.engine_only) + ")" + (f" + {copies_rule}" if copies else "")
         + f" + allocator rounding {rounding / 2**20:.0f} MiB"
         + (f" + {repack_rule}" if repack_rule else "") + f" + {LOAD_RESIDUAL_BYTES >> 20} MiB residual")
 

@@ -8,9 +8,9 @@ the segments that hold them. The tensor lists below are checked, tensor by tenso
 modules SGLang 0.5.23 itself builds (tests/oracles/sglang_params.py -> tests/data/sglang_params.json).
 
 Covered: Llama, Mistral, Qwen2, Qwen3, Phi-3/4, Granite 3, GLM-4 (unquantized, AWQ, compressed-tensors
-FP8), Gemma 2, the fused MoE decoders Qwen3-MoE and Mixtral, DeepSeek-V2 without a q LoRA (unquantized;
-with the w_kc / w_vc copies its post_load_weights adds after loading).
-Anything else is bounded by the caller (budget.load_overhead).
+FP8), Gemma 2, the fused MoE decoders Qwen3-MoE and Mixtral, DeepSeek-V2 without a q LoRA (unquantized).
+Anything else is bounded by the caller (budget.load_overhead). The MLA models' w_kc / w_vc copies, made
+after loading, are derived for every MLA model (mla_decode_copies), derived or bounded.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.engines.sglang.architectures import stage_layers
 from launcher.model.config import MLA, ModelGeometry
 
 # torch 2.13 include/c10/core/AllocatorConfig.h:17-25 (CUDACachingAllocator's get_allocation_size):
@@ -55,9 +56,6 @@ class LoaderTensors:
     layer_linear_tensors: tuple[int, ...] = ()
     linear_layers: int = 0
     layer_linear_rows: int = 0  # the output rows of one layer's linear layers (one rank)
-    # Allocated after loading, kept beside the loaded tensors (DeepSeek's MLA w_kc / w_vc copies), in order.
-    post_load: tuple[int, ...] = ()
-    post_load_rule: str = ""
 
 
 # --------------------------------------------------------------------------- rope cache
@@ -172,8 +170,6 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
     architecture = geometry.architecture
     linear_tensors: list[int] = []
     linear_rows = 0
-    post_load: list[int] = []
-    post_load_rule = ""
     layers: list[int] | None
     if architecture in DENSE_DECODERS and geometry.intermediate_size:
         layers = _dense_layers(geometry, element, tp, scheme, rope)
@@ -190,7 +186,6 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
         layers = _moe_layers(geometry, element, tp, rope)
     elif architecture == DEEPSEEK_V2 and scheme.name is None and geometry.mla is not None:
         layers = _deepseek_v2_layers(geometry, element, tp, rope)
-        post_load, post_load_rule = mla_decode_copies(geometry, element=element, tp=tp)
     else:
         return None
     if layers is None:
@@ -214,8 +209,7 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
     return LoaderTensors(tensors, engine_only, what, scheme.name,
                          f"{len(tensors)} tensors of SGLang's {architecture} modules"
                          + (f" ({scheme.name} linear layers)" if scheme.name else ""),
-                         tuple(linear_tensors), 4 * geometry.num_layers if linear_tensors else 0, linear_rows,
-                         tuple(post_load), post_load_rule)
+                         tuple(linear_tensors), 4 * geometry.num_layers if linear_tensors else 0, linear_rows)
 
 
 def _attention(geometry: ModelGeometry, element: int, tp: int, scheme: _Scheme, bias: bool) -> tuple[list[int],
@@ -315,8 +309,6 @@ def mla_decode_copies(geometry: ModelGeometry, *, element: int, tp: int, pp: int
     kv_lora_rank, v_head] per rank, layer by layer, on the stage that holds the most MLA layers. In the
     model dtype, also for block FP8 (block_quant_dequant: SGLANG_USE_DEEPGEMM_BMM is off by default);
     FP8 per tensor or channel keeps them in fp8."""
-    from launcher.engines.sglang.architectures import stage_layers
-
     mla = geometry.mla
     if mla is None:
         return [], ""

@@ -27,6 +27,7 @@ from launcher.engines.checks_common import lines_for
 from launcher.engines.online_quant import ELEMENT_BYTES, kept_layers, quantized_weights
 from launcher.engines.versions import version_key
 from launcher.engines.vllm.compilation import GraphMode, GraphPins, graph_mode
+from launcher.engines.vllm.kv import pp_partitions
 from launcher.engines.vllm.rules import VllmRules, uses_v2_runner
 from launcher.model.config import MLA, ModelGeometry
 
@@ -728,8 +729,6 @@ def mla_decode_weights(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int,
                        online_quantization: object = None) -> MlaDecodeWeights:
     """One rank's model-dtype copies of the quantized kv_b_proj of its MLA layers (0 where none), on the
     pipeline stage that holds the most (vLLM's get_pp_indices split)."""
-    from launcher.engines.vllm.kv import pp_partitions
-
     mla, element = geometry.mla, ELEMENT_BYTES.get(dtype, 2)
     online = isinstance(online_quantization, str) and online_quantization.strip().lower() not in ("", "none")
     if mla is None or (geometry.quantization is None and not online):

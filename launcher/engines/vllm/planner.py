@@ -824,17 +824,12 @@ def _total_item(gpu: GpuDevice, total: int, error: int) -> BudgetItem:
     if gpu.size_given:  # --gpu 80GB: the operator's figure, not a card's published total
         return BudgetItem("total", "GPU total (CUDA)", total, PINNED,
                           "cudaMemGetInfo total (the --gpu size given, taken as the CUDA total)", error_bytes=error)
+    why = {"cuda driver": " (measured here: the CUDA driver's cuDeviceTotalMem)",
+           "catalog": f" (catalog: {gpu.cuda_total_why or 'published totals for this card'})",
+           "nvml reserved": " = NVML total - driver reserve",
+           "typical reserve": " ~ NVML total - the typical driver reserve (not measured for this GPU)"}
     return BudgetItem("total", "GPU total (CUDA)", total, CATALOG if gpu.source == "catalog" else MEASURED,
-                      "cudaMemGetInfo total" + (f" (catalog: {gpu.cuda_total_why})" if gpu.cuda_total_why else
-                                                " (catalog: published totals for this card)"
-                                                if gpu.cuda_total_bytes and gpu.source == "catalog" else
-                                                " (measured here: the CUDA driver's cuDeviceTotalMem)"
-                                                if gpu.cuda_total_measured else
-                                                "" if gpu.cuda_total_bytes else
-                                                " = NVML total - driver reserve" if gpu.reserved_bytes else
-                                                " ~ NVML total - the typical driver reserve (not measured for this "
-                                                "GPU)"),
-                      error_bytes=error)
+                      "cudaMemGetInfo total" + why[gpu.usable_total_source], error_bytes=error)
 
 
 def _offload_detail(setup: _VllmSetup) -> str:
