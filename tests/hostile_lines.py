@@ -2,7 +2,7 @@
 
 Used by tests/test_hostile_logs.py (assertions) and bench/log_rules.py (the worst time on a 1 MB
 line). Each rule of both engines has a genuine record here, written in the engine's own format:
-vLLM's logger header (vllm/logger.py:28, 0.33.0; ``logger.exception`` repeats it on every
+vLLM's logger header (vllm/logger.py:28, 0.33.0 and 0.34.0; ``logger.exception`` repeats it on every
 traceback line, logging_utils/formatter.py:74) and SGLang's (srt/utils/common.py:2630, 0.5.23;
 a manager's logged traceback follows its header raw).
 """
@@ -73,6 +73,22 @@ SAMPLES = (
                                       "allocate 2.00 GiB."), "torch.OutOfMemoryError: CUDA out of memory."),
     _v_err("fatal:cpu_node_memory", "ValueError: Available memory on node 0 (10.00/64.00 GiB) on startup is less "
            "than desired CPU memory utilization (0.9, 57.60 GiB)."),
+    # 0.33+ (cpu_worker.py:237 in 0.34.0): the node's memory checked when the KV cache is sized
+    _v_err("fatal:cpu_node_memory", "ValueError: Available memory on node 0 (10.0/64.0 GiB) on kv cache allocation "
+           "is less than requested memory for kv (20.1/57.6 GiB). Reduce CPU memory used by other processes."),
+    _v_err("fatal:cpu_reservation_full", "ValueError: The worker already uses 40.2 GiB (model weights and runtime), "
+           "more than the 38.4 GiB of CPU memory reserved for it on node 0, leaving none for the KV cache. On the CPU "
+           "backend, the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved (despite its "
+           "name). To resolve: increase `--gpu-memory-utilization` to more than 0.63, or set the KV cache size "
+           "explicitly with `--kv-cache-memory-bytes` or VLLM_CPU_KVCACHE_SPACE."),
+    # 0.34's extensible KV cache (v1/worker/extensible_kv_cache.py:693, utils/vmm_driver.py:191, :517)
+    _v("kv_measured", "Memory after warmup: 118.64 GiB free, 0.25 GiB committed to the KV cache, 3.02 GiB kept for "
+       "transient activations (3.02 GiB allocated at peak, 0.0 GiB of torch reservation growth); 7214 KV cache "
+       "blocks (112.72 GiB) fit within the requested 139.81 GiB. Torch may reserve up to 6.5 GiB.",
+       "extensible_kv_cache.py:693"),
+    _v_err("fatal:kv_commit_oom", "RuntimeError: GPU driver error 2: out of memory"),
+    _v_err("fatal:extensible_kv_unsupported", "ValueError: The KV connector allocates the KV cache from its own "
+           "memory pool, which the extensible KV cache cannot use. Disable it with --no-enable-extensible-kv-cache."),
     Sample("vllm", "ready", ("INFO:     Application startup complete.",), "Application startup complete."),
     _v("ready", "Starting vLLM server on http://0.0.0.0:8000", "entry.py:139"),
     _v_err("crash:engine_core", "EngineCore encountered a fatal error."),

@@ -64,7 +64,7 @@ def test_argparse_spellings_the_engines_take() -> None:
 @pytest.mark.parametrize("flags", [["-O3"], ["-O", "3"], ["-O=3"], ["-O0", "--enforce-eager"], ["-Odecode"]])
 def test_vllm_optimization_short_flag_is_taken(flags: list[str]) -> None:
     """vLLM rewrites -O3 / -O 3 / -O=3 to --optimization-level (argparse_utils.py:358-369): not exit 2 (was)."""
-    for version in ("0.31.0", "0.32.0", "0.33.0"):
+    for version in ("0.31.0", "0.32.0", "0.33.0", "0.34.0"):
         assert check_engine_args(VLLM, version, flags) == ()
 
 
@@ -89,7 +89,7 @@ def test_a_leading_word_that_is_not_a_flag_is_exit_2(engine: str, argv: list[str
 
 def test_a_newer_release_than_our_table_warns_not_blocks() -> None:
     warnings = check_engine_args(VLLM, "0.40.0", ["--some-new-flag", "3"])
-    assert len(warnings) == 1 and "--some-new-flag" in warnings[0] and "0.33.0" in warnings[0]
+    assert len(warnings) == 1 and "--some-new-flag" in warnings[0] and "0.34.0" in warnings[0]
     with pytest.raises(UsageError, match="--context-length"):  # another engine's spelling: in every release
         check_engine_args(VLLM, "0.40.0", ["--context-length", "4096"])
     code, out, _ = run(["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--engine-version", "0.40.0", "--json",
@@ -197,12 +197,13 @@ def test_vllm_033_keeps_the_hidden_negations() -> None:
     but hidden from help (utils/argparse_utils.py:120-151): both spellings are taken."""
     for flags in (["--no-enable-prefix-caching"], ["--disable-prefix-caching"], ["--enable-prefix-caching"]):
         assert check_engine_args(VLLM, "0.33.0", flags) == ()
+        assert check_engine_args(VLLM, "0.34.0", flags) == ()
     with pytest.raises(UsageError, match="does not take engine flag --disable-prefix-caching"):
         check_engine_args(VLLM, "0.32.0", ["--disable-prefix-caching"])
 
 
 def test_each_release_read_is_its_own_argparse() -> None:
-    """Tables for vLLM 0.19-0.33 and SGLang 0.5.2-0.5.23 (engine_flags.py on each release's tree): a
+    """Tables for vLLM 0.19-0.34 and SGLang 0.5.2-0.5.23 (engine_flags.py on each release's tree): a
     flag or value is taken exactly by the releases that had it."""
     assert check_engine_args(VLLM, "0.19.0", ["--calculate-kv-scales"]) == ()  # removed before 0.31
     with pytest.raises(UsageError, match="vLLM 0.31.0 does not take engine flag --calculate-kv-scales"):
@@ -213,3 +214,56 @@ def test_each_release_read_is_its_own_argparse() -> None:
         check_engine_args(SGLANG, "0.5.2", ["--attention-backend", "fa4"])
     warnings = check_engine_args(SGLANG, "0.5.5", ["--attention-backend", "fa4"])  # between 0.5.2 and 0.5.9
     assert len(warnings) == 1 and "SGLang 0.5.2's argparse" in warnings[0]
+
+
+# vLLM 0.34.0's additions (engine_flags.py on the 0.34.0 tree: vllm/entrypoints/common/cli_args.py:432 and
+# vllm/engine/arg_utils.py:966; the EngineArgs fields at :615, :624, :719-721, :812, :844).
+VLLM_034_NEW = (
+    ["--enable-extensible-kv-cache"], ["--no-enable-extensible-kv-cache"], ["--disable-extensible-kv-cache"],
+    ["--checkpoint-prepare-on-startup"], ["--no-checkpoint-prepare-on-startup"],
+    ["--shuffle-safetensors-files"], ["--no-shuffle-safetensors-files"],
+    ["--max-num-inflight-kv-loads", "4"], ["--cache-aware-admission-window", "64"],
+    ["--cache-aware-admission-threshold", "0.5"], ["--headless-client-handshake-address", "tcp://h:5"],
+)
+
+
+@pytest.mark.parametrize("flags", VLLM_034_NEW, ids=lambda f: f[0])
+def test_vllm_034_new_flags_are_its_own(flags: list[str]) -> None:
+    """Taken by 0.34.0 exactly; 0.33.0's argparse refuses them (exit 2 naming the release); between the two
+    (0.33.5) the table below vouches for nothing exactly: a warning."""
+    assert check_engine_args(VLLM, "0.34.0", flags) == ()
+    assert check_engine_args(VLLM, None, flags) == ()  # no version asked: the newest table
+    with pytest.raises(UsageError, match=f"vLLM 0.33.0 does not take engine flag {flags[0]}"):
+        check_engine_args(VLLM, "0.33.0", flags)
+    warnings = check_engine_args(VLLM, "0.33.5", flags)
+    assert len(warnings) == 1 and flags[0] in warnings[0]
+
+
+def test_vllm_034_keeps_every_033_flag() -> None:
+    """0.34.0 removes no option string of 0.33.0 and adds 11 (7 arguments with their negations)."""
+    assert VLLM.versions["0.33.0"] <= VLLM.versions["0.34.0"]
+    assert len(VLLM.versions["0.34.0"] - VLLM.versions["0.33.0"]) == 11
+
+
+@pytest.mark.parametrize(("flag", "value", "new_in_034"), [
+    ("--gdn-prefill-backend", "hip", True),  # engine/arg_utils.py:1981 (GDN prefill on ROCm)
+    ("--all2all-backend", "mori", True),  # MoRI EP, EPv2 where supported (config/parallel.py:54, :240-242)
+    ("--gdn-prefill-backend", "sycl", False),  # 0.33's
+    ("--moe-backend", "aiter_triton_mxfp4_mxfp4", False),  # kernel.py:122 MoEBackend: the same list as 0.33's
+])
+def test_vllm_034_choices(flag: str, value: str, new_in_034: bool) -> None:
+    assert check_engine_args(VLLM, "0.34.0", [flag, value]) == ()
+    if new_in_034:
+        with pytest.raises(UsageError, match=f"vLLM 0.33.0 refuses the command line: argument {flag}: "
+                                             f"invalid choice: '{value}'"):
+            check_engine_args(VLLM, "0.33.0", [flag, value])
+    else:
+        assert check_engine_args(VLLM, "0.33.0", [flag, value]) == ()
+    with pytest.raises(UsageError, match="invalid choice: 'rocm'"):
+        check_engine_args(VLLM, "0.34.0", [flag, "rocm"])
+
+
+def test_vllm_034_kv_cache_dtype_has_no_argparse_choices() -> None:
+    """From 0.33 the flag takes any string (CacheConfig validates it: launcher/engines/vllm/checks.py)."""
+    assert "--kv-cache-dtype" not in VLLM.choices["0.34.0"] and "--kv-cache-dtype" in VLLM.choices["0.32.0"]
+    assert check_engine_args(VLLM, "0.34.0", ["--kv-cache-dtype", "octave_k3v4"]) == ()

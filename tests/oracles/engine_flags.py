@@ -4,11 +4,12 @@ launcher/engines/<engine>/argparse_flags.json.
     $SAFE_SERVE_VLLM_PYTHON tests/oracles/engine_flags.py vllm OUT.json
     $SAFE_SERVE_SGLANG_PYTHON tests/oracles/engine_flags.py sglang OUT.json   # with the oracle's stubs
 
-vLLM: `make_arg_parser(FlexibleArgumentParser())` (vllm/entrypoints/launchers/cli_args.py:421 on
-0.32, vllm/entrypoints/openai/cli_args.py before), which adds EngineArgs.add_cli_args
-(vllm/engine/arg_utils.py:934). SGLang: `ServerArgs.add_cli_args(argparse.ArgumentParser())`
-(sglang/srt/server_args.py, as `prepare_server_args` builds it). An older release's Python tree
-on PYTHONPATH ahead of the venv gives that release's table (VLLM_TARGET_DEVICE=cpu for vLLM).
+vLLM: `make_arg_parser(FlexibleArgumentParser())` (vllm/entrypoints/common/cli_args.py:431 on 0.33, :432 on
+0.34, vllm/entrypoints/launchers/cli_args.py:421 on 0.32, vllm/entrypoints/openai/cli_args.py before), which
+adds EngineArgs.add_cli_args (vllm/engine/arg_utils.py:934 on 0.32, :966 on 0.34). SGLang:
+`ServerArgs.add_cli_args(argparse.ArgumentParser())` (sglang/srt/server_args.py, as `prepare_server_args`
+builds it). An older or newer release's Python tree on PYTHONPATH ahead of the venv gives that release's table
+(VLLM_TARGET_DEVICE=cpu for vLLM).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def vllm_parser() -> tuple[str, str, argparse.ArgumentParser]:
     except ImportError:
         from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined,no-redef]
     for name in ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args",
-                 "vllm.entrypoints.openai.cli_args"):  # 0.33, 0.32, earlier
+                 "vllm.entrypoints.openai.cli_args"):  # 0.33+, 0.32, earlier
         try:
             module = importlib.import_module(name)
         except ImportError:

@@ -22,7 +22,7 @@ def engine_argv(plan, model, passthrough, engine_cmd):
     return adapter(plan.engine).engine_argv(plan, model, passthrough, engine_cmd)
 
 
-# vLLM's own record header (vllm/logger.py:28, 0.33.0) as logger.exception writes a traceback's
+# vLLM's own record header (vllm/logger.py:28, 0.33.0 and 0.34.0) as logger.exception writes a traceback's
 # last line: the ERROR header, then "ValueError: ...".
 ERR = "(EngineCore pid=107) ERROR 07-06 22:52:09 [core.py:1512] ValueError: "
 KV_HEAD = "INFO 07-06 22:52:09 [kv_cache_utils.py:1319] "
@@ -59,6 +59,112 @@ class TestVllmLines:
     def test_ordinary_lines_cost_nothing(self) -> None:
         """A line with none of the prefilter words is not parsed."""
         assert parse_vllm("INFO 07-06 Route: /v1/models, Methods: GET") is None
+
+
+# 0.34.0's extensible KV cache: what it measured after warmup and CUDA graph capture, one INFO record per worker
+# (v1/worker/extensible_kv_cache.py:693-707), as the worker's logger writes it.
+MEASURED = ("Memory after warmup: 118.64 GiB free, 0.25 GiB committed to the KV cache, 3.02 GiB kept for transient "
+            "activations (3.02 GiB allocated at peak, 0.0 GiB of torch reservation growth); 7214 KV cache blocks "
+            "(112.72 GiB) fit within the requested 139.81 GiB. Torch may reserve up to 6.5 GiB.")
+MEASURED_HEAD = "(Worker_TP0 pid=212) INFO 11-16 09:12:44 [extensible_kv_cache.py:693] "
+
+
+class TestVllm034Lines:
+    def test_memory_after_warmup_gives_every_figure(self) -> None:
+        event = parse_vllm(MEASURED_HEAD + MEASURED)
+        assert event is not None and event.kind == "kv_measured" and not event.is_fatal
+        assert event.values == {"free_gib": 118.64, "committed_gib": 0.25, "transient_gib": 3.02, "peak_gib": 3.02,
+                                "torch_growth_gib": 0.0, "blocks": 7214, "kv_gib": 112.72, "requested_gib": 139.81,
+                                "torch_limit_gib": 6.5}
+        small = MEASURED.replace("118.64", "0.9").replace("7214", "0").replace("(112.72 GiB)", "(0.0 GiB)")
+        assert parse_vllm("INFO 11-16 09:12:44 [extensible_kv_cache.py:693] " + small).values["blocks"] == 0
+
+    def test_memory_after_warmup_is_read_only_as_the_engines_record(self) -> None:
+        """The words quoted by a prompt (request logs, the access log, raw output, a request's traceback), or a
+        record that only quotes them later in its message: no event. So a prompt cannot feed the figures."""
+        from tests.hostile_lines import quoted
+
+        for lines in quoted("vllm", MEASURED):
+            reader = adapter("vllm").log_reader({})
+            assert [reader.read("stdout", line) for line in lines] == [None] * len(lines), lines
+        for line in (
+            MEASURED,  # raw output: no header
+            f"(APIServer pid=8) INFO 11-16 09:12:44 [serving.py:88] prompt echo: {MEASURED}",
+            f"(APIServer pid=8) INFO 11-16 09:12:44 [request_logger.py:65] {MEASURED}",
+            f"{MEASURED_HEAD}{MEASURED.replace('118.64', '1.1.8')}",  # not a number vLLM writes
+            f"{MEASURED_HEAD}{MEASURED.replace('7214', '7,214')}",  # %d: no separators
+            f"{MEASURED_HEAD}{MEASURED[:-30]}",  # cut short
+        ):
+            assert parse_vllm(line) is None, line
+
+    def test_memory_after_warmup_long_lines_are_linear(self) -> None:
+        """1 MB of digits where a figure goes, or of the record repeated: well under the bound (no backtracking)."""
+        import time
+
+        for line in (MEASURED_HEAD + MEASURED.replace("118.64", "1" * 1_000_000),
+                     MEASURED_HEAD + MEASURED.replace("0.25", "0." + "5" * 1_000_000),
+                     MEASURED_HEAD + MEASURED * 5_000, MEASURED_HEAD + "Memory after warmup: " * 50_000):
+            started = time.perf_counter()
+            parse_vllm(line)
+            assert time.perf_counter() - started < 0.5
+
+    def test_driver_out_of_memory_while_committing_the_kv_cache(self) -> None:
+        """The extensible KV cache's pages come from the driver (utils/vmm_driver.py:191): its error is fatal, read
+        from the engine's exception only, never from a message or another type."""
+        event = parse_vllm(f"{ERR[:-len('ValueError: ')]}RuntimeError: GPU driver error 2: out of memory")
+        assert event is not None and event.kind == "fatal:kv_commit_oom"
+        reader = adapter("vllm").log_reader({})
+        lines = ["Traceback (most recent call last):", '  File "vllm/utils/extensible_tensor.py", line 127',
+                 "RuntimeError: GPU driver error 2: out of memory"]
+        assert [e.kind for e in map(lambda line: reader.read("stderr", line), lines) if e] == ["fatal:kv_commit_oom"]
+        for line in (f"{ERR[:-len('ValueError: ')]}GPU driver error 2: out of memory",  # a message, not raised
+                     f"{ERR}GPU driver error 2: out of memory",  # another exception type
+                     f"{KV_HEAD}RuntimeError: GPU driver error 2: out of memory"):  # at INFO
+            assert parse_vllm(line) is None, line
+
+    def test_extensible_kv_cache_refusals_are_fatal(self) -> None:
+        """0.34.0 extensible_kv_cache.py:517, v1/attention/backends/utils.py:395, v1/executor/abstract.py:170."""
+        head = ERR[:-len("ValueError: ")]
+        for raised, text in (
+            ("ValueError", "The KV connector allocates the KV cache from its own memory pool, which the extensible "
+                           "KV cache cannot use. Disable it with --no-enable-extensible-kv-cache."),
+            ("ValueError", "KV connectors with the extensible KV cache need a block-compact layout, but none is in "
+                           "every supported set: [[LHBNC, LBHNC]]."),
+            ("RuntimeError", "A KV connector (e.g. LMCacheMPConnector with lmcache.mp.use_vmm_api) imports the KV "
+                             "cache through POSIX file descriptors, which needs the extensible KV cache, but GPU "
+                             "driver error 801: operation not supported."),
+        ):
+            event = parse_vllm(f"{head}{raised}: {text}")
+            assert event is not None and event.kind == "fatal:extensible_kv_unsupported", text
+            assert parse_vllm(f"{head}TypeError: {text}") is None and parse_vllm(f"{head}{text}") is None
+
+    def test_kv_errors_after_warmup_keep_their_figures(self) -> None:
+        """0.34.0 kv_cache_planning.py:108, :125: the hints changed (the extensible KV cache's), the figures did not."""
+        event = parse_vllm(f"{ERR}To serve at least one request with the model's max seq len (131072), (16.0 GiB KV "
+                           "cache is needed, which is larger than the available KV cache memory (9.5 GiB). Based on "
+                           "the available memory, the estimated maximum model length is 77824. The extensible KV "
+                           "cache already takes all device memory left after the model, its activations, CUDA graphs "
+                           "and warmup; decrease `max_model_len` or `max_num_seqs`, or the model needs a device with "
+                           "more memory.")
+        assert event.kind == "fatal:kv_too_small" and event.values["estimated_max_model_len"] == 77824
+        assert parse_vllm(f"{ERR}No available memory for the cache blocks. The KV cache gets what is left after the "
+                          "model and its activations within `gpu_memory_utilization`=0.9; increase it").kind == \
+            "fatal:no_kv_memory"
+
+    def test_cpu_kv_memory_errors_of_0_33_and_later(self) -> None:
+        """The CPU worker checks memory when it sizes the KV cache (0.34.0 cpu_worker.py:201, :224, :237)."""
+        node = parse_vllm(f"{ERR}Available memory on node 1 (10.0/64.0 GiB) on kv cache allocation is less than "
+                          "requested memory for kv (20.1/57.6 GiB). Reduce CPU memory used by other processes.")
+        assert node.kind == "fatal:cpu_node_memory" and node.values == {"free_gib": 10.0, "total_gib": 64.0}
+        explicit = parse_vllm(f"{ERR}Available memory on node 0 (3.5/16.0 GiB) on kv cache allocation is less than "
+                              "requested memory for kv (8.0 GiB). Decrease --kv-cache-memory-bytes, ...")
+        assert explicit.kind == "fatal:cpu_node_memory" and "cpu_node_memory" in adapter("vllm").temporary_fatal
+        full = parse_vllm(f"{ERR}The worker already uses 40.2 GiB (model weights and runtime), more than the 38.4 GiB "
+                          "of CPU memory reserved for it on node 0, leaving none for the KV cache. On the CPU backend, "
+                          "... To resolve: increase `--gpu-memory-utilization` to more than 0.63, or set the KV cache "
+                          "size explicitly with `--kv-cache-memory-bytes` or VLLM_CPU_KVCACHE_SPACE.")
+        assert full.kind == "fatal:cpu_reservation_full"
+        assert full.values == {"used_gib": 40.2, "reserved_gib": 38.4, "min_utilization": 0.63}
 
 
 class TestRetune:

@@ -1,8 +1,10 @@
 """The flags vLLM's own argparse takes, by release (argparse_flags.json, read from vLLM's code by
 tests/oracles/engine_flags.py: vllm/entrypoints/launchers/cli_args.py:421 make_arg_parser and
 vllm/engine/arg_utils.py:934 EngineArgs.add_cli_args on 0.32; vllm/entrypoints/common/cli_args.py:431 on
-0.33, whose hidden `--no-enable-x` spellings stay registered), with each argument's argparse choices, and
-SGLang's spellings of vLLM's.
+0.33, whose hidden `--no-enable-x` spellings stay registered; :432 and arg_utils.py:966 on 0.34), with each
+argument's argparse choices, and SGLang's spellings of vLLM's. FlexibleArgumentParser
+(vllm/utils/argparse_utils.py) reads argv the same way in 0.33.0 and 0.34.0 (the file is unchanged): `-O`
+at :395-406, `_` to `-` at :374-376, `--model` at :337.
 """
 
 from __future__ import annotations

@@ -3,8 +3,11 @@
 Each rule is one check vLLM makes while it builds its config, loads the model or sets up
 its attention backend, and that stops the engine (or, for the CPU head-size rule, every
 request). Messages are vLLM's own, filled in as vLLM fills them; `source` cites the line.
-Read from vLLM 0.32.0 and 0.33.0 (same rules, different lines); proven against vLLM's own
-classes by `tests/oracles/vllm_checks_oracle.py` (golden file `tests/data/vllm_checks_oracle.json`).
+Read from vLLM 0.32.0, 0.33.0 and 0.34.0 (same rules, different lines; what changed between them is
+said where it is kept: the quantization methods, the KV cache dtype check); proven against vLLM's own
+classes by `tests/oracles/vllm_checks_oracle.py` (golden file `tests/data/vllm_checks_oracle.json`, 0.32.0;
+the same grid run on the 0.34.0 tree decides every parallel, quant, dtype and length case as 0.32.0 did,
+with 0.34's list of methods in the unknown-method message).
 
 Not modelled (no refusal here, see the oracle README): pipeline-parallel support of the
 model class (`registry.is_pp_supported_model`), VLLM_PP_LAYER_PARTITION, MLA and sparse
@@ -76,19 +79,60 @@ _LINES: tuple[tuple[str, Mapping[str, tuple[str, int]]], ...] = (
         "no_backend": ("vllm/platforms/cuda.py", 473),
         "triton_fp8": ("vllm/v1/attention/backends/triton_attn.py", 521),
         "triton_bf16": ("vllm/v1/attention/backends/triton_attn.py", 529),
+        "kv_dtype_invalid": ("vllm/config/cache.py", 473),
+    }),
+    # 0.34.0: the same messages (the checks read by the oracle grid decide as in 0.32.0); QKVParallelLinear's
+    # divide() is :1116/:1118 (MinimaxM3QKVParallelLinearWithIndexer repeats it at :1465/:1467).
+    ("0.34.0", {
+        "heads": ("vllm/config/model.py", 1582),
+        "kv_replicas": ("vllm/model_executor/layers/linear.py", 1116),
+        "kv_split": ("vllm/model_executor/layers/linear.py", 1118),
+        "world": ("vllm/config/parallel.py", 1165),
+        "quant_cap": ("vllm/config/vllm.py", 895),
+        "quant_act": ("vllm/config/vllm.py", 902),
+        "quant_unknown": ("vllm/config/model.py", 1487),
+        "quant_deprecated": ("vllm/config/model.py", 1501),
+        "ct_scheme": ("vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py", 412),
+        "bf16": ("vllm/platforms/cuda.py", 692),
+        "fp16_model": ("vllm/config/model.py", 2461),
+        "dtype_unknown": ("vllm/config/model.py", 2542),
+        "max_len": ("vllm/config/model.py", 2708),
+        "kv_dtype": ("vllm/config/cache.py", 44),
+        "cpu_head": ("vllm/v1/attention/backends/cpu_attn.py", 78),
+        "cpu_fp8_head": ("vllm/v1/attention/backends/cpu_attn.py", 541),
+        "no_backend": ("vllm/platforms/cuda.py", 514),
+        "triton_fp8": ("vllm/v1/attention/backends/triton_attn.py", 524),
+        "triton_bf16": ("vllm/v1/attention/backends/triton_attn.py", 532),
+        "kv_dtype_invalid": ("vllm/config/cache.py", 508),
     }),
 )
 
-# vllm/model_executor/layers/quantization/__init__.py QuantizationMethods (0.32.0 = 0.33.0):
+# vllm/model_executor/layers/quantization/__init__.py QuantizationMethods, 0.28 to 0.33 (0.32.0 = 0.33.0):
 # bitsandbytes is not among them any more.
-QUANTIZATION_METHODS = (
+QUANTIZATION_METHODS_0_28 = (
     "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
     "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
     "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
     "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
     "nvfp4_per_token", "mxfp8",
 )
-DEPRECATED_QUANTIZATION_METHODS = ("fbgemm_fp8", "fp_quant")
+DEPRECATED_QUANTIZATION_METHODS_0_28 = ("fbgemm_fp8", "fp_quant")
+# 0.34.0 quantization/__init__.py:15-51: fp_quant is gone (its config class fp_quant.py with it: a checkpoint
+# or --quantization naming it is an unknown method now), w4afp8 is new (w4afp8.py, an Fp8Config: INT4 routed
+# experts with FP8 activations), and two online shorthands (config/quantization.py:295-315: lut_b_moe,
+# mxfp4_hadamard32). Only fbgemm_fp8 is deprecated (:54-56).
+QUANTIZATION_METHODS = (
+    "awq", "auto_awq", "fp8", "w4afp8", "fbgemm_fp8", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+    "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
+    "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
+    "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
+    "nvfp4_per_token", "mxfp8", "lut_b_moe", "mxfp4_hadamard32",
+)
+DEPRECATED_QUANTIZATION_METHODS = ("fbgemm_fp8",)
+QUANTIZATION_METHODS_SINCE: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("0.28", QUANTIZATION_METHODS_0_28, DEPRECATED_QUANTIZATION_METHODS_0_28),
+    ("0.34", QUANTIZATION_METHODS, DEPRECATED_QUANTIZATION_METHODS),
+)
 
 # The same lists in the releases before 0.28 (each release's own quantization/__init__.py, first
 # release of each change): bitsandbytes and gguf are methods there, and some others deprecated.
@@ -140,25 +184,30 @@ OLDER_QUANTIZATION_METHODS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], 
 
 
 def quantization_methods(version: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(methods, deprecated methods) of `version`; the newest lists from 0.28 on and for an unknown version."""
-    if version is None or version_key(version) >= version_key("0.28"):
+    """(methods, deprecated methods) of `version`: the lists of the newest release read at or below it (0.28-0.33
+    share one, 0.34 has its own); the newest lists for an unknown version."""
+    if version is None:
         return QUANTIZATION_METHODS, DEPRECATED_QUANTIZATION_METHODS
-    eligible = [row for row in OLDER_QUANTIZATION_METHODS if version_key(row[0]) <= version_key(version)]
-    _, methods, deprecated = eligible[-1] if eligible else OLDER_QUANTIZATION_METHODS[0]
+    table = (*OLDER_QUANTIZATION_METHODS, *QUANTIZATION_METHODS_SINCE)
+    eligible = [row for row in table if version_key(row[0]) <= version_key(version)]
+    _, methods, deprecated = eligible[-1] if eligible else table[0]
     return methods, deprecated
 
 
-# get_min_capability() of each config class the method name maps to (quantization/*.py).
+# get_min_capability() of each config class the method name maps to (quantization/*.py; every one the
+# same in 0.34.0, at other lines: auto_awq.py:235, auto_gptq.py:190, fp8.py:143, mxfp4.py:72, online/base.py:260,
+# compressed_tensors.py:123 and the schemes' own). A method a release does not know is refused by name first.
 MIN_CAPABILITY: Mapping[str, int] = {
     "awq": 75, "awq_marlin": 75, "auto_awq": 75,  # auto_awq.py:234 (AWQ and AWQ-Marlin merged)
     "gptq": 60, "gptq_marlin": 60, "auto_gptq": 60,  # auto_gptq.py:183
     "fp8": 75,  # fp8.py:147 (weight-only Marlin below sm89)
+    "w4afp8": 75,  # 0.34: W4AFP8Config(Fp8Config), w4afp8.py:50 (fp8.py:143)
     "fbgemm_fp8": 80, "fp_quant": 100, "experts_int8": 80,
     "modelopt": 80, "modelopt_fp4": 75, "modelopt_mxfp8": 80, "mxfp8": 80, "modelopt_mixed": 75,
     "compressed-tensors": 70,  # then each scheme's own minimum, below
     "quark": 70, "moe_wna16": 70, "torchao": 75, "inc": 60, "humming": 75, "online": 75,
     "fp8_per_tensor": 75, "fp8_per_block": 75, "fp8_per_channel": 75, "int8_per_channel_weight_only": 75,
-    "nvfp4_per_token": 75,
+    "nvfp4_per_token": 75, "lut_b_moe": 75, "mxfp4_hadamard32": 75,  # 0.34 online shorthands: online/base.py:260
     "mxfp4": 80, "gpt_oss_mxfp4": 80,  # mxfp4.py:72
 }
 _HALF_BF16 = ("float16", "bfloat16")
@@ -167,23 +216,31 @@ ACT_DTYPES: Mapping[str, tuple[str, ...]] = {
     "awq": _HALF_BF16, "awq_marlin": _HALF_BF16, "auto_awq": _HALF_BF16,
     "gptq": _HALF_BF16, "gptq_marlin": _HALF_BF16, "auto_gptq": _HALF_BF16,
     "inc": _HALF_BF16, "quark": _HALF_BF16,
-    "fp8": ("bfloat16", "float16"), "fbgemm_fp8": ("bfloat16", "float16"), "experts_int8": ("bfloat16", "float16"),
+    "fp8": ("bfloat16", "float16"), "w4afp8": ("bfloat16", "float16"),  # 0.34.0 fp8.py:139 for both
+    "fbgemm_fp8": ("bfloat16", "float16"), "experts_int8": ("bfloat16", "float16"),
     "modelopt": ("bfloat16", "float16"), "modelopt_mixed": ("bfloat16", "float16"),
     "moe_wna16": ("bfloat16", "float16"), "humming": ("bfloat16", "float16"), "online": ("bfloat16", "float16"),
+    "lut_b_moe": ("bfloat16", "float16"), "mxfp4_hadamard32": ("bfloat16", "float16"),  # 0.34 online/base.py:256
     "modelopt_fp4": ("bfloat16", "float16", "float8_e4m3fn"),
     "modelopt_mxfp8": ("bfloat16",), "mxfp8": ("bfloat16",), "fp_quant": ("bfloat16",),
     "mxfp4": ("bfloat16",), "gpt_oss_mxfp4": ("bfloat16",),
     "compressed-tensors": ("float32", "float16", "bfloat16"), "torchao": ("float32", "float16", "bfloat16"),
 }
-# vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS
+# vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS (the same four in 0.34.0, :2442-2447)
 FLOAT16_NOT_SUPPORTED = {"gemma2", "gemma3", "gemma3_text", "glm4"}
-DTYPE_NAMES = ("half", "float16", "float", "float32", "bfloat16", "auto")  # _STR_DTYPE_TO_TORCH_DTYPE + auto
-# vllm/config/cache.py CacheDType
+# _STR_DTYPE_TO_TORCH_DTYPE + auto (the same in 0.34.0, model.py:2428-2434)
+DTYPE_NAMES = ("half", "float16", "float", "float32", "bfloat16", "auto")
+# vllm/config/cache.py CacheDType (0.32.0), argparse's choices of --kv-cache-dtype up to 0.32
 CACHE_DTYPES = (
     "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
     "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
     "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
 )
+# From 0.33 the flag takes any string (its table in argparse_flags.json has no choices) and CacheConfig's
+# `_validate_cache_dtype` refuses an unknown one against KV_CACHE_DTYPES, the CacheDType literal's list
+# (0.33.0 cache.py:44-67, :470-475; 0.34.0 :44-67, :505-510, the same list): ROCm's octave dtypes join it.
+KV_DTYPE_VALIDATED_SINCE = "0.33"
+CACHE_DTYPES_0_33 = (*CACHE_DTYPES[:13], "octave_k3v4", "octave_k3v3", "octave_k3v3_compact", *CACHE_DTYPES[13:])
 # The head sizes vLLM 0.32's CPU attention kernels are compiled for, read from the template
 # instantiations in vllm/_C.abi3.so, _C_AVX512.abi3.so and _C_AVX2.abi3.so
 # (`cpu_attention::AttentionImpl<ISA, scalar_t, HEAD_DIM, cache_t>`, generated by
@@ -642,8 +699,9 @@ MOE_BACKEND_CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0.29", _MOE_029),  # kernel.py:122
     ("0.30", (*_MOE_029[:17], "aiter_triton_mxfp4_bf16", *_MOE_029[17:], "rdna3")),  # kernel.py:125 (0.31: :118)
     ("0.32", _MOE_032),  # kernel.py:122
-    ("0.33", (*_MOE_032[:19], "aiter_triton_mxfp4_mxfp4", *_MOE_032[19:])),  # kernel.py:122
+    ("0.33", (*_MOE_032[:19], "aiter_triton_mxfp4_mxfp4", *_MOE_032[19:])),  # kernel.py:122 (0.33-0.34)
 )
+# 0.34.0: MoEBackend is unchanged (kernel.py:122; its argparse choices in argparse_flags.json equal 0.33's).
 MOE_BACKEND_FIRST = "0.17"
 
 
@@ -668,13 +726,18 @@ def _moe_backend_rules(inp: CheckInput) -> list[EngineRule]:
 def _kv_dtype_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
     """The KV cache dtype, then the attention backends that take it."""
     out: list[EngineRule] = []
-    # KV cache dtype: CacheConfig.cache_dtype is a Literal (argparse choices).
-    if inp.kv_cache_dtype is not None and inp.kv_cache_dtype not in CACHE_DTYPES:
-        out.append(EngineRule(
-            "kv-cache-dtype-unknown",
-            f"argument --kv-cache-dtype: invalid choice: {inp.kv_cache_dtype!r} "
-            f"(choose from {', '.join(CACHE_DTYPES)})",
-            _src(lines, version, "kv_dtype"), hint="--kv-cache-dtype auto or fp8", bad_argument=True))
+    validated = inp.engine_version is None or version_key(inp.engine_version) >= version_key(KV_DTYPE_VALIDATED_SINCE)
+    known = CACHE_DTYPES_0_33 if validated else CACHE_DTYPES
+    if inp.kv_cache_dtype is not None and inp.kv_cache_dtype not in known:
+        if validated:  # CacheConfig's validator (a usage error all the same: nothing is loaded yet)
+            message = f"Invalid kv_cache_dtype: {inp.kv_cache_dtype!r}. Valid values are: {list(known)}"
+            source = _src(lines, version, "kv_dtype_invalid")
+        else:  # CacheConfig.cache_dtype is a Literal (argparse choices)
+            message = (f"argument --kv-cache-dtype: invalid choice: {inp.kv_cache_dtype!r} "
+                       f"(choose from {', '.join(known)})")
+            source = _src(lines, version, "kv_dtype")
+        out.append(EngineRule("kv-cache-dtype-unknown", message, source, hint="--kv-cache-dtype auto or fp8",
+                              bad_argument=True))
     else:
         out.extend(_attention_rules(inp, lines, version))
     return out

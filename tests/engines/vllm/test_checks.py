@@ -201,6 +201,9 @@ def test_sources_follow_the_engine_version() -> None:
     inp = _inp(geometry_from_config(QWEN), tp=3, gpus=3)
     newer = CheckInput(**{**inp.__dict__, "engine_version": "0.33.0"})
     assert start_checks(newer)[0].source == "vllm/config/model.py:1562 (vLLM 0.33.0)"
+    newest = CheckInput(**{**inp.__dict__, "engine_version": "0.34.0"})
+    assert start_checks(newest)[0].source == "vllm/config/model.py:1582 (vLLM 0.34.0)"
+    assert start_checks(CheckInput(**{**inp.__dict__, "engine_version": None}))[0].source.endswith("(vLLM 0.34.0)")
 
 
 def test_start_checks_costs_under_a_millisecond() -> None:
@@ -221,3 +224,67 @@ def test_bitsandbytes_is_a_method_until_0_28(version: str, refused: bool) -> Non
     geometry = geometry_from_config(config)
     rules = start_checks(dataclasses.replace(_inp(geometry), engine_version=version))
     assert ("quant-unknown-method" in {r.rule for r in rules}) is refused
+
+
+# vLLM 0.34.0's refusal of a method it does not know, read from its own classes (the oracle grid run on the 0.34.0
+# tree: `ModelConfig` with a bitsandbytes checkpoint; every other case of the grid decides as 0.32.0 does).
+UNKNOWN_034 = (
+    "Unknown quantization method: bitsandbytes. Must be one of ['awq', 'auto_awq', 'fp8', 'w4afp8', 'fbgemm_fp8', "
+    "'modelopt', 'modelopt_fp4', 'modelopt_mxfp8', 'modelopt_mixed', 'auto_gptq', 'gptq', 'gptq_marlin', "
+    "'awq_marlin', 'humming', 'compressed-tensors', 'experts_int8', 'quark', 'moe_wna16', 'torchao', 'inc', "
+    "'mxfp4', 'gpt_oss_mxfp4', 'deepseek_v4_fp8', 'online', 'fp8_per_tensor', 'fp8_per_block', 'fp8_per_channel', "
+    "'int8_per_channel_weight_only', 'nvfp4_per_token', 'mxfp8', 'lut_b_moe', 'mxfp4_hadamard32'].")
+
+
+def _on(version: str | None, geometry: ModelGeometry, **kw: Any) -> dict[str, EngineRule]:
+    return _rules(dataclasses.replace(_inp(geometry, **kw), engine_version=version))
+
+
+def test_vllm_034_lists_its_own_quantization_methods() -> None:
+    """0.34.0 quantization/__init__.py:15-56: fp_quant is gone, w4afp8 and two online shorthands are new, only
+    fbgemm_fp8 is deprecated; the message lists the methods in vLLM's order."""
+    bnb = _quantized({"quant_method": "bitsandbytes", "load_in_4bit": True})
+    rule = _on("0.34.0", bnb)["quant-unknown-method"]
+    assert rule.message == UNKNOWN_034 and rule.source == "vllm/config/model.py:1487 (vLLM 0.34.0)"
+    assert _on(None, bnb)["quant-unknown-method"].message == UNKNOWN_034  # unknown version: the newest lists
+    assert "'fp_quant'" in _on("0.33.0", bnb)["quant-unknown-method"].message
+    fp_quant = _quantized({"quant_method": "fp_quant"})
+    assert "quant-deprecated" in _on("0.33.0", fp_quant)
+    assert _on("0.34.0", fp_quant)["quant-unknown-method"].message.startswith("Unknown quantization method: fp_quant.")
+    fbgemm = _quantized({"quant_method": "fbgemm_fp8"})
+    assert _on("0.34.0", fbgemm)["quant-deprecated"].source == "vllm/config/model.py:1501 (vLLM 0.34.0)"
+
+
+def test_vllm_034_w4afp8_is_an_fp8_config() -> None:
+    """W4AFP8Config extends Fp8Config (0.34.0 w4afp8.py:50): capability 75, bfloat16/float16 activations."""
+    w4afp8 = _quantized({"quant_method": "w4afp8", "group_size": 128, "weight_block_size": [128, 128]})
+    assert "quant-unknown-method" in _on("0.33.0", w4afp8)
+    assert _on("0.34.0", w4afp8) == {}
+    assert _on("0.34.0", w4afp8, cc=(7, 0), dtype="float16")["quant-min-capability"].message == (
+        "The quantization method w4afp8 is not supported for the current GPU. Minimum capability: 75. "
+        "Current capability: 70.")
+    assert _on("0.34.0", w4afp8, dtype="float32")["quant-act-dtype"].message == (
+        "torch.float32 is not supported for quantization method w4afp8. Supported dtypes: "
+        "[torch.bfloat16, torch.float16]")
+    online = _on("0.34.0", geometry_from_config(QWEN), quantization="mxfp4_hadamard32", cc=(7, 0), dtype="float16")
+    assert "Minimum capability: 75. Current capability: 70." in online["quant-min-capability"].message
+
+
+def test_kv_cache_dtype_is_validated_by_cache_config_from_0_33() -> None:
+    """Up to 0.32 --kv-cache-dtype has argparse choices; from 0.33 it takes any string and CacheConfig refuses an
+    unknown one (0.33.0 config/cache.py:470-475, 0.34.0 :505-510), listing KV_CACHE_DTYPES with ROCm's octave
+    dtypes (the text is vLLM's own, from CacheConfig(cache_dtype='fp4') on each tree)."""
+    geo = geometry_from_config(QWEN)
+    old = _on("0.32.0", geo, kv="fp4")["kv-cache-dtype-unknown"]
+    assert old.message.startswith("argument --kv-cache-dtype: invalid choice: 'fp4' (choose from auto, float16")
+    for version, line in (("0.33.0", 473), ("0.34.0", 508)):
+        rule = _on(version, geo, kv="fp4")["kv-cache-dtype-unknown"]
+        assert rule.message == (
+            "Invalid kv_cache_dtype: 'fp4'. Valid values are: ['auto', 'float16', 'bfloat16', 'fp8', 'fp8_e4m3', "
+            "'fp8_e5m2', 'fp8_inc', 'fp8_ds_mla', 'nvfp4_ds_mla', 'turboquant_k8v4', 'turboquant_4bit_nc', "
+            "'turboquant_k3v4_nc', 'turboquant_3bit_nc', 'octave_k3v4', 'octave_k3v3', 'octave_k3v3_compact', "
+            "'ultraquant_4bit', 'int4_per_token_head', 'int8_per_token_head', 'fp8_per_token_head', 'nvfp4', "
+            "'nvfp4_4over6']")
+        assert rule.source == f"vllm/config/cache.py:{line} (vLLM {version})" and rule.bad_argument
+        assert "kv-cache-dtype-unknown" not in _on(version, geo, kv="octave_k3v4")  # a name 0.33+ knows
+    assert "kv-cache-dtype-unknown" in _on("0.32.0", geo, kv="octave_k3v4")  # not before
