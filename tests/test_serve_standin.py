@@ -61,9 +61,14 @@ def plan_json(model: str, engine: str, gpu: str, flags: tuple[str, ...] = (), co
     with tempfile.TemporaryDirectory() as state:
         done = subprocess.run(
             [sys.executable, "-m", "launcher", "plan", model, "--engine", engine, "--gpu", gpu, "--json",
-             "--concurrency", str(concurrency), "--", *flags],
+             "--concurrency", str(concurrency), *standin_version(engine), "--", *flags],
             cwd=REPO, env={**os.environ, "SAFE_SERVE_STATE_DIR": state}, capture_output=True, check=True)
     return json.loads(done.stdout)
+
+
+def standin_version(engine: str) -> tuple[str, ...]:
+    """The release the stand-in's arithmetic is (tests/standin_engine.py: vLLM 0.32), planned as such."""
+    return ("--engine-version", "0.32.0") if engine == "vllm" else ()
 
 
 def budget(plan: dict[str, Any]) -> dict[str, int]:
@@ -166,7 +171,7 @@ class Served:
                          "SAFE_SERVE_NVML_STUB_FIXTURE": str(nvml_fixture_for(gpu, tmp / "nvml.txt"))}
         argv = [sys.executable, "-m", "launcher", model, "--engine", engine,
                 "--engine-cmd", shlex.join(standin), "--log-format", "json", "--ready-file", str(self.ready_file),
-                "--grace", "5", *options, "--", "--port", str(self.port), *engine_args]
+                "--grace", "5", *standin_version(engine), *options, "--", "--port", str(self.port), *engine_args]
         self.env = {**os.environ, "SAFE_SERVE_STATE_DIR": str(self.state),
                     "SAFE_SERVE_LOCK_DIR": str(tmp / "locks"), "NO_COLOR": "1", **probe_env, **(env or {})}
         with self.out.open("wb") as out, self.err.open("wb") as err:

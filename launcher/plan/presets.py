@@ -81,6 +81,7 @@ class Settings:
     concurrency: int
     max_model_len: int | None  # a length cap to pin; None: leave it to the planner
     notes: tuple[str, ...]
+    wsl2: bool = False  # the kernel or the preset says WSL2 (the driver maps no virtual memory there)
 
 
 def is_wsl2(proc_version: str) -> bool:
@@ -117,7 +118,8 @@ def apply(name: str | None, explicit: Explicit, *, default_margin_bytes: int, gp
     if length is not None and explicit.length_pinned:
         notes.append(f"length pinned after --: preset cap {length} not used")
         length = None
-    return Settings(margin, cap, concurrency, length, tuple(notes))
+    wsl2 = is_wsl2(proc_version) or (preset is not None and preset.wsl2)
+    return Settings(margin, cap, concurrency, length, tuple(notes), wsl2)
 
 
 def _margin(preset: Preset | None, explicit: Explicit, default_margin_bytes: int, proc_version: str,

@@ -92,6 +92,7 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
         calibration=calibration, notes=(*settings.notes, *flag_warnings, *_spanned_totals(gpus)),
         warnings=calibration_warnings,
         allow_long_max_model_len=env.get(engine.allow_long_env, "").strip().lower() in ("1", "true"),
+        vmm_unavailable="WSL2's GPU driver maps no virtual memory" if settings.wsl2 else None,
     )
 
 

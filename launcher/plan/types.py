@@ -90,6 +90,9 @@ class PlanRequest:
     calibration: Calibration | None = None
     trust_engine: bool = False
     allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN / SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN
+    # Why the CUDA driver cannot map memory virtually (WSL2), or None: vLLM 0.34's extensible KV cache is
+    # then off (vllm/utils/vmm_driver.py:513-547).
+    vmm_unavailable: str | None = None
     # Smaller checkpoints of the same model (resolved by the caller) to offer when nothing fits.
     variants: tuple[ResolvedModel, ...] = ()
     notes: tuple[str, ...] = ()  # from the edge (preset, WSL2): shown first in the plan's notes
@@ -180,6 +183,9 @@ class Plan:
     # Whether this engine's KV layout for the model's architecture is proven against the engine
     # (launcher/engines/vllm/architectures.py); None: not assessed (e.g. --trust-engine).
     architecture_verified: bool | None = None
+    # The engine sizes its KV cache from the memory free after warmup (vLLM 0.34's extensible KV cache):
+    # what it prints before warmup is not the cache, and the next start measures again.
+    kv_sized_after_warmup: bool = False
     # The setting that sizes the engine's memory, as the engine takes it (the table's "memory knob").
     knob: MemoryKnob = LEFT_TO_ENGINE
     # The engine's own figures for the JSON, under its own names (the adapter's `figure_keys`):

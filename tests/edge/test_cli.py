@@ -24,7 +24,11 @@ class TestPlanCommand:
                     "kv_cache_tokens", "max_concurrency", "budget", "engine_args"):
             assert key in doc
         assert doc["schema"] == "safe-serve.plan/1" and doc["mem_fraction_static"] is None
-        assert doc["engine_args"] == ["--gpu-memory-utilization", "0.92", "--max-model-len", str(doc["max_model_len"])]
+        # vLLM 0.34 (the newest, planned when none is installed): the utilization is only a cap, set at
+        # the free memory less the context and the margin (23.64 - 0.53 - 0.25 GiB of 23.64).
+        assert doc["gpu_memory_utilization"] == 0.9669
+        assert doc["engine_args"] == ["--gpu-memory-utilization", "0.9669", "--max-model-len",
+                                      str(doc["max_model_len"])]
         assert {item["key"] for item in doc["budget"]} >= {"weights", "activation", "cudagraph", "kv"}
 
     def test_ecc_unknown_card_says_its_total_spans(self) -> None:

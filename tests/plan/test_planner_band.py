@@ -17,7 +17,10 @@ from launcher.plan.types import DEFAULT_MARGIN_BYTES, PlanRequest
 
 
 def request(model: str = "qwen2.5-7b", gpu: str = "rtx4090", engine: str = "vllm", **changes: object) -> PlanRequest:
-    base = PlanRequest(model=resolve_model(model), engine=engine, gpus=hypothetical_gpus([gpu]))
+    """vLLM at 0.33, the last release that sizes the KV cache before warmup (0.34's extensible KV cache
+    keeps its own band: tests/engines/vllm/test_extensible_kv_cache.py); SGLang at its newest."""
+    base = PlanRequest(model=resolve_model(model), engine=engine, gpus=hypothetical_gpus([gpu]),
+                       engine_version="0.33.0" if engine == "vllm" else None)
     return dataclasses.replace(base, **changes)
 
 

@@ -70,7 +70,7 @@ def test_plan_json_refusal_is_a_document_on_stdout() -> None:
 def test_70b_on_four_4090s_offers_what_fit_finds() -> None:
     with pytest.raises(WontFit) as info:
         model = resolve_model("llama-3.1-70b")
-        make_plan(PlanRequest(model=model, engine="vllm",
+        make_plan(PlanRequest(model=model, engine="vllm", engine_version="0.33.0",  # sized before warmup
                               gpus=hypothetical_gpus(["4xrtx4090"]),
                               variants=tuple(resolve_model(a) for a in model.quantized_variants)))
     # fit's order: 4 GPUs with the weights quantized to fp8 while vLLM loads them comes before the int4 checkpoint

@@ -18,7 +18,7 @@ import fnmatch
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,95 @@ def resolve_batch(*, defaults: BatchDefaults, max_model_len: int, pinned_batched
 
 def requested_bytes(cuda_total_bytes: int, utilization: float) -> int:
     return math.ceil(cuda_total_bytes * utilization)
+
+
+# --------------------------------------------------------------------------- 0.34's extensible KV cache
+#
+# From 0.34 vLLM on CUDA reserves the KV cache's address range and commits its pages after warmup and
+# CUDA-graph capture, sized from the memory then free (vllm/v1/worker/extensible_kv_cache.py in
+# 0.34.0; on unless --kv-cache-memory-bytes, --num-gpu-blocks-override, elastic EP or a legacy-IPC
+# connector, config/vllm.py:3180-3262, or where the driver has no virtual memory management, as
+# under WSL2, utils/vmm_driver.py:513-547). `measure_kv_cache_bytes` (:592-617):
+#   available = min(requested - used, free + committed - margin) - max(T, G)
+# with used = init free - free - committed (weights, non-torch, persistent buffers, captured graphs),
+# T the transient peak kept free (at least the profile run's peak plus the graphs' estimate,
+# gpu_worker.py:771-773, :944-948, raised by the sizing warmup's own peak, warmup.py:452-534), G torch's
+# reservation growth over a sizing step, margin = max(1 GiB, 0.75 x T) (:64-65). The utilization is
+# only a cap, 1.0 when unset (config/cache.py:494-501), and free memory below it refuses nothing.
+EXTENSIBLE_MARGIN_FLOOR_BYTES = 1 * GiB  # KV_CACHE_MARGIN_FLOOR_BYTES on CUDA (3 GiB on ROCm)
+EXTENSIBLE_MARGIN_FRACTION = 0.75  # KV_CACHE_MARGIN_FRACTION
+EXTENSIBLE_UTILIZATION = 1.0  # resolved_gpu_memory_utilization with the extensible KV cache
+# Pages are committed per layer segment (the default LBNHC layout is layer-outermost) in granules:
+# the driver's granularity floored at 2 MiB (utils/extensible_tensor.py:28-31), 2 MiB on NVIDIA GPUs.
+EXTENSIBLE_GRANULE_BYTES = 2 * MiB
+# Neither the sizing warmup's peak (attention and prompt logprobs at the full batch, which the
+# profile run skips) nor G is derived here: vLLM's own note on the margin (:50-63) measured the first
+# prefill of an 8B model needing over 25 % beyond its allocated peak and adversarial loads up to 45 %.
+# The band takes T up to 45 % above the profiled peak plus the graphs.
+EXTENSIBLE_TRANSIENT_GROWTH = 0.45
+
+
+@dataclass(frozen=True)
+class ExtensibleKv:
+    """What 0.34's extensible KV cache leaves for the KV pages, and what it keeps free (bytes)."""
+
+    kv_bytes: int  # before the granule rounding of the pages (`extensible_pages`)
+    transient: int  # T: the profile run's transient peak plus the graphs' estimate
+    margin: int  # max(1 GiB, 0.75 x T)
+    capped: bool  # the utilization's cap binds, not the free memory less the margin
+    error_bytes: int  # +/- from T's unverified growth (and the margin that follows it)
+
+
+# Terms of the profile peak that stay allocated after it (the fused-MoE workspace, vllm/model_executor/layers/
+# fused_moe; what the fitted constant stands for): under the extensible KV cache they are held, not transient.
+PERSISTENT_PEAK_TERMS = frozenset({"MoE workspace", "constant"})
+# The attention backend's workspaces, allocated lazily after the profile run (before 0.34 from the memory vLLM
+# did not request; from 0.34 before the measurement, so out of the KV cache). FlashInfer, the attention backend
+# on compute capability 10.x (platforms/cuda.py:143-151 in 0.34.0): max(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE
+# 394 MiB, max_num_batched_tokens x query heads x head_dim x 16 B) (v1/attention/backends/flashinfer.py:
+# 1282-1304), and the TRT-LLM kernels' own 394 MiB buffer (:151-157), counted as allocated.
+FLASHINFER_WORKSPACE_BYTES = 394 * MiB
+FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM = 16
+
+
+def post_profile_workspaces(geometry: ModelGeometry, *, compute_capability: tuple[int, int] | None, tp: int,
+                            batched_tokens: int) -> tuple[int, str]:
+    """(bytes, rule) of the attention workspaces allocated after the profile run on one rank."""
+    if compute_capability is None or compute_capability[0] != 10 or geometry.mla is not None:
+        return 0, ""
+    heads = max(geometry.num_attention_heads // max(tp, 1), 1)
+    prefill = max(FLASHINFER_WORKSPACE_BYTES,
+                  batched_tokens * heads * geometry.head_dim * FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM)
+    return prefill + FLASHINFER_WORKSPACE_BYTES, "FlashInfer's and TRT-LLM's workspaces (compute capability 10.x)"
+
+
+def extensible_margin(transient: int) -> int:
+    return max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(transient * EXTENSIBLE_MARGIN_FRACTION))
+
+
+def extensible_kv(*, requested: int, free_at_init: int, resident: int, transient: int,
+                  growth: int = 0) -> ExtensibleKv:
+    """`measure_kv_cache_bytes` with T = `transient` and G = `growth` (the plan takes G <= T): `resident` is
+    everything vLLM holds after capture but the KV pages (weights, non-torch, persistent buffers, captured
+    graphs), i.e. init free - free - committed; the headroom free + committed is then init free - resident.
+    tests/data/vllm_extensible_oracle.json holds 0.34.0's own function on a grid."""
+    margin = extensible_margin(transient)
+    capped = requested < free_at_init - margin
+    # Negative where the rest does not fit (vLLM clips at 0): the planner refuses it, as a negative budget before.
+    kv = min(requested, free_at_init - margin) - resident - max(transient, growth)
+    grown = int(transient * (1 + EXTENSIBLE_TRANSIENT_GROWTH))
+    worse = min(requested, free_at_init - extensible_margin(grown)) - resident - grown
+    return ExtensibleKv(kv, transient, margin, capped, kv - worse)
+
+
+def extensible_pages(kv_bytes: int, *, segments: int) -> int:
+    """`ExtensibleKVCache.blocks_within` in bytes: each of `segments` layer segments commits whole granules,
+    so what the pages can use is a multiple of segments x granule (equal strides). A negative budget
+    stays as it is (nothing fits)."""
+    if kv_bytes <= 0:
+        return kv_bytes
+    unit = max(segments, 1) * EXTENSIBLE_GRANULE_BYTES
+    return kv_bytes // unit * unit
 
 
 # --------------------------------------------------------------------------- the profile run's peak
@@ -612,6 +701,11 @@ TRANSFORMERS_BACKEND_SINCE_032 = frozenset({
     "GPTNeoXForCausalLM", "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM", "Jais2ForCausalLM",
     "MellumForCausalLM", "NanbeigeForCausalLM", "OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
     "PhiForCausalLM", "SeedOssForCausalLM", "SmolLM3ForCausalLM", "Starcoder2ForCausalLM", "VaultGemmaForCausalLM"})
+# Added in 0.34 (registry.py:782-811 in 0.34.0; models/gemma.py, olmoe.py, stablelm.py, aria.py are gone),
+# and Kolibri1, new there.
+TRANSFORMERS_BACKEND_SINCE_034 = frozenset({
+    "GemmaForCausalLM", "OlmoeForCausalLM", "StableLmForCausalLM", "AriaForConditionalGeneration",
+    "Kolibri1ForCausalLM"})
 
 
 @dataclass(frozen=True)
@@ -651,7 +745,8 @@ def rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) -> RopeTab
     architecture = geometry.architecture
     if geometry.kv_layers == 0 or architecture in ROPE_FREE or text.get("position_embedding_type") == "nope":
         return RopeTables(0, "no rotary embedding")
-    if architecture in TRANSFORMERS_BACKEND_SINCE_032 and version_key(version) >= version_key("0.32"):
+    if (architecture in TRANSFORMERS_BACKEND_SINCE_032 and version_key(version) >= version_key("0.32")) or \
+            (architecture in TRANSFORMERS_BACKEND_SINCE_034 and version_key(version) >= version_key("0.34")):
         return RopeTables(0, "Transformers backend: the table is computed in the forward pass")
     if not isinstance(positions, int) or element is None:
         return None
@@ -915,16 +1010,17 @@ def online_quant_delta_bytes(geometry: ModelGeometry, *, quantization: str | Non
 # `_set_cudagraph_sizes` (config/vllm.py:2292-2500). What one graph costs is fitted: per graph and
 # per layer on the rank (the kernels a graph records grow with the layers), on every published
 # capture with a known model ("Graph capturing finished ... took X GiB": ten logs, vLLM 0.11 and
-# 0.19, 102 graphs each). Leave-one-out (bench/startup_logs.py): dense 0.197-0.301 MiB, held-out
-# residuals within 0.078. MoE captures do not grow with the layers (Qwen3-30B-A3B 48 layers 14.2 MiB per
-# graph, Kimi-VL-A3B 27 layers 15.1, gpt-oss-20b 24 layers 18.5, Mixtral-8x7B at TP 2 32 layers 9.3; per
-# graph and layer 0.29-0.77): per graph, the median of the four, held-out residuals within 5.8 MiB
-# (Mixtral's, the one with 8 experts), and never less than a dense model of as many layers.
+# 0.19, 102 graphs each, gpt-oss 166: its config hook captures to 1024, GPT_OSS_ARCHITECTURES).
+# Leave-one-out (bench/startup_logs.py): dense 0.197-0.301 MiB, held-out residuals within 0.078. MoE
+# captures do not grow with the layers (Qwen3-30B-A3B 48 layers 14.2 MiB per graph, Kimi-VL-A3B 27 layers
+# 15.1, gpt-oss-20b 24 layers 11.4 over its 166 graphs, Mixtral-8x7B at TP 2 32 layers 9.3; per graph and
+# layer 0.29-0.47): per graph, the median of the four (12.75 MiB), held-out residuals within 4.8 MiB
+# (gpt-oss's), band 5.8 MiB kept, and never less than a dense model of as many layers.
 # One capture outside the data (vLLM 0.31, A100-80GB, 32 layers, 86 graphs: 0.23 GiB, 0.084 MiB)
 # is below the dense band: the V2 runner's graphs may cost less; the plan stays on the safe side.
 CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER = int(0.242 * MiB)
 CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER = int(0.08 * MiB)
-CUDAGRAPH_MOE_BYTES_PER_GRAPH = int(14.6 * MiB)
+CUDAGRAPH_MOE_BYTES_PER_GRAPH = int(12.75 * MiB)
 CUDAGRAPH_MOE_ERROR_PER_GRAPH = int(5.8 * MiB)
 # Before 0.11 no capture in the data has a known count (V0 graphs cost more: 0.8.2 Phi-4, 1.12 GiB for
 # 35 sizes x 40 layers, 0.82 MiB each): the band stays at least the farthest the old fixed formula
@@ -932,11 +1028,76 @@ CUDAGRAPH_MOE_ERROR_PER_GRAPH = int(5.8 * MiB)
 # 0.8.5 (4 x A10, Qwen3-30B-A3B) stays a doubt.
 CUDAGRAPH_UNFITTED_ERROR_BYTES = int(1.27 * GiB)
 CUDAGRAPH_FITTED_SINCE = "0.11"
-# Every fitted capture stopped at 512 (the default ceiling off data-centre Blackwell): a graph of a larger
-# size (Blackwell's 1024 from 0.28, a pinned --max-cudagraph-capture-size or list) carries its whole
-# fitted cost again in the band.
+# Every fitted capture but gpt-oss's (to 1024) stopped at 512 (the default ceiling off data-centre
+# Blackwell): a graph of a larger size (gpt-oss's, Blackwell's 1024 from 0.28 and 0.34's 8192-token prefill
+# grid there, a pinned --max-cudagraph-capture-size or list) carries its whole fitted cost again in the band.
 CUDAGRAPH_FITTED_LARGEST_SIZE = 512
 V2_CUDAGRAPH_ESTIMATE_SINCE = "0.29"  # v1/worker/gpu/cudagraph_utils.py:718 profile_cudagraph_memory (0.29.0)
+
+
+# gpt-oss's config hook widens the default capture sizes when none is pinned (GptOssForCausalLMConfig,
+# model_executor/models/config.py): an explicit list to 1024 in 0.10 (:258-275 in 0.10.1), to 992 in
+# 0.11 (:256-273 in 0.11.0), max_cudagraph_capture_size 1024 from 0.12 (:263-276 in 0.12.0, :120-133 in
+# 0.19.0, :549-562 in 0.33.0); from 0.34 the same token sizes for mixed batches and a decode grid up to
+# 1024 requests, not on compute capability 10.x, whose defaults are wider (:843-880 in 0.34.0).
+GPT_OSS_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
+SPLIT_GRIDS_SINCE = "0.34"  # separate prefill-token and decode-request capture sizes (config/vllm.py:2558-2737)
+
+
+def _walk_grid(limit: int, step: Callable[[float], float]) -> list[int]:
+    """0.34.0 config/compilation.py:78-87: 1 .. limit, each the next multiple of the largest power of two
+    not above step(size)."""
+    grid, size = [], 1
+    while size < limit:
+        grid.append(size)
+        stride = 1 << max(0, math.floor(math.log2(max(1.0, step(size)))))
+        size = (size // stride + 1) * stride
+    return [*grid, limit] if limit else []
+
+
+def prefill_capture_grid(max_tokens: int, dense_head: bool = False) -> list[int]:
+    """0.34.0 config/compilation.py:90-101 (`prefill_cudagraph_capture_grid`): 54 sizes at 8192."""
+    grid = _walk_grid(max_tokens, lambda t: min(t, max(8, t / 4), 0.07 * max(t, 4096)))
+    return sorted({*grid, *(t for t in range(1, 33) if t < max_tokens)}) if dense_head else grid
+
+
+def decode_capture_grid(max_requests: int) -> list[int]:
+    """0.34.0 config/compilation.py:122-127 (`decode_cudagraph_capture_grid`): 64 sizes at 1024."""
+    return _walk_grid(max_requests, lambda n: 0.65 * n ** (2 / 3))
+
+
+def graph_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, version: str,
+                compute_capability: tuple[int, int] | None = None, interactivity: bool = False,
+                explicit: tuple[int, ...] | None = None, max_capture_size: int | None = None,
+                gpt_oss: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(token sizes of the mixed-batch graphs, request counts of the uniform-decode graphs).
+
+    Before 0.34 one list serves both, the decode graphs at its sizes up to max_num_seqs. From 0.34
+    (`_split_cudagraph_capture_sizes`, config/vllm.py:2558-2737): on compute capability 10.x with no size
+    pinned, the wide grids (prefill to min(8192, max_num_batched_tokens), decode to max_num_seqs,
+    :2604-2611); otherwise the decode counts are min(size, max_num_seqs) over the token sizes (:2663-2671),
+    and gpt-oss's hook sets both (GPT_OSS_ARCHITECTURES)."""
+    pinned = explicit is not None or max_capture_size is not None
+    split = version_key(version) >= version_key(SPLIT_GRIDS_SINCE)
+    sm100 = compute_capability is not None and compute_capability[0] == 10
+    if split and not pinned and sm100:
+        return (tuple(prefill_capture_grid(min(8192, max_num_batched_tokens), dense_head=interactivity)),
+                tuple(decode_capture_grid(max_num_seqs)))
+    if split and not pinned and gpt_oss:
+        top = min(max_num_batched_tokens, 1024)
+        tokens = sorted({s for s in (1, 2, 4, *range(8, 256, 8), *range(256, 1024, 16)) if s < top} | {top})
+        return tuple(tokens), tuple(decode_capture_grid(min(1024, max_num_seqs)))
+    if gpt_oss and not pinned and version_key(version) < version_key("0.12"):
+        top = 992 if version_key(version) >= version_key("0.11") else 1024
+        explicit = (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16))
+    elif gpt_oss and not pinned:
+        max_capture_size = 1024
+    sizes = capture_sizes(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, version=version,
+                          compute_capability=compute_capability, interactivity=interactivity, explicit=explicit,
+                          max_capture_size=max_capture_size)
+    if split:
+        return sizes, tuple(sorted({min(n, max_num_seqs) for n in sizes}))
+    return sizes, tuple(n for n in sizes if n <= max_num_seqs)
 
 
 def capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, version: str,
@@ -1038,23 +1199,24 @@ def cuda_graphs(geometry: ModelGeometry, *, rules: VllmRules, layers: int, max_n
     else the rules'."""
     version = version or rules.version
     mode = mode or graph_mode(GraphPins(), enforce_eager=False, version=version)
-    sizes = () if mode.mode == "NONE" else capture_sizes(
+    sizes, decode_sizes = ((), ()) if mode.mode == "NONE" else graph_sizes(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, version=version,
         compute_capability=compute_capability, interactivity=interactivity, explicit=mode.capture_sizes,
-        max_capture_size=mode.max_capture_size)
+        max_capture_size=mode.max_capture_size, gpt_oss=geometry.architecture in GPT_OSS_ARCHITECTURES)
     v2_estimates = version_key(version) >= version_key(V2_CUDAGRAPH_ESTIMATE_SINCE)
     subtracted = rules.cudagraph_estimate_subtracted and (
         v2_estimates or not uses_v2_runner(rules, geometry.architecture))
     # One piecewise graph per size for mixed batches; one full graph per size up to max_num_seqs for
     # uniform decode batches (FULL_AND_PIECEWISE's separate decode routine, FULL_DECODE_ONLY), or per size
     # in FULL (config/compilation.py `CUDAGraphMode`; v1/cudagraph_dispatcher.py).
-    decode = sum(1 for n in sizes if n <= max_num_seqs)
+    decode = len(decode_sizes)
     piecewise = len(sizes) if mode.mode in ("PIECEWISE", "FULL_AND_PIECEWISE") else 0
     full = {"FULL": len(sizes), "FULL_DECODE_ONLY": decode, "FULL_AND_PIECEWISE": decode}.get(mode.mode, 0)
     other_mode_graphs = len(sizes) + decode - piecewise - full if mode.mode != "NONE" else 0
     large = [n for n in sizes if n > CUDAGRAPH_FITTED_LARGEST_SIZE]
-    large_full = {"FULL": len(large), "FULL_DECODE_ONLY": sum(1 for n in large if n <= max_num_seqs),
-                  "FULL_AND_PIECEWISE": sum(1 for n in large if n <= max_num_seqs)}.get(mode.mode, 0)
+    large_decode = sum(1 for n in decode_sizes if n > CUDAGRAPH_FITTED_LARGEST_SIZE)
+    large_full = {"FULL": len(large), "FULL_DECODE_ONLY": large_decode,
+                  "FULL_AND_PIECEWISE": large_decode}.get(mode.mode, 0)
     beyond = (len(large) if piecewise else 0) + large_full
     return CudaGraphs(piecewise=piecewise, full=full, other_mode_graphs=other_mode_graphs, beyond_fitted_graphs=beyond,
                       largest=sizes[-1] if sizes else 0, layers=layers, moe=bool(geometry.num_experts),

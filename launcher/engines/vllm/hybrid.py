@@ -393,25 +393,64 @@ def mamba_cache_mode(pinned: Mapping[str, Any], *, layers: StateLayers, rules: V
     return str(asked)
 
 
-def blocks_per_request(layers: StateLayers, mode: str, rules: VllmRules | None = None) -> int | None:
+# The Qwen GDN layers (models/qwen3_next.py, qwen3_5.py; OLMo's hybrid runs Triton always) with FlashInfer's
+# GDN prefill kernel in 'align' mode export a prefill checkpoint from 0.33: one more state block per request
+# (num_prefill_checkpoint_blocks=1) and blocks kept on a 64-token grid (FLASHINFER_GDN_CHECKPOINT_ALIGNMENT).
+# 0.33.0 model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:739-750, v1/attention/backends/gdn_attn.py:34,
+# platforms/interface.py:1089-1104; 0.34.0 :901-912, gdn_attn.py:35, interface.py:1101-1116.
+FLASHINFER_GDN_ARCHITECTURES = frozenset({
+    "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration"})
+FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64
+
+
+def flashinfer_gdn_checkpoint(layers: StateLayers, mode: str, *, rules: VllmRules | None, device: str,
+                              compute_capability: tuple[int, int] | None, pinned: Mapping[str, Any],
+                              text: Mapping[str, Any]) -> str | None:
+    """Why vLLM keeps a FlashInfer GDN prefill checkpoint block per request here, or None.
+
+    `_resolve_gdn_prefill_backend` (qwen_gdn_linear_attn.py:187-260 in 0.34.0) picks FlashInfer on CUDA for
+    `--gdn-prefill-backend` auto or flashinfer: on compute capability 9.0 always, on 10.x and 12.x with
+    linear_key_head_dim 128 and a CUDA 13 runtime (the PyPI wheels of 0.33 and 0.34 are CUDA 13 builds)."""
+    if rules is None or not rules.gdn_flashinfer_checkpoint or device != "cuda" or mode != "align":
+        return None
+    if layers.family.architecture not in FLASHINFER_GDN_ARCHITECTURES or compute_capability is None:
+        return None
+    if str(pinned.get("--gdn-prefill-backend", "auto")).lower() not in ("auto", "flashinfer"):
+        return None
+    major = compute_capability[0]
+    head_k = text.get("linear_key_head_dim")
+    if major == 9 or (major in (10, 12) and head_k == 128):
+        return (f"FlashInfer's GDN prefill (compute capability {major}.x) keeps a prefill checkpoint block per "
+                f"request and {FLASHINFER_GDN_CHECKPOINT_ALIGNMENT}-token blocks (qwen_gdn_linear_attn.py, "
+                f"vLLM {rules.version})")
+    return None
+
+
+def blocks_per_request(layers: StateLayers, mode: str, rules: VllmRules | None = None,
+                       gdn_checkpoint: bool = False) -> int | None:
     """`MambaSpec.max_memory_usage_bytes` / page (v1/kv_cache_interface.py:1076-1082); None in 'all',
     where a request holds a state block per `block` tokens, as an attention layer does
-    (0.31.0 v1/kv_cache_interface.py:1083-1088). The Mamba-2 checkpoint block is new in 0.32."""
+    (0.31.0 v1/kv_cache_interface.py:1083-1088). The Mamba-2 checkpoint block is new in 0.32; FlashInfer's
+    GDN checkpoint block (`flashinfer_gdn_checkpoint`) in 0.33."""
     if mode == "all":
         return None
     checkpoint = layers.checkpoint_blocks if rules is None or rules.mamba2_checkpoint_block else 0
-    return 2 + checkpoint if mode == "align" else 1
+    return 2 + checkpoint + int(gdn_checkpoint) if mode == "align" else 1
 
 
 def aligned_block_size(*, block: int, attention_bytes_per_token: int, state_bytes: int,
-                       kernel_block: int, mla: bool = False) -> int:
+                       kernel_block: int, mla: bool = False, checkpoint_alignment: int | None = None) -> int:
     """`_align_hybrid_block_size`: the smallest aligned block whose attention page holds one state.
 
     With MLA the block is also a multiple of 128 (the TRT-LLM / FlashInfer MLA decode kernels,
-    platforms/interface.py:1077-1082)."""
+    platforms/interface.py:1077-1082); in 'align' mode a layer's prefill checkpoint alignment joins by lcm
+    (0.33.0 platforms/interface.py:1089-1104)."""
     if attention_bytes_per_token <= 0 or state_bytes <= 0:
         return block
     align = max(kernel_block, block, _MLA_BLOCK_ALIGNMENT if mla else 0)
+    if checkpoint_alignment:
+        align = math.lcm(align, checkpoint_alignment)
     needed = align * cdiv(state_bytes, align * attention_bytes_per_token)
     needed = kernel_block * cdiv(needed, kernel_block)
     return max(block, needed)

@@ -337,14 +337,19 @@ def block_size(geometry: ModelGeometry, *, device: str, compute_capability: tupl
         return _cpu_block_size(geometry, pinned=pinned, cpu_amx=cpu_amx, rules=rules)
     if pinned:
         return pinned, "pinned --block-size"
+    default = rules.default_block_size if rules is not None else DEFAULT_BLOCK_SIZE
     if uses_mla(geometry) and compute_capability is not None and compute_capability[0] >= 10:
-        return 32, "FlashInfer-MLA on Blackwell (block 32)"
+        # FlashInfer-MLA takes kernel blocks of 32 and 64: the default where it is one of them
+        # (v1/attention/backends/mla/flashinfer_mla.py:204-205 in 0.34.0).
+        block = default if default in (32, 64) else 32
+        return block, f"FlashInfer-MLA on Blackwell (block {block})"
     if uses_mla(geometry) and compute_capability is not None and compute_capability[0] == 9 \
             and kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8"):
         # FLASH_ATTN_MLA, Hopper's first MLA choice, takes no fp8 cache: FlashMLA does, in blocks of
         # 64 (vllm/platforms/cuda.py:147; v1/attention/backends/mla/flashmla.py:49-59 in 0.32).
         return 64, "FlashMLA for an fp8 MLA cache on Hopper (block 64)"
-    return DEFAULT_BLOCK_SIZE, "CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention / FlashInfer)"
+    return default, (f"CacheConfig.DEFAULT_BLOCK_SIZE {default} (FlashAttention / FlashInfer"
+                     + (f", vLLM {rules.version}" if rules is not None else "") + ")")
 
 
 def _cpu_block_size(geometry: ModelGeometry, *, pinned: int | None, cpu_amx: bool | None,
@@ -409,7 +414,8 @@ _KERNEL_BLOCK = {"cpu": 32, "cuda": 16}
 
 def hybrid_layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, model_dtype_bytes: int, tp: int,
                       device: str, pinned: Mapping[str, Any], rules: VllmRules | None = None,
-                      cpu_amx: bool | None = None) -> HybridSetup | None:
+                      cpu_amx: bool | None = None,
+                      compute_capability: tuple[int, int] | None = None) -> HybridSetup | None:
     """The layout of a model with state layers, after the platform's page unification; None without them."""
     layers = hybrid.state_layers(geometry, tp=tp)
     if layers is None:
@@ -418,10 +424,15 @@ def hybrid_layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, mod
                                  rules=rules, cpu_amx=cpu_amx)
     state_bytes = layers.shape.bytes(dtypes.conv_bytes, dtypes.ssm_bytes)
     mode = hybrid.mamba_cache_mode(pinned, layers=layers, rules=rules)
-    per_request = hybrid.blocks_per_request(layers, mode, rules)
+    gdn_checkpoint = hybrid.flashinfer_gdn_checkpoint(layers, mode, rules=rules, device=device,
+                                                      compute_capability=compute_capability, pinned=pinned,
+                                                      text=geometry.text_config)
+    per_request = hybrid.blocks_per_request(layers, mode, rules, gdn_checkpoint=gdn_checkpoint is not None)
     held = f"{per_request} state block(s)" if per_request is not None else "a state block per block of tokens"
     notes = [f"{layers.count} state layers ({layers.family.mixer}) of {state_bytes:,} B each on a rank "
              f"({dtypes.reason}); mamba cache mode '{mode}': {held} per request"]
+    if gdn_checkpoint:
+        notes.append(gdn_checkpoint)
     reason = "pinned --block-size" if pinned.get("--block-size") else "the backend's block"
     if layers.attention_free:
         page = state_bytes
@@ -432,8 +443,10 @@ def hybrid_layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, mod
         mla = uses_mla(geometry) and geometry.mla is not None
         per_token = geometry.mla.latent_dim * kv_bytes if mla and geometry.mla else \
             2 * kv_heads_per_rank(geometry.num_kv_heads, tp) * geometry.head_dim * kv_bytes
-        raised = hybrid.aligned_block_size(block=block, attention_bytes_per_token=per_token, state_bytes=state_bytes,
-                                           kernel_block=_KERNEL_BLOCK.get(device, 16), mla=mla)
+        raised = hybrid.aligned_block_size(
+            block=block, attention_bytes_per_token=per_token, state_bytes=state_bytes,
+            kernel_block=_KERNEL_BLOCK.get(device, 16), mla=mla,
+            checkpoint_alignment=hybrid.FLASHINFER_GDN_CHECKPOINT_ALIGNMENT if gdn_checkpoint else None)
         if raised != block:
             reason = (f"raised from {block} so that one attention page ({per_token} B/token) holds a state of "
                       f"{state_bytes:,} B (platforms/interface.py:1094-1100)")

@@ -126,7 +126,8 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     model_bytes = vk.kv_dtype_bytes(None, dtype)[0]
     state = vk.hybrid_layout_for(geometry, block=block, kv_bytes=kv_bytes, model_dtype_bytes=model_bytes, tp=tp,
                                  device=request.device, pinned=pinned, rules=rules,
-                                 cpu_amx=request.host.cpu_amx if request.host else None)
+                                 cpu_amx=request.host.cpu_amx if request.host else None,
+                                 compute_capability=compute_capability)
     if state is not None:
         return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, state.block,
                           state.block_reason, state.layout, max_len, max_len_reason, state.notes)
@@ -450,6 +451,9 @@ class _Sizing:
     calibrated_non_kv: int | None  # an earlier start's non-KV bytes on the same key
     pinned_kv_bytes: int | None
     blocks_override: int | None
+    extensible: bool = False  # 0.34's extensible KV cache: sized after warmup and capture (budget.py)
+    kv_segments: int = 1  # layer segments its pages are committed in (granule rounding)
+    compute_capability: tuple[int, int] | None = None  # the attention backend's workspaces (extensible)
 
     def peak_at(self, length: int) -> tuple[int, int, vb.ProfilePeak]:
         """(batched tokens, sequences, the profile run's peak) at `length`."""
@@ -467,8 +471,23 @@ class _Sizing:
         peak = self.peak_at(length)[2]
         return peak.total_bytes + peak.persistent_bytes
 
+    def extensible_at(self, length: int) -> vb.ExtensibleKv:
+        """0.34's `measure_kv_cache_bytes` at this length: T is the profile run's transient peak plus the
+        graphs' estimate (gpu_worker.py:771-773, :944-948); what stays is everything else: the captured
+        graphs, the profile's terms that persist (the MoE workspace, the fitted constant) and the attention
+        backend's workspaces allocated after the profile run (`vb.post_profile_workspaces`)."""
+        batched, _, peak = self.peak_at(length)
+        kept = peak.persistent_bytes + sum(b for name, b in peak.terms if name in vb.PERSISTENT_PEAK_TERMS)
+        workspaces = vb.post_profile_workspaces(self.geometry, compute_capability=self.compute_capability,
+                                                tp=self.setup.tp, batched_tokens=batched)[0]
+        return vb.extensible_kv(requested=self.requested, free_at_init=self.free_at_init,
+                                resident=self.weights + self.non_torch + kept + self.cudagraph + workspaces,
+                                transient=peak.total_bytes - (kept - peak.persistent_bytes) + self.cudagraph)
+
     def available_at(self, length: int) -> int:
         """What vLLM's own accounting leaves for the KV cache at this length."""
+        if self.extensible and self.calibrated_non_kv is None:
+            return vb.extensible_pages(self.extensible_at(length).kv_bytes, segments=self.kv_segments)
         if self.pinned_kv_bytes is not None:
             # vLLM skips the profile's budget: the cache is the pinned bytes, on top of what
             # the weights, activations and graphs take from the free memory (gpu_worker.py:649).
@@ -486,8 +505,21 @@ class _Sizing:
 
     def available_error(self, length: int) -> int:
         """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
-        return int(math.ceil(self.total_error * self.utilization) + self.non_torch_error + self.repack_error
-                   + self.peak_at(length)[2].error_bytes + self.cudagraph_error)
+        capped_total = int(math.ceil(self.total_error * self.utilization))
+        estimated = (self.non_torch_error + self.repack_error + self.peak_at(length)[2].error_bytes
+                     + self.cudagraph_error)
+        if not self.extensible:
+            return capped_total + estimated
+        # Below the cap the free memory at init bounds it: the whole total's error (a catalog card's free
+        # memory is its total) and the CUDA context's. The graphs' estimate is counted twice (captured, and
+        # in T), the margin follows T, and T may grow (EXTENSIBLE_TRANSIENT_GROWTH); the band's ends lose up to
+        # a granule per layer segment to the pages' rounding, as the centre does.
+        sized = self.extensible_at(length)
+        follows = vb.EXTENSIBLE_MARGIN_FRACTION if sized.margin > vb.EXTENSIBLE_MARGIN_FLOOR_BYTES else 0.0
+        in_t = self.peak_at(length)[2].error_bytes + self.cudagraph_error
+        free_error = capped_total if sized.capped else self.total_error + vb.CONTEXT_ERROR_BYTES
+        return (free_error + estimated + self.cudagraph_error + int(in_t * follows) + sized.error_bytes
+                + vb.EXTENSIBLE_GRANULE_BYTES * self.kv_segments)
 
     def bytes_error_at(self, length: int) -> int:
         """+/- on the KV bytes vLLM reports: the sum of the estimated budget terms' errors (0 when none
@@ -572,10 +604,14 @@ def _graphs_outside(graphs: vb.CudaGraphs) -> int:
 
 
 def _utilization(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, context: int,
-                 graphs: vb.CudaGraphs, warnings: list[str]) -> _Utilization:
+                 graphs: vb.CudaGraphs, warnings: list[str], extensible: bool = False) -> _Utilization:
     """Pinned, or the most we can request from *free* memory (other tenants make vLLM refuse to
-    start when free < total x utilization), capped by the engine default."""
+    start when free < total x utilization), capped by the engine default. Under 0.34's extensible KV
+    cache the value is only a cap (1.0 by default); the same share of free memory is asked for, so that
+    the cap leaves the margin to other tenants and vLLM still starts where it falls back to sizing
+    before warmup."""
     cal, rules, total = request.calibration, setup.rules, gpu.usable_total_bytes
+    default = vb.EXTENSIBLE_UTILIZATION if extensible else rules.default_utilization
     free = gpu.free_bytes or 0
     headroom = cal.extra_headroom_bytes if cal is not None else 0
     if "--gpu-memory-utilization" in setup.pinned:
@@ -588,8 +624,14 @@ def _utilization(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, contex
         room = min(room, request.max_gpu_memory_bytes - context)
     graphs_outside = _graphs_outside(graphs)
     room -= graphs_outside
-    value = min(rules.default_utilization, vb.utilization_for(max(room, 0), total))
-    source = ENGINE_DEFAULT if value == rules.default_utilization else FORMULA
+    if extensible and "--kv-transfer-config" in setup.pinned:
+        # Whether a KV connector keeps the extensible KV cache depends on the connector (config/vllm.py:
+        # 3180-3262): the request stays at what sizing before warmup would take, where both fit.
+        default = rules.default_utilization
+        warnings.append(f"--kv-transfer-config: vLLM {rules.version} may size the KV cache before warmup for this "
+                        f"connector; --gpu-memory-utilization is kept at most {default:g}, where both sizings fit")
+    value = min(default, vb.utilization_for(max(room, 0), total))
+    source = ENGINE_DEFAULT if value == default else FORMULA
     detail = (f"vLLM {rules.version} default" if source == ENGINE_DEFAULT
               else f"free {format_gib(free)} - context {format_gib(context)} - margin "
                    f"{format_gib(request.margin_bytes)}"
@@ -622,10 +664,13 @@ def _refuse_no_room(request: PlanRequest, gpu: GpuDevice, context: int) -> None:
 
 
 def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_init: int,
-                   setup: _VllmSetup, graphs: vb.CudaGraphs) -> str | None:
+                   setup: _VllmSetup, graphs: vb.CudaGraphs, extensible: bool = False) -> str | None:
     """vLLM refuses to start when it requests more than is free at init: refused beyond the
-    CUDA context's error, doubted inside it."""
+    CUDA context's error, doubted inside it. Not under 0.34's extensible KV cache, where the request
+    is only a cap (v1/worker/utils.py:783-797)."""
     total = gpu.usable_total_bytes
+    if extensible:
+        return None
     if requested > free_at_init + vb.CONTEXT_ERROR_BYTES:
         raise WontFit(
             f"vLLM will refuse to start: free memory on {gpu.label} at start ~{format_gib(free_at_init)} is less "
@@ -644,7 +689,8 @@ def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_i
 
 
 def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,
-                utilization: float, context: int, verified: bool, graphs: vb.CudaGraphs) -> _Sizing:
+                utilization: float, context: int, verified: bool, graphs: vb.CudaGraphs,
+                extensible: bool = False) -> _Sizing:
     """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
     pinned, rules, tp, pp = setup.pinned, setup.rules, setup.tp, setup.pp
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
@@ -690,7 +736,65 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         cudagraph_error=graphs.error_bytes if subtracted else 0,
         total_error=gpu.usable_total_error_bytes,  # the spread of published totals, or of NVML's reserve
         verified=verified, calibrated_non_kv=cal.non_kv_bytes if cal is not None else None,
-        pinned_kv_bytes=pinned.get("--kv-cache-memory-bytes"), blocks_override=pinned.get("--num-gpu-blocks-override"))
+        pinned_kv_bytes=pinned.get("--kv-cache-memory-bytes"), blocks_override=pinned.get("--num-gpu-blocks-override"),
+        extensible=extensible, kv_segments=max(setup.layout.group_size, 1), compute_capability=gpu.compute_capability)
+
+
+def _extensible_headroom(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,
+                         utilization: _Utilization, sizing: _Sizing, headroom: int,
+                         rest: tuple[int, bool, vb.CudaGraphs]) -> tuple[_Utilization, _Sizing]:
+    """After a CUDA OOM while serving: under 0.34's extensible KV cache a smaller request alone frees nothing
+    (vLLM's own margin binds first), so the cap goes below the free memory less that margin by the headroom,
+    where it binds (extensible_kv_cache.py:609-612)."""
+    margin = sizing.extensible_at(setup.model_max_len).margin
+    room = sizing.free_at_init - margin - headroom
+    value = min(utilization.value, vb.utilization_for(max(room, 0), gpu.usable_total_bytes))
+    if value >= utilization.value:
+        return utilization, sizing
+    detail = (f"{utilization.detail}; under vLLM {setup.rules.version}'s extensible KV cache, below the free memory "
+              f"less its margin {format_gib(margin)} by the {format_gib(headroom)} headroom")
+    context, verified, graphs = rest
+    return (_Utilization(value, CALIBRATED, detail),
+            _gpu_sizing(request, setup, gpu, defaults, value, context, verified, graphs, True))
+
+
+# What turns 0.34's extensible KV cache off at config time, and vLLM's reason (config/vllm.py:3201-3217 in
+# 0.34.0); asked for beside one of them, it refuses: "enable_extensible_kv_cache: <reason>." (:3262-3263).
+_EXTENSIBLE_OFF = (
+    ("--kv-cache-memory-bytes", "it sizes the KV cache from measured memory, which kv_cache_memory_bytes overrides"),
+    ("--num-gpu-blocks-override",
+     "it sizes the KV cache from measured memory, which num_gpu_blocks_override overrides"),
+    ("--enable-elastic-ep", "elastic EP scale-up skips warmup and reuses the profiled KV cache size, so no "
+                            "measurement would size the cache"),
+)
+
+
+def _extensible(request: PlanRequest, setup: _VllmSetup) -> tuple[bool, str | None]:
+    """Whether vLLM sizes the KV cache after warmup (0.34's extensible KV cache), and why not where the
+    release has it (config/vllm.py:3180-3263 in 0.34.0): off by flag, by a pinned size or elastic EP, or
+    where the driver cannot map memory virtually (WSL2, utils/vmm_driver.py:513-547)."""
+    pinned = setup.pinned
+    if not setup.rules.extensible_kv_cache:
+        return False, None
+    off = [(flag, reason) for flag, reason in _EXTENSIBLE_OFF if pinned.get(flag)]
+    if off and pinned.get("--enable-extensible-kv-cache"):
+        refuse_what_vllm_refuses((EngineRule(
+            "extensible-kv-cache", f"enable_extensible_kv_cache: {off[0][1]}.",
+            f"vllm/config/vllm.py:3262-3263 (vLLM {setup.rules.version})",
+            hint=f"drop --enable-extensible-kv-cache or {off[0][0]}"),))
+    if pinned.get("--no-enable-extensible-kv-cache"):
+        return False, "the extensible KV cache is off (--no-enable-extensible-kv-cache): sized before warmup"
+    if off:
+        return False, f"the extensible KV cache is off ({off[0][0]}: {off[0][1]}): sized before warmup"
+    if request.vmm_unavailable:
+        # Found by the workers at start, even when asked for: a warning, then the estimate-based sizing
+        # (v1/engine/core.py:308-313, v1/executor/abstract.py:163-181).
+        return False, (f"the extensible KV cache is off ({request.vmm_unavailable}; vLLM warns \"Disabling the "
+                       f"extensible KV cache\"): sized before warmup, at {setup.rules.default_utilization:g} by "
+                       "default")
+    return True, (f"extensible KV cache (vLLM {setup.rules.version} default on CUDA): the KV cache is the memory "
+                  "free after warmup and CUDA-graph capture, less max(1 GiB, 0.75 T) and T, the profiled transient "
+                  "peak plus the graphs' estimate (v1/worker/extensible_kv_cache.py:592-617)")
 
 
 def plan_gpu(request: PlanRequest) -> Plan:
@@ -706,12 +810,22 @@ def plan_gpu(request: PlanRequest) -> Plan:
     warnings = not_modelled_warnings(pinned, vr.NOT_MODELLED)
     request = _queued_beyond_max_num_seqs(request, setup, defaults, warnings)
     graphs = _cuda_graphs(request, setup, defaults, gpu)
-    utilization = _utilization(request, setup, gpu, context, graphs, warnings)
+    extensible, extensible_note = _extensible(request, setup)
+    if extensible and request.calibration is not None and request.calibration.non_kv_bytes is not None:
+        # An earlier start's non-KV figure assumed a cache sized from the request; this one follows the free
+        # memory after warmup (VllmMeasurements records none for it).
+        request = dataclasses.replace(request, calibration=dataclasses.replace(request.calibration, non_kv_bytes=None))
+    utilization = _utilization(request, setup, gpu, context, graphs, warnings, extensible)
     if utilization.value <= 0:
         _refuse_no_room(request, gpu, context)
     verified, architecture_note = architecture_status(request.model.geometry)
-    sizing = _gpu_sizing(request, setup, gpu, defaults, utilization.value, context, verified, graphs)
-    startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup, graphs)
+    sizing = _gpu_sizing(request, setup, gpu, defaults, utilization.value, context, verified, graphs, extensible)
+    headroom = request.calibration.extra_headroom_bytes if request.calibration is not None else 0
+    if extensible and headroom and "--gpu-memory-utilization" not in setup.pinned:
+        utilization, sizing = _extensible_headroom(request, setup, gpu, defaults, utilization, sizing, headroom,
+                                                   (context, verified, graphs))
+    startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup, graphs,
+                                   extensible)
     if not verified:
         warnings.append(architecture_note)
     chosen = _vllm_length(request, setup, sizing.capacity_at, sizing.band(), _weights_cause(sizing))
@@ -742,13 +856,15 @@ def plan_gpu(request: PlanRequest) -> Plan:
         engine_args=tuple(_gpu_args(pinned, utilization.value, length)), engine_env={}, pinned=dict(pinned),
         tp=tp, pp=pp, knob=knob, block_size=setup.block, num_blocks=capacity.num_blocks,
         engine_figures={"gpu_memory_utilization": None if sizing.pinned_kv_bytes is not None else utilization.value},
-        gpu_name=gpu.name, gpu_count=len(devices), notes=tuple(_gpu_notes(setup, request.calibration)),
+        gpu_name=gpu.name, gpu_count=len(devices),
+        notes=tuple(_gpu_notes(setup, request.calibration)) + ((extensible_note,) if extensible_note else ()),
         engine_version_assumed=request.engine_version_assumed,
         kv_cache_bytes_low=budget.kv - budget.kv_error, kv_cache_bytes_high=budget.kv + budget.kv_error,
         may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None, at_risk=at_risk,
         max_model_len_low_end=chosen.low_end, max_model_len_central=chosen.central, warnings=tuple(warnings),
-        architecture_verified=verified,
-        engine_defaults={"gpu_memory_utilization": setup.rules.default_utilization,
+        architecture_verified=verified, kv_sized_after_warmup=extensible,
+        engine_defaults={"gpu_memory_utilization": vb.EXTENSIBLE_UTILIZATION if extensible
+                         else setup.rules.default_utilization,
                          "max_num_batched_tokens": defaults.max_num_batched_tokens,
                          "max_num_seqs": defaults.max_num_seqs},
     )
@@ -805,6 +921,7 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
         _non_torch_item(sizing),
         _activation_item(sizing, length),
         _cudagraph_item(sizing),
+        *_kept_free_items(sizing, length, budget.kv),
         _kv_item(sizing, budget.kv, capacity),
         BudgetItem("free", "left free", max(sizing.free_at_init - budget.requested, 0), FORMULA,
                    "not requested by vLLM: margin for other tenants", bar="free"),
@@ -868,6 +985,22 @@ def _cudagraph_item(sizing: _Sizing) -> BudgetItem:
     source = FORMULA if cudagraph else (PINNED if graphs.mode_reason else ENGINE_DEFAULT)
     return BudgetItem("cudagraph", "CUDA graph estimate", cudagraph, source,
                       detail, bar="graphs", error_bytes=sizing.cudagraph_error)
+
+
+def _kept_free_items(sizing: _Sizing, length: int, kv: int) -> tuple[BudgetItem, ...]:
+    """0.34's extensible KV cache keeps T (the transient peak, the graphs' estimate in it again) and a margin
+    free, or stops at the utilization's cap: the row that makes the table add up to the request."""
+    if not sizing.extensible or sizing.calibrated_non_kv is not None:
+        return ()
+    sized, budget = sizing.extensible_at(length), sizing.budget_at(length)
+    counted = budget.weights + budget.non_torch + budget.activation + budget.cudagraph + kv
+    limit = (f"the --gpu-memory-utilization cap binds ({format_gib(sizing.requested)})" if sized.capped else
+             f"margin max(1 GiB, 0.75 x T) = {format_gib(sized.margin)} below the free memory")
+    return (BudgetItem("kept_free", "kept free after warmup", budget.requested - counted, FORMULA,
+                       f"vLLM {sizing.setup.rules.version} extensible KV cache: T = activation peak + graphs' "
+                       f"estimate = {format_gib(sized.transient)} kept for transients; {limit}; KV pages in whole "
+                       f"{vb.EXTENSIBLE_GRANULE_BYTES >> 20} MiB granules per layer (v1/worker/extensible_kv_cache.py:"
+                       "592-617, :305-318)", bar="activations", error_bytes=sized.error_bytes),)
 
 
 def _kv_item(sizing: _Sizing, kv: int, capacity: KvCapacity) -> BudgetItem:
@@ -1000,8 +1133,9 @@ def engine_decides(request: PlanRequest, refusal: SafeServeError) -> Plan:
     """`--trust-engine`: launch with the operator's flags only; vLLM sizes itself."""
     request = request_with_cached_layers(request, LAYER_PATTERNS)
     pinned = request.pinned.values
-    block, _ = vk.block_size(request.model.geometry, device=request.device, compute_capability=None,
-                             pinned=pinned.get("--block-size"), cpu_amx=request.host.cpu_amx if request.host else None)
     rules, _ = vr.rules_for(request.engine_version)
+    block, _ = vk.block_size(request.model.geometry, device=request.device, compute_capability=None,
+                             pinned=pinned.get("--block-size"), cpu_amx=request.host.cpu_amx if request.host else None,
+                             rules=rules)
     return unplanned(request, refusal, newest=vr.NEWEST, rules_version=rules.version, pinned=pinned,
                      length=pinned.get("--max-model-len") or 0, tp=vr.ranks(pinned)[0], block=block)

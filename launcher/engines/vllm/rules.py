@@ -24,7 +24,7 @@ from launcher.engines.flags import (
 )
 from launcher.model.config import MAX_LEN_KEYS, ModelGeometry, rope_scaling_entries
 
-NEWEST = "0.33.0"
+NEWEST = "0.34.0"
 # The flags safe-serve itself sets or suggests, in this engine's spelling (the adapter reads them here).
 LENGTH_FLAG = "--max-model-len"
 TP_FLAG = "--tensor-parallel-size"
@@ -107,6 +107,16 @@ class VllmRules:
     flashinfer_cubin_bundled: bool = False
     mxfp4_trtllm_intermediate_align: int = 128
     mxfp4_triton_sm110: bool = True
+    # 0.34: on CUDA the KV cache is sized from the memory free after warmup and capture (budget.py
+    # `extensible_kv`); gpu_memory_utilization is then a cap, 1.0 when unset, and `default_utilization`
+    # (DEFAULT_GPU_MEMORY_UTILIZATION) applies where it is off.
+    extensible_kv_cache: bool = False
+    # 0.33: FlashInfer's GDN prefill keeps a checkpoint block per request on 64-token blocks (hybrid.py
+    # `flashinfer_gdn_checkpoint`).
+    gdn_flashinfer_checkpoint: bool = False
+    # CacheConfig.DEFAULT_BLOCK_SIZE, which every CUDA backend takes where its kernels accept it
+    # (platforms/interface.py:710-791): 16 before 0.34, 64 from 0.34 (config/cache.py:185).
+    default_block_size: int = 16
     source: str = dataclasses.field(default="", compare=False)  # where this release's change is written
 
 
@@ -195,8 +205,18 @@ RULES: tuple[VllmRules, ...] = _history(
                "fused_moe/oracle/mxfp4.py:413-421 SM12x after Marlin",
      dict(mamba_cache_mode_all=False, mamba2_checkpoint_block=True, cpu_conv_prepack_any_width=None,
           mxfp4_triton_sm110=True)),
-    ("0.33.0", "0.33.0 vllm/v1/worker/gpu/model_runner.py:993: a warmup-params sampler pass in the profile run",
-     dict(sampler_warmup_pass=True)),
+    ("0.33.0", "0.33.0 vllm/v1/worker/gpu/model_runner.py:993: a warmup-params sampler pass in the profile run; "
+               "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:739-750 FlashInfer's GDN prefill in 'align' "
+               "mode: a prefill checkpoint block per request, blocks on a 64-token grid (v1/attention/backends/"
+               "gdn_attn.py:34, platforms/interface.py:1089-1104; none in 0.32)",
+     dict(sampler_warmup_pass=True, gdn_flashinfer_checkpoint=True)),
+    ("0.34.0", "0.34.0 vllm/config/cache.py:395-406, :494-501 enable_extensible_kv_cache on CUDA by default, "
+               "gpu_memory_utilization None -> 1.0 (0.92 where it is off); config/vllm.py:3180-3262 when it is off; "
+               "v1/worker/extensible_kv_cache.py:592-617 the KV cache from the memory free after capture, less "
+               "max(1 GiB, 0.75 T) and T; v1/worker/utils.py:783-797 no start refusal below the request; "
+               "config/cache.py:185 DEFAULT_BLOCK_SIZE 64 (FlashAttention, FlashInfer, Triton, FlashAttention-MLA, "
+               "FlashInfer-MLA take it; platforms/interface.py:710-791)",
+     dict(extensible_kv_cache=True, default_block_size=64)),
 )
 
 
@@ -236,7 +256,13 @@ FLAGS = (
     FlagSpec("--mamba-cache-mode", str),
     FlagSpec("--mamba-cache-dtype", str),
     FlagSpec("--mamba-ssm-cache-dtype", str),
+    FlagSpec("--gdn-prefill-backend", str),  # 0.22+: FlashInfer's GDN prefill and its checkpoint (hybrid.py)
     FlagSpec("--performance-mode", str),
+    # 0.34's extensible KV cache (config/cache.py:395): on by default on CUDA; off sizes as before.
+    FlagSpec("--enable-extensible-kv-cache", None),
+    FlagSpec("--no-enable-extensible-kv-cache", None, aliases=("--disable-extensible-kv-cache",)),
+    FlagSpec("--enable-elastic-ep", None),  # 0.34: turns the extensible KV cache off
+    FlagSpec("--kv-transfer-config", str),  # 0.34: a connector may turn it off
     # gpt-oss's MXFP4 expert layout (budget.py mxfp4_as_loaded, mxfp4_backend_refusal; 0.19+).
     FlagSpec("--moe-backend", str),
     # Multimodal profiling (config/multimodal.py:304, :695-708; multimodal/encoder_budget.py:72-90).
@@ -258,7 +284,8 @@ CALIBRATION_KEY_FLAGS = ("--max-num-batched-tokens", "--max-num-seqs", "--enforc
                          "--moe-backend",  # the MoE kernel's expert layout (budget.py mxfp4_as_loaded)
                          # the CUDA graphs captured (launcher/engines/vllm/compilation.py)
                          "--optimization-level", "--compilation-config", "--cudagraph-capture-sizes",
-                         "--max-cudagraph-capture-size")
+                         "--max-cudagraph-capture-size",
+                         "--no-enable-extensible-kv-cache")  # 0.34: sized before warmup, not after
 # The flags that size vLLM's memory directly (a preset's cap gives way to them).
 MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"})
 # Environment the planner reads because vLLM reads it: the CPU KV space (whole GiB), the MXFP4 Marlin

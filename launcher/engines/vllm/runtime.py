@@ -11,8 +11,10 @@ from launcher.engines.flags import set_flag, split_engine_cmd
 from launcher.engines.vllm.rules import FLAGS
 from launcher.plan.types import Calibration, Plan
 
-# Other processes hold the memory: the same command may work later (exit 75, not 78).
-TEMPORARY_FATAL = frozenset({"startup_free", "cpu_node_memory"})
+# Other processes hold the memory: the same command may work later (exit 75, not 78). Under 0.34's
+# extensible KV cache an out-of-memory while committing its pages is the same case: it sized the cache
+# from the memory free after warmup, which a tenant then took (there is no startup refusal to say so).
+TEMPORARY_FATAL = frozenset({"startup_free", "cpu_node_memory", "kv_commit_oom"})
 RETUNE_MARGIN_GIB = 0.25  # kept free below what vLLM reported free when it refused to start
 
 
@@ -47,10 +49,15 @@ def kv_shortfall(plan: Plan, event: EngineEvent, *, concurrency: int, tolerance:
 
 
 class VllmMeasurements:
-    """vLLM prints the KV memory it found: everything else it subtracted is the non-KV figure."""
+    """vLLM prints the KV memory it found: everything else it subtracted is the non-KV figure.
+
+    Not under 0.34's extensible KV cache (`Plan.kv_sized_after_warmup`): "Available KV cache memory" is then
+    only the estimate its address range is reserved for, and the cache itself follows the free memory at
+    each start (min(requested, free - margin) - ...), which one start's figure does not carry over to the
+    next; vLLM measures it again after warmup."""
 
     def __init__(self, plan: Plan) -> None:
-        self._requested = plan.item("requested")
+        self._requested = None if plan.kv_sized_after_warmup else plan.item("requested")
 
     def feed(self, event: EngineEvent) -> Calibration | None:
         if event.kind == "available_kv" and self._requested is not None:

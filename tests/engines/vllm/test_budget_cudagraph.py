@@ -101,7 +101,11 @@ def test_every_published_capture_is_inside_its_band() -> None:
             graphs = vb.cuda_graphs(geometry, rules=vr.rules_for(version)[0], version=version,
                                     layers=geometry.kv_layers, max_num_seqs=1024 if h100 else 256,
                                     max_num_batched_tokens=8192 if h100 else 2048, compute_capability=SM90)
-            assert graphs.count == 102, case["id"]
+            # 51 sizes to 512 (H100 tier), each PIECEWISE and FULL; gpt-oss's config hook captures to 1024:
+            # 83 sizes (0.19.0 model_executor/models/config.py:120-133)
+            gpt_oss = geometry.architecture in vb.GPT_OSS_ARCHITECTURES
+            assert graphs.count == (166 if gpt_oss else 102), case["id"]
+            assert graphs.beyond_fitted_graphs == (64 if gpt_oss else 0), case["id"]
             assert abs(float(logged) * GiB - graphs.estimate_bytes) <= graphs.error_bytes, case["id"]
             checked += 1
     assert checked == 10
@@ -124,3 +128,52 @@ def test_versions_before_the_fitted_captures_keep_the_wide_band() -> None:
     """No capture before 0.11 has a known count: the band stays at the old formula's farthest miss."""
     assert _graphs("0.10.2").error_bytes == vb.CUDAGRAPH_UNFITTED_ERROR_BYTES
     assert _graphs("0.11.0").error_bytes < vb.CUDAGRAPH_UNFITTED_ERROR_BYTES
+
+
+GRIDS = json.loads((DATA.parent / "vllm_extensible_oracle.json").read_text())
+
+
+@pytest.mark.parametrize("case", GRIDS["prefill_grid"], ids=lambda c: f"{c['max_tokens']}-{c['dense_head']}")
+def test_prefill_grid_is_vllm_034s(case: dict) -> None:
+    """0.34.0's prefill_cudagraph_capture_grid, run from its source (tests/oracles/vllm_extensible_oracle.py)."""
+    assert vb.prefill_capture_grid(case["max_tokens"], dense_head=case["dense_head"]) == case["sizes"]
+
+
+@pytest.mark.parametrize("case", GRIDS["decode_grid"], ids=lambda c: str(c["max_requests"]))
+def test_decode_grid_is_vllm_034s(case: dict) -> None:
+    assert vb.decode_capture_grid(case["max_requests"]) == case["sizes"]
+
+
+@pytest.mark.parametrize(("version", "tokens", "decode", "largest"), [
+    ("0.10.1", 83, 83, 1024),  # an explicit list to 1024 (0.10.1 models/config.py:258-275)
+    ("0.11.0", 81, 81, 992),  # to 992 (0.11.0 :256-273)
+    ("0.19.0", 83, 83, 1024),  # max_cudagraph_capture_size 1024 (0.19.0 :120-133)
+    ("0.33.0", 83, 83, 1024),  # (0.33.0 :549-562)
+    ("0.34.0", 83, 64, 1024),  # the 1024-token list and the decode grid to 1024 requests (0.34.0 :843-880)
+])
+def test_gpt_oss_captures_to_1024_on_an_h100(version: str, tokens: int, decode: int, largest: int) -> None:
+    sizes, decode_sizes = vb.graph_sizes(max_num_seqs=1024, max_num_batched_tokens=8192, version=version,
+                                         compute_capability=SM90, gpt_oss=True)
+    assert (len(sizes), len(decode_sizes), sizes[-1]) == (tokens, decode, largest)
+    # a pinned ceiling turns the hook off (it only acts when no size is set)
+    pinned, _ = vb.graph_sizes(max_num_seqs=1024, max_num_batched_tokens=8192, version=version,
+                               compute_capability=SM90, gpt_oss=True, max_capture_size=512)
+    assert pinned[-1] == 512
+
+
+def test_034_wide_grids_on_b200_and_the_same_graphs_elsewhere() -> None:
+    """0.34 on compute capability 10.x with nothing pinned: 54 prefill graphs to 8192 tokens and 64 decode
+    graphs to 1024 requests (0.33: 83 + 83 to 1024); off 10.x the graphs of 0.33 (51 + 51 on an H100)."""
+    b200 = vb.graph_sizes(max_num_seqs=1024, max_num_batched_tokens=16384, version="0.34.0",
+                          compute_capability=(10, 0))
+    assert (len(b200[0]), b200[0][-1], len(b200[1]), b200[1][-1]) == (54, 8192, 64, 1024)
+    before = vb.graph_sizes(max_num_seqs=1024, max_num_batched_tokens=16384, version="0.33.0",
+                            compute_capability=(10, 0))
+    assert (len(before[0]), len(before[1]), before[0][-1]) == (83, 83, 1024)
+    h100 = vb.graph_sizes(max_num_seqs=1024, max_num_batched_tokens=8192, version="0.34.0", compute_capability=SM90)
+    assert h100 == vb.graph_sizes(max_num_seqs=1024, max_num_batched_tokens=8192, version="0.33.0",
+                                  compute_capability=SM90)
+    assert (len(h100[0]), len(h100[1])) == (51, 51)
+    # gpt-oss on 10.x keeps the wide defaults (its hook skips that family)
+    assert vb.graph_sizes(max_num_seqs=1024, max_num_batched_tokens=16384, version="0.34.0",
+                          compute_capability=(10, 0), gpt_oss=True) == b200

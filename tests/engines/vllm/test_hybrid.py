@@ -149,18 +149,49 @@ def test_nemotron_h_pattern_and_ssm_dtype() -> None:
     assert (dtypes.conv_bytes, dtypes.ssm_bytes) == (2, 4)  # NemotronH: float32 SSM state by default
 
 
-def test_qwen3_next_on_h100_tp4_raises_the_block_to_hold_one_state() -> None:
+@pytest.mark.parametrize(("version", "block", "state_blocks"), [
+    ("0.32.0", 272, 2),  # 16 x cdiv(274432, 16 x 1024): DEFAULT_BLOCK_SIZE 16, no GDN checkpoint yet
+    ("0.33.0", 320, 3),  # FlashInfer's GDN prefill: lcm(16, 64) = 64 x cdiv(274432, 64 x 1024), + a checkpoint block
+    ("0.34.0", 320, 3),  # DEFAULT_BLOCK_SIZE 64, the same
+])
+def test_qwen3_next_on_h100_tp4_raises_the_block_to_hold_one_state(version: str, block: int,
+                                                                     state_blocks: int) -> None:
     """GPU: FlashAttention's kernel block 16; per rank 1 KV head x 256 x 2 x 2 B = 1024 B/token.
     GDN state per rank: conv (3, (2x16x128 + 32x128)/4 = 2048) bf16 = 12,288 B + (8, 128, 128) bf16
-    = 262,144 B -> 274,432 B; block = 16 x cdiv(274432, 16 x 1024) = 272."""
+    = 262,144 B -> 274,432 B. From 0.33 on Hopper FlashInfer's GDN prefill in 'align' mode keeps a prefill
+    checkpoint block per request and 64-token blocks (0.33.0 qwen_gdn_linear_attn.py:739-750,
+    platforms/interface.py:1089-1104)."""
     config = CONFIGS["configs/qwen3-next-80b-a3b-instruct.json"]
     model = _model(config)
-    request = PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["4x h100-80gb"]),
+    request = PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["4x h100-80gb"]), engine_version=version,
                           engine_args=("--tensor-parallel-size", "4", "--max-model-len", "32768"))
     plan = make_plan(request)
-    assert plan.block_size == 272
-    # 12 attention layers and 36 states of one 272-token page each: groups of 12 (36 states in 3 groups).
-    assert any("272 tokens" in note for note in plan.notes)
+    assert plan.block_size == block
+    # 12 attention layers and 36 states of one page each: groups of 12 (36 states in 3 groups).
+    assert any(f"{block} tokens" in note for note in plan.notes)
+    assert any(f"{state_blocks} state block(s) per request" in note for note in plan.notes)
+    # 32768 / block attention blocks + 3 groups x the state blocks (0.34: 103 + 9 = 112)
+    per_request = -(-32768 // block) + 3 * state_blocks
+    assert plan.num_blocks // per_request == int(plan.max_concurrency) or \
+        abs(plan.num_blocks / per_request - plan.max_concurrency) < 0.01
+
+
+def test_the_gdn_checkpoint_follows_the_backend_and_the_card() -> None:
+    """Triton's GDN prefill (pinned, or a Blackwell GDN head other than 128) keeps no checkpoint block."""
+    config = CONFIGS["configs/qwen3-next-80b-a3b-instruct.json"]
+    model = _model(config)
+
+    def plan(gpu: str, *args: str) -> object:
+        return make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus([f"4x {gpu}"]),
+                                     engine_version="0.34.0",
+                                     engine_args=("--tensor-parallel-size", "4", "--max-model-len", "32768", *args)))
+
+    assert any("prefill checkpoint" in note for note in plan("h100-80gb").notes)  # type: ignore[attr-defined]
+    assert not any("prefill checkpoint" in note  # type: ignore[attr-defined]
+                   for note in plan("h100-80gb", "--gdn-prefill-backend", "triton").notes)
+    assert config.get("linear_key_head_dim") == 128
+    assert any("prefill checkpoint" in note for note in plan("b200").notes)  # type: ignore[attr-defined]
+    assert not any("prefill checkpoint" in note for note in plan("a100-80gb").notes)  # type: ignore[attr-defined]
 
 
 KIMI_GOLDEN = [r for r in GOLDEN["records"] if r["architecture"] == "KimiLinearForCausalLM"]

@@ -107,3 +107,16 @@ def test_a_table_no_engine_would_build_is_not_derived() -> None:
     assert vb.rope_tables(geometry, dtype="bfloat16", version="0.32.0") is None
     with pytest.raises(ModelConfigError, match="'rope_scaling.factor' must be a number above 0 to 6.55e"):
         geometry_from_config({**model.config, "rope_scaling": {"rope_type": "linear", "factor": 0}})
+
+
+def test_gemma_olmoe_stablelm_move_to_the_transformers_backend_in_0_34() -> None:
+    """0.34.0 registry.py:782-811 maps GemmaForCausalLM (and OLMoE, StableLM, Aria) to the Transformers
+    backend (models/gemma.py is gone): Gemma-7B's 8,192 x 256 bf16 table is no longer built at load."""
+    from launcher.model.config import geometry_from_config
+
+    gemma = geometry_from_config({"architectures": ["GemmaForCausalLM"], "model_type": "gemma",
+                                  "hidden_size": 3072, "num_attention_heads": 16, "num_key_value_heads": 16,
+                                  "head_dim": 256, "num_hidden_layers": 28, "intermediate_size": 24576,
+                                  "vocab_size": 256000, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"})
+    assert vb.rope_tables(gemma, dtype="bfloat16", version="0.33.0").bytes == 8192 * 256 * 2 == 4 * MiB
+    assert vb.rope_tables(gemma, dtype="bfloat16", version="0.34.0").bytes == 0

@@ -1,0 +1,229 @@
+"""vLLM 0.34's extensible KV cache: the KV cache from the memory free after warmup and capture.
+
+The arithmetic is checked against 0.34.0's own `measure_kv_cache_bytes` and `blocks_within`, run from
+the release's source over a grid (tests/oracles/vllm_extensible_oracle.py ->
+tests/data/vllm_extensible_oracle.json); the plan's rows against hand arithmetic; when it is off
+(flags, a pinned size, WSL2) and what vLLM refuses around it, against config/vllm.py:3180-3263.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.common.errors import WontFit
+from launcher.common.units import GiB, MiB
+from launcher.engines.vllm import budget as vb
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.resolve import resolve_model
+from launcher.plan.planner import make_plan
+from launcher.plan.types import Plan, PlanRequest
+
+ORACLE = json.loads((Path(__file__).resolve().parents[2] / "data" / "vllm_extensible_oracle.json").read_text())
+
+
+def plan(version: str = "0.34.0", gpu: str = "h100", model: str = "qwen2.5-7b", args: tuple[str, ...] = (),
+         **changes: object) -> Plan:
+    request = PlanRequest(model=resolve_model(model), engine="vllm", gpus=hypothetical_gpus([gpu]),
+                          engine_version=version, engine_args=args)
+    return make_plan(dataclasses.replace(request, **changes))
+
+
+class TestTheEnginesOwnArithmetic:
+    def test_constants_are_the_releases(self) -> None:
+        constants = ORACLE["constants"]
+        assert constants["KV_CACHE_MARGIN_FLOOR_BYTES"] == vb.EXTENSIBLE_MARGIN_FLOOR_BYTES == GiB
+        assert constants["KV_CACHE_MARGIN_FRACTION"] == vb.EXTENSIBLE_MARGIN_FRACTION == 0.75
+        assert ORACLE["header"]["vllm"] == "0.34.0"
+
+    @pytest.mark.parametrize("case", ORACLE["measure"], ids=lambda c: f"{c['requested_memory'] >> 20}MiB")
+    def test_measure_kv_cache_bytes(self, case: dict[str, int]) -> None:
+        resident = case["init_free_memory"] - case["free_memory"] - case["committed_bytes"]
+        ours = vb.extensible_kv(requested=case["requested_memory"], free_at_init=case["init_free_memory"],
+                                resident=resident, transient=case["transient_peak_bytes"],
+                                growth=case["torch_reserve_growth_bytes"])
+        assert max(ours.kv_bytes, 0) == case["available"]
+
+    def test_the_grid_reaches_both_limits_and_the_floor(self) -> None:
+        """Cases where the cap binds, where the margin binds, where the floor is the margin, and none left."""
+        cases = ORACLE["measure"]
+        assert any(c["requested_memory"] < c["init_free_memory"] - GiB for c in cases)
+        assert any(c["requested_memory"] > c["init_free_memory"] for c in cases)
+        assert any(c["transient_peak_bytes"] * 0.75 < GiB for c in cases)
+        assert any(c["transient_peak_bytes"] * 0.75 > GiB for c in cases)
+        assert any(c["available"] == 0 for c in cases) and any(c["available"] > 50 * GiB for c in cases)
+
+    @pytest.mark.parametrize("case", ORACLE["blocks"], ids=lambda c: f"{c['segments']}x{c['stride']}")
+    def test_blocks_within_whole_granules(self, case: dict[str, int]) -> None:
+        pages = vb.extensible_pages(case["bytes"], segments=case["segments"])
+        assert pages // (case["segments"] * case["stride"]) == case["blocks"]
+
+    def test_hand_example(self) -> None:
+        """80 GiB requested, 78 free at init, 20 held after capture, T 2 GiB: margin max(1, 1.5) = 1.5 GiB,
+        KV = min(80, 78 - 1.5) - 20 - 2 = 54.5 GiB; at T 0.8 GiB the 1 GiB floor: 78 - 1 - 20 - 0.8."""
+        sized = vb.extensible_kv(requested=80 * GiB, free_at_init=78 * GiB, resident=20 * GiB, transient=2 * GiB)
+        assert (sized.kv_bytes, sized.margin, sized.capped) == (int(54.5 * GiB), int(1.5 * GiB), False)
+        floor = vb.extensible_kv(requested=80 * GiB, free_at_init=78 * GiB, resident=20 * GiB,
+                                 transient=int(0.8 * GiB))
+        assert floor.kv_bytes == 78 * GiB - GiB - 20 * GiB - int(0.8 * GiB)
+        capped = vb.extensible_kv(requested=50 * GiB, free_at_init=78 * GiB, resident=20 * GiB, transient=2 * GiB)
+        assert capped.capped and capped.kv_bytes == 28 * GiB
+        # T 45 % higher (2.9 GiB), margin 2.175 GiB: 2.2 GiB less at the band's far end
+        assert abs(sized.error_bytes - int(1.575 * GiB)) <= 2  # 54.5 - (78 - 2.175 - 20 - 2.9)
+
+
+class TestThePlan:
+    def test_rows_add_up_and_the_kv_is_free_less_margin_and_t(self) -> None:
+        """Qwen2.5-7B on an idle H100 at 0.34: KV = free at init - margin - everything held - T, in whole
+        2 MiB granules of 28 layer segments; the table adds up to the request."""
+        p = plan()
+        rows = {item.key: item.bytes for item in p.budget}
+        graphs, activation = rows["cudagraph"], rows["activation"]
+        # held after the profile: the V2 penalty state, int32 [1024, 152,064] counts + a bit per vocab entry
+        # (penalties.py:40), and the profile's fitted constant (no MoE workspace in a dense model)
+        persistent = 4 * 1024 * 152_064 + 4 * 1024 * (152_064 // 32) + vb.PROFILE_CONSTANT_BYTES
+        transient = activation - persistent + graphs
+        margin = max(GiB, int(0.75 * transient))
+        free_at_init = rows["total"] - rows["context"]  # an idle catalog card: free = its CUDA total
+        held = rows["weights"] + rows["non_torch"] + persistent + graphs  # after capture, transients freed
+        unit = 28 * 2 * MiB
+        assert p.kv_cache_bytes == (free_at_init - margin - held - transient) // unit * unit
+        assert sum(rows[k] for k in ("weights", "non_torch", "activation", "cudagraph", "kept_free", "kv")) \
+            == rows["requested"]
+        assert any("extensible KV cache" in note for note in p.notes)
+
+    def test_more_kv_than_033_on_an_h100_less_on_a_24_gib_card(self) -> None:
+        """1.0 instead of 0.92 of the total, less T again and the margin: on 80 GiB the 6.3 GiB the 0.92
+        kept back outweighs them, on 24 GiB (1.9 GiB kept back at 0.92) it does not."""
+        assert plan().kv_cache_bytes - plan("0.33.0").kv_cache_bytes > 3 * GiB
+        assert plan(gpu="rtx4090").kv_cache_bytes < plan("0.33.0", gpu="rtx4090").kv_cache_bytes
+
+    def test_block_64_from_034(self) -> None:
+        assert (plan().block_size, plan("0.33.0").block_size) == (64, 16)
+        assert plan(gpu="b200", model="deepseek-v2-lite").block_size == 64  # FlashInfer-MLA: was 32
+        assert plan("0.33.0", gpu="b200", model="deepseek-v2-lite").block_size == 32
+
+    def test_no_startup_refusal_below_the_request(self) -> None:
+        """A pinned utilization above the free memory: 0.33 refuses to start, 0.34 only caps at it."""
+        gpu = dataclasses.replace(hypothetical_gpus(["h100"])[0], free_bytes=60 * GiB, source="nvml")
+        with pytest.raises(WontFit, match="refuse to start"):
+            plan("0.33.0", gpus=(gpu,), engine_args=("--gpu-memory-utilization", "0.9"))
+        capped = plan(gpus=(gpu,), engine_args=("--gpu-memory-utilization", "0.9"))
+        assert capped.kv_cache_bytes < 60 * GiB - 14 * GiB and not capped.may_not_fit
+
+    def test_the_utilization_is_a_cap_at_free_less_margin(self) -> None:
+        p = plan()
+        assert p.engine_defaults["gpu_memory_utilization"] == 1.0
+        assert p.knob.value == 0.9901 and "--gpu-memory-utilization" in p.engine_args  # (79.19-0.53-0.25)/79.19
+
+
+class TestWhenItIsOff:
+    @pytest.mark.parametrize("args", [("--no-enable-extensible-kv-cache",), ("--disable-extensible-kv-cache",),
+                                      ("--kv-cache-memory-bytes", "40G"), ("--enable-elastic-ep",),
+                                      ("--num-gpu-blocks-override", "4000")])
+    def test_flags_that_turn_it_off(self, args: tuple[str, ...]) -> None:
+        p = plan(args=args)
+        assert not any(item.key == "kept_free" for item in p.budget)
+        assert any("extensible KV cache is off" in note for note in p.notes)
+
+    def test_off_sizes_as_before_warmup_at_092_with_block_64(self) -> None:
+        off = plan(args=("--no-enable-extensible-kv-cache",))
+        before = plan("0.33.0")
+        assert off.engine_figures["gpu_memory_utilization"] == 0.92 == before.engine_figures["gpu_memory_utilization"]
+        assert off.block_size == 64 and abs(off.kv_cache_bytes - before.kv_cache_bytes) < 4 * MiB
+
+    def test_wsl2_has_no_virtual_memory_management(self) -> None:
+        """The workers find it at start and fall back with a warning, even when it was asked for."""
+        for args in ((), ("--enable-extensible-kv-cache",)):
+            p = plan(vmm_unavailable="WSL2's GPU driver maps no virtual memory", args=args)
+            assert p.engine_figures["gpu_memory_utilization"] == 0.92
+            assert any("WSL2" in note and "off" in note for note in p.notes)
+
+    def test_asked_for_with_a_pinned_size_is_vllms_refusal(self) -> None:
+        """config/vllm.py:3262-3263: requested where a pinned size overrides it raises."""
+        with pytest.raises(WontFit, match="kv_cache_memory_bytes overrides") as caught:
+            plan(args=("--enable-extensible-kv-cache", "--kv-cache-memory-bytes", "40G"))
+        assert caught.value.rule == "extensible-kv-cache"
+
+    def test_asked_for_with_elastic_ep_is_vllms_refusal(self) -> None:
+        with pytest.raises(WontFit, match="elastic EP scale-up skips warmup"):
+            plan(args=("--enable-extensible-kv-cache", "--enable-elastic-ep"))
+
+    def test_a_kv_connector_keeps_the_request_where_both_sizings_fit(self) -> None:
+        """Whether a connector keeps the extensible KV cache depends on it: the request stays at 0.92, where
+        the cache sized before warmup fits too, and the plan is the extensible one under that cap."""
+        p = plan(args=("--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'))
+        assert p.knob.value == 0.92 and any("--kv-transfer-config" in w for w in p.warnings)
+        assert "the --gpu-memory-utilization cap binds" in p.item("kept_free").detail
+
+    def test_older_releases_never_have_it(self) -> None:
+        assert not any(item.key == "kept_free" for item in plan("0.33.0").budget)
+
+
+class TestWhatStaysAllocated:
+    def test_flashinfer_workspaces_on_compute_capability_10(self) -> None:
+        """B200 (FlashInfer attention): max(394 MiB, 16384 x 28 heads x 128 x 16 B = 896 MiB) + TRT-LLM's
+        394 MiB stay allocated after the profile run; none on an H100 (FlashAttention) or for MLA."""
+        qwen = resolve_model("qwen2.5-7b").geometry
+        assert vb.post_profile_workspaces(qwen, compute_capability=(10, 0), tp=1, batched_tokens=16384)[0] \
+            == 16384 * 28 * 128 * 16 + 394 * MiB
+        assert vb.post_profile_workspaces(qwen, compute_capability=(10, 0), tp=4, batched_tokens=2048)[0] \
+            == 2 * 394 * MiB
+        assert vb.post_profile_workspaces(qwen, compute_capability=(9, 0), tp=1, batched_tokens=8192)[0] == 0
+        mla = resolve_model("deepseek-v2-lite").geometry
+        assert vb.post_profile_workspaces(mla, compute_capability=(10, 0), tp=1, batched_tokens=16384)[0] == 0
+
+
+class TestWatchingIt:
+    def test_no_calibration_from_a_start_sized_after_warmup(self) -> None:
+        """0.34 still prints "Available KV cache memory" (the estimate its address range is reserved for) and
+        sizes the cache from the free memory at each start: no non-KV figure is kept from it, and one kept
+        before (a 0.33 start) is not used; before 0.34 the estimate is the cache."""
+        from launcher.engines.events import EngineEvent
+        from launcher.engines.vllm.logs import RULES
+        from launcher.engines.vllm.runtime import measurements_for
+        from launcher.plan.types import Calibration
+
+        p = plan()
+        assert p.kv_sized_after_warmup and not plan("0.33.0").kv_sized_after_warmup
+        line = ("Memory after warmup: 61.2 GiB free, 0.05 GiB committed to the KV cache, 1.9 GiB kept for transient "
+                "activations (1.9 GiB allocated at peak, 0.4 GiB of torch reservation growth); 16896 KV cache blocks "
+                "(57.75 GiB) fit within the requested 78.41 GiB. Torch may reserve up to 19.1 GiB.")
+        (rule,) = [r for r in RULES if r.kind == "kv_measured"]
+        match = rule.pattern.match(line)
+        assert match is not None
+        measured = EngineEvent("kv_measured", rule.convert(match))
+        assert measured.values["blocks"] == 16896 and measured.values["kv_gib"] == 57.75
+        watch = measurements_for(p)
+        assert watch.feed(EngineEvent("available_kv", {"gib": 72.5})) is None and watch.feed(measured) is None
+        old = measurements_for(plan("0.33.0")).feed(EngineEvent("available_kv", {"gib": 55.0}))
+        assert old is not None and old.non_kv_bytes == plan("0.33.0").item("requested").bytes - 55 * GiB
+        calibrated = plan(calibration=Calibration(non_kv_bytes=10 * GiB, key="k"))
+        assert calibrated.kv_cache_bytes == p.kv_cache_bytes and calibrated.item("kept_free") is not None
+
+    def test_after_an_oom_while_serving_the_cap_binds_below_vllms_margin(self) -> None:
+        """A smaller request alone would free nothing (vLLM's margin binds first): the cap goes 1 GiB below
+        the free memory less that margin, and the KV cache is 1 GiB smaller."""
+        from launcher.plan.types import Calibration
+
+        p = plan()
+        after = plan(calibration=Calibration(extra_headroom_bytes=GiB, key="k"))
+        assert after.knob.value < p.knob.value and after.knob.why.endswith("headroom")
+        assert GiB - 58 * MiB <= p.kv_cache_bytes - after.kv_cache_bytes <= GiB + 58 * MiB  # +/- a granule per layer
+        assert "the --gpu-memory-utilization cap binds" in after.item("kept_free").detail
+
+    def test_a_driver_oom_committing_pages_is_temporary(self) -> None:
+        from launcher.engines.vllm.runtime import TEMPORARY_FATAL
+
+        assert "kv_commit_oom" in TEMPORARY_FATAL
+
+    def test_wsl2_reaches_the_request(self) -> None:
+        from launcher.plan import presets
+
+        settings = presets.apply(None, presets.Explicit(), default_margin_bytes=0, gpu_total_bytes=24 * GiB,
+                                 proc_version="Linux version 5.15.153.1-microsoft-standard-WSL2")
+        assert settings.wsl2 and not presets.apply(None, presets.Explicit(), default_margin_bytes=0,
+                                                   gpu_total_bytes=24 * GiB, proc_version="Linux 6.8.0").wsl2
