@@ -6,6 +6,7 @@ Each test runs safe-serve as a real process, output to files, and reads its JSON
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -27,6 +28,17 @@ pytestmark = [
 START_TIMEOUT = 240.0
 
 
+@functools.cache
+def dtype_args() -> tuple[str, ...]:
+    """The tiny models are bfloat16. On a CPU with AMX tiles vLLM 0.32 runs bfloat16 attention in its AMX kernel
+    (v1/attention/backends/cpu_attn.py:544), which died with SIGILL at the first request on the Intel Xeon
+    (AMX-BF16, no AMX-FP16) CI ran on 2026-12-03 (faulthandler: _custom_ops.cpu_attention_with_kv_cache, also
+    without safe-serve); float16 takes the AVX-512 kernel and serves. The KV figures are the same bytes."""
+    probe = subprocess.run([str(ENGINE_PYTHON), "-c", "import torch; print(torch.cpu._is_amx_tile_supported())"],
+                           capture_output=True, text=True, check=True)
+    return ("--dtype", "float16") if probe.stdout.strip().endswith("True") else ()
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("serve-models")
@@ -45,7 +57,7 @@ class Served:
         argv = [sys.executable, "-m", "launcher", str(model), "--engine", "vllm", "--device", "cpu",
                 "--engine-cmd", f"{ENGINE_PYTHON} -m vllm.entrypoints.openai.api_server", "--log-format", "json",
                 "--ready-file", str(self.ready_file), "--grace", "20", *extra,
-                "--", "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port), *engine_args]
+                "--", "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port), *dtype_args(), *engine_args]
         env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)
         self.proc = subprocess.Popen(argv, stdout=self.out.open("wb"), stderr=self.err.open("wb"), env=env)

@@ -56,12 +56,15 @@ def free_port() -> int:
 
 
 @functools.cache
-def plan_json(model: str, engine: str, gpu: str, flags: tuple[str, ...] = (), concurrency: int = 1) -> dict[str, Any]:
-    """`safe-serve plan --json` for the command a test serves (no calibration: an empty state dir)."""
+def plan_json(model: str, engine: str, gpu: str, flags: tuple[str, ...] = (), concurrency: int = 1,
+              version: str | None = None) -> dict[str, Any]:
+    """`safe-serve plan --json` for the command a test serves (no calibration: an empty state dir), for the
+    release the stand-in's arithmetic is unless `version`."""
+    release = ("--engine-version", version) if version else standin_version(engine)
     with tempfile.TemporaryDirectory() as state:
         done = subprocess.run(
             [sys.executable, "-m", "launcher", "plan", model, "--engine", engine, "--gpu", gpu, "--json",
-             "--concurrency", str(concurrency), *standin_version(engine), "--", *flags],
+             "--concurrency", str(concurrency), *release, "--", *flags],
             cwd=REPO, env={**os.environ, "SAFE_SERVE_STATE_DIR": state}, capture_output=True, check=True)
     return json.loads(done.stdout)
 
@@ -276,6 +279,23 @@ def assert_distinct_starts(served: Served) -> None:
 
 
 # --------------------------------------------------------------------------- agreement
+
+
+def test_vllm_034_sizing_before_warmup_is_said_and_not_calibrated(serve: Callable[..., Served]) -> None:
+    """A 0.34 plan assumes the KV cache sized after warmup; a driver without virtual memory management makes vLLM
+    size it before (its warning): the watch says the plan does not match, and keeps no non-KV figure (what a
+    start sized after warmup prints as available memory is not its cache)."""
+    plan = plan_json("qwen2.5-7b", "vllm", "rtx4090", version="0.34.0")
+    assert plan["kv_sized_after_warmup"] and plan["block_size"] == 64
+    served = serve("vllm-0.34-sized-before-warmup.yaml", options=("--engine-version", "0.34.0"),
+                   sets={**vllm_agrees(plan), "vllm.kv_bytes": plan["kv_cache_bytes"]})
+    ready = served.wait_ready()
+    assert ready["kv_tokens"] == plan["kv_cache_tokens"]
+    [mismatch] = served.events("plan-mismatch")
+    assert "before warmup" in mismatch["reason"] and mismatch["utilization"] == plan["gpu_memory_utilization"]
+    assert not (served.state / "calibration.json").exists()
+    assert served.stop() == 0, served.tail()
+    assert_clean_exit(served, 0)
 
 
 def test_vllm_agreeing_with_the_plan_is_ready_and_stops_cleanly(serve: Callable[..., Served]) -> None:

@@ -197,6 +197,12 @@ class Watch:
             self._check_kv(event)
             if not self.settled:
                 self._report("serving" if self.ready else "starting")
+        elif event.kind == "sized_before_warmup" and self.plan.kv_sized_after_warmup:
+            # The plan's cap (~free memory less the margin) was set for a cache sized after warmup; sized before,
+            # what vLLM allocates after it comes from little more than the margin.
+            log.warning("plan-mismatch", reason="vLLM sizes its KV cache before warmup on this machine, not after as "
+                        "planned; the KV check follows; plan with --no-enable-extensible-kv-cache for this machine",
+                        utilization=self.plan.engine_figures.get("gpu_memory_utilization"))
         elif event.is_fatal:
             self.lock.release()
             self._decide(event, f"engine error {event.name}: {event.line[:200]}")

@@ -138,6 +138,18 @@ class TestVllm034Lines:
             assert event is not None and event.kind == "fatal:extensible_kv_unsupported", text
             assert parse_vllm(f"{head}TypeError: {text}") is None and parse_vllm(f"{head}{text}") is None
 
+    def test_the_fallback_to_sizing_before_warmup_is_read(self) -> None:
+        """0.34's workers that cannot use the extensible KV cache say so (v1/executor/abstract.py:175-179); a
+        prompt quoting the words is not the engine's record."""
+        line = ("(EngineCore pid=107) WARNING 11-20 10:02:11 [abstract.py:175] Disabling the extensible KV cache: "
+                "CUDA driver error 801: operation not supported. The KV cache will be sized from profiling estimates "
+                "instead of measured memory.")
+        event = parse_vllm(line)
+        assert event is not None and event.kind == "sized_before_warmup"
+        quoted = ("(APIServer pid=9) INFO 11-20 10:05:00 [logger.py:65] Received request x: prompt: "
+                  "'Disabling the extensible KV cache: nothing'")
+        assert parse_vllm(quoted) is None
+
     def test_kv_errors_after_warmup_keep_their_figures(self) -> None:
         """0.34.0 kv_cache_planning.py:108, :125: the hints changed (the extensible KV cache's), the figures did not."""
         event = parse_vllm(f"{ERR}To serve at least one request with the model's max seq len (131072), (16.0 GiB KV "

@@ -532,7 +532,7 @@ def _mxfp4_backends(compute_capability: tuple[int, int], rules: VllmRules) -> tu
             return (MXFP4_TRTLLM, MXFP4_TRITON), "where FlashInfer has neither flashinfer-cubin nor nvcc"
         return ((MXFP4_TRTLLM, MXFP4_TRITON, MXFP4_MARLIN),
                 "without the optional flashinfer-python or triton_kernels package")
-    if major == 11 and rules.mxfp4_triton_sm110:
+    if major == 11 and rules.mxfp4_triton_sm110 and not rules.mxfp4_marlin_first_sm110:
         return (MXFP4_TRITON,), ""
     if major >= 11 and not rules.triton_kernels_bundled:
         return (MXFP4_MARLIN, MXFP4_TRITON), "without the optional triton_kernels package"
@@ -562,7 +562,12 @@ MXFP4_MOE_BACKENDS: tuple[tuple[str, tuple[tuple[str, ...], int, int]], ...] = (
     ("0.26.0", (_MAPPED_0_22, 302, 421)), ("0.27.0", (_MAPPED_0_22, 305, 427)), ("0.28.0", (_MAPPED_0_22, 301, 423)),
     ("0.29.0", (_MAPPED_0_29, 316, 440)), ("0.30.0", (_MAPPED_0_30, 327, 455)), ("0.31.0", (_MAPPED_0_30, 337, 464)),
     ("0.32.0", (_MAPPED_0_32, 384, 542)), ("0.33.0", (_MAPPED_0_33, 397, 611)),
+    # 0.34.0: the same names (the mapping :352-416); the refusal of a backend the card cannot run moved to the
+    # shared oracle (MoEKernelOracle.return_or_raise, oracle/base.py:236, its text built at :168-177, unchanged).
+    ("0.34.0", (_MAPPED_0_33, 416, 236)),
 )
+# From this release the "does not support the deployment configuration" refusal is raised in oracle/base.py.
+MXFP4_REFUSAL_IN_BASE_SINCE = "0.34"
 # The pinned names whose layout is derived here (the BF16-activation variant `_filter_by_activation` keeps;
 # flashinfer_trtllm_afp8 shares the TRT-LLM weight format, TRTLLM_BACKENDS and
 # mxfp4_round_up_hidden_size_and_intermediate_size :850-852 in 0.32.0).
@@ -627,6 +632,8 @@ def mxfp4_backend_refusal(geometry: ModelGeometry, *, version: str, moe_backend:
     backend = _PINNED_LAYOUT.get(name)
     if backend is None or _backend_runs_on(backend, compute_capability, rules_for(version)[0]):
         return None
+    if version_key(release) >= version_key(MXFP4_REFUSAL_IN_BASE_SINCE):
+        path = "vllm/model_executor/layers/fused_moe/oracle/base.py"
     return (f"Mxfp4 MoE backend '{backend}' does not support the deployment configuration since kernel does not "
             "support current device cuda.", f"{path}:{raise_line} (vLLM {release})")
 

@@ -82,6 +82,9 @@ RULES = (
                    "transient_gib": float(m.group(3)), "peak_gib": float(m.group(4)),
                    "torch_growth_gib": float(m.group(5)), "blocks": int(m.group(6)), "kv_gib": float(m.group(7)),
                    "requested_gib": float(m.group(8)), "torch_limit_gib": float(m.group(9))}),
+    # 0.34: the workers cannot use the extensible KV cache (no virtual memory management on this driver, or another
+    # rank cannot) and size it before warmup, from the utilization (WARNING, v1/executor/abstract.py:175-179).
+    LineRule("sized_before_warmup", re.compile(r"Disabling the extensible KV cache: "), lambda m: {}),
     # v1/worker/utils.py:790 (0.34.0; not raised under the extensible KV cache, :783-787), :763 (0.33.0), ValueError
     LineRule("fatal:startup_free", re.compile(
         r"Free memory on device(?: [^\s(]{1,64})? \(([\d.]{1,32})/([\d.]{1,32}) GiB\) on startup is less than desired "

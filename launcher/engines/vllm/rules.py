@@ -107,6 +107,9 @@ class VllmRules:
     flashinfer_cubin_bundled: bool = False
     mxfp4_trtllm_intermediate_align: int = 128
     mxfp4_triton_sm110: bool = True
+    # 0.34 moves Triton after Marlin on SM110 too (Jetson Thor: "MARLIN stays the default as it has not been
+    # benchmarked", fused_moe/oracle/mxfp4.py:445-457); Triton still runs there when pinned.
+    mxfp4_marlin_first_sm110: bool = False
     # 0.34: on CUDA the KV cache is sized from the memory free after warmup and capture (budget.py
     # `extensible_kv`); gpu_memory_utilization is then a cap, 1.0 when unset, and `default_utilization`
     # (DEFAULT_GPU_MEMORY_UTILIZATION) applies where it is off.
@@ -215,8 +218,9 @@ RULES: tuple[VllmRules, ...] = _history(
                "v1/worker/extensible_kv_cache.py:592-617 the KV cache from the memory free after capture, less "
                "max(1 GiB, 0.75 T) and T; v1/worker/utils.py:783-797 no start refusal below the request; "
                "config/cache.py:185 DEFAULT_BLOCK_SIZE 64 (FlashAttention, FlashInfer, Triton, FlashAttention-MLA, "
-               "FlashInfer-MLA take it; platforms/interface.py:710-791)",
-     dict(extensible_kv_cache=True, default_block_size=64)),
+               "FlashInfer-MLA take it; platforms/interface.py:710-791); model_executor/layers/fused_moe/oracle/"
+               "mxfp4.py:445-457 gpt-oss MXFP4 on SM110 takes Marlin first (Triton when pinned)",
+     dict(extensible_kv_cache=True, default_block_size=64, mxfp4_marlin_first_sm110=True)),
 )
 
 

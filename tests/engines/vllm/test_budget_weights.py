@@ -86,6 +86,8 @@ EXPERT_LAYERS = {"gpt-oss-20b": 768, "gpt-oss-120b": 4608}
     ((10, 0), "0.27.0", TRTLLM_128, TRITON_BW, vb.MXFP4_TRTLLM),  # TRT-LLM intermediate to 128
     ((10, 0), "0.33.0", TRTLLM_128, TRITON_BW, vb.MXFP4_TRTLLM),
     ((11, 0), "0.32.0", TRITON_BW, TRITON_BW, "TRITON"),  # SM110: Triton before Marlin from 0.32
+    ((11, 0), "0.33.0", TRITON_BW, TRITON_BW, "TRITON"),
+    ((11, 0), "0.34.0", MARLIN, MARLIN, "MARLIN"),  # 0.34: Marlin first on SM110 too (oracle/mxfp4.py:445-457)
 ])
 def test_the_layout_by_card_and_version(model: str, cc: tuple[int, int], version: str, per_expert: int,
                                         low_per_expert: int, backend: str) -> None:

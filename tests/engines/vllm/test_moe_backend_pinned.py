@@ -206,3 +206,15 @@ def test_names_the_release_does_not_offer_are_usage_errors(argv: list[str], text
     code, err = _plan_exit(["qwen2.5-7b", "--gpu", "h100", *argv])
     assert code == 2 and text in err and "Traceback" not in err
     assert len(err.strip().splitlines()) <= 2 and len(err) < 2000
+
+
+def test_034_keeps_a_pinned_triton_on_sm110_and_refuses_it_on_hopper_from_the_shared_oracle() -> None:
+    """0.34 picks Marlin first on SM110 but still runs a pinned Triton there; the refusal on a card Triton
+    cannot run (an RTX 4090) comes from the shared MoE oracle (fused_moe/oracle/base.py:236)."""
+    geometry = _geometry()
+    assert vb.mxfp4_backend_refusal(geometry, version="0.34.0", moe_backend="triton", compute_capability=(11, 0)) \
+        is None
+    refusal = vb.mxfp4_backend_refusal(geometry, version="0.34.0", moe_backend="triton", compute_capability=(8, 9))
+    assert refusal is not None and refusal[1] == "vllm/model_executor/layers/fused_moe/oracle/base.py:236 (vLLM 0.34.0)"
+    assert vb.mxfp4_backend_refusal(geometry, version="0.33.0", moe_backend="triton", compute_capability=(8, 9))[1] \
+        == "vllm/model_executor/layers/fused_moe/oracle/mxfp4.py:611 (vLLM 0.33.0)"
