@@ -384,12 +384,15 @@ def layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, tp: int, p
                      hybrid_manager=not pinned.get("--disable-hybrid-kv-cache-manager", False))
 
 
-def in_flight_tokens(*, batched_tokens: int, device: str, pp: int) -> int:
+def in_flight_tokens(*, batched_tokens: int, device: str, pp: int, v2_runner: bool = False) -> int:
     """`VllmConfig.max_in_flight_tokens`: concurrent batches x max_num_batched_tokens.
 
-    Async scheduling (2 batches at PP=1) is the GPU default; it only matters for
-    sliding-window layers, which must hold the in-flight tokens beyond their window.
+    Async scheduling is the GPU default: 2 batches at PP=1, and PP + 1 on the V2 model runner
+    (`max_concurrent_batches`, config/vllm.py:582-586 in 0.32.0, :559-566 in 0.34.0; PP on V1);
+    it only matters for sliding-window layers, which must hold the in-flight tokens beyond their window.
     """
+    if device != "cpu" and v2_runner:
+        return (max(pp, 1) + 1) * batched_tokens
     batches = 2 if device != "cpu" and pp <= 1 else max(pp, 1)
     return batches * batched_tokens
 

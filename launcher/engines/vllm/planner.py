@@ -537,8 +537,9 @@ class _Sizing:
     def capacity_for(self, length: int, kv_bytes: int) -> KvCapacity:
         batched = self.peak_at(length)[0]
         return kv_capacity(self.setup.layout, kv_bytes, max_model_len=length,
-                           in_flight_tokens=vk.in_flight_tokens(batched_tokens=batched, device="cuda",
-                                                                pp=self.setup.pp))
+                           in_flight_tokens=vk.in_flight_tokens(
+                               batched_tokens=batched, device="cuda", pp=self.setup.pp,
+                               v2_runner=vr.uses_v2_runner(self.setup.rules, self.geometry.architecture)))
 
     def capacity_at(self, length: int) -> KvCapacity:
         return self.capacity_for(length, self.kv_at(length))
@@ -996,11 +997,15 @@ def _kept_free_items(sizing: _Sizing, length: int, kv: int) -> tuple[BudgetItem,
     counted = budget.weights + budget.non_torch + budget.activation + budget.cudagraph + kv
     limit = (f"the --gpu-memory-utilization cap binds ({format_gib(sizing.requested)})" if sized.capped else
              f"margin max(1 GiB, 0.75 x T) = {format_gib(sized.margin)} below the free memory")
+    workspaces, rule = vb.post_profile_workspaces(sizing.geometry, compute_capability=sizing.compute_capability,
+                                                  tp=sizing.setup.tp, batched_tokens=sizing.peak_at(length)[0])
+    held = f"; {rule} {format_gib(workspaces)}" if workspaces else ""
     return (BudgetItem("kept_free", "kept free after warmup", budget.requested - counted, FORMULA,
                        f"vLLM {sizing.setup.rules.version} extensible KV cache: T = activation peak + graphs' "
-                       f"estimate = {format_gib(sized.transient)} kept for transients; {limit}; KV pages in whole "
-                       f"{vb.EXTENSIBLE_GRANULE_BYTES >> 20} MiB granules per layer (v1/worker/extensible_kv_cache.py:"
-                       "592-617, :305-318)", bar="activations", error_bytes=sized.error_bytes),)
+                       f"estimate = {format_gib(sized.transient)} kept for transients; {limit}{held}; KV pages in "
+                       f"whole {vb.EXTENSIBLE_GRANULE_BYTES >> 20} MiB granules per layer "
+                       "(v1/worker/extensible_kv_cache.py:592-617, :305-318)", bar="activations",
+                       error_bytes=sized.error_bytes),)
 
 
 def _kv_item(sizing: _Sizing, kv: int, capacity: KvCapacity) -> BudgetItem:

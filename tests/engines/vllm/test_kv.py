@@ -80,3 +80,15 @@ class TestCapacity:
         layout = kv_layout(_geometry(), block_size=16, kv_dtype_bytes=2)
         capacity = kv_capacity(layout, blocks * layout.bytes_per_block, max_model_len=length, in_flight_tokens=0)
         assert capacity.tokens == tokens
+
+
+def test_in_flight_batches_with_pipeline_parallel() -> None:
+    """`max_concurrent_batches` under async scheduling (the GPU default): PP + 1 on the V2 model runner (every
+    model from 0.29), 2 at PP 1 and PP batches beyond on V1 (config/vllm.py:582-586 in 0.32.0), PP on CPU."""
+    from launcher.engines.vllm.kv import in_flight_tokens
+
+    assert in_flight_tokens(batched_tokens=8192, device="cuda", pp=2, v2_runner=True) == 3 * 8192
+    assert in_flight_tokens(batched_tokens=8192, device="cuda", pp=1, v2_runner=True) == 2 * 8192
+    assert in_flight_tokens(batched_tokens=8192, device="cuda", pp=2, v2_runner=False) == 2 * 8192
+    assert in_flight_tokens(batched_tokens=2048, device="cuda", pp=1, v2_runner=False) == 2 * 2048
+    assert in_flight_tokens(batched_tokens=2048, device="cpu", pp=1, v2_runner=True) == 2048
