@@ -713,6 +713,9 @@ TRANSFORMERS_BACKEND_SINCE_032 = frozenset({
 TRANSFORMERS_BACKEND_SINCE_034 = frozenset({
     "GemmaForCausalLM", "OlmoeForCausalLM", "StableLmForCausalLM", "AriaForConditionalGeneration",
     "Kolibri1ForCausalLM"})
+# Each architecture and the first release that serves it on the Transformers backend.
+TRANSFORMERS_BACKEND_SINCE: Mapping[str, str] = {
+    **dict.fromkeys(TRANSFORMERS_BACKEND_SINCE_032, "0.32"), **dict.fromkeys(TRANSFORMERS_BACKEND_SINCE_034, "0.34")}
 
 
 @dataclass(frozen=True)
@@ -752,8 +755,8 @@ def rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) -> RopeTab
     architecture = geometry.architecture
     if geometry.kv_layers == 0 or architecture in ROPE_FREE or text.get("position_embedding_type") == "nope":
         return RopeTables(0, "no rotary embedding")
-    if (architecture in TRANSFORMERS_BACKEND_SINCE_032 and version_key(version) >= version_key("0.32")) or \
-            (architecture in TRANSFORMERS_BACKEND_SINCE_034 and version_key(version) >= version_key("0.34")):
+    since = TRANSFORMERS_BACKEND_SINCE.get(architecture)
+    if since is not None and version_key(version) >= version_key(since):
         return RopeTables(0, "Transformers backend: the table is computed in the forward pass")
     if not isinstance(positions, int) or element is None:
         return None

@@ -476,17 +476,22 @@ class _Sizing:
         graphs' estimate (gpu_worker.py:771-773, :944-948); what stays is everything else: the captured
         graphs, the profile's terms that persist (the MoE workspace, the fitted constant) and the attention
         backend's workspaces allocated after the profile run (`vb.post_profile_workspaces`)."""
-        batched, _, peak = self.peak_at(length)
+        peak = self.peak_at(length)[2]
         kept = peak.persistent_bytes + sum(b for name, b in peak.terms if name in vb.PERSISTENT_PEAK_TERMS)
-        workspaces = vb.post_profile_workspaces(self.geometry, compute_capability=self.compute_capability,
-                                                tp=self.setup.tp, batched_tokens=batched)[0]
+        workspaces = self.workspaces_at(length)[0]
         return vb.extensible_kv(requested=self.requested, free_at_init=self.free_at_init,
                                 resident=self.weights + self.non_torch + kept + self.cudagraph + workspaces,
                                 transient=peak.total_bytes - (kept - peak.persistent_bytes) + self.cudagraph)
 
+    def workspaces_at(self, length: int) -> tuple[int, str]:
+        """(bytes, rule) of the attention workspaces vLLM allocates after the profile run, at this length."""
+        return vb.post_profile_workspaces(self.geometry, compute_capability=self.compute_capability,
+                                          tp=self.setup.tp, batched_tokens=self.peak_at(length)[0])
+
     def available_at(self, length: int) -> int:
-        """What vLLM's own accounting leaves for the KV cache at this length."""
-        if self.extensible and self.calibrated_non_kv is None:
+        """What vLLM's own accounting leaves for the KV cache at this length (under the extensible KV cache
+        no calibration reaches here: plan_gpu drops it)."""
+        if self.extensible:
             return vb.extensible_pages(self.extensible_at(length).kv_bytes, segments=self.kv_segments)
         if self.pinned_kv_bytes is not None:
             # vLLM skips the profile's budget: the cache is the pinned bytes, on top of what
@@ -506,8 +511,8 @@ class _Sizing:
     def available_error(self, length: int) -> int:
         """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
         capped_total = int(math.ceil(self.total_error * self.utilization))
-        estimated = (self.non_torch_error + self.repack_error + self.peak_at(length)[2].error_bytes
-                     + self.cudagraph_error)
+        in_t = self.peak_at(length)[2].error_bytes + self.cudagraph_error  # the two estimates T is made of
+        estimated = self.non_torch_error + self.repack_error + in_t
         if not self.extensible:
             return capped_total + estimated
         # Below the cap the free memory at init bounds it: the whole total's error (a catalog card's free
@@ -516,7 +521,6 @@ class _Sizing:
         # a granule per layer segment to the pages' rounding, as the centre does.
         sized = self.extensible_at(length)
         follows = vb.EXTENSIBLE_MARGIN_FRACTION if sized.margin > vb.EXTENSIBLE_MARGIN_FLOOR_BYTES else 0.0
-        in_t = self.peak_at(length)[2].error_bytes + self.cudagraph_error
         free_error = capped_total if sized.capped else self.total_error + vb.CONTEXT_ERROR_BYTES
         return (free_error + estimated + self.cudagraph_error + int(in_t * follows) + sized.error_bytes
                 + vb.EXTENSIBLE_GRANULE_BYTES * self.kv_segments)
@@ -742,8 +746,8 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
 
 
 def _extensible_headroom(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,
-                         utilization: _Utilization, sizing: _Sizing, headroom: int,
-                         rest: tuple[int, bool, vb.CudaGraphs]) -> tuple[_Utilization, _Sizing]:
+                         utilization: _Utilization, sizing: _Sizing, headroom: int, *, context: int,
+                         verified: bool, graphs: vb.CudaGraphs) -> tuple[_Utilization, _Sizing]:
     """After a CUDA OOM while serving: under 0.34's extensible KV cache a smaller request alone frees nothing
     (vLLM's own margin binds first), so the cap goes below the free memory less that margin by the headroom,
     where it binds (extensible_kv_cache.py:609-612)."""
@@ -754,7 +758,6 @@ def _extensible_headroom(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice
         return utilization, sizing
     detail = (f"{utilization.detail}; under vLLM {setup.rules.version}'s extensible KV cache, below the free memory "
               f"less its margin {format_gib(margin)} by the {format_gib(headroom)} headroom")
-    context, verified, graphs = rest
     return (_Utilization(value, CALIBRATED, detail),
             _gpu_sizing(request, setup, gpu, defaults, value, context, verified, graphs, True))
 
@@ -824,7 +827,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
     headroom = request.calibration.extra_headroom_bytes if request.calibration is not None else 0
     if extensible and headroom and "--gpu-memory-utilization" not in setup.pinned:
         utilization, sizing = _extensible_headroom(request, setup, gpu, defaults, utilization, sizing, headroom,
-                                                   (context, verified, graphs))
+                                                   context=context, verified=verified, graphs=graphs)
     startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup, graphs,
                                    extensible)
     if not verified:
@@ -991,14 +994,13 @@ def _cudagraph_item(sizing: _Sizing) -> BudgetItem:
 def _kept_free_items(sizing: _Sizing, length: int, kv: int) -> tuple[BudgetItem, ...]:
     """0.34's extensible KV cache keeps T (the transient peak, the graphs' estimate in it again) and a margin
     free, or stops at the utilization's cap: the row that makes the table add up to the request."""
-    if not sizing.extensible or sizing.calibrated_non_kv is not None:
+    if not sizing.extensible:
         return ()
     sized, budget = sizing.extensible_at(length), sizing.budget_at(length)
     counted = budget.weights + budget.non_torch + budget.activation + budget.cudagraph + kv
     limit = (f"the --gpu-memory-utilization cap binds ({format_gib(sizing.requested)})" if sized.capped else
              f"margin max(1 GiB, 0.75 x T) = {format_gib(sized.margin)} below the free memory")
-    workspaces, rule = vb.post_profile_workspaces(sizing.geometry, compute_capability=sizing.compute_capability,
-                                                  tp=sizing.setup.tp, batched_tokens=sizing.peak_at(length)[0])
+    workspaces, rule = sizing.workspaces_at(length)
     held = f"; {rule} {format_gib(workspaces)}" if workspaces else ""
     return (BudgetItem("kept_free", "kept free after warmup", budget.requested - counted, FORMULA,
                        f"vLLM {sizing.setup.rules.version} extensible KV cache: T = activation peak + graphs' "
