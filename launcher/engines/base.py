@@ -54,6 +54,7 @@ class RulesModule(Protocol):
     """An engine's `rules.py`, as the adapter reads it."""
 
     def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]: ...
+    def gpus_on_node(self, pinned: Mapping[str, PinnedValue]) -> int: ...
     def rules_for(self, version: str | None) -> tuple[VersionedRules, str | None]: ...
 
 
@@ -121,6 +122,7 @@ class EngineAdapter(Protocol):
     def set_flag(self, args: Sequence[str], flag: str, value: str) -> list[str]: ...
     def drop_flag(self, args: Sequence[str], flag: str) -> list[str]: ...
     def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]: ...
+    def gpus_on_node(self, pinned: Mapping[str, PinnedValue]) -> int: ...
     def rules_version(self, version: str | None) -> tuple[str, str | None]: ...
     def pinned_as_written(self, flag: str, value: PinnedValue) -> str: ...
     def plan(self, request: PlanRequest) -> Plan: ...
@@ -278,6 +280,11 @@ class SpecAdapter:
         """(tensor, pipeline) parallel sizes as pinned."""
         return int(pinned.get(self.tp_flag, 1)), int(pinned.get(self.pp_flag, 1))
 
+    def gpus_on_node(self, pinned: Mapping[str, PinnedValue]) -> int:
+        """The GPUs this node's ranks take (the start lock covers them)."""
+        tp, pp = self.ranks(pinned)
+        return tp * pp
+
     def health_address(self, pinned: Mapping[str, PinnedValue]) -> tuple[str, int]:
         return str(pinned.get("--host") or "127.0.0.1"), int(pinned.get("--port") or self.default_port)
 
@@ -296,6 +303,9 @@ class ModuleAdapter(SpecAdapter):
     # planning
     def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]:
         return self._rules.ranks(pinned)
+
+    def gpus_on_node(self, pinned: Mapping[str, PinnedValue]) -> int:
+        return self._rules.gpus_on_node(pinned)
 
     def rules_version(self, version: str | None) -> tuple[str, str | None]:
         chosen, note = self._rules.rules_for(version)

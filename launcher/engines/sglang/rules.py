@@ -285,6 +285,12 @@ def ranks(pinned: Mapping[str, Any]) -> tuple[int, int]:
     return int(pinned.get(TP_FLAG, 1)), int(pinned.get(PP_FLAG, 1))
 
 
+def gpus_on_node(pinned: Mapping[str, Any]) -> int:
+    """The GPUs this node's ranks take (the start lock covers them): tensor x pipeline ranks."""
+    tp, pp = ranks(pinned)
+    return tp * pp
+
+
 # --------------------------------------------------------------------------- the length from the config
 
 

@@ -14,6 +14,8 @@ startup check. The constants below are estimates; each names where it comes from
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import fnmatch
 import json
 import math
@@ -26,7 +28,7 @@ from launcher.common.units import GiB, MiB, format_gib
 from launcher.engines.checks_common import lines_for
 from launcher.engines.online_quant import ELEMENT_BYTES, kept_layers, quantized_weights
 from launcher.engines.versions import version_key
-from launcher.engines.vllm.compilation import GraphMode, GraphPins, graph_mode
+from launcher.engines.vllm.compilation import SPLIT_SIZES_SINCE, GraphMode, GraphPins, SplitPins, graph_mode
 from launcher.engines.vllm.kv import pp_partitions
 from launcher.engines.vllm.rules import VllmRules, uses_v2_runner
 from launcher.model.config import MLA, ModelGeometry
@@ -253,6 +255,19 @@ def moe_workspace_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int
     return 2 * batched_tokens * topk * (max(n // 2, h) + max(n, h))
 
 
+def mxfp4_dp_workspace_bytes(geometry: ModelGeometry, *, tokens: int, one_rank_tokens: int, tp: int) -> int:
+    """gpt-oss's MXFP4 experts under data parallelism: OAITritonExperts' workspace (M x topk, N/2) and output
+    (M, K), plus the kernel's own (M x topk, K) (experts/gpt_oss_triton_kernels_moe.py:1108-1124, :729-760 in
+    0.34.0), bf16, for the DP-gathered M = `tokens`, beyond what one rank's batch takes (the one-rank starts
+    this was fitted on hold that part already)."""
+    moe = geometry.text_config.get("moe_intermediate_size") or geometry.intermediate_size
+    topk = geometry.experts_per_token
+    if not isinstance(moe, int) or moe <= 0 or not topk or tokens <= one_rank_tokens:
+        return 0
+    per_token = 2 * (topk * (moe // max(tp, 1) + geometry.hidden_size) + geometry.hidden_size)
+    return (tokens - one_rank_tokens) * per_token
+
+
 # The modalities each wrapper's processor supports (`supported_mm_limits` of its processing info);
 # a modality left out of --limit-mm-per-prompt keeps vLLM's default of 999 items.
 MM_MODALITIES: Mapping[str, frozenset[str]] = {
@@ -317,7 +332,8 @@ def vision_rope_table_bytes(geometry: ModelGeometry) -> int:
 
 
 def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: int, num_seqs: int, tp: int,
-                 gpu_name: str = "", act_dtype_bytes: int = 2, language_only: bool = False) -> ProfilePeak:
+                 gpu_name: str = "", act_dtype_bytes: int = 2, language_only: bool = False, dp: int = 1,
+                 expert_parallel: bool = False) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
 
     V1 (0.19-0.21, and 0.22-0.28 outside the V2 architecture list): the sampler dummy run holds
@@ -327,11 +343,19 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     batch has no top-k/top-p, so the sampler holds only the logits and the forward peak (MLP
     intermediates, attention skipped) dominates; 0.33 adds a warmup pass (fp32 copy + top-k/top-p
     buffer). A penalty state int32 [max_num_seqs, V] is allocated at V2 runner init.
+
+    Under data parallelism (`dp` > 1) a MoE layer takes every DP rank's padded batch, gathered
+    (allgather_reducescatter, the default all2all): its workspace is sized for dp x T tokens, and the
+    gathered rows and the experts' output before the reduce-scatter are held beside it (parallel.py);
+    with expert parallelism each expert runs whole (its intermediate size not split).
     """
     v, h, t, r = geometry.vocab_size, geometry.hidden_size, batched_tokens, min(batched_tokens, num_seqs)
     sms = min(sm_count(gpu_name), r)
     hidden = act_dtype_bytes * t * h
-    moe = moe_workspace_bytes(geometry, batched_tokens=t, tp=tp)
+    moe = moe_workspace_bytes(geometry, batched_tokens=t * dp, tp=1 if expert_parallel else tp * dp)
+    if not moe and dp > 1 and geometry.num_experts:  # gpt-oss's MXFP4 path holds no fused-MoE workspace
+        moe = mxfp4_dp_workspace_bytes(geometry, tokens=t * dp, one_rank_tokens=t, tp=1 if expert_parallel else tp * dp)
+    gathered = 2 * act_dtype_bytes * (dp - 1) * t * h if geometry.num_experts and dp > 1 else 0
     encoder = act_dtype_bytes * t * h if geometry.is_multimodal and not language_only else 0
     vision_rope = vision_rope_table_bytes(geometry) if encoder else 0
     if rules.sorting_sampler:
@@ -339,11 +363,22 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         # 9.4-9.9 fp32 copies; one 0.1x gpt-oss-20b log at 1024 rows, 9.6): the larger of the forward
         # and the sorting sampler.
         legacy = max(cpu_activation_peak_bytes(geometry, batched_tokens=t, num_seqs=r, tp=tp), 0)
-        return ProfilePeak((("forward or sampler", legacy),), legacy, int(0.25 * legacy), "V0/V1 (before 0.19)")
+        terms_legacy: tuple[tuple[str, int], ...] = (("forward or sampler", legacy),)
+        if dp > 1 and geometry.num_experts:
+            # Before 0.19 the modular kernel runs chunks of VLLM_FUSED_MOE_CHUNK_SIZE (16384) tokens, and with DP
+            # and EP its profile allocates a whole chunk (0.12.0 fused_moe/modular_kernel.py:756-840); counted
+            # on top of the fitted peak, with the gathered rows.
+            chunk = 16384 if expert_parallel else min(t * dp, 16384)
+            terms_legacy += (("MoE workspace", moe_workspace_bytes(geometry, batched_tokens=chunk,
+                                                                   tp=1 if expert_parallel else tp * dp)),
+                             ("DP-gathered MoE rows", gathered))
+        total = sum(b for _, b in terms_legacy)
+        return ProfilePeak(terms_legacy, total, int(0.25 * legacy), "V0/V1 (before 0.19)")
     if not uses_v2_runner(rules, geometry.architecture):
         sampler = 14 * r * v + 4 * sms * v
         terms: tuple[tuple[str, int], ...] = (("sampler", sampler), ("hidden states", hidden),
-                                               ("MoE workspace", moe), ("encoder cache", encoder),
+                                               ("MoE workspace", moe), ("DP-gathered MoE rows", gathered),
+                                               ("encoder cache", encoder),
                                                ("vision rope table", vision_rope),
                                                ("constant", PROFILE_CONSTANT_BYTES))
         return ProfilePeak(terms, sum(b for _, b in terms), V1_PEAK_ERROR_BYTES, "V1")
@@ -353,7 +388,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     transient = max(forward, hidden + sampler)
     penalty = 4 * num_seqs * v + 4 * num_seqs * -(-v // 32)  # vllm/v1/worker/gpu/sample/penalties.py:40
     terms = (("forward" if forward >= hidden + sampler else "sampler", transient), ("MoE workspace", moe),
-             ("encoder cache", encoder), ("vision rope table", vision_rope), ("constant", PROFILE_CONSTANT_BYTES))
+             ("DP-gathered MoE rows", gathered), ("encoder cache", encoder), ("vision rope table", vision_rope),
+             ("constant", PROFILE_CONSTANT_BYTES))
     return ProfilePeak(terms, sum(b for _, b in terms), V2_PEAK_ERROR_BYTES, "V2",
                        persistent_bytes=penalty if rules.v2_penalty_state_counted else 0)
 
@@ -1051,7 +1087,17 @@ V2_CUDAGRAPH_ESTIMATE_SINCE = "0.29"  # v1/worker/gpu/cudagraph_utils.py:718 pro
 # 0.19.0, :549-562 in 0.33.0); from 0.34 the same token sizes for mixed batches and a decode grid up to
 # 1024 requests, not on compute capability 10.x, whose defaults are wider (:843-880 in 0.34.0).
 GPT_OSS_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
-SPLIT_GRIDS_SINCE = "0.34"  # separate prefill-token and decode-request capture sizes (config/vllm.py:2558-2737)
+GPT_OSS_TOKEN_SIZES = (1, 2, 4, *range(8, 256, 8), *range(256, 1024, 16))  # below its 1024-token ceiling
+NO_SPLIT_PINS = SplitPins()
+SPLIT_DEFAULT_BUDGET = 8192  # SM100's prefill ceiling and decode token budget (config/vllm.py:2604-2611)
+
+
+class CaptureSizesRefused(ValueError):
+    """vLLM refuses the pinned capture sizes at start (a ValueError in config/vllm.py)."""
+
+    def __init__(self, message: str, source: str) -> None:
+        super().__init__(message)
+        self.message, self.source = message, source
 
 
 def _walk_grid(limit: int, step: Callable[[float], float]) -> list[int]:
@@ -1079,35 +1125,76 @@ def decode_capture_grid(max_requests: int) -> list[int]:
 def graph_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, version: str,
                 compute_capability: tuple[int, int] | None = None, interactivity: bool = False,
                 explicit: tuple[int, ...] | None = None, max_capture_size: int | None = None,
-                gpt_oss: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+                gpt_oss: bool = False, split: SplitPins = NO_SPLIT_PINS) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(token sizes of the mixed-batch graphs, request counts of the uniform-decode graphs).
 
-    Before 0.34 one list serves both, the decode graphs at its sizes up to max_num_seqs. From 0.34
-    (`_split_cudagraph_capture_sizes`, config/vllm.py:2558-2737): on compute capability 10.x with no size
-    pinned, the wide grids (prefill to min(8192, max_num_batched_tokens), decode to max_num_seqs,
-    :2604-2611); otherwise the decode counts are min(size, max_num_seqs) over the token sizes (:2663-2671),
-    and gpt-oss's hook sets both (GPT_OSS_ARCHITECTURES)."""
-    pinned = explicit is not None or max_capture_size is not None
-    split = version_key(version) >= version_key(SPLIT_GRIDS_SINCE)
+    Before 0.34 one list serves both, the decode graphs at its sizes up to max_num_seqs; gpt-oss's hook
+    widens it (GPT_OSS_ARCHITECTURES). From 0.34 each kind from its own pins (`split_graph_sizes`)."""
     sm100 = compute_capability is not None and compute_capability[0] == 10
-    if split and not pinned and sm100:
-        return (tuple(prefill_capture_grid(min(8192, max_num_batched_tokens), dense_head=interactivity)),
-                tuple(decode_capture_grid(max_num_seqs)))
-    if split and not pinned and gpt_oss:
+    legacy = explicit is not None or max_capture_size is not None
+    if version_key(version) < version_key(SPLIT_SIZES_SINCE):
+        if gpt_oss and not legacy and version_key(version) < version_key("0.12"):
+            top = 992 if version_key(version) >= version_key("0.11") else 1024
+            explicit = (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16))
+        elif gpt_oss and not legacy:
+            max_capture_size = 1024
+    shared = capture_sizes(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, version=version,
+                           compute_capability=compute_capability, interactivity=interactivity, explicit=explicit,
+                           max_capture_size=max_capture_size)
+    if version_key(version) < version_key(SPLIT_SIZES_SINCE):
+        return shared, tuple(n for n in shared if n <= max_num_seqs)
+    if gpt_oss and not legacy and not split.sets_sizes and not sm100:
+        # Its hook, on what no pin set (model_executor/models/config.py:843-880 in 0.34.0).
         top = min(max_num_batched_tokens, 1024)
-        tokens = sorted({s for s in (1, 2, 4, *range(8, 256, 8), *range(256, 1024, 16)) if s < top} | {top})
-        return tuple(tokens), tuple(decode_capture_grid(min(1024, max_num_seqs)))
-    if gpt_oss and not pinned and version_key(version) < version_key("0.12"):
-        top = 992 if version_key(version) >= version_key("0.11") else 1024
-        explicit = (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16))
-    elif gpt_oss and not pinned:
-        max_capture_size = 1024
-    sizes = capture_sizes(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, version=version,
-                          compute_capability=compute_capability, interactivity=interactivity, explicit=explicit,
-                          max_capture_size=max_capture_size)
-    if split:
-        return sizes, tuple(sorted({min(n, max_num_seqs) for n in sizes}))
-    return sizes, tuple(n for n in sizes if n <= max_num_seqs)
+        split = dataclasses.replace(split, prefill_sizes=tuple(sorted({s for s in GPT_OSS_TOKEN_SIZES if s < top}
+                                                                      | {top})), max_decode_requests=1024)
+    return split_graph_sizes(shared, legacy=legacy, pins=split, max_num_seqs=max_num_seqs,
+                             max_num_batched_tokens=max_num_batched_tokens, sm100=sm100, interactivity=interactivity)
+
+
+def split_graph_sizes(shared: tuple[int, ...], *, legacy: bool, pins: SplitPins, max_num_seqs: int,
+                      max_num_batched_tokens: int, sm100: bool,
+                      interactivity: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """0.34's `_split_cudagraph_capture_sizes` (config/vllm.py:2558-2737 in 0.34.0) and the decode shapes its
+    V2 runner captures (config/compilation.py:54-67, v1/worker/gpu/cudagraph_utils.py:333-341), without
+    speculation: each kind from its own sizes, else its ceiling's grid, else (off SM100, or beside the
+    deprecated legacy keys) the shared list; SM100's wide defaults cap decode graphs at 8192 tokens."""
+    wide = not legacy and sm100
+    budget = pins.max_decode_tokens if pins.max_decode_tokens is not None else (SPLIT_DEFAULT_BUDGET if wide else None)
+    if pins.prefill_sizes is not None:
+        prefill = _within(pins.prefill_sizes, max_num_batched_tokens, pins.max_prefill_tokens, "prefill_cudagraph_"
+                          "capture_token_sizes", "max_prefill_cudagraph_capture_tokens")
+    elif pins.max_prefill_tokens is not None or wide:
+        ceiling = SPLIT_DEFAULT_BUDGET if pins.max_prefill_tokens is None else pins.max_prefill_tokens
+        prefill = prefill_capture_grid(min(ceiling, max_num_batched_tokens), dense_head=interactivity)
+    else:
+        prefill = list(shared)
+    if pins.decode_sizes is not None:
+        decode = _within(pins.decode_sizes, max_num_seqs, pins.max_decode_requests, "decode_cudagraph_capture_"
+                         "request_sizes", "max_decode_cudagraph_capture_requests")
+    elif pins.max_decode_requests is not None or wide:
+        decode = decode_capture_grid(max_num_seqs if pins.max_decode_requests is None
+                                     else min(pins.max_decode_requests, max_num_seqs))
+    else:
+        decode = sorted({min(n, max_num_seqs) for n in shared})
+    # A batch pads to the smallest graph holding it: the first size above the limit is captured at it.
+    limit = min(max_num_seqs, max_num_batched_tokens if budget is None else min(budget, max_num_batched_tokens))
+    reachable = decode[:bisect.bisect_left(decode, limit) + 1] if limit >= 1 else []
+    decode = sorted({min(n, limit) for n in reachable})
+    if legacy and pins.sets_sizes and list(shared) not in (sorted({*decode, *prefill}), decode):
+        raise CaptureSizesRefused("The deprecated cudagraph_capture_sizes and max_cudagraph_capture_size cannot be "
+                                  "combined with the prefill and decode CUDA graph capture sizes; set only the latter.",
+                                  "vllm/config/vllm.py:2717-2729 (vLLM 0.34.0)")
+    return tuple(prefill), tuple(decode)
+
+
+def _within(sizes: tuple[int, ...], limit: int, cap: int | None, name: str, cap_name: str) -> list[int]:
+    """0.34's `explicit` (config/vllm.py:2613-2626): the sizes in [1, limit]; one above a pinned cap refused."""
+    kept = sorted({n for n in sizes if 1 <= n <= limit})
+    if cap is not None and kept and kept[-1] > cap:
+        raise CaptureSizesRefused(f"{name} holds {kept[-1]}, above {cap_name}={cap}.",
+                                  "vllm/config/vllm.py:2625 (vLLM 0.34.0)")
+    return kept
 
 
 def capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, version: str,
@@ -1212,7 +1299,8 @@ def cuda_graphs(geometry: ModelGeometry, *, rules: VllmRules, layers: int, max_n
     sizes, decode_sizes = ((), ()) if mode.mode == "NONE" else graph_sizes(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, version=version,
         compute_capability=compute_capability, interactivity=interactivity, explicit=mode.capture_sizes,
-        max_capture_size=mode.max_capture_size, gpt_oss=geometry.architecture in GPT_OSS_ARCHITECTURES)
+        max_capture_size=mode.max_capture_size, gpt_oss=geometry.architecture in GPT_OSS_ARCHITECTURES,
+        split=mode.split)
     v2_estimates = version_key(version) >= version_key(V2_CUDAGRAPH_ESTIMATE_SINCE)
     subtracted = rules.cudagraph_estimate_subtracted and (
         v2_estimates or not uses_v2_runner(rules, geometry.architecture))

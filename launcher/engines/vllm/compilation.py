@@ -15,6 +15,10 @@ vLLM 0.32 takes the graph settings five ways, and the plan must count what they 
 0.11 has no optimization levels: `-O` is `--compilation-config` itself (0.11.0 engine/arg_utils.py:934),
 a bare digit is the compilation level, and a level other than 3 (PIECEWISE) with no `cudagraph_mode`
 means no graphs (0.11.0 config/__init__.py:336-376).
+0.34 adds five compilation-config keys that size the two kinds of graph apart (config/compilation.py:762-807):
+the prefill (mixed-batch) token sizes or their ceiling, the decode request counts or their ceiling, and a
+decode token budget; the two legacy keys are deprecated. Before 0.34 vLLM's parser refuses them (the config
+forbids unknown fields, config/utils.py:70-71 in 0.33.0).
 """
 
 from __future__ import annotations
@@ -39,7 +43,14 @@ LEVELS_AFTER_BARE_O = frozenset({"0", "1", "2", "3"})
 _CONFIG_FLAGS = ("--compilation-config", "--compilation_config", "-cc")
 # What the plan reads of the compilation config. Its `mode` (compilation off) is not read: vLLM then turns
 # the default FULL_AND_PIECEWISE into FULL (config/vllm.py:1077-1094), fewer graphs than counted.
-_KEYS = ("cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "level")
+# 0.34's split keys (config/compilation.py:762-807), each with the least value its pydantic field takes
+# (None: a list of counts).
+SPLIT_KEYS: dict[str, int | None] = {
+    "prefill_cudagraph_capture_token_sizes": None, "max_prefill_cudagraph_capture_tokens": 0,
+    "decode_cudagraph_capture_request_sizes": None, "max_decode_cudagraph_capture_requests": 0,
+    "max_decode_cudagraph_capture_tokens": 1}
+SPLIT_SIZES_SINCE = "0.34"  # separate prefill-token and decode-request capture sizes (config/vllm.py:2558-2737)
+_KEYS = ("cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "level", *SPLIT_KEYS)
 
 
 # The pinned values' keys: vLLM's own flag names, values JSON-friendly (shown as kept, in the calibration key).
@@ -71,6 +82,28 @@ class GraphPins:
 
 
 @dataclass(frozen=True)
+class SplitPins:
+    """0.34's split capture settings as pinned (None: vLLM's default for that kind)."""
+
+    prefill_sizes: tuple[int, ...] | None = None  # prefill_cudagraph_capture_token_sizes
+    max_prefill_tokens: int | None = None  # max_prefill_cudagraph_capture_tokens
+    decode_sizes: tuple[int, ...] | None = None  # decode_cudagraph_capture_request_sizes
+    max_decode_requests: int | None = None  # max_decode_cudagraph_capture_requests
+    max_decode_tokens: int | None = None  # max_decode_cudagraph_capture_tokens
+
+    @property
+    def sets_sizes(self) -> bool:
+        """Whether a size or a ceiling of either kind is pinned (`uses_split_sizes`, config/vllm.py:2578-2586;
+        the decode token budget is not one)."""
+        return any(v is not None for v in (self.prefill_sizes, self.max_prefill_tokens, self.decode_sizes,
+                                           self.max_decode_requests))
+
+    @property
+    def any_pinned(self) -> bool:
+        return self.sets_sizes or self.max_decode_tokens is not None
+
+
+@dataclass(frozen=True)
 class GraphMode:
     """The `cudagraph_mode` vLLM runs with and the capture sizes the operator fixed, with why."""
 
@@ -79,6 +112,7 @@ class GraphMode:
     capture_sizes: tuple[int, ...] | None = None  # explicit sizes (before vLLM's max_num_batched_tokens cut)
     max_capture_size: int | None = None  # an explicit ceiling for vLLM's default list
     pinned: bool = False
+    split: SplitPins = SplitPins()  # 0.34's per-kind sizes
 
 
 def read_graph_pins(argv: Sequence[str]) -> GraphPins:
@@ -136,7 +170,7 @@ class _Reader:
         if key.endswith("+"):  # `-cc.key+ a,b`: a list of strings (argparse_utils.py:434-436)
             key, parsed = key[:-1], text.split(",")
         else:
-            parsed = _dotted_value(text)
+            parsed = dotted_value(text)
         self.dotted.setdefault(flag.replace("_", "-"), {})[key] = parsed
 
     def read_level(self, name: str, inline: str | None) -> None:
@@ -183,22 +217,43 @@ def graph_mode(pins: GraphPins, *, enforce_eager: bool, version: str) -> GraphMo
     if since < version_key(MODES_SINCE):
         return GraphMode("PIECEWISE", f"vLLM {version}: PIECEWISE graphs (FULL_AND_PIECEWISE from 0.11)")
     sizes, ceiling = _capture_pins(pins, version)
+    split = _split_pins(pins, version)
     named = pins.value("cudagraph_mode")
     if named is not None:
         mode = str(named).upper()
         if mode not in MODES:
             raise UsageError(f"engine flag compilation config: cudagraph_mode {named!r} is not one of vLLM's "
                              f"modes ({', '.join(MODES)})")
-        return GraphMode(mode, f"pinned cudagraph_mode {mode}", sizes, ceiling, pinned=True)
+        return GraphMode(mode, f"pinned cudagraph_mode {mode}", sizes, ceiling, pinned=True, split=split)
     if since < version_key(OPTIMIZATION_LEVELS_SINCE):
         return _mode_from_level_0_11(pins, version, sizes, ceiling)
     if pins.optimization_level is not None and pins.optimization_level in {"0", "1", "2", "3"}:
         mode = LEVEL_MODES[int(pins.optimization_level)]
         return GraphMode(mode, f"pinned -O{pins.optimization_level}: cudagraph_mode {mode} (config/vllm.py:261-324)",
-                         sizes, ceiling, pinned=True)
-    fixed = sizes is not None or ceiling is not None
+                         sizes, ceiling, pinned=True, split=split)
+    fixed = sizes is not None or ceiling is not None or split.any_pinned
     reason = f"{DEFAULT_MODE} (vLLM's default -O2)" + (" at the pinned capture sizes" if fixed else "")
-    return GraphMode(DEFAULT_MODE, reason, sizes, ceiling, pinned=fixed)
+    return GraphMode(DEFAULT_MODE, reason, sizes, ceiling, pinned=fixed, split=split)
+
+
+def _split_pins(pins: GraphPins, version: str) -> SplitPins:
+    """0.34's split keys as pinned, refused as vLLM's parser refuses them: unknown before 0.34, a count
+    below its field's least value, a size list that is not counts (config/compilation.py:762-807)."""
+    written = {key: pins.value(key) for key in SPLIT_KEYS if pins.value(key) is not None}
+    if written and version_key(version) < version_key(SPLIT_SIZES_SINCE):
+        raise UsageError(f"vLLM {version}'s parser refuses compilation_config.{next(iter(written))}: the key "
+                         f"is new in {SPLIT_SIZES_SINCE} (its config forbids unknown fields)")
+    values: dict[str, object] = {}
+    for key, value in written.items():
+        least = SPLIT_KEYS[key]
+        if least is None:
+            values[key] = _ints(value, key)
+        elif not isinstance(value, int) or value < least:
+            raise UsageError(f"engine flag compilation config: {key} {value!r} is not a count of at least {least} "
+                             "(vLLM's parser refuses it)")
+        else:
+            values[key] = value
+    return SplitPins(*(values.get(key) for key in SPLIT_KEYS))  # type: ignore[arg-type]
 
 
 def _mode_from_level_0_11(pins: GraphPins, version: str, sizes: tuple[int, ...] | None,
@@ -223,7 +278,8 @@ def _capture_pins(pins: GraphPins, version: str) -> tuple[tuple[int, ...] | None
         raise UsageError("vLLM refuses --max-cudagraph-capture-size beside "
                          "compilation_config.max_cudagraph_capture_size: they are mutually exclusive "
                          "(engine/arg_utils.py:2796-2800)")
-    sizes = pins.capture_sizes if pins.capture_sizes is not None else _ints(in_config_sizes, "cudagraph_capture_sizes")
+    sizes = (pins.capture_sizes if pins.capture_sizes is not None
+             else _ints(in_config_sizes, "cudagraph_capture_sizes"))
     ceiling = pins.max_capture_size if pins.max_capture_size is not None else in_config_max
     if ceiling is not None and not isinstance(ceiling, int):
         raise UsageError(f"engine flag compilation config: max_cudagraph_capture_size {ceiling!r} is not a count")
@@ -235,6 +291,7 @@ def _capture_pins(pins: GraphPins, version: str) -> tuple[tuple[int, ...] | None
 
 
 def _ints(value: object, key: str) -> tuple[int, ...] | None:
+    """A list of counts as vLLM's `list[int]` field reads it, sorted and without repeats."""
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(v, int) or (isinstance(v, str) and v.isdigit())
@@ -276,7 +333,7 @@ def _json_config(name: str, text: str | None) -> dict[str, object]:
     return parsed
 
 
-def _dotted_value(text: str) -> object:
+def dotted_value(text: str) -> object:
     """A dotted key's value: JSON, else a human-readable count, else the text (argparse_utils.py:438-446)."""
     try:
         return json.loads(text)

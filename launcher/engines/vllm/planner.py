@@ -23,6 +23,7 @@ from launcher.engines.versions import version_key
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm import hybrid
 from launcher.engines.vllm import kv as vk
+from launcher.engines.vllm import parallel as vpar
 from launcher.engines.vllm import rules as vr
 from launcher.engines.vllm.architectures import LAYER_PATTERNS, REMOVED, architecture_status, cpu_unservable, uses_mla
 from launcher.engines.vllm.checks import start_checks
@@ -83,6 +84,7 @@ class _VllmSetup:
     model_max_len: int
     model_max_len_reason: str
     state_notes: tuple[str, ...] = ()
+    parallel: vpar.Parallelism | None = None  # data and expert parallelism (None: TP x PP alone)
 
 
 def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None,
@@ -105,6 +107,9 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
         allow_long_max_model_len=request.allow_long_max_model_len, quantization=pinned.get("--quantization"),
         pinned_dtype=pinned.get("--dtype"), nnodes=int(pinned.get("--nnodes", 1)),
         cpu_amx=request.host.cpu_amx if request.host else None, moe_backend=pinned.get("--moe-backend"))))
+    refuse_what_vllm_refuses(tuple(vpar.refusals(pinned, geometry, tp=tp, pp=pp, version=rules.version,
+                                                  gpu_count=len(request.gpus) if request.device == "cuda" else None)))
+    parallel = vpar.parallelism(pinned, geometry, tp=tp, pp=pp, version=rules.version)
     moe_refusal = vb.mxfp4_backend_refusal(geometry, version=rules.version, moe_backend=pinned.get("--moe-backend"),
                                            compute_capability=compute_capability if request.device == "cuda" else None,
                                            lora=bool(pinned.get("--enable-lora")))
@@ -130,10 +135,10 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
                                  compute_capability=compute_capability)
     if state is not None:
         return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, state.block,
-                          state.block_reason, state.layout, max_len, max_len_reason, state.notes)
+                          state.block_reason, state.layout, max_len, max_len_reason, state.notes, parallel)
     layout = vk.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
-                      layout, max_len, max_len_reason)
+                      layout, max_len, max_len_reason, parallel=parallel)
 
 
 def refuse_unsized_state(geometry: ModelGeometry, pp: int, version: str) -> None:
@@ -453,6 +458,7 @@ class _Sizing:
     blocks_override: int | None
     extensible: bool = False  # 0.34's extensible KV cache: sized after warmup and capture (budget.py)
     kv_segments: int = 1  # layer segments its pages are committed in (granule rounding)
+    rank_weights_how: str = ""  # how data/expert parallelism splits the checkpoint (parallel.py), if it does
     compute_capability: tuple[int, int] | None = None  # the attention backend's workspaces (extensible)
 
     def peak_at(self, length: int) -> tuple[int, int, vb.ProfilePeak]:
@@ -462,9 +468,12 @@ class _Sizing:
                                          pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
                                          pinned_num_seqs=pinned.get("--max-num-seqs"),
                                          chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
+        parallel = self.setup.parallel
         peak = vb.profile_peak(self.geometry, rules=self.setup.rules, batched_tokens=batched, num_seqs=seqs,
                                tp=self.setup.tp, gpu_name=self.gpu_name,
-                               language_only=not vb.encoder_profiled(self.geometry, pinned))
+                               language_only=not vb.encoder_profiled(self.geometry, pinned),
+                               dp=parallel.dp if parallel else 1,
+                               expert_parallel=bool(parallel and parallel.expert_parallel))
         return batched, seqs, peak
 
     def activation_at(self, length: int) -> int:
@@ -591,13 +600,19 @@ def _cuda_graphs(request: PlanRequest, setup: _VllmSetup, defaults: vb.BatchDefa
     pinned = setup.pinned
     mode = graph_mode(GraphPins.from_pinned(pinned), enforce_eager=bool(pinned.get("--enforce-eager", False)),
                       version=request.engine_version or setup.rules.version)
-    return vb.cuda_graphs(request.model.geometry, rules=setup.rules, version=request.engine_version,
-                          layers=setup.layout.group_size * len(setup.layout.groups),
-                          max_num_seqs=int(pinned.get("--max-num-seqs", defaults.max_num_seqs)),
-                          max_num_batched_tokens=int(pinned.get("--max-num-batched-tokens",
-                                                                defaults.max_num_batched_tokens)),
-                          compute_capability=gpu.compute_capability,
-                          interactivity=pinned.get("--performance-mode") == "interactivity", mode=mode)
+    try:
+        return vb.cuda_graphs(request.model.geometry, rules=setup.rules, version=request.engine_version,
+                              layers=setup.layout.group_size * len(setup.layout.groups),
+                              max_num_seqs=int(pinned.get("--max-num-seqs", defaults.max_num_seqs)),
+                              max_num_batched_tokens=int(pinned.get("--max-num-batched-tokens",
+                                                                    defaults.max_num_batched_tokens)),
+                              compute_capability=gpu.compute_capability,
+                              interactivity=pinned.get("--performance-mode") == "interactivity", mode=mode)
+    except vb.CaptureSizesRefused as refused:
+        refuse_what_vllm_refuses((EngineRule("cudagraph-capture-sizes", refused.message, refused.source,
+                                             hint="pin the prefill and decode capture sizes within their "
+                                                  "ceilings, and not beside the deprecated keys"),))
+        raise  # unreachable: the refusal above raises
 
 
 def _graphs_outside(graphs: vb.CudaGraphs) -> int:
@@ -699,25 +714,47 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
     pinned, rules, tp, pp = setup.pinned, setup.rules, setup.tp, setup.pp
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
-    non_torch, non_torch_error = vb.non_torch_bytes(tp, pp, since_019=version_key(rules.version) >= version_key("0.19"),
+    non_torch, non_torch_error = vb.non_torch_bytes(_talking_ranks(setup, request.model.geometry), 1,
+                                                    since_019=version_key(rules.version) >= version_key("0.19"),
                                                     compute_capability=gpu.compute_capability)
     subtracted = graphs.subtracted
     cal = request.calibration
-    mxfp4 = vb.mxfp4_as_loaded(request.model.geometry, version=rules.version, tp=tp, pp=pp,
+    parallel = setup.parallel
+    # The experts' split (parallel.py): whole experts under expert parallelism, else their intermediate size
+    # over every D x T rank.
+    ep = parallel is not None and parallel.expert_parallel
+    mxfp4 = vb.mxfp4_as_loaded(request.model.geometry, version=rules.version,
+                               tp=1 if ep else parallel.moe_ranks if parallel else tp, pp=pp,
                                compute_capability=gpu.compute_capability, moe_backend=pinned.get("--moe-backend"),
                                marlin_env=vb.marlin_env_set(request.engine_env, rules.version),
                                lora=bool(pinned.get("--enable-lora")))
+    if ep and parallel is not None and mxfp4.extra:
+        share, of = vpar.experts_on_rank(parallel, request.model.geometry.num_experts or 1)
+        mxfp4 = dataclasses.replace(mxfp4, extra=mxfp4.extra * share // of, error=mxfp4.error * share // of)
     repack, repack_rule = mxfp4.extra, mxfp4.rule
     online, online_error, online_rule = vb.online_quant_delta_bytes(
         request.model.geometry, quantization=pinned.get("--quantization"), checkpoint_bytes=request.model.weight_bytes,
         model_dtype=setup.dtype, version=request.engine_version or rules.version)
-    repack += online // (tp * pp)
+    # The change splits like the weights it changes (parallel.py): the experts' part by the rank's expert share.
+    parallel_routed = vpar.routed_experts(request.model.geometry) if parallel else None
+    experts_delta = vpar.quantized_experts_delta(
+        parallel_routed, online, vb.ONLINE_FP8_BYTES_PER_ELEMENT.get(pinned.get("--quantization") or ""))
+    repack += (vpar.rank_share(online, experts_delta, parallel, parallel_routed)
+               if parallel and vpar.splits_experts(parallel, parallel_routed, request.model.weight_bytes)
+               else online // (tp * pp))
     tables = vb.counted_rope_tables(request.model.geometry, dtype=setup.dtype,
                                     version=request.engine_version or rules.version)
     repack += tables.bytes
     mla = vb.mla_decode_weights(request.model.geometry, dtype=setup.dtype, tp=tp, pp=pp,
                                 online_quantization=pinned.get("--quantization"))
     repack += mla.bytes
+    routed = parallel_routed
+    rank_weights, rank_how = (vpar.rank_weights(request.model.weight_bytes, parallel, routed) if parallel
+                              else (request.model.weight_bytes // (tp * pp), ""))
+    eplb, eplb_rule = (vpar.eplb_bytes(parallel, routed, version=rules.version,
+                                       checkpoint_bytes=request.model.weight_bytes, geometry=request.model.geometry)
+                       if parallel else (0, ""))
+    repack += eplb
     if online:
         # Dynamic per-token fp8 activations: the profile run also holds an fp8 copy of the widest linear
         # input, which the bf16-fitted peak does not count; kept in the band.
@@ -729,9 +766,9 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         total=gpu.usable_total_bytes, free_at_init=(gpu.free_bytes or 0) - context,
         requested=vb.requested_bytes(gpu.usable_total_bytes, utilization),
         # vLLM's "Model loading took": the weights as its kernels hold them.
-        weights=max(request.model.weight_bytes // (tp * pp) - offloaded, 0) + repack, repack=repack,
+        weights=max(rank_weights - offloaded, 0) + repack, repack=repack, rank_weights_how=rank_how,
         transformed=repack != tables.bytes,
-        repack_rule="; ".join(rule for rule in (repack_rule, online_rule,
+        repack_rule="; ".join(rule for rule in (repack_rule, online_rule, eplb_rule,
                                                  f"rotary tables {format_gib(tables.bytes)}: {tables.rule}"
                                                  if tables.bytes else "",
                                                  f"{format_gib(mla.bytes)} {mla.rule}" if mla.bytes else "") if rule),
@@ -801,17 +838,33 @@ def _extensible(request: PlanRequest, setup: _VllmSetup) -> tuple[bool, str | No
                   "peak plus the graphs' estimate (v1/worker/extensible_kv_cache.py:592-617)")
 
 
+def _talking_ranks(setup: _VllmSetup, geometry: ModelGeometry) -> int:
+    """The ranks NCCL connects a rank with (its context and buffers): T x P, and a MoE model's DP and EP groups
+    count like more tensor-parallel ranks (parallel.py)."""
+    return setup.parallel.communicating_ranks(bool(geometry.num_experts)) if setup.parallel else setup.tp * setup.pp
+
+
+def _devices(request: PlanRequest, tp: int, pp: int) -> tuple[GpuDevice, ...]:
+    """The GPUs this node's ranks take: P x T for each data-parallel rank on it (parallel.py). Too few for
+    the DP ranks is vLLM's own refusal (`vpar.refusals`), so then only the first rank's are taken here."""
+    pinned = request.pinned.values
+    ranks, nnodes = vpar.node_ranks(pinned, tp=tp, pp=pp)
+    if ranks > tp * pp and len(request.gpus) >= ranks // max(nnodes, 1):
+        return rank_devices(request, ranks, nnodes, tp_flag=vr.TP_FLAG)
+    return rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=vr.TP_FLAG)
+
+
 def plan_gpu(request: PlanRequest) -> Plan:
     """Devices, setup, batch defaults, utilization, the terms, the length, then the table."""
     # Parallelism picks the devices, whose compute capability then sets dtype and block size.
     pinned = request.pinned.values
     tp, pp = vr.ranks(pinned)
-    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=vr.TP_FLAG)
+    devices = _devices(request, tp, pp)
     gpu = tightest(devices)
     setup = _vllm_setup(request, gpu.compute_capability, gpu.name)
-    context = vb.context_bytes(tp, pp)
+    context = vb.context_bytes(_talking_ranks(setup, request.model.geometry), 1)
     defaults = _batch_defaults(setup, gpu)
-    warnings = not_modelled_warnings(pinned, vr.NOT_MODELLED)
+    warnings = not_modelled_warnings(pinned, vr.NOT_MODELLED) + vpar.warnings(setup.parallel)
     request = _queued_beyond_max_num_seqs(request, setup, defaults, warnings)
     graphs = _cuda_graphs(request, setup, defaults, gpu)
     extensible, extensible_note = _extensible(request, setup)
@@ -915,8 +968,10 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
         BudgetItem("requested", f"requested = ceil(total x {utilization.value:g})", budget.requested,
                    utilization.source, utilization.detail),
         BudgetItem("weights", "weights (per rank)", budget.weights,
-                   COMPUTED if sizing.transformed else weights_source(model),
-                   model.weight_bytes_source + (f" / {setup.tp * setup.pp} ranks" if setup.tp * setup.pp > 1 else "")
+                   COMPUTED if sizing.transformed or sizing.rank_weights_how else weights_source(model),
+                   model.weight_bytes_source
+                   + (f": {sizing.rank_weights_how}" if sizing.rank_weights_how
+                      else f" / {setup.tp * setup.pp} ranks" if setup.tp * setup.pp > 1 else "")
                    + _offload_detail(setup)
                    + (f", {'+' if sizing.repack > 0 else '-'} {format_gib(abs(sizing.repack))} as loaded "
                       f"({sizing.repack_rule})" if sizing.repack else f"; {sizing.repack_rule}" if sizing.repack_rule

@@ -245,6 +245,15 @@ FLAGS = (
     FlagSpec("--block-size", positive_int),
     FlagSpec("--tensor-parallel-size", positive_int, aliases=("-tp",)),
     FlagSpec("--pipeline-parallel-size", positive_int, aliases=("-pp",)),
+    # Data and expert parallelism (parallel.py): the GPUs the ranks take, a MoE model's experts per rank.
+    FlagSpec("--data-parallel-size", positive_int, aliases=("-dp",)),
+    FlagSpec("--data-parallel-size-local", positive_int, aliases=("-dpl",)),
+    FlagSpec("--data-parallel-rank", int, aliases=("-dpn",)),
+    FlagSpec("--data-parallel-external-lb", None, aliases=("-dpe",)),
+    FlagSpec("--data-parallel-backend", str, aliases=("-dpb",)),
+    FlagSpec("--enable-expert-parallel", None, aliases=("-ep",)),
+    FlagSpec("--enable-eplb", None),
+    FlagSpec("--all2all-backend", str),
     FlagSpec("--enforce-eager", None),
     FlagSpec("--dtype", str),
     FlagSpec("--quantization", str, aliases=("-q",)),
@@ -289,7 +298,10 @@ CALIBRATION_KEY_FLAGS = ("--max-num-batched-tokens", "--max-num-seqs", "--enforc
                          # the CUDA graphs captured (launcher/engines/vllm/compilation.py)
                          "--optimization-level", "--compilation-config", "--cudagraph-capture-sizes",
                          "--max-cudagraph-capture-size",
-                         "--no-enable-extensible-kv-cache")  # 0.34: sized before warmup, not after
+                         "--no-enable-extensible-kv-cache",  # 0.34: sized before warmup, not after
+                         # the experts a rank holds (parallel.py)
+                         "--data-parallel-size", "--enable-expert-parallel", "--enable-eplb", "--eplb-config",
+                         "--all2all-backend")
 # The flags that size vLLM's memory directly (a preset's cap gives way to them).
 MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"})
 # Environment the planner reads because vLLM reads it: the CPU KV space (whole GiB), the MXFP4 Marlin
@@ -326,13 +338,23 @@ AS_WRITTEN: dict[tuple[str, bool | int | float | str], str] = {("--max-model-len
 def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
     """The one parse of the pinned flags: the table's, and the CUDA-graph settings in all their spellings."""
     from launcher.engines.vllm.compilation import pinned_graph_flags
+    from launcher.engines.vllm.parallel import pinned_eplb_flags
 
-    return {**parse_pinned(engine_args, FLAGS), **pinned_graph_flags(engine_args)}
+    return {**parse_pinned(engine_args, FLAGS), **pinned_graph_flags(engine_args), **pinned_eplb_flags(engine_args)}
 
 
 def ranks(pinned: Mapping[str, Any]) -> tuple[int, int]:
     """(tensor, pipeline) parallel sizes as pinned."""
     return int(pinned.get(TP_FLAG, 1)), int(pinned.get(PP_FLAG, 1))
+
+
+def gpus_on_node(pinned: Mapping[str, Any]) -> int:
+    """The GPUs this node's ranks take: P x T for each data-parallel rank on it (parallel.py)."""
+    from launcher.engines.vllm.parallel import node_ranks
+
+    tp, pp = ranks(pinned)
+    count, nodes = node_ranks(pinned, tp=tp, pp=pp)
+    return max(count // max(nodes, 1), tp * pp)
 
 
 # --------------------------------------------------------------------------- the length from the config

@@ -1,7 +1,9 @@
 """The CUDA graphs the pinned flags leave: `-O`, `--compilation-config` / `-cc` (JSON and dotted),
 `--cudagraph-capture-sizes`, `--max-cudagraph-capture-size`, `--enforce-eager`, read as vLLM reads them
 (tests/data/vllm_graphs_oracle.json: vLLM 0.32's own parser and `_set_cudagraph_sizes`), and what the
-plan then counts."""
+plan then counts. From 0.34 the five split keys and what the V2 runner captures from them
+(tests/data/vllm_graphs_oracle_0.34.json: 0.34.0's parser, `_set_cudagraph_sizes`,
+`_split_cudagraph_capture_sizes`, gpt-oss's hook and `decode_cudagraph_capture_shapes`)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from launcher.common.errors import UsageError
+from launcher.common.errors import UsageError, WontFit
 from launcher.common.units import GiB
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm import rules as vr
@@ -29,6 +31,8 @@ from launcher.plan.types import Plan, PlanRequest
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "data" / "vllm_graphs_oracle.json"
 RECORDS = json.loads(GOLDEN.read_text())["records"]
+GOLDEN_0_34 = json.loads((ROOT / "tests" / "data" / "vllm_graphs_oracle_0.34.json").read_text())
+RECORDS_0_34 = GOLDEN_0_34["records"]
 
 
 def _resolve(argv: list[str], *, version: str = "0.32.0", seqs: int = 256, batched: int = 8192,
@@ -53,6 +57,56 @@ def test_the_engine_resolves_the_same_mode_and_sizes(record: dict[str, Any]) -> 
         return
     mode, sizes = _resolve(record["argv"], **kwargs)
     assert (mode, list(sizes)) == (record["mode"], record["sizes"])
+
+
+def _captured_0_34(record: dict[str, Any]) -> tuple[str, list[int], list[int]]:
+    """(mode, prefill token sizes, decode request counts) the V2 runner captures, as the plan counts them."""
+    pinned = vr.pinned_flags(record["argv"])
+    mode = graph_mode(GraphPins.from_pinned(pinned), enforce_eager=bool(pinned.get("--enforce-eager")),
+                      version="0.34.0")
+    if mode.mode == "NONE":
+        return "NONE", [], []
+    prefill, decode = vb.graph_sizes(
+        max_num_seqs=record["seqs"], max_num_batched_tokens=record["batched"], version="0.34.0",
+        compute_capability=(record["family"] // 10, record["family"] % 10),
+        interactivity=pinned.get("--performance-mode") == "interactivity", explicit=mode.capture_sizes,
+        max_capture_size=mode.max_capture_size, gpt_oss=bool(record.get("gpt_oss")), split=mode.split)
+    if not prefill and not decode:  # nothing left to capture: vLLM sets NONE (config/vllm.py:2733-2737)
+        return "NONE", [], []
+    uses_prefill = mode.mode in ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
+    uses_decode = mode.mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+    return mode.mode, list(prefill) if uses_prefill else [], list(decode) if uses_decode else []
+
+
+@pytest.mark.parametrize("record", RECORDS_0_34, ids=[
+    f"{' '.join(r['argv']) or 'defaults'} seqs={r['seqs']} batched={r['batched']} sm{r['family']}"
+    + (" gpt-oss" if r.get("gpt_oss") else "") for r in RECORDS_0_34])
+def test_0_34_captures_the_same_graphs_as_its_own_code(record: dict[str, Any]) -> None:
+    """Each record: the same mode, prefill sizes and decode counts; what vLLM's parser refuses is a usage
+    error (exit 2), what its config refuses a refusal with vLLM's message (exit 78, below)."""
+    if record["outcome"] == "refuse" and record["stage"] == "_set_cudagraph_sizes":
+        with pytest.raises(vb.CaptureSizesRefused) as refused:
+            _captured_0_34(record)
+        assert refused.value.message == record["message"].removeprefix("ValueError: ")
+        return
+    if record["outcome"] == "refuse":
+        with pytest.raises(UsageError):
+            _captured_0_34(record)
+        return
+    assert _captured_0_34(record) == (record["mode"], record["prefill"], record["decode"])
+
+
+def test_the_0_34_golden_file_covers_each_split_key_and_every_refusal_kind() -> None:
+    assert GOLDEN_0_34["vllm"] == "0.34.0"
+    written = " ".join(w for r in RECORDS_0_34 for w in r["argv"])
+    for key in ("prefill_cudagraph_capture_token_sizes", "max_prefill_cudagraph_capture_tokens",
+                "decode_cudagraph_capture_request_sizes", "max_decode_cudagraph_capture_requests",
+                "max_decode_cudagraph_capture_tokens"):
+        assert key in written
+    stages = [r.get("stage") for r in RECORDS_0_34 if r["outcome"] == "refuse"]
+    assert sorted(stages) == ["_set_cudagraph_sizes"] * 3 + ["argparse"] + ["create_engine_config"] * 2
+    assert sum(bool(r.get("gpt_oss")) for r in RECORDS_0_34) == 7
+    assert {r["family"] for r in RECORDS_0_34} == {90, 100}
 
 
 def test_the_golden_file_covers_every_spelling_and_both_refusals() -> None:
@@ -99,6 +153,22 @@ class TestVersions:
         with pytest.raises(UsageError, match="not one of vLLM's modes"):
             _resolve(["-cc.cudagraph_mode=SOMETIMES"])
 
+    def test_the_split_keys_before_0_34_are_refused_as_its_parser_refuses_them(self) -> None:
+        """0.33's CompilationConfig forbids unknown fields: its argparse exits on the key (exit 2 here)."""
+        with pytest.raises(UsageError, match="0.33.0's parser refuses compilation_config.max_decode_cudagraph_"
+                                             "capture_requests: the key is new in 0.34"):
+            _resolve(["-cc.max_decode_cudagraph_capture_requests=64"], version="0.33.0")
+        assert _resolve(["-cc.max_decode_cudagraph_capture_requests=64"], version="0.34.0")[0] == \
+            "FULL_AND_PIECEWISE"
+
+    def test_a_split_key_of_the_wrong_kind_is_a_usage_error(self) -> None:
+        for argv in (["-cc.max_decode_cudagraph_capture_tokens=0"], ["-cc.max_prefill_cudagraph_capture_tokens=-1"],
+                     ["-cc.max_decode_cudagraph_capture_requests=lots"],
+                     ["-cc.prefill_cudagraph_capture_token_sizes=[1,\"x\"]"],
+                     ["-cc.decode_cudagraph_capture_request_sizes=4"]):
+            with pytest.raises(UsageError, match="compilation config"):
+                _resolve(argv, version="0.34.0")
+
 
 def _graphs(argv: list[str], version: str = "0.32.0") -> vb.CudaGraphs:
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -129,9 +199,9 @@ class TestGraphCounts:
         assert _graphs([], version="0.10.1").error_bytes >= int(1.27 * GiB) - 1
 
 
-def plan_for(model: str, *, gpu: str, engine_args: list[str] | None = None) -> Plan:
+def plan_for(model: str, *, gpu: str, engine_args: list[str] | None = None, version: str | None = None) -> Plan:
     base = PlanRequest(model=resolve_model(model), engine="vllm", gpus=hypothetical_gpus([gpu]))
-    return make_plan(dataclasses.replace(base, engine_args=tuple(engine_args or ())))
+    return make_plan(dataclasses.replace(base, engine_args=tuple(engine_args or ()), engine_version=version))
 
 
 class TestThePlan:
@@ -162,6 +232,29 @@ class TestThePlan:
         assert plan.pinned["--max-cudagraph-capture-size"] == 64
         assert plan.item("cudagraph").detail.startswith("pinned cudagraph_mode PIECEWISE; 11 PIECEWISE + 0 FULL")
         json.dumps(plan.pinned)  # the JSON output carries them
+
+    def test_0_34_split_pins_change_the_graphs_counted_and_the_kv_cache(self) -> None:
+        """An H100 at max_num_seqs 1024: 51 decode graphs by default; a ceiling of 64 requests leaves the
+        request grid's 21 (1..6, 8..16 by 2, 20..32 by 4, 40..64 by 8); the prefill graphs stay 51."""
+        default = plan_for("qwen2.5-7b", gpu="h100", version="0.34.0")
+        capped = plan_for("qwen2.5-7b", gpu="h100", version="0.34.0",
+                          engine_args=["-cc.max_decode_cudagraph_capture_requests=64"])
+        assert "51 PIECEWISE + 51 FULL graphs" in default.item("cudagraph").detail
+        assert "at the pinned capture sizes; 51 PIECEWISE + 21 FULL graphs" in capped.item("cudagraph").detail
+        assert capped.item("cudagraph").bytes == default.item("cudagraph").bytes * 72 // 102
+        assert capped.kv_cache_bytes > default.kv_cache_bytes
+        assert capped.pinned["--compilation-config"] == '{"max_decode_cudagraph_capture_requests":64}'
+
+    def test_0_34_refuses_what_its_config_refuses_with_its_message(self) -> None:
+        for argv, message in (
+                (["-cc.decode_cudagraph_capture_request_sizes=[4,64]", "-cc.max_decode_cudagraph_capture_requests=32"],
+                 "decode_cudagraph_capture_request_sizes holds 64, above max_decode_cudagraph_capture_requests=32."),
+                (["--max-cudagraph-capture-size", "64", "-cc.max_decode_cudagraph_capture_requests=16"],
+                 "The deprecated cudagraph_capture_sizes and max_cudagraph_capture_size cannot be combined")):
+            with pytest.raises(WontFit) as refused:
+                plan_for("qwen2.5-7b", gpu="h100", version="0.34.0", engine_args=argv)
+            assert message in str(refused.value) and refused.value.rule == "cudagraph-capture-sizes"
+            assert "vllm/config/vllm.py:" in str(refused.value)
 
     def test_another_graph_setting_is_another_calibration_setup(self) -> None:
         def key(argv: list[str]) -> str:
