@@ -23,6 +23,7 @@ from typing import Any
 
 from launcher.engines.layers import LayerPattern
 from launcher.engines.layers import cached_layers as _bind
+from launcher.engines.versions import version_key
 from launcher.engines.vllm.hybrid import STATE_FAMILIES
 from launcher.model.config import FULL, LINEAR, MLA, NO_CACHE, SLIDING, ModelGeometry
 
@@ -46,19 +47,31 @@ TRANSFORMERS_MOE = frozenset({"PhimoeForCausalLM", "HunYuanMoEV1ForCausalLM", "F
 # The CPU MLA decode kernel compiles one latent size only (v1/attention/backends/mla/cpu_mla.py:61-64).
 CPU_MLA_HEAD_SIZES = (576,)
 
-# Architectures vLLM 0.32 no longer serves (`_PREVIOUSLY_SUPPORTED_MODELS`,
-# model_executor/models/registry.py:797-849): the engine refuses them at start.
-REMOVED: Mapping[str, str] = {
+# vLLM's `_PREVIOUSLY_SUPPORTED_MODELS` (model_executor/models/registry.py:883-939 in 0.34.0, :797-849 in
+# 0.32.0): each architecture with the last release that served it ("was supported in vLLM until v{version}",
+# :1310-1318), gone from the next minor release on (MPTForCausalLM is registered in 0.28.0, not in 0.29.0;
+# BambaForCausalLM in 0.23.0, not in 0.24.0). Newer removals are added as releases list them.
+SUPPORTED_UNTIL: Mapping[str, str] = {
     "MPTForCausalLM": "0.28.0", "MptForCausalLM": "0.28.0", "RWForCausalLM": "0.28.0",
-    "StableLMEpochForCausalLM": "0.28.0", "ArcticForCausalLM": "0.28.0",
+    "StableLMEpochForCausalLM": "0.28.0", "ArcticForCausalLM": "0.28.0", "ChameleonForConditionalGeneration": "0.28.0",
     "BaiChuanForCausalLM": "0.23.0", "BaichuanForCausalLM": "0.23.0", "QWenLMHeadModel": "0.23.0",
     "InternLMForCausalLM": "0.23.0", "XverseForCausalLM": "0.23.0", "Dots1ForCausalLM": "0.23.0",
     "JAISLMHeadModel": "0.22.0", "AquilaForCausalLM": "0.24.0", "AquilaModel": "0.24.0",
     "Grok1ForCausalLM": "0.24.0", "PersimmonForCausalLM": "0.25.0", "TeleChatForCausalLM": "0.25.0",
-    "Plamo2ForCausalLM": "0.26.0", "Phi3SmallForCausalLM": "0.9.2",
+    "Plamo2ForCausalLM": "0.26.0", "Phi3SmallForCausalLM": "0.9.2", "Phi4FlashForCausalLM": "0.10.2",
     "BambaForCausalLM": "0.23.0", "MiniMaxForCausalLM": "0.23.0", "MiniMaxText01ForCausalLM": "0.23.0",
     "MiniMaxM1ForCausalLM": "0.23.0", "MiniMaxVL01ForConditionalGeneration": "0.23.0",
+    "KeyeForConditionalGeneration": "0.33.0", "KeyeVL1_5ForConditionalGeneration": "0.33.0",
 }
+
+
+def removed_in(architecture: str) -> str | None:
+    """The first release that no longer serves `architecture` (the minor release after its last), or None."""
+    until = SUPPORTED_UNTIL.get(architecture)
+    if until is None:
+        return None
+    major, minor = until.split(".")[:2]
+    return f"{major}.{int(minor) + 1}.0"
 
 
 # Which layers slide when config.json lists no `layer_types` (the config classes fill them as the
@@ -333,9 +346,10 @@ def _own_status(geometry: ModelGeometry) -> tuple[bool, str]:
     """
     geometry = cached_layers(geometry)
     arch = geometry.architecture
-    if arch in REMOVED:
-        return False, (f"vLLM {ENGINE_VERSION} does not serve {arch} any more (removed in {REMOVED[arch]}): "
-                       "the engine will refuse it at start")
+    gone = removed_in(arch)
+    if gone is not None and version_key(ENGINE_VERSION) >= version_key(gone):
+        return False, (f"vLLM {ENGINE_VERSION} does not serve {arch} any more (supported until "
+                       f"{SUPPORTED_UNTIL[arch]}): the engine will refuse it at start")
     row = _BY_NAME.get(arch)
     family = STATE_FAMILIES.get(arch)
     if row is None and family is not None and family.golden:

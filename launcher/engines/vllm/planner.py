@@ -25,7 +25,14 @@ from launcher.engines.vllm import hybrid
 from launcher.engines.vllm import kv as vk
 from launcher.engines.vllm import parallel as vpar
 from launcher.engines.vllm import rules as vr
-from launcher.engines.vllm.architectures import LAYER_PATTERNS, REMOVED, architecture_status, cpu_unservable, uses_mla
+from launcher.engines.vllm.architectures import (
+    LAYER_PATTERNS,
+    SUPPORTED_UNTIL,
+    architecture_status,
+    cpu_unservable,
+    removed_in,
+    uses_mla,
+)
 from launcher.engines.vllm.checks import start_checks
 from launcher.engines.vllm.compilation import GraphPins, graph_mode
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
@@ -146,11 +153,13 @@ def refuse_unsized_state(geometry: ModelGeometry, pp: int, version: str) -> None
     if not geometry.has_linear_layers and hybrid.family_of(geometry) is None:
         return
     linear = hybrid.state_layer_count(geometry)
-    if geometry.architecture in REMOVED and version_key(version) >= version_key(REMOVED[geometry.architecture]):
-        raise WontFit(f"vLLM {version} no longer serves {geometry.architecture} (removed in "
-                      f"{REMOVED[geometry.architecture]}, model_executor/models/registry.py "
-                      "_PREVIOUSLY_SUPPORTED_MODELS): the engine refuses it at start",
-                      hint="use a vLLM release before the removal", rule="removed-architecture")
+    gone = removed_in(geometry.architecture)
+    if gone is not None and version_key(version) >= version_key(gone):
+        until = SUPPORTED_UNTIL[geometry.architecture]
+        raise WontFit(f"vLLM refuses this at start: Model architecture {geometry.architecture} was supported in vLLM "
+                      f"until v{until}, and is not supported anymore. Please use an older version of vLLM if you want "
+                      "to use this model architecture. [vllm/model_executor/models/registry.py:1310-1318 "
+                      "(vLLM 0.34.0)]", hint=f"vLLM {until} or earlier", rule="removed-architecture")
     if hybrid.family_of(geometry) is None or pp > 1:
         why = hybrid.UNSIZED.get(geometry.architecture, "safe-serve does not size that state yet")
         if pp > 1:

@@ -90,12 +90,20 @@ def test_recorded_architectures_outside_the_table_are_marked_unverified() -> Non
         assert ok == (geometry.architecture in verified | golden), case["id"]
 
 
+def test_removal_is_the_minor_release_after_the_last_that_served_it() -> None:
+    """registry.py keeps MPTForCausalLM in 0.28.0 and lists it as supported until 0.28.0 from 0.29.0."""
+    from launcher.engines.vllm.architectures import removed_in
+
+    assert (removed_in("MPTForCausalLM"), removed_in("KeyeForConditionalGeneration")) == ("0.29.0", "0.34.0")
+    assert removed_in("Phi3SmallForCausalLM") == "0.10.0" and removed_in("LlamaForCausalLM") is None
+
+
 def test_unknown_and_removed_architectures_are_not_verified() -> None:
     base = dict(BY_ID["llama-base"]["config"])
     ok, note = architecture_status(geometry_from_config({**base, "architectures": ["FooBarForCausalLM"]}))
     assert not ok and note.startswith("unverified architecture FooBarForCausalLM")
     ok, note = architecture_status(geometry_from_config({**base, "architectures": ["MPTForCausalLM"]}))
-    assert not ok and "removed in 0.28.0" in note
+    assert not ok and "supported until 0.28.0" in note
     ok, note = architecture_status(geometry_from_config(base))
     assert ok and note.startswith("verified architecture LlamaForCausalLM")
 

@@ -266,9 +266,23 @@ def test_qwen3_5_vl_wrappers_read_through_to_their_golden_text_class(wrapper: st
 
 
 def test_removed_linear_attention_models_are_refused_with_the_engines_reason() -> None:
-    with pytest.raises(WontFit, match="removed in 0.23.0"):
-        make_plan(PlanRequest(model=_model(CONFIGS["configs/minimax-text-01.json"]), engine="vllm",
-                              gpus=hypothetical_gpus(["8x h200"]), engine_args=("--tensor-parallel-size", "8")))
+    """vLLM lists the last release that served it (registry.py:883-939): MiniMax-Text-01 until 0.23.0,
+    refused from 0.24.0 in vLLM's words; 0.23 still registers it (models/registry.py in 0.23.0), so no
+    removal there."""
+    def plan(version: str) -> object:
+        return make_plan(PlanRequest(model=_model(CONFIGS["configs/minimax-text-01.json"]), engine="vllm",
+                                     gpus=hypothetical_gpus(["8x h200"]), engine_args=("--tensor-parallel-size", "8"),
+                                     engine_version=version))
+
+    for version in ("0.24.0", "0.34.0"):
+        with pytest.raises(WontFit, match="Model architecture MiniMaxText01ForCausalLM was supported in vLLM until "
+                                          r"v0\.23\.0, and is not supported anymore") as refused:
+            plan(version)
+        assert refused.value.rule == "removed-architecture"
+    try:
+        plan("0.23.0")
+    except (WontFit, UnsupportedModel) as other:
+        assert getattr(other, "rule", None) != "removed-architecture" and "supported in vLLM until" not in str(other)
 
 
 def test_sglang_plans_its_state_pool_and_refuses_hybrids_it_has_no_class_for() -> None:
