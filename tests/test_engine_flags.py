@@ -267,3 +267,33 @@ def test_vllm_034_kv_cache_dtype_has_no_argparse_choices() -> None:
     """From 0.33 the flag takes any string (CacheConfig validates it: launcher/engines/vllm/checks.py)."""
     assert "--kv-cache-dtype" not in VLLM.choices["0.34.0"] and "--kv-cache-dtype" in VLLM.choices["0.32.0"]
     assert check_engine_args(VLLM, "0.34.0", ["--kv-cache-dtype", "octave_k3v4"]) == ()
+
+
+@pytest.mark.parametrize(("engine", "argv", "flag", "value"), [
+    ("vllm", ["--max-model", "8192"], "--max-model-len", 8192),
+    ("vllm", ["--gpu-memory-util=0.8"], "--gpu-memory-utilization", 0.8),
+    ("vllm", ["--tensor-parallel", "2"], "--tensor-parallel-size", 2),
+    ("vllm", ["--max_model", "4096"], "--max-model-len", 4096),
+    ("sglang", ["--mem-fraction", "0.7"], "--mem-fraction-static", 0.7),
+    ("sglang", ["--context-len", "4096"], "--context-length", 4096),
+])
+def test_an_abbreviated_flag_is_pinned_as_the_flag_argparse_reads(engine: str, argv: list[str], flag: str,
+                                                                   value: object) -> None:
+    """Both engines' parsers take a unique prefix of a long option (allow_abbrev): `--max-model 8192` is
+    pinned, so the plan neither adds a second --max-model-len after it (argparse's last would win) nor
+    plans another length."""
+    assert adapter(engine).pin(argv).values[flag] == value
+
+
+def test_an_abbreviated_flag_is_not_overridden_in_the_command_line() -> None:
+    code, out, err = run(["serve", "qwen2.5-7b", "--engine", "vllm", "--gpu", "h100", "--dry-run", "--",
+                          "--max-model", "8192", "--gpu-memory-util", "0.8"])
+    assert code == 0, err
+    command = out.strip().splitlines()[-1]
+    assert command.endswith("--max-model 8192 --gpu-memory-util 0.8")
+    assert "--max-model-len" not in command and "--gpu-memory-utilization" not in command
+
+
+def test_a_prefix_of_several_flags_is_not_read_as_one() -> None:
+    pinned = adapter("vllm").pin(["--max-num", "64"]).values
+    assert "--max-num-seqs" not in pinned and "--max-num-batched-tokens" not in pinned

@@ -56,7 +56,7 @@ def _parse_pinned(argv: tuple[str, ...], specs: tuple[FlagSpec, ...]) -> tuple[t
     while i < len(argv):
         token = argv[i]
         name, eq, inline = token.partition("=")
-        spec = lookup.get(name)
+        spec = lookup.get(name) or _abbreviated(name, lookup)
         if spec is None:
             i += 1
             continue
@@ -77,6 +77,16 @@ def _parse_pinned(argv: tuple[str, ...], specs: tuple[FlagSpec, ...]) -> tuple[t
         except (ValueError, UsageError) as exc:
             raise UsageError(f"engine flag {name}: cannot read {raw!r} ({exc})") from None
     return tuple(pinned.items())
+
+
+def _abbreviated(name: str, lookup: Mapping[str, FlagSpec]) -> FlagSpec | None:
+    """argparse's allow_abbrev, on in both engines' parsers: a unique prefix of a long option is that option
+    (`--max-model 8192` is `--max-model-len 8192` to the engine), so it is pinned as that flag. A prefix of
+    several is the engine's own error (refused before the plan by `check_engine_args`)."""
+    if not name.startswith("--") or len(name) < 4:
+        return None
+    found = {id(spec): spec for spelling, spec in lookup.items() if spelling.startswith(name)}
+    return next(iter(found.values())) if len(found) == 1 else None
 
 
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
