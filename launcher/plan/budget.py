@@ -13,7 +13,8 @@ from launcher.model.resolve import ResolvedModel
 from launcher.plan.types import CATALOG, COMPUTED, LEFT_TO_ENGINE, MEASURED, Plan, PlanRequest
 
 
-def rank_devices(request: PlanRequest, ranks: int, nnodes: int = 1, *, tp_flag: str) -> tuple[GpuDevice, ...]:
+def rank_devices(request: PlanRequest, ranks: int, nnodes: int = 1, *, tp_flag: str,
+                 kind: str = "tensor x pipeline parallel") -> tuple[GpuDevice, ...]:
     """The devices this node's ranks run on: all ranks, or a 1/nnodes share with `--nnodes`.
 
     Multi-node runs start safe-serve on every node; each node plans its own ranks, and
@@ -25,7 +26,7 @@ def rank_devices(request: PlanRequest, ranks: int, nnodes: int = 1, *, tp_flag: 
     if len(request.gpus) < local:
         where = f" on this node (of {ranks} over {nnodes} nodes)" if nnodes > 1 else ""
         raise WontFit(
-            f"{local} ranks (tensor x pipeline parallel){where} need {local} GPUs; {len(request.gpus)} visible",
+            f"{local} ranks ({kind}){where} need {local} GPUs; {len(request.gpus)} visible",
             hint=f"lower {tp_flag}, or make more GPUs visible (CUDA_VISIBLE_DEVICES)")
     devices = request.gpus[:local]
     for device in devices:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.common.errors import SafeServeError, UsageError, WontFit
+from launcher.common.errors import SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.common.units import MiB, floor_to, format_gib
 from launcher.engines.checks_common import CheckInput, EngineRule, refuse_bad_argument
 from launcher.engines.dtypes import resolve_dtype
@@ -27,6 +27,7 @@ from launcher.engines.sglang import budget as sb
 from launcher.engines.sglang import kv as sk
 from launcher.engines.sglang import rules as sr
 from launcher.engines.sglang.checks import start_checks
+from launcher.engines.versions import version_key
 from launcher.model.config import ModelGeometry
 from launcher.model.gpu import GpuDevice
 from launcher.plan.budget import (
@@ -151,6 +152,46 @@ class _SglangSetup:
         return sb.CONTEXT_ERROR_BYTES + self.parallel[1]
 
 
+def _data_parallel(pinned: Mapping[str, Any], version: str) -> int:
+    """The data-parallel replicas (each planned alone, on the tightest of all their GPUs); what SGLang refuses
+    about them; data-parallel attention and expert-parallel dispatch, which this planner does not size yet.
+
+    Attention DP splits attention and embeddings by T/D instead of T (DeepSeek-V3 at T = D = 8: ~8.5 GiB more
+    a GPU), lowers the default fraction and divides the request limits; an all-to-all MoE backend replicates
+    the shared experts and allocates its buffers after the pool is sized; redundant experts add experts a rank
+    (models/deepseek_v2.py, srt/arg_groups/memory_hook.py, srt/layers/moe in 0.5.23). A plan from the plain T
+    split would promise KV that is not there."""
+    replicas, attention_dp = sr.data_parallel(pinned)
+    if replicas > 1 and attention_dp > 1:
+        _refuse_what_sglang_refuses((EngineRule(
+            "dp-replicas-with-attn-dp", f"--dp-size {replicas} with --attn-dp-size {attention_dp}: data-parallel "
+            "replicas combined with attention data parallelism are not supported.",
+            "sglang/srt/arg_groups/parallel_hook.py:287-292 (SGLang 0.5.23)", hint="one of the two"),))
+    if replicas > 1 and int(pinned.get("--nnodes", 1)) > 1:
+        since_023 = version_key(version) >= version_key("0.5.23")
+        _refuse_what_sglang_refuses((EngineRule(
+            "dp-replicas-multi-node",
+            "multi-node data-parallel replicas are not supported; use attention DP (--attn-dp-size) across nodes"
+            if since_023 else "multi-node data parallel is not supported unless dp attention!",
+            "sglang/srt/arg_groups/validation_hook.py:198-201 (SGLang 0.5.23)" if since_023
+            else "sglang/srt/server_args.py:5143-5145 (SGLang 0.5.9)", hint="replicas on one node each"),))
+    unsized = [why for flag, why in (
+        (sr.ATTN_DP_FLAG, f"data-parallel attention ({attention_dp} groups: attention split by T/D, its own "
+                          "default fraction and request limits)" if attention_dp > 1 else ""),
+        ("--moe-a2a-backend", f"{pinned.get('--moe-a2a-backend')} all-to-all MoE backend (shared experts whole "
+                              "on every rank, buffers allocated after the pool is sized)"
+         if str(pinned.get("--moe-a2a-backend") or "none") != "none" else ""),
+        ("--ep-num-redundant-experts", f"{pinned.get('--ep-num-redundant-experts')} redundant experts (more experts "
+                                       "a rank)" if int(pinned.get("--ep-num-redundant-experts") or 0) > 0 else ""),
+    ) if why]
+    if unsized:
+        raise UnsupportedModel(f"not sized by safe-serve yet: SGLang's {'; '.join(unsized)}: a plan from the plain "
+                               "tensor-parallel split would promise KV cache that is not there",
+                               hint="--trust-engine (SGLang sizes itself; the watch still checks its KV lines), or "
+                                    "plain --tp-size / --dp-size replicas")
+    return replicas
+
+
 def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     """Devices, SGLang's default fraction, its start-time refusals, then the cell and page sizes."""
     if request.device == "cpu":
@@ -164,7 +205,10 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     # SGLang runs some wrappers text-only unless --enable-multimodal (configs/model_config.py:690-717).
     geometry = dataclasses.replace(geometry, is_multimodal=layouts.multimodal(geometry, pinned))
     tp, pp = sr.ranks(pinned)
-    devices = rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=sr.TP_FLAG)
+    replicas = _data_parallel(pinned, rules.version)
+    devices = rank_devices(request, tp * pp * replicas, pinned.get("--nnodes", 1), tp_flag=sr.TP_FLAG,
+                           kind="tensor x pipeline parallel" + (f", {replicas} data-parallel replicas" if replicas > 1
+                                                                 else ""))
     gpu = tightest(devices)
     # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
     gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB

@@ -219,6 +219,11 @@ FLAGS = (
     FlagSpec("--tp-size", positive_int, aliases=("--tensor-parallel-size", "--tp")),
     FlagSpec("--pp-size", positive_int, aliases=("--pipeline-parallel-size",)),
     FlagSpec("--dp-size", positive_int, aliases=("--data-parallel-size",)),
+    # Data-parallel attention and expert parallelism (data_parallel below): not sized yet, said so.
+    FlagSpec("--attn-dp-size", positive_int, aliases=("--attention-data-parallel-size",)),
+    FlagSpec("--ep-size", positive_int, aliases=("--expert-parallel-size",)),
+    FlagSpec("--moe-a2a-backend", str),
+    FlagSpec("--ep-num-redundant-experts", int),
     FlagSpec("--page-size", positive_int),
     FlagSpec("--kv-cache-dtype", str),
     FlagSpec("--dtype", str),
@@ -286,9 +291,24 @@ def ranks(pinned: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def gpus_on_node(pinned: Mapping[str, Any]) -> int:
-    """The GPUs this node's ranks take (the start lock covers them): tensor x pipeline ranks."""
+    """The GPUs this node's ranks take (the start lock covers them): tensor x pipeline ranks, for each
+    data-parallel replica."""
     tp, pp = ranks(pinned)
-    return tp * pp
+    return tp * pp * data_parallel(pinned)[0]
+
+
+DP_ATTENTION_FLAG, ATTN_DP_FLAG = "--enable-dp-attention", "--attn-dp-size"
+
+
+def data_parallel(pinned: Mapping[str, Any]) -> tuple[int, int]:
+    """(replicas, attention-DP groups) as SGLang resolves `--dp-size`: with `--enable-dp-attention` the D groups
+    split one TP group's attention (no more GPUs; 0.5.23 rewrites it to `--attn-dp-size D`,
+    arg_groups/parallel_hook.py:39-61), else D replicas of the whole TP x PP group, each its own engine on the
+    next T x PP GPUs (managers/data_parallel_controller.py:420-467, :746-752 in 0.5.23; :222-270 in 0.5.9)."""
+    dp = int(pinned.get("--dp-size", 1))
+    if pinned.get(DP_ATTENTION_FLAG) and dp > 1:
+        return 1, dp
+    return dp, int(pinned.get(ATTN_DP_FLAG, 1))
 
 
 # --------------------------------------------------------------------------- the length from the config

@@ -859,7 +859,7 @@ def _devices(request: PlanRequest, tp: int, pp: int) -> tuple[GpuDevice, ...]:
     pinned = request.pinned.values
     ranks, nnodes = vpar.node_ranks(pinned, tp=tp, pp=pp)
     if ranks > tp * pp and len(request.gpus) >= ranks // max(nnodes, 1):
-        return rank_devices(request, ranks, nnodes, tp_flag=vr.TP_FLAG)
+        return rank_devices(request, ranks, nnodes, tp_flag=vr.TP_FLAG, kind="tensor x pipeline x data parallel")
     return rank_devices(request, tp * pp, pinned.get("--nnodes", 1), tp_flag=vr.TP_FLAG)
 
 
