@@ -248,11 +248,11 @@ def _split_pins(pins: GraphPins, version: str) -> SplitPins:
         least = SPLIT_KEYS[key]
         if least is None:
             values[key] = _ints(value, key)
-        elif not isinstance(value, int) or value < least:
+        elif (count := pydantic_int(value)) is None or count < least:
             raise UsageError(f"engine flag compilation config: {key} {value!r} is not a count of at least {least} "
                              "(vLLM's parser refuses it)")
         else:
-            values[key] = value
+            values[key] = count
     return SplitPins(*(values.get(key) for key in SPLIT_KEYS))  # type: ignore[arg-type]
 
 
@@ -288,6 +288,18 @@ def _capture_pins(pins: GraphPins, version: str) -> tuple[tuple[int, ...] | None
     if version_key(version) < version_key(OPTIMIZATION_LEVELS_SINCE) and (sizes is not None or ceiling is not None):
         return None, None  # not read for 0.11 here: vLLM's defaults are counted (more graphs: the safe side)
     return sizes, ceiling
+
+
+def pydantic_int(value: object) -> int | None:
+    """A count as pydantic's lax `int` takes it in vLLM's config classes: an int, a bool, a string of digits,
+    a whole float; None where it refuses."""
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit() and len(value) < 40:
+        return int(value.strip())
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return None
 
 
 def _ints(value: object, key: str) -> tuple[int, ...] | None:

@@ -32,7 +32,7 @@ from typing import Any
 from launcher.common.errors import UsageError
 from launcher.engines.checks_common import EngineRule
 from launcher.engines.versions import version_key
-from launcher.engines.vllm.compilation import dotted_value
+from launcher.engines.vllm.compilation import dotted_value, pydantic_int
 from launcher.model.config import ModelGeometry
 
 DP_FLAG, DP_LOCAL_FLAG = "--data-parallel-size", "--data-parallel-size-local"
@@ -196,9 +196,13 @@ def eplb_config(pinned: Mapping[str, Any]) -> dict[str, Any]:
         raise UsageError(f"engine flag {EPLB_CONFIG_FLAG}: the EPLB config must be a JSON object")
     for key, least in (("num_redundant_experts", 0), ("window_size", 1)):
         value = parsed.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+        if value is None:
+            continue
+        count = pydantic_int(value)
+        if count is None or count < least:
             raise UsageError(f"engine flag {EPLB_CONFIG_FLAG}: {key} {value!r} is not a count of at least {least} "
                              "(vLLM's parser refuses it)")
+        parsed[key] = count
     return parsed
 
 

@@ -161,6 +161,14 @@ class TestVersions:
         assert _resolve(["-cc.max_decode_cudagraph_capture_requests=64"], version="0.34.0")[0] == \
             "FULL_AND_PIECEWISE"
 
+    def test_a_split_count_is_read_as_pydantic_reads_it(self) -> None:
+        """0.34's CompilationConfig takes "64" as 64 and refuses 64.5 (run on its parser)."""
+        pinned = vr.pinned_flags(["-cc", '{"max_decode_cudagraph_capture_requests": "64"}'])
+        mode = graph_mode(GraphPins.from_pinned(pinned), enforce_eager=False, version="0.34.0")
+        assert mode.split.max_decode_requests == 64
+        with pytest.raises(UsageError, match="is not a count of at least 0"):
+            _resolve(["-cc", '{"max_decode_cudagraph_capture_requests": 64.5}'], version="0.34.0")
+
     def test_a_split_key_of_the_wrong_kind_is_a_usage_error(self) -> None:
         for argv in (["-cc.max_decode_cudagraph_capture_tokens=0"], ["-cc.max_prefill_cudagraph_capture_tokens=-1"],
                      ["-cc.max_decode_cudagraph_capture_requests=lots"],

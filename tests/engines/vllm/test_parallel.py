@@ -410,3 +410,12 @@ def test_an_all2all_backend_with_buffers_of_its_own_is_said_not_counted() -> Non
     assert any("--all2all-backend deepep_high_throughput" in w and "does not count" in w for w in plan.warnings)
     plain = plan_for("deepseek-v3", DSV3_BYTES, ["-dp", "8", "-ep", "--all2all-backend", "allgather_reducescatter"])
     assert not any("--all2all-backend" in w for w in plain.warnings)
+
+
+def test_counts_in_the_eplb_config_are_read_as_pydantic_reads_them() -> None:
+    """vLLM 0.34's EPLBConfig (pydantic, lax) takes "8", 8.0 and true as 8, 8 and 1 (run on its parser)."""
+    for written, count in (('"8"', 8), ("8.0", 8), ("true", 1)):
+        argv = ["-dp", "8", "-ep", "--enable-eplb", "--eplb-config", f'{{"num_redundant_experts": {written}}}']
+        assert vp.eplb_config(vr.pinned_flags(argv))["num_redundant_experts"] == count
+    with pytest.raises(UsageError, match="num_redundant_experts 8.5 is not a count"):
+        vp.eplb_config(vr.pinned_flags(["--eplb-config", '{"num_redundant_experts": 8.5}']))
