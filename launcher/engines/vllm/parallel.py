@@ -331,8 +331,8 @@ def _expert_bits(geometry: ModelGeometry) -> int | None:
     quantization = geometry.quantization
     if quantization is None:
         return {"bfloat16": 16, "float16": 16, "float32": 32}.get(geometry.config_dtype or "bfloat16")
-    if quantization.method == "compressed-tensors":
-        return quantization.bits
+    if quantization.method in ("compressed-tensors", "awq", "gptq"):  # their bits as written (GPTQ 8-bit too)
+        return quantization.bits or _EXPERT_BITS.get(quantization.method)
     return _EXPERT_BITS.get(quantization.method)
 
 

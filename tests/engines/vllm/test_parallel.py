@@ -17,7 +17,7 @@ from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm import parallel as vp
 from launcher.engines.vllm import rules as vr
 from launcher.model.catalog import hypothetical_gpus
-from launcher.model.config import geometry_from_config
+from launcher.model.config import Quantization, geometry_from_config
 from launcher.model.resolve import ResolvedModel
 from launcher.plan.planner import make_plan
 from launcher.plan.types import Plan, PlanRequest
@@ -71,6 +71,11 @@ class TestTheExperts:
         assert mixtral.shared_bytes == 0
         gpt_oss = vp.routed_experts(geometry("gpt-oss-120b"))  # MXFP4: 4 bits, scales left out (the safe side)
         assert gpt_oss is not None and gpt_oss.checkpoint_bytes == 36 * 128 * 3 * 2880 * 2880 // 2
+        qwen = geometry("qwen3-30b-a3b")
+        for method, bits, expected in (("gptq", 8, 8), ("gptq", None, 4), ("awq", 4, 4), ("fp8", None, 8)):
+            quantized = vp.routed_experts(dataclasses.replace(qwen, quantization=Quantization(method, bits)))
+            assert quantized is not None and quantized.bits == expected, method
+        assert vp.routed_experts(dataclasses.replace(qwen, quantization=Quantization("compressed-tensors"))) is None
 
     def test_ernies_moe_num_experts_is_an_expert_count_as_vllm_reads_it(self) -> None:
         """transformers_utils/config.py:65-70 reads moe_num_experts too: EP on ERNIE 4.5 is not refused; its
