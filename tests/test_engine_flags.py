@@ -297,3 +297,20 @@ def test_an_abbreviated_flag_is_not_overridden_in_the_command_line() -> None:
 def test_a_prefix_of_several_flags_is_not_read_as_one() -> None:
     pinned = adapter("vllm").pin(["--max-num", "64"]).values
     assert "--max-num-seqs" not in pinned and "--max-num-batched-tokens" not in pinned
+
+
+def test_a_negated_vllm_switch_turns_the_flag_off_where_it_comes_last() -> None:
+    """vLLM's boolean flags are BooleanOptionalAction: `--enforce-eager --no-enforce-eager` captures graphs
+    (argparse's last wins), so the plan counts them; the other order does not."""
+    vllm = adapter("vllm")
+    assert vllm.pin(["--enforce-eager", "--no-enforce-eager"]).values["--enforce-eager"] is False
+    assert vllm.pin(["--no-enforce-eager", "--enforce-eager"]).values["--enforce-eager"] is True
+    assert vllm.pin(["-ep", "--no-enable-expert-parallel"]).values["--enable-expert-parallel"] is False
+    assert vllm.pinned_as_written("--enforce-eager", False) == "--no-enforce-eager"
+    code, out, err = run(["plan", "qwen2.5-7b", "--engine", "vllm", "--gpu", "h100", "--", "--enforce-eager",
+                          "--no-enforce-eager"])
+    assert code == 0, err
+    assert "51 PIECEWISE + 51 FULL graphs" in out and "pinned (kept)  --no-enforce-eager" in out
+    code, out, _ = run(["plan", "qwen2.5-7b", "--engine", "vllm", "--gpu", "h100", "--", "--enable-lora",
+                        "--no-enable-lora"])
+    assert code == 0 and "LoRA" not in out

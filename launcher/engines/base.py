@@ -270,6 +270,8 @@ class SpecAdapter:
         """A pinned flag as the operator wrote it: `--max-model-len auto`, not the engine's -1."""
         if value is True:
             return flag
+        if value is False:  # a switch turned off: `--no-enforce-eager` (BooleanOptionalAction) or `--flag=false`
+            return f"--no-{flag[2:]}"
         try:
             written = self.spec.as_written.get((flag, value))
         except TypeError:  # an unhashable value has no sentinel

@@ -57,6 +57,11 @@ def _parse_pinned(argv: tuple[str, ...], specs: tuple[FlagSpec, ...]) -> tuple[t
         token = argv[i]
         name, eq, inline = token.partition("=")
         spec = lookup.get(name) or _abbreviated(name, lookup)
+        negated = _negated(name, lookup) if spec is None else None
+        if negated is not None:  # `--no-enforce-eager` after `--enforce-eager`: the last one wins
+            pinned[negated.name] = False
+            i += 1
+            continue
         if spec is None:
             i += 1
             continue
@@ -77,6 +82,15 @@ def _parse_pinned(argv: tuple[str, ...], specs: tuple[FlagSpec, ...]) -> tuple[t
         except (ValueError, UsageError) as exc:
             raise UsageError(f"engine flag {name}: cannot read {raw!r} ({exc})") from None
     return tuple(pinned.items())
+
+
+def _negated(name: str, lookup: Mapping[str, FlagSpec]) -> FlagSpec | None:
+    """vLLM's boolean flags are argparse BooleanOptionalAction: `--no-X` turns `--X` off (SGLang's store_true
+    flags have no such spelling; the flag check refuses it there before the plan)."""
+    if not name.startswith("--no-") and not name.startswith("--no_"):
+        return None
+    spec = lookup.get("--" + name[5:])
+    return spec if spec is not None and spec.parse is None else None
 
 
 def _abbreviated(name: str, lookup: Mapping[str, FlagSpec]) -> FlagSpec | None:

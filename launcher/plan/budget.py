@@ -73,7 +73,8 @@ def unplanned(request: PlanRequest, refusal: SafeServeError, *, newest: str, rul
 
 def not_modelled_warnings(pinned: Mapping[str, Any], not_modelled: Mapping[str, str]) -> list[str]:
     """One warning per pinned flag whose memory the engine's planner does not count."""
-    return [f"{flag}: {why}; the plan does not count it" for flag, why in not_modelled.items() if flag in pinned]
+    return [f"{flag}: {why}; the plan does not count it" for flag, why in not_modelled.items()
+            if pinned.get(flag) not in (None, False)]
 
 
 def weights_source(model: ResolvedModel) -> str:

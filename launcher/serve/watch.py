@@ -82,6 +82,11 @@ class Watch:
         # Held since before the plan read free memory (request.lock_live_devices); released when
         # the engine has sized its KV cache, or fails, or at exit.
         self.lock = lock if lock is not None else DeviceLock(())
+        # Several engines on this node's GPUs (vLLM's data-parallel ranks, SGLang's replicas) each size their
+        # own KV cache from their own reading of free memory: the first KV line does not mean the others have
+        # read theirs, so the lock is held until the server answers.
+        tp, pp = self.engine.ranks(plan.pinned)
+        self.release_on_kv = self.engine.gpus_on_node(plan.pinned) <= tp * pp
         # The engine's flags as one list: the operator's, then the plan's. A retune rewrites this
         # list, so a recomputed flag replaces the plan's own instead of being overridden by it.
         self.args = [*passthrough, *plan.engine_args]
@@ -192,7 +197,8 @@ class Watch:
         if calibration is not None and self.on_measured is not None and self.retunes == 0:
             self.on_measured(calibration)
         if event.kind == "kv":
-            self.lock.release()
+            if self.release_on_kv:
+                self.lock.release()
             self.kv = dict(event.values)
             self._check_kv(event)
             if not self.settled:
@@ -210,6 +216,7 @@ class Watch:
     def on_healthy(self) -> None:
         self._sync()
         self.healthy = True
+        self.lock.release()  # every engine on the node has sized its KV cache
         if not self.kv_accepted and not self.settled and self.waiver is not None:
             log.warning("kv-check-waived", reason=f"no KV report checked before /health answered ({self.waiver})")
             self._accept()
