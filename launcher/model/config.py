@@ -119,6 +119,12 @@ class ModelGeometry:
     vision_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
+    def expert_intermediate_size(self) -> Any:
+        """One routed expert's intermediate size as written: `moe_intermediate_size`, else (Mixtral, gpt-oss,
+        Llama 4) `intermediate_size`; not validated here (callers check it is a positive int)."""
+        return self.text_config.get("moe_intermediate_size") or self.intermediate_size
+
+    @property
     def kv_layers(self) -> int:
         return sum(1 for kind in self.layer_kinds if kind not in (LINEAR, NO_CACHE))
 

@@ -175,14 +175,14 @@ def _data_parallel(pinned: Mapping[str, Any], version: str) -> int:
             if since_023 else "multi-node data parallel is not supported unless dp attention!",
             "sglang/srt/arg_groups/validation_hook.py:198-201 (SGLang 0.5.23)" if since_023
             else "sglang/srt/server_args.py:5143-5145 (SGLang 0.5.9)", hint="replicas on one node each"),))
-    unsized = [why for flag, why in (
-        (sr.ATTN_DP_FLAG, f"data-parallel attention ({attention_dp} groups: attention split by T/D, its own "
-                          "default fraction and request limits)" if attention_dp > 1 else ""),
-        ("--moe-a2a-backend", f"{pinned.get('--moe-a2a-backend')} all-to-all MoE backend (shared experts whole "
-                              "on every rank, buffers allocated after the pool is sized)"
-         if str(pinned.get("--moe-a2a-backend") or "none") != "none" else ""),
-        ("--ep-num-redundant-experts", f"{pinned.get('--ep-num-redundant-experts')} redundant experts (more experts "
-                                       "a rank)" if int(pinned.get("--ep-num-redundant-experts") or 0) > 0 else ""),
+    backend = str(pinned.get("--moe-a2a-backend") or "none")
+    redundant = int(pinned.get("--ep-num-redundant-experts") or 0)
+    unsized = [why for why in (
+        f"data-parallel attention ({attention_dp} groups: attention split by T/D, its own default fraction and "
+        "request limits)" if attention_dp > 1 else "",
+        f"{backend} all-to-all MoE backend (shared experts whole on every rank, buffers allocated after the pool "
+        "is sized)" if backend != "none" else "",
+        f"{redundant} redundant experts (more experts a rank)" if redundant > 0 else "",
     ) if why]
     if unsized:
         raise UnsupportedModel(f"not sized by safe-serve yet: SGLang's {'; '.join(unsized)}: a plan from the plain "

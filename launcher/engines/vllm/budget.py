@@ -244,7 +244,7 @@ def moe_workspace_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int
     """The fused-MoE workspace (vllm/model_executor/layers/fused_moe/fused_moe.py:1976), which persists:
     workspace1 (T, topk, max(N/2, H)) + workspace2 (T, topk, max(N, H)), N = 2 x moe_intermediate / TP,
     bf16. gpt-oss's MXFP4 experts run the Triton MoE path without it."""
-    moe = geometry.text_config.get("moe_intermediate_size") or geometry.intermediate_size
+    moe = geometry.expert_intermediate_size
     topk = geometry.experts_per_token
     if not geometry.num_experts or not topk or not isinstance(moe, int) or moe <= 0:
         return 0
@@ -260,7 +260,7 @@ def mxfp4_dp_workspace_bytes(geometry: ModelGeometry, *, tokens: int, one_rank_t
     (M, K), plus the kernel's own (M x topk, K) (experts/gpt_oss_triton_kernels_moe.py:1108-1124, :729-760 in
     0.34.0), bf16, for the DP-gathered M = `tokens`, beyond what one rank's batch takes (the one-rank starts
     this was fitted on hold that part already)."""
-    moe = geometry.text_config.get("moe_intermediate_size") or geometry.intermediate_size
+    moe = geometry.expert_intermediate_size
     topk = geometry.experts_per_token
     if not isinstance(moe, int) or moe <= 0 or not topk or tokens <= one_rank_tokens:
         return 0
@@ -352,9 +352,10 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     v, h, t, r = geometry.vocab_size, geometry.hidden_size, batched_tokens, min(batched_tokens, num_seqs)
     sms = min(sm_count(gpu_name), r)
     hidden = act_dtype_bytes * t * h
-    moe = moe_workspace_bytes(geometry, batched_tokens=t * dp, tp=1 if expert_parallel else tp * dp)
+    moe_tp = 1 if expert_parallel else tp * dp  # the experts' own split (parallel.py)
+    moe = moe_workspace_bytes(geometry, batched_tokens=t * dp, tp=moe_tp)
     if not moe and dp > 1 and geometry.num_experts:  # gpt-oss's MXFP4 path holds no fused-MoE workspace
-        moe = mxfp4_dp_workspace_bytes(geometry, tokens=t * dp, one_rank_tokens=t, tp=1 if expert_parallel else tp * dp)
+        moe = mxfp4_dp_workspace_bytes(geometry, tokens=t * dp, one_rank_tokens=t, tp=moe_tp)
     gathered = 2 * act_dtype_bytes * (dp - 1) * t * h if geometry.num_experts and dp > 1 else 0
     encoder = act_dtype_bytes * t * h if geometry.is_multimodal and not language_only else 0
     vision_rope = vision_rope_table_bytes(geometry) if encoder else 0
@@ -369,8 +370,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
             # and EP its profile allocates a whole chunk (0.12.0 fused_moe/modular_kernel.py:756-840); counted
             # on top of the fitted peak, with the gathered rows.
             chunk = 16384 if expert_parallel else min(t * dp, 16384)
-            terms_legacy += (("MoE workspace", moe_workspace_bytes(geometry, batched_tokens=chunk,
-                                                                   tp=1 if expert_parallel else tp * dp)),
+            terms_legacy += (("MoE workspace", moe_workspace_bytes(geometry, batched_tokens=chunk, tp=moe_tp)),
                              ("DP-gathered MoE rows", gathered))
         total = sum(b for _, b in terms_legacy)
         return ProfilePeak(terms_legacy, total, int(0.25 * legacy), "V0/V1 (before 0.19)")
@@ -952,7 +952,7 @@ def mxfp4_as_loaded(geometry: ModelGeometry, *, version: str, tp: int, pp: int,
     if "mxfp4" not in method.lower() or not geometry.num_experts or geometry.model_type != "gpt_oss":
         return NOT_MXFP4
     experts, hidden = geometry.num_experts, geometry.hidden_size
-    moe = geometry.text_config.get("moe_intermediate_size") or geometry.intermediate_size
+    moe = geometry.expert_intermediate_size
     if not isinstance(moe, int) or moe <= 0:
         return NOT_MXFP4
     rules = rules_for(version)[0]

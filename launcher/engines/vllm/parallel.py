@@ -39,12 +39,12 @@ DP_FLAG, DP_LOCAL_FLAG = "--data-parallel-size", "--data-parallel-size-local"
 EP_FLAG, EPLB_FLAG, EPLB_CONFIG_FLAG = "--enable-expert-parallel", "--enable-eplb", "--eplb-config"
 ALL2ALL_FLAG = "--all2all-backend"
 DEFAULT_ALL2ALL = "allgather_reducescatter"  # every release (config/parallel.py:45-61 in 0.34.0)
-# The all2all backends under which EP with T > 1 and D > 1 runs the MoE sequence-parallel
-# (`use_sequence_parallel_moe`, config/parallel.py:859-877).
 # Removed backends vLLM rewrites to the default from 0.19 ("The '%s' all2all backend has been removed. Falling back to
 # 'allgather_reducescatter'.", config/parallel.py:575-581); 0.12 still runs `naive` (in its sequence-parallel set).
 REMOVED_BACKENDS = frozenset({"naive", "pplx"})
 REMOVED_BACKENDS_SINCE = "0.19"
+# The all2all backends under which EP with T > 1 and D > 1 runs the MoE sequence-parallel
+# (`use_sequence_parallel_moe`, config/parallel.py:859-877).
 SEQUENCE_PARALLEL_BACKENDS = frozenset({
     "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
     "flashinfer_nvlink_one_sided", "passthrough", "mori_high_throughput", "mori_low_latency", "mori", "nixl_ep"})
@@ -89,6 +89,11 @@ class Parallelism:
         """The ranks a stage's routed experts are split over (D x T)."""
         return self.dp * self.tp
 
+    @property
+    def moe_tp(self) -> int:
+        """The MoE layers' own tensor-parallel size: 1 under EP (whole experts), else D x T."""
+        return 1 if self.expert_parallel else self.moe_ranks
+
     def communicating_ranks(self, moe: bool) -> int:
         """The ranks a rank talks to over NCCL: its T x P group, and a MoE model's DP and EP groups under DP
         (device_communicators/cuda_communicator.py:106-112: a communicator for every group wider than one;
@@ -117,18 +122,19 @@ def parallelism(pinned: Mapping[str, Any], geometry: ModelGeometry, *, tp: int, 
                 version: str) -> Parallelism:
     """The parallel layout of `pinned`; what vLLM refuses about it raises through `refusals` first."""
     dp = int(pinned.get(DP_FLAG, 1))
-    local = int(pinned.get(DP_LOCAL_FLAG, 1 if _external(pinned) else dp))
-    moe = bool(geometry.num_experts)
-    ep = bool(pinned.get(EP_FLAG)) and dp * tp > 1 and moe
-    eplb = bool(pinned.get(EPLB_FLAG))
-    redundant = eplb_redundant(pinned, experts=geometry.num_experts or 0, ep_size=dp * tp, version=version)
+    ranks, nodes = node_ranks(pinned, tp=tp, pp=pp)
+    ep = bool(pinned.get(EP_FLAG)) and dp * tp > 1 and bool(geometry.num_experts)
+    eplb = bool(pinned.get(EPLB_FLAG)) and ep
+    config = eplb_config(pinned)
     all2all = str(pinned.get(ALL2ALL_FLAG) or DEFAULT_ALL2ALL)
     if all2all in REMOVED_BACKENDS and version_key(version) >= version_key(REMOVED_BACKENDS_SINCE):
         all2all = DEFAULT_ALL2ALL
-    window = eplb_config(pinned).get("window_size")
-    return Parallelism(tp=tp, pp=pp, dp=dp, dp_local=local, expert_parallel=ep, eplb=eplb and ep,
-                       redundant_experts=redundant if eplb and ep else 0, all2all=all2all,
-                       eplb_window=window if isinstance(window, int) else EPLB_WINDOW)
+    return Parallelism(tp=tp, pp=pp, dp=dp, dp_local=max(ranks // max(nodes, 1) // (tp * pp), 1),
+                       expert_parallel=ep, eplb=eplb,
+                       redundant_experts=eplb_redundant(config.get("num_redundant_experts"),
+                                                        experts=geometry.num_experts or 0, ep_size=dp * tp,
+                                                        version=version) if eplb else 0,
+                       all2all=all2all, eplb_window=config.get("window_size") or EPLB_WINDOW)
 
 
 def node_ranks(pinned: Mapping[str, Any], *, tp: int, pp: int) -> tuple[int, int]:
@@ -147,10 +153,9 @@ def _external(pinned: Mapping[str, Any]) -> bool:
     return pinned.get(DP_EXTERNAL_FLAGS[0]) is not None or bool(pinned.get(DP_EXTERNAL_FLAGS[1]))
 
 
-def eplb_redundant(pinned: Mapping[str, Any], *, experts: int, ep_size: int, version: str) -> int:
+def eplb_redundant(written: int | None, *, experts: int, ep_size: int, version: str) -> int:
     """`num_redundant_experts` as written in `--eplb-config`, else vLLM's default: 0, and from 0.34 the least
     count that splits the experts evenly over the EP ranks."""
-    written = eplb_config(pinned).get("num_redundant_experts")
     if written is not None:
         return int(written)
     if version_key(version) >= version_key(EPLB_AUTO_REDUNDANCY_SINCE) and ep_size > 0 and experts:
@@ -228,7 +233,7 @@ def refusals(pinned: Mapping[str, Any], geometry: ModelGeometry, *, tp: int, pp:
     if ep and not experts:
         out.append(_rule("ep-needs-moe", "Number of experts in the model must be greater than 0 when expert "
                          "parallelism is enabled.", "config/model.py:1518-1523", hint=f"drop {EP_FLAG}"))
-    moe_inter = geometry.text_config.get("moe_intermediate_size") or geometry.intermediate_size
+    moe_inter = geometry.expert_intermediate_size
     if experts and not ep and dp > 1 and isinstance(moe_inter, int) and moe_inter % (dp * tp):
         out.append(_rule("moe-intermediate-split", f"assert intermediate_size % tp_size == 0: the experts' "
                          f"intermediate size {moe_inter} split over {dp} x {tp} ranks without expert parallelism",
@@ -253,7 +258,7 @@ def refusals(pinned: Mapping[str, Any], geometry: ModelGeometry, *, tp: int, pp:
                          "Either enable EPLB or unset num_redundant_experts.", "config/parallel.py:624-632",
                          hint=f"add {EPLB_FLAG}"))
     if eplb and ep and experts and dp * tp > 1:
-        redundant = eplb_redundant(pinned, experts=experts, ep_size=dp * tp, version=version)
+        redundant = eplb_redundant(written, experts=experts, ep_size=dp * tp, version=version)
         if redundant > MAX_EXPERT_REDUNDANCY:
             out.append(_rule("eplb-redundancy", f"assert num_redundant_experts <= {MAX_EXPERT_REDUNDANCY} "
                              f"(got {redundant})", "distributed/eplb/eplb_state.py:405-409"))
@@ -273,10 +278,9 @@ def _rule(rule: str, message: str, where: str, hint: str | None = None) -> Engin
 def routed_experts(geometry: ModelGeometry) -> RoutedExperts | None:
     """The routed experts' checkpoint bytes from config.json, where the architecture's MoE layers are known
     (None elsewhere: the rank is then planned holding the whole model's share by T, the safe side)."""
-    text = geometry.text_config
     experts = geometry.num_experts
     hidden = geometry.hidden_size
-    inter = text.get("moe_intermediate_size") or geometry.intermediate_size
+    inter = geometry.expert_intermediate_size
     if not experts or not isinstance(inter, int) or inter <= 0:
         return None
     layers = moe_layer_count(geometry)
@@ -417,13 +421,13 @@ def eplb_bytes(layout: Parallelism, routed: RoutedExperts | None, *, version: st
         f"load window {(maps + window) / 2**30:.2f} GiB (distributed/eplb/eplb_state.py:379-513)")
 
 
-def warnings(layout: Parallelism | None) -> list[str]:
+def warnings(layout: Parallelism) -> list[str]:
     """What the plan does not count about this layout: an all2all backend other than the default allocates its
     communication buffers while the model loads (DeepEP: 1 GiB of NVLink buffer, 1 GiB more for RDMA across
     nodes, and NVSHMEM buffers for the low-latency kernels; FlashInfer, NIXL and MoRI size theirs in their own
     libraries: distributed/device_communicators/all2all.py:263-370 in 0.34.0), and the batched ones lower
     max_num_batched_tokens' default to 256 (engine/arg_utils.py:3204-3207)."""
-    if layout is None or not layout.expert_parallel or layout.dp <= 1 or layout.all2all == DEFAULT_ALL2ALL:
+    if not layout.expert_parallel or layout.dp <= 1 or layout.all2all == DEFAULT_ALL2ALL:
         return []
     return [f"{ALL2ALL_FLAG} {layout.all2all}: its communication buffers (DeepEP: 1 GiB of NVLink buffer, "
             "+ 1 GiB across nodes, + NVSHMEM for the low-latency kernels) are allocated while the model loads; "

@@ -90,8 +90,8 @@ class _VllmSetup:
     layout: KvLayout
     model_max_len: int
     model_max_len_reason: str
+    parallel: vpar.Parallelism  # data and expert parallelism
     state_notes: tuple[str, ...] = ()
-    parallel: vpar.Parallelism | None = None  # data and expert parallelism (None: TP x PP alone)
 
 
 def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None,
@@ -142,10 +142,10 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
                                  compute_capability=compute_capability)
     if state is not None:
         return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, state.block,
-                          state.block_reason, state.layout, max_len, max_len_reason, state.notes, parallel)
+                          state.block_reason, state.layout, max_len, max_len_reason, parallel, state.notes)
     layout = vk.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
-                      layout, max_len, max_len_reason, parallel=parallel)
+                      layout, max_len, max_len_reason, parallel)
 
 
 def refuse_unsized_state(geometry: ModelGeometry, pp: int, version: str) -> None:
@@ -477,12 +477,10 @@ class _Sizing:
                                          pinned_batched_tokens=pinned.get("--max-num-batched-tokens"),
                                          pinned_num_seqs=pinned.get("--max-num-seqs"),
                                          chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
-        parallel = self.setup.parallel
         peak = vb.profile_peak(self.geometry, rules=self.setup.rules, batched_tokens=batched, num_seqs=seqs,
                                tp=self.setup.tp, gpu_name=self.gpu_name,
                                language_only=not vb.encoder_profiled(self.geometry, pinned),
-                               dp=parallel.dp if parallel else 1,
-                               expert_parallel=bool(parallel and parallel.expert_parallel))
+                               dp=self.setup.parallel.dp, expert_parallel=self.setup.parallel.expert_parallel)
         return batched, seqs, peak
 
     def activation_at(self, length: int) -> int:
@@ -731,13 +729,11 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     parallel = setup.parallel
     # The experts' split (parallel.py): whole experts under expert parallelism, else their intermediate size
     # over every D x T rank.
-    ep = parallel is not None and parallel.expert_parallel
-    mxfp4 = vb.mxfp4_as_loaded(request.model.geometry, version=rules.version,
-                               tp=1 if ep else parallel.moe_ranks if parallel else tp, pp=pp,
+    mxfp4 = vb.mxfp4_as_loaded(request.model.geometry, version=rules.version, tp=parallel.moe_tp, pp=pp,
                                compute_capability=gpu.compute_capability, moe_backend=pinned.get("--moe-backend"),
                                marlin_env=vb.marlin_env_set(request.engine_env, rules.version),
                                lora=bool(pinned.get("--enable-lora")))
-    if ep and parallel is not None and mxfp4.extra:
+    if parallel.expert_parallel and mxfp4.extra:
         share, of = vpar.experts_on_rank(parallel, request.model.geometry.num_experts or 1)
         mxfp4 = dataclasses.replace(mxfp4, extra=mxfp4.extra * share // of, error=mxfp4.error * share // of)
     repack, repack_rule = mxfp4.extra, mxfp4.rule
@@ -745,24 +741,20 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         request.model.geometry, quantization=pinned.get("--quantization"), checkpoint_bytes=request.model.weight_bytes,
         model_dtype=setup.dtype, version=request.engine_version or rules.version)
     # The change splits like the weights it changes (parallel.py): the experts' part by the rank's expert share.
-    parallel_routed = vpar.routed_experts(request.model.geometry) if parallel else None
+    routed = vpar.routed_experts(request.model.geometry)
     experts_delta = vpar.quantized_experts_delta(
-        parallel_routed, online, vb.ONLINE_FP8_BYTES_PER_ELEMENT.get(pinned.get("--quantization") or ""))
-    repack += (vpar.rank_share(online, experts_delta, parallel, parallel_routed)
-               if parallel and vpar.splits_experts(parallel, parallel_routed, request.model.weight_bytes)
-               else online // (tp * pp))
+        routed, online, vb.ONLINE_FP8_BYTES_PER_ELEMENT.get(pinned.get("--quantization") or ""))
+    repack += (vpar.rank_share(online, experts_delta, parallel, routed)
+               if vpar.splits_experts(parallel, routed, request.model.weight_bytes) else online // (tp * pp))
     tables = vb.counted_rope_tables(request.model.geometry, dtype=setup.dtype,
                                     version=request.engine_version or rules.version)
     repack += tables.bytes
     mla = vb.mla_decode_weights(request.model.geometry, dtype=setup.dtype, tp=tp, pp=pp,
                                 online_quantization=pinned.get("--quantization"))
     repack += mla.bytes
-    routed = parallel_routed
-    rank_weights, rank_how = (vpar.rank_weights(request.model.weight_bytes, parallel, routed) if parallel
-                              else (request.model.weight_bytes // (tp * pp), ""))
-    eplb, eplb_rule = (vpar.eplb_bytes(parallel, routed, version=rules.version,
-                                       checkpoint_bytes=request.model.weight_bytes, geometry=request.model.geometry)
-                       if parallel else (0, ""))
+    rank_weights, rank_how = vpar.rank_weights(request.model.weight_bytes, parallel, routed)
+    eplb, eplb_rule = vpar.eplb_bytes(parallel, routed, version=rules.version,
+                                      checkpoint_bytes=request.model.weight_bytes, geometry=request.model.geometry)
     repack += eplb
     if online:
         # Dynamic per-token fp8 activations: the profile run also holds an fp8 copy of the widest linear
@@ -850,7 +842,7 @@ def _extensible(request: PlanRequest, setup: _VllmSetup) -> tuple[bool, str | No
 def _talking_ranks(setup: _VllmSetup, geometry: ModelGeometry) -> int:
     """The ranks NCCL connects a rank with (its context and buffers): T x P, and a MoE model's DP and EP groups
     count like more tensor-parallel ranks (parallel.py)."""
-    return setup.parallel.communicating_ranks(bool(geometry.num_experts)) if setup.parallel else setup.tp * setup.pp
+    return setup.parallel.communicating_ranks(bool(geometry.num_experts))
 
 
 def _devices(request: PlanRequest, tp: int, pp: int) -> tuple[GpuDevice, ...]:
