@@ -56,7 +56,7 @@ CASES = [
 def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny random models, built once with the engine venv's torch and transformers."""
     root = tmp_path_factory.mktemp("tiny-models")
-    kinds = sorted({p.values[0] for p in CASES})
+    kinds = sorted({p.values[0] for p in CASES} | {"deepseek_v3"})
     subprocess.run([ENGINE_PYTHON, str(Path(tinymodels.__file__)), str(root), *kinds], check=True,
                    stdout=subprocess.DEVNULL)
     return root
@@ -83,3 +83,45 @@ def _amx() -> bool:
     from launcher.probe import has_amx
 
     return bool(has_amx(Path("/proc/cpuinfo").read_text()))
+
+
+def test_the_mtp_layer_is_not_loaded(models_root: Path, tmp_path: Path) -> None:
+    """A DeepSeek-V3 checkpoint with 64 MiB of MTP tensors (`model.layers.{L}.*`, num_nextn_predict_layers 1):
+    the plan's weights leave them out (launcher/model/draft.py), and the engine serves a completion from the
+    same checkpoint; had its main model tried to load them, it would have failed on the unknown parameters."""
+    import json
+    import shutil
+
+    from launcher.model.resolve import safetensors_tensor_sizes
+    from tests.model.test_config import _write_safetensors
+
+    model_dir = tmp_path / "deepseek_v3_mtp"
+    shutil.copytree(models_root / "deepseek_v3", model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    layer, hidden = config["num_hidden_layers"], config["hidden_size"]
+    config["num_nextn_predict_layers"] = 1
+    (model_dir / "config.json").write_text(json.dumps(config))
+    main = safetensors_tensor_sizes(model_dir / "model.safetensors")
+    mtp_bytes = _write_safetensors(model_dir / "mtp.safetensors", {
+        f"model.layers.{layer}.eh_proj.weight": ("BF16", [hidden, 2 * hidden]),
+        f"model.layers.{layer}.enorm.weight": ("BF16", [hidden]),
+        f"model.layers.{layer}.mlp.experts.0.gate_proj.weight": ("BF16", [4096, 8192])})
+    weight_map = {**dict.fromkeys(main, "model.safetensors"),
+                  **dict.fromkeys(safetensors_tensor_sizes(model_dir / "mtp.safetensors"), "mtp.safetensors")}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": sum(main.values()) + mtp_bytes}, "weight_map": weight_map}))
+
+    model = resolve_model(str(model_dir))
+    assert model.draft is not None and model.draft.bytes == mtp_bytes
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    plan = make_plan(PlanRequest(model=model, engine="vllm", device="cpu", engine_version="0.32.0",
+                                 host=HostMemory(total_bytes=24 * GiB, available_bytes=16 * GiB, cpu_amx=_amx()),
+                                 engine_args=("--enforce-eager", "--max-model-len", "4096"), engine_env=env))
+    assert next(item.bytes for item in plan.budget if item.key == "weights") == sum(main.values())
+    run = engine_harness.run_vllm_cpu(str(model_dir), ["--enforce-eager", "--max-model-len", "4096",
+                                                       *plan.engine_args], env_extra={**env, **plan.engine_env},
+                                      python=ENGINE_PYTHON, timeout=240,
+                                      keep_alive=lambda r: engine_harness.complete(f"http://127.0.0.1:{r.port}"))
+    assert run.kv_tokens == plan.kv_cache_tokens, "\n".join(run.lines[-40:])
+    served = run.extra.get("keep_alive")
+    assert served is not None and served["choices"][0]["finish_reason"] == "length", run.extra

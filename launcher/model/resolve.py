@@ -21,7 +21,7 @@ import re
 import stat
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -31,6 +31,7 @@ import yaml
 from launcher.common.errors import ModelConfigError, ModelNotFound, TemporarilyUnavailable, UnsizedWeights
 from launcher.common.paths import load_yaml, profiles_dir
 from launcher.model.config import ModelGeometry, geometry_from_config
+from launcher.model.draft import DraftModules, draft_names, mtp_layer_range, summarize
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -47,6 +48,7 @@ _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors caps its JSON header at 100 MB
 _JSON_LIMIT = 64 * 1024 * 1024  # config.json and indexes are kilobytes; a larger one is not a config
 _MAX_TOTAL_SIZE = 1 << 50  # 1 PiB: beyond any checkpoint, so a typo in total_size is not planned
 _MAX_ARG = 4096  # PATH_MAX: a longer model argument names nothing
+_MAX_DRAFT_SHARDS = 16  # MTP layers sit in a few shards; more is no MTP stack worth a header read each
 
 # huggingface_hub's own rule (utils/_validators.py REPO_ID_REGEX, ASCII only, 96 characters).
 _REPO_ID = re.compile(r"^(?:[A-Za-z0-9_.\-]{1,96}/)?[A-Za-z0-9_.\-]{1,96}$")
@@ -81,6 +83,9 @@ class ResolvedModel:
     path: str | None = None
     quantized_variants: tuple[str, ...] = ()
     weights_sized: bool = True
+    # The MTP (next-n) tensors the checkpoint holds beside the model, counted in `weight_bytes`: the
+    # engines' main model does not load them (launcher.model.draft); None where there are none.
+    draft: DraftModules | None = None
 
 
 def resolve_model(text: str, *, env: Mapping[str, str] | None = None, unsized_ok: bool = False) -> ResolvedModel:
@@ -212,9 +217,11 @@ def _from_local_dir(path: Path, text: str, *, unsized_ok: bool) -> ResolvedModel
     config_path = path / "config.json"
     config = read_config_file(config_path)
     weight_bytes, source, sized = _sized_or_not(lambda: weight_bytes_in_dir(path), unsized_ok)
+    geometry = _geometry(config, config_path)
     return ResolvedModel(
-        name=text, source="local", geometry=_geometry(config, config_path), weight_bytes=weight_bytes,
+        name=text, source="local", geometry=geometry, weight_bytes=weight_bytes,
         weight_bytes_source=source, config=config, path=engine_path(path), weights_sized=sized,
+        draft=draft_in_dir(path, geometry) if sized else None,
     )
 
 
@@ -280,6 +287,63 @@ def _bin_weight_bytes_in_dir(path: Path) -> tuple[int, str] | None:
     if not pickles:
         return None
     return sum(stored_size(f) for f in pickles), f"sizes of {len(pickles)} .bin file(s) on disk ({BIN_SIZES_CAVEAT})"
+
+
+# --------------------------------------------------------------------------- MTP tensors
+
+
+def draft_in_dir(path: Path, geometry: ModelGeometry) -> DraftModules | None:
+    """The MTP tensors of a local checkpoint: named by its index (sized from the shards that hold them,
+    where they are here) or by its safetensors headers."""
+    layers = mtp_layer_range(geometry.text_config, geometry.num_layers)
+    index = path / INDEX_FILE
+    if os.path.lexists(index):
+        return draft_from_index(_read_json(index), layers, lambda shard: _header_sizes(path / shard))
+    sizes: dict[str, int] = {}
+    for shard in _listed(path, "*.safetensors"):
+        found = _header_sizes(shard)
+        if found is None:
+            return None
+        sizes.update(found)
+    return summarize(draft_names(sizes, layers), sizes)
+
+
+def draft_from_index(index: Any, layers: range,
+                     shard_sizes: Callable[[str], Mapping[str, int] | None]) -> DraftModules | None:
+    """The MTP tensors an index's weight_map names, with their bytes from the headers of the shards
+    holding them (`shard_sizes`; None for a shard that cannot be read, and then the bytes are unknown)."""
+    weight_map = index.get("weight_map") if isinstance(index, Mapping) else None
+    if not isinstance(weight_map, Mapping):
+        return None
+    kinds = draft_names(weight_map, layers)
+    if not kinds:
+        return None
+    shards = [weight_map[name] for name in kinds]
+    if not all(_plain_shard_name(shard) for shard in shards) or len(set(shards)) > _MAX_DRAFT_SHARDS:
+        return summarize(kinds, None)
+    sizes: dict[str, int] = {}
+    for shard in sorted(set(shards)):
+        found = shard_sizes(shard)
+        if found is None:
+            return summarize(kinds, None)
+        sizes.update(found)
+    return summarize(kinds, sizes)
+
+
+def _plain_shard_name(name: Any) -> bool:
+    """A file name in the checkpoint's own directory, as the engines join it: no path, no parent."""
+    return (isinstance(name, str) and 0 < len(name) <= 255 and name.endswith(".safetensors")
+            and "/" not in name and "\\" not in name and "\0" not in name and not name.startswith("."))
+
+
+def _header_sizes(path: Path) -> dict[str, int] | None:
+    """A shard's tensor sizes, or None where it is not here or not readable (its MTP bytes stay counted)."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        return safetensors_tensor_sizes(path)
+    except (ModelConfigError, ModelNotFound):
+        return None
 
 
 def _listed(path: Path, pattern: str) -> list[Path]:
@@ -394,6 +458,12 @@ def _value(value: Any) -> str:
 
 def safetensors_tensor_bytes(path: Path) -> int:
     """Sum of tensor byte ranges from a safetensors header, without reading tensors."""
+    return sum(safetensors_tensor_sizes(path).values())
+
+
+def safetensors_tensor_sizes(path: Path) -> dict[str, int]:
+    """{tensor name: bytes} from a safetensors header, without reading tensors; checked as
+    safetensors checks it."""
     with _open_regular(path, f"{path}: not found") as handle:
         raw_len = handle.read(8)
         if len(raw_len) != 8:
@@ -409,18 +479,18 @@ def safetensors_tensor_bytes(path: Path) -> int:
         header = _parse_json(raw, str(path))
     except ModelConfigError:
         raise ModelConfigError(f"{path}: unreadable safetensors header") from None
-    total = tensor_bytes_from_header(header, str(path))
+    sizes = tensor_sizes_from_header(header, str(path))
     data_end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
     if data_end > data_held:  # safetensors refuses it too (MetadataIncompleteBuffer); the engine would, after loading
         raise ModelConfigError(f"{path}: cut short: its header places tensor data up to byte {data_end} "
                                f"and the file holds {data_held} (an incomplete download?)")
-    return total
+    return sizes
 
 
-def tensor_bytes_from_header(header: Any, where: str) -> int:
+def tensor_sizes_from_header(header: Any, where: str) -> dict[str, int]:
     if not isinstance(header, Mapping):
         raise ModelConfigError(f"{where}: safetensors header is not a JSON object")
-    total = 0
+    sizes: dict[str, int] = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -429,8 +499,8 @@ def tensor_bytes_from_header(header: Any, where: str) -> int:
                 and 0 <= offsets[0] <= offsets[1] <= _MAX_TOTAL_SIZE):
             raise ModelConfigError(f"{where}: tensor {_value(name)} has no valid data_offsets")
         _check_tensor_size(entry, offsets[1] - offsets[0], f"{where}: tensor {_value(name)}")
-        total += offsets[1] - offsets[0]
-    return total
+        sizes[str(name)] = offsets[1] - offsets[0]
+    return sizes
 
 
 # Bits per element of the safetensors dtypes (safetensors' Dtype::bitsize); another dtype is taken at its offsets.
@@ -495,10 +565,12 @@ def _from_hub(repo_id: str, env: Mapping[str, str], *, unsized_ok: bool) -> Reso
     weight_bytes, source, sized = _sized_or_not(lambda: _hub_weight_bytes(repo_id, token, offline=offline),
                                                 unsized_ok)
     profile = profile_for_repo(repo_id)
+    geometry = _geometry(config, Path(f"{repo_id}/config.json"))
     return ResolvedModel(
-        name=repo_id, source="hub", geometry=_geometry(config, Path(f"{repo_id}/config.json")),
+        name=repo_id, source="hub", geometry=geometry,
         weight_bytes=weight_bytes, weight_bytes_source=source, config=config, repo_id=repo_id,
         quantized_variants=tuple((profile or {}).get("quantized_variants") or ()), weights_sized=sized,
+        draft=_hub_draft(repo_id, geometry, token, offline=offline) if sized else None,
     )
 
 
@@ -602,6 +674,42 @@ def _cached_weight_bytes(repo_id: str) -> tuple[int, str] | None:
     if single_bin is not None:  # the cache's blob, sized by fstat, never read
         return stored_size(single_bin), f"{repo_id} {BIN_SINGLE_FILE} size on disk (cached; {BIN_SIZES_CAVEAT})"
     return None
+
+
+def _hub_draft(repo_id: str, geometry: ModelGeometry, token: str | None, *, offline: bool) -> DraftModules | None:
+    """The MTP tensors the cached index names, sized from the shards' headers: cached shards read here,
+    others by a range read of their header on the Hub (never the weights); unknown bytes offline."""
+    index, _ = _cached(repo_id, INDEX_FILE)
+    if index is None:
+        return None
+
+    def shard_sizes(shard: str) -> Mapping[str, int] | None:
+        cached, _ = _cached(repo_id, shard)
+        if cached is not None:
+            return _header_sizes(cached)
+        return None if offline else _hub_header_sizes(repo_id, shard, token)
+
+    return draft_from_index(_read_json(index), mtp_layer_range(geometry.text_config, geometry.num_layers),
+                            shard_sizes)
+
+
+def _hub_header_sizes(repo_id: str, shard: str, token: str | None) -> dict[str, int] | None:
+    """One shard's tensor sizes from its header on the Hub (two range reads), or None if it cannot be read."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, SafetensorsParsingError
+
+    try:
+        meta = _with_retry(lambda: HfApi().parse_safetensors_file_metadata(
+            repo_id, shard, token=token, timeout=HUB_TIMEOUT_S), repo_id)
+    except (HfHubHTTPError, SafetensorsParsingError, TemporarilyUnavailable, OSError, ValueError):
+        return None
+    sizes: dict[str, int] = {}
+    for name, info in meta.tensors.items():
+        start, end = info.data_offsets
+        if not (type(start) is int and type(end) is int and 0 <= start <= end <= _MAX_TOTAL_SIZE):
+            return None
+        sizes[str(name)] = end - start
+    return sizes
 
 
 def _hub_bin_weight_bytes(repo_id: str, token: str | None) -> tuple[int, str]:

@@ -20,6 +20,7 @@ from typing import Any
 from launcher.common.errors import SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.common.units import MiB, floor_to, format_gib
 from launcher.engines.checks_common import CheckInput, EngineRule, refuse_bad_argument
+from launcher.engines.draft import request_without_draft
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
 from launcher.engines.sglang import architectures as layouts
@@ -56,6 +57,8 @@ from launcher.plan.types import (
 def plan(request: PlanRequest) -> Plan:
     """The SGLang plan for `request` on its GPUs, or `WontFit`."""
     request = request_with_cached_layers(request, layouts.LAYER_PATTERNS)
+    request = request_without_draft(request, engine="SGLang", speculative_flag="--speculative-algorithm",
+                                    source="deepseek_common/deepseek_weight_loader.py:344 in 0.5.23")
     setup = _sglang_setup(request)
     fraction = _fraction(request, setup)
     sizing = _pool_sizing(request, setup, fraction.value)

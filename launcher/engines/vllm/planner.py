@@ -17,6 +17,7 @@ from typing import Any
 from launcher.common.errors import SafeServeError, UnsupportedModel, UsageError, WontFit
 from launcher.common.units import GiB, format_gib
 from launcher.engines.checks_common import CheckInput, EngineRule, refuse_bad_argument
+from launcher.engines.draft import request_without_draft
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
 from launcher.engines.versions import version_key
@@ -71,6 +72,8 @@ UNVERIFIED_KV_ERROR_FRACTION = 0.33
 def plan(request: PlanRequest) -> Plan:
     """The vLLM plan for `request`'s device, or `WontFit`."""
     request = request_with_cached_layers(request, LAYER_PATTERNS)
+    request = request_without_draft(request, engine="vLLM", speculative_flag="--speculative-config",
+                                    source="model_executor/models/utils.py:642-668 in 0.34.0")
     return plan_cpu(request) if request.device == "cpu" else plan_gpu(request)
 
 
