@@ -66,6 +66,9 @@ class KvLayout:
     groups: tuple[KvGroup, ...]
     kv_dtype_bytes: int
     group_bytes: int | None = None  # one block of the largest group, when pages differ within it
+    # Decode context parallelism: the ranks of a DCP group hold different tokens of a request, so a request
+    # of L tokens claims cdiv(cdiv(L, d), block) blocks a rank (context_parallel.py).
+    context_shards: int = 1
 
     @property
     def bytes_per_block(self) -> int:
@@ -89,8 +92,12 @@ class KvLayout:
             elif group.kind == CHUNKED and group.sliding_window is not None:
                 total += cdiv(min(group.sliding_window + in_flight_tokens, max_model_len), block)
             else:
-                total += cdiv(max_model_len, block)
+                total += cdiv(cdiv(max_model_len, self.context_shards), block)
         return total
+
+    @property
+    def smallest_block(self) -> int:
+        return min((group.block_size or self.block_size for group in self.groups), default=self.block_size)
 
 
 @dataclass(frozen=True)
@@ -279,8 +286,13 @@ def _one_type(layers: list[_Layer]) -> bool:
     return len({la.block for la in layers}) == 1 and len({(la.kind, la.window) for la in layers}) == 1
 
 
-def kv_capacity(layout: KvLayout, kv_bytes: int, *, max_model_len: int, in_flight_tokens: int) -> KvCapacity:
-    """Blocks, printed tokens and concurrency for `kv_bytes` of KV cache on the tightest rank."""
+def kv_capacity(layout: KvLayout, kv_bytes: int, *, max_model_len: int, in_flight_tokens: int,
+                tokens_from_concurrency: bool = True) -> KvCapacity:
+    """Blocks, printed tokens and concurrency for `kv_bytes` of KV cache on the tightest rank.
+
+    The printed tokens: int(concurrency x length) from 0.20.2 (kv_cache_utils.py:1141-1149 in 0.34.0); before,
+    num_blocks // groups x the smallest block, x the DCP size (0.19.0 kv_cache_utils.py:1297-1316; 0.10.1
+    :847 and :1011)."""
     num_blocks = max(0, kv_bytes // layout.bytes_per_block) if layout.bytes_per_block else 0
     per_request = layout.blocks_per_request(max_model_len, in_flight_tokens)
     concurrency = num_blocks / per_request if per_request else 0.0
@@ -291,7 +303,8 @@ def kv_capacity(layout: KvLayout, kv_bytes: int, *, max_model_len: int, in_fligh
         num_blocks=num_blocks,
         blocks_per_request=per_request,
         max_concurrency=concurrency,
-        tokens=int(concurrency * max_model_len),
+        tokens=(int(concurrency * max_model_len) if tokens_from_concurrency
+                else num_blocks // max(len(layout.groups), 1) * layout.smallest_block * layout.context_shards),
         fits_one_request=check_memory > 0 and needed <= check_memory,
         estimated_max_model_len=estimate_max_model_len(layout, check_memory, max_model_len, in_flight_tokens),
     )

@@ -22,6 +22,7 @@ from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
 from launcher.engines.versions import version_key
 from launcher.engines.vllm import budget as vb
+from launcher.engines.vllm import context_parallel as vcp
 from launcher.engines.vllm import hybrid
 from launcher.engines.vllm import kv as vk
 from launcher.engines.vllm import parallel as vpar
@@ -119,6 +120,9 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
         cpu_amx=request.host.cpu_amx if request.host else None, moe_backend=pinned.get("--moe-backend"))))
     refuse_what_vllm_refuses(tuple(vpar.refusals(pinned, geometry, tp=tp, pp=pp, version=rules.version,
                                                   gpu_count=len(request.gpus) if request.device == "cuda" else None)))
+    version = request.engine_version or rules.version
+    refuse_what_vllm_refuses(tuple(vcp.refusals(pinned, geometry, tp=tp, version=version)))
+    vcp.refuse_unsized(pinned, geometry, device=request.device)
     parallel = vpar.parallelism(pinned, geometry, tp=tp, pp=pp, version=rules.version)
     moe_refusal = vb.mxfp4_backend_refusal(geometry, version=rules.version, moe_backend=pinned.get("--moe-backend"),
                                            compute_capability=compute_capability if request.device == "cuda" else None,
@@ -146,7 +150,8 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     if state is not None:
         return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, state.block,
                           state.block_reason, state.layout, max_len, max_len_reason, parallel, state.notes)
-    layout = vk.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned)
+    layout = dataclasses.replace(vk.layout_for(geometry, block=block, kv_bytes=kv_bytes, tp=tp, pp=pp, pinned=pinned),
+                                 context_shards=vcp.dcp_size(pinned))
     return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, block, block_reason,
                       layout, max_len, max_len_reason, parallel)
 
@@ -560,6 +565,7 @@ class _Sizing:
     def capacity_for(self, length: int, kv_bytes: int) -> KvCapacity:
         batched = self.peak_at(length)[0]
         return kv_capacity(self.setup.layout, kv_bytes, max_model_len=length,
+                           tokens_from_concurrency=self.setup.rules.tokens_from_concurrency,
                            in_flight_tokens=vk.in_flight_tokens(
                                batched_tokens=batched, device="cuda", pp=self.setup.pp,
                                v2_runner=vr.uses_v2_runner(self.setup.rules, self.geometry.architecture)))
@@ -765,6 +771,11 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         geometry = request.model.geometry
         widest = max(geometry.hidden_size, (geometry.intermediate_size or 0) // tp)
         online_error += int(pinned.get("--max-num-batched-tokens", defaults.max_num_batched_tokens)) * widest * tp * pp
+    # Decode context parallelism's gathers and workspaces: bounded, in the band (context_parallel.py).
+    dcp_error, dcp_rule = vcp.workspace_bound(
+        request.model.geometry, dcp=vcp.dcp_size(pinned), tp=tp, version=request.engine_version or rules.version,
+        batched_tokens=int(pinned.get("--max-num-batched-tokens", defaults.max_num_batched_tokens)),
+        dtype_bytes=vk.kv_dtype_bytes(None, setup.dtype)[0])
     return _Sizing(
         setup=setup, geometry=request.model.geometry, gpu_name=gpu.name, defaults=defaults, utilization=utilization,
         total=gpu.usable_total_bytes, free_at_init=(gpu.free_bytes or 0) - context,
@@ -775,8 +786,10 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         repack_rule="; ".join(rule for rule in (repack_rule, online_rule, eplb_rule,
                                                  f"rotary tables {format_gib(tables.bytes)}: {tables.rule}"
                                                  if tables.bytes else "",
-                                                 f"{format_gib(mla.bytes)} {mla.rule}" if mla.bytes else "") if rule),
-        repack_error=online_error // (tp * pp) + mxfp4.error,
+                                                 f"{format_gib(mla.bytes)} {mla.rule}" if mla.bytes else "",
+                                                 f"+/- {format_gib(dcp_error)}: {dcp_rule}" if dcp_error else "")
+                             if rule),
+        repack_error=online_error // (tp * pp) + mxfp4.error + dcp_error,
         non_torch=non_torch, non_torch_error=non_torch_error, graphs=graphs,
         cudagraph=graphs.estimate_bytes if subtracted else 0,
         cudagraph_error=graphs.error_bytes if subtracted else 0,
@@ -955,6 +968,8 @@ def _gpu_notes(setup: _VllmSetup, cal: Calibration | None) -> list[str]:
         notes.append(f"non-KV memory from an earlier start of the same configuration ({cal.key})")
     if setup.layout.padding_layers:
         notes.append(f"vLLM pads {setup.layout.padding_layers} layer(s) to even KV groups")
+    if setup.layout.context_shards > 1:
+        notes.append(vcp.note(setup.layout.context_shards, setup.layout.block_size))
     return notes
 
 
@@ -1106,6 +1121,7 @@ def _cpu_capacity(request: PlanRequest, setup: _VllmSetup, defaults: vb.BatchDef
                   length: int) -> KvCapacity:
     batched = _cpu_activation_at(request, setup, defaults, length)[0]
     return kv_capacity(setup.layout, kv_bytes, max_model_len=length,
+                       tokens_from_concurrency=setup.rules.tokens_from_concurrency,
                        in_flight_tokens=vk.in_flight_tokens(batched_tokens=batched, device="cpu", pp=setup.pp))
 
 

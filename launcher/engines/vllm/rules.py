@@ -152,6 +152,7 @@ RULES: tuple[VllmRules, ...] = _history(
               cpu_ssm_float32_on="amx", hybrid_prefix_caching_default=False, mamba_all_by_default=True,
               mamba_cache_mode_all=True, mamba2_checkpoint_block=False, cpu_conv_prepack_any_width="amx",
               triton_kernels_bundled=False, mxfp4_trtllm_intermediate_align=256, mxfp4_triton_sm110=False,
+              tokens_from_concurrency=False,
               source="0.8.5 vllm/v1/worker/gpu_worker.py:345 (bf16 refused), config.py:2904 (fp32 runs in fp16); "
                      "V0 sampler sorts the vocabulary; 0.11.0 utils/__init__.py:3431 triton_kernels optional, "
                      "flashinfer-python an extra; model_executor/layers/quantization/mxfp4.py:212-214 TRT-LLM "
@@ -166,7 +167,7 @@ RULES: tuple[VllmRules, ...] = _history(
     ("0.19.0", "0.19.1 vllm/config/cache.py:56 (0.9); vllm/envs.py:1655 estimate default '0'; "
                "kv_cache_utils.py: tokens = blocks // groups; Triton top-k/top-p (no sort); "
                "0.19.0 METADATA Requires-Dist flashinfer-cubin==0.6.6 (utils/flashinfer.py:56 needs it or nvcc)",
-     dict(sorting_sampler=False, tokens_from_concurrency=False, flashinfer_cubin_bundled=True)),
+     dict(sorting_sampler=False, flashinfer_cubin_bundled=True)),
     ("0.20.0", "0.20.0 vllm/config/cache.py gpu_memory_utilization 0.92; vllm/envs.py:1725 estimate default '1'",
      dict(default_utilization=0.92, cudagraph_estimate_subtracted=True)),
     ("0.20.2", "0.20.2 vllm/v1/core/kv_cache_utils.py: printed tokens = int(max_concurrency x max_model_len)",
@@ -254,6 +255,9 @@ FLAGS = (
     FlagSpec("--enable-expert-parallel", None, aliases=("-ep",)),
     FlagSpec("--enable-eplb", None),
     FlagSpec("--all2all-backend", str),
+    # Context parallelism (context_parallel.py): DCP's tokens per block, PCP not sized yet.
+    FlagSpec("--decode-context-parallel-size", positive_int, aliases=("-dcp",)),
+    FlagSpec("--prefill-context-parallel-size", positive_int, aliases=("-pcp",)),
     FlagSpec("--enforce-eager", None),
     FlagSpec("--dtype", str),
     FlagSpec("--quantization", str, aliases=("-q",)),
@@ -301,7 +305,8 @@ CALIBRATION_KEY_FLAGS = ("--max-num-batched-tokens", "--max-num-seqs", "--enforc
                          "--no-enable-extensible-kv-cache",  # 0.34: sized before warmup, not after
                          # the experts a rank holds (parallel.py)
                          "--data-parallel-size", "--enable-expert-parallel", "--enable-eplb", "--eplb-config",
-                         "--all2all-backend")
+                         "--all2all-backend",
+                         "--decode-context-parallel-size")  # the tokens a block holds, DCP's workspaces
 # The flags that size vLLM's memory directly (a preset's cap gives way to them).
 MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"})
 # Environment the planner reads because vLLM reads it: the CPU KV space (whole GiB), the MXFP4 Marlin
