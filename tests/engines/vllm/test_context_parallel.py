@@ -22,7 +22,7 @@ from launcher.engines.vllm import context_parallel as vcp
 from launcher.engines.vllm import kv as vk
 from launcher.engines.vllm import rules as vr
 from launcher.model.catalog import hypothetical_gpus
-from launcher.model.config import geometry_from_config
+from launcher.model.config import FULL, MLA, geometry_from_config
 from launcher.model.gpu import HostMemory
 from launcher.model.resolve import ResolvedModel
 from launcher.plan.planner import make_plan
@@ -39,6 +39,23 @@ def geometry(name: str) -> Any:
 def layout(name: str, *, block: int, tp: int, dcp: int) -> vk.KvLayout:
     return dataclasses.replace(vk.layout_for(geometry(name), block=block, kv_bytes=2, tp=tp, pp=1, pinned={}),
                                context_shards=dcp)
+
+
+ORACLE = json.loads((Path(__file__).resolve().parents[2] / "data" / "vllm_dcp_oracle.json").read_text())
+
+
+@pytest.mark.parametrize("case", ORACLE["cases"], ids=lambda c: f"{c['spec']}-d{c['dcp']}-L{c['max_model_len']}-"
+                                                              f"n{c['num_blocks']}")
+def test_printed_tokens_equal_vllm_0_34s_own(case: dict[str, Any]) -> None:
+    """tests/oracles/vllm_dcp_oracle.py ran vLLM 0.34.0's specs and `get_kv_cache_capacity` over 750 cases: an MLA
+    and two GQA pages, DCP 1-16, lengths that the shards and blocks divide and do not, 1 to 65,536 blocks."""
+    group = vk.KvGroup(kind=MLA if case["mla"] else FULL, num_layers=1)
+    layout = vk.KvLayout(block_size=case["block"], page_bytes=case["page_size_bytes"], group_size=1, groups=(group,),
+                         kv_dtype_bytes=2, context_shards=case["dcp"])
+    cap = vk.kv_capacity(layout, case["num_blocks"] * case["page_size_bytes"], max_model_len=case["max_model_len"],
+                         in_flight_tokens=0)
+    assert (cap.num_blocks, cap.blocks_per_request) == (case["num_blocks"], case["request_pages"])
+    assert (cap.tokens, cap.concurrency_printed) == (case["tokens"], case["concurrency"])
 
 
 class TestCapacity:
