@@ -131,8 +131,9 @@ def _table_fraction(gpu_mem_mib: float, tp: int, pp: int) -> float:
 
 
 def _decode_graph_bs(pinned: Mapping[str, Any], rules: SglangRules, bs_default: int | None,
-                     device: str) -> int | None:
-    """The decode CUDA-graph max batch size: pinned, the tier's, 32 on CPU, or --max-running-requests."""
+                     device: str, *, even_when_off: bool = False) -> int | None:
+    """The decode CUDA-graph max batch size: pinned, the tier's, 32 on CPU, or --max-running-requests;
+    `even_when_off`: the value SGLang resolves under --disable-cuda-graph too (its DP-attention reserve reads it)."""
     bs_flag = "--cuda-graph-max-bs" if rules.prefill_graph != "breakable" else "--cuda-graph-max-bs-decode"
     decode_bs: int | None = pinned.get(bs_flag, pinned.get("--cuda-graph-max-bs-decode", bs_default))
     if device == "cpu":
@@ -140,7 +141,7 @@ def _decode_graph_bs(pinned: Mapping[str, Any], rules: SglangRules, bs_default: 
     mrr = pinned.get("--max-running-requests")
     if rules.mrr_shrinks_bs and bs_flag not in pinned and mrr is not None and mrr < (decode_bs or 0):
         decode_bs = mrr
-    if pinned.get("--disable-cuda-graph", False) and not rules.decode_reserve_when_off:
+    if pinned.get("--disable-cuda-graph", False) and not rules.decode_reserve_when_off and not even_when_off:
         decode_bs = None
     return decode_bs
 
@@ -228,8 +229,13 @@ def _hopper_qwen3_vl_bs(geometry: ModelGeometry, pinned: Mapping[str, Any], rule
 
 def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: int, pp: int,
                      pinned: Mapping[str, Any], rules: SglangRules, device: str = "cuda",
-                     compute_capability: tuple[int, int] | None = None, model_path: str = "") -> FractionDerivation:
-    """`handle_gpu_memory_settings` for the common path (no DP attention, DeepEP or PD split)."""
+                     compute_capability: tuple[int, int] | None = None, model_path: str = "",
+                     attn_dp: int = 1) -> FractionDerivation:
+    """`handle_gpu_memory_settings` (no DeepEP or PD split). Data-parallel attention over `attn_dp` groups adds
+    max_bs x D x 3 MiB, and as much again x 1.5 above 300, to the graph reserve before the 10 GiB floor, with the
+    decode max_bs as resolved even under --disable-cuda-graph (0.5.23 arg_groups/memory_hook.py:371-378); the
+    tier reads the plain T and the activation term the undivided chunk (the DP division comes after,
+    parallel_hook.py:326-336)."""
     chunk_default, bs_default = tier_defaults(gpu_mem_mib, tp, rules)
     chunked = pinned.get("--chunked-prefill-size", chunk_default)
     decode_bs = _decode_graph_bs(pinned, rules, bs_default, device)
@@ -238,6 +244,11 @@ def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: 
     max_prefill_tokens = pinned.get("--max-prefill-tokens", 16384)
     activation_tokens = max(chunked if chunked > 0 else max_prefill_tokens, 2048)
     graph, buckets = _graph_reserve(geometry, pinned, rules, chunked, decode_bs, prefill_on, model_path)
+    if attn_dp > 1:
+        dp_bs = _hopper_qwen3_vl_bs(geometry, pinned, rules, _decode_graph_bs(pinned, rules, bs_default, device,
+                                                                              even_when_off=True),
+                                    gpu_mem_mib, compute_capability) or 0
+        graph += dp_bs * attn_dp * 3 + (dp_bs * attn_dp * 1.5 if dp_bs > 300 else 0)
     parallel = tp * pp / 8 * 1024
     reserved = 512 + activation_tokens * 1.5 + parallel + graph
     floor = gpu_mem_mib is not None and gpu_mem_mib > 61440 and reserved < 10240
@@ -254,7 +265,8 @@ def default_fraction(geometry: ModelGeometry, *, gpu_mem_mib: float | None, tp: 
     if vlm_factor is not None:
         fraction_value = fraction_value * vlm_factor
     return FractionDerivation(
-        gpu_mem_mib=gpu_mem_mib, chunked_prefill_size=chunked, decode_max_bs=decode_bs,
+        gpu_mem_mib=gpu_mem_mib, chunked_prefill_size=chunked if chunked <= 0 else chunked // attn_dp,
+        decode_max_bs=decode_bs,
         prefill_buckets=max(buckets, 0), activation_mib=activation_tokens * 1.5, graph_mib=graph,
         parallel_mib=parallel, reserved_mib=reserved, floor_applied=floor, vlm_factor=vlm_factor,
         fraction=fraction_value,
@@ -589,15 +601,15 @@ class LoadOverhead:
 
 
 def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int, quantized_online: bool = False,
-                  compute_capability: tuple[int, int] | None = None) -> LoadOverhead:
+                  compute_capability: tuple[int, int] | None = None, attn_tp: int | None = None) -> LoadOverhead:
     """Derived from SGLang's modules where their tensors are known (parameters.loader_tensors, one
     pipeline stage, not quantized while loading), else bounded by the layer count, with the wider error
-    that leaves."""
+    that leaves. `attn_tp`: the attention's ranks under data-parallel attention (the MLA copies' heads)."""
     element = ELEMENT_BYTES.get(dtype)
     loader = None if quantized_online or pp != 1 or element is None else \
         parameters.loader_tensors(geometry, element=element, tp=tp)
     # The MLA models' w_kc / w_vc, allocated after every loaded tensor, whether those are derived or bounded.
-    copies, copies_rule = parameters.mla_decode_copies(geometry, element=element or 2, tp=tp, pp=pp)
+    copies, copies_rule = parameters.mla_decode_copies(geometry, element=element or 2, tp=attn_tp or tp, pp=pp)
     if loader is None:
         bounded = _bounded_overhead(geometry, parameters.rope_cache_bytes(geometry), pp,
                                     "weights quantized while loading" if quantized_online else "this model")

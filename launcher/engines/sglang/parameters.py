@@ -397,3 +397,74 @@ def allocator_slack_bytes(tensors: list[int] | tuple[int, ...]) -> int:
         if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
             free[small].append(rest)
     return reserved - sum(tensors)
+
+
+# --------------------------------------------------------------------------- data-parallel attention
+
+# The models whose attention (and embedding) SGLang builds on the attention-TP group, T / D ranks, under
+# data-parallel attention (0.5.23 `parallel_group="attn_tp"`: models/deepseek_v2.py:2051-2161 with the
+# embedding by get_embedding_tp_kwargs, vocab_parallel_embedding.py:166-185; models/qwen3_moe.py:502-541 and
+# qwen2_moe.py:1115-1121; glm4_moe.py:880-884). The rest of the model (dense MLPs, shared and routed experts,
+# lm_head) keeps the T split. Dense decoders (llama.py, qwen2.py) build their projections on the whole TP group.
+DP_ATTENTION_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Qwen2MoeForCausalLM",
+                                        "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"})
+FP8_BLOCK = 128  # the block of DeepSeek-style fp8 checkpoints' weight_scale_inv (weight_block_size)
+
+
+def _linear_bytes(rows: int, cols: int, element: int, block: bool) -> int:
+    """A checkpoint linear layer: its weight, and a block-fp8 one's float32 scale per 128 x 128 block."""
+    scales = -(-rows // FP8_BLOCK) * -(-cols // FP8_BLOCK) * 4 if block else 0
+    return rows * cols * element + scales
+
+
+def attention_dp_extra(geometry: ModelGeometry, *, tp: int, attn_tp: int,
+                       dtype_element: int) -> tuple[int, str] | None:
+    """(bytes, rule) one rank holds beyond its T share of the checkpoint under data-parallel attention: the
+    attention projections and the embedding split by T / D instead of T. None where it is not derived (another
+    architecture, a checkpoint quantized otherwise than fp8 or not at all)."""
+    if geometry.architecture not in DP_ATTENTION_ARCHITECTURES or attn_tp >= tp:
+        return None if geometry.architecture not in DP_ATTENTION_ARCHITECTURES else (0, "")
+    quant = geometry.quantization
+    config = geometry.text_config.get("quantization_config")
+    block = isinstance(config, Mapping) and config.get("weight_block_size") is not None
+    if quant is None:
+        element, block = dtype_element, False
+    elif quant.method == "fp8" and not _attention_kept_16_bit(config):
+        element = 1
+    else:
+        return None
+    hidden, heads = geometry.hidden_size, geometry.num_attention_heads
+    mla = geometry.mla
+    if mla is not None:
+        q_lora = geometry.text_config.get("q_lora_rank")
+        q_in = q_lora if isinstance(q_lora, int) and q_lora > 0 else hidden
+        qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        whole = (_linear_bytes(heads * qk, q_in, element, block)
+                 + _linear_bytes(heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, element, block)
+                 + _linear_bytes(hidden, heads * mla.v_head_dim, element, block))
+        per_layer = whole // attn_tp - whole // tp
+        what = "q_b/kv_b/o_proj"
+    else:
+        head_dim, kv = geometry.head_dim, geometry.num_kv_heads
+        q_o = _linear_bytes(heads * head_dim, hidden, element, block) + _linear_bytes(hidden, heads * head_dim,
+                                                                                       element, block)
+
+        def kv_rank(group: int) -> int:  # a rank's K and V heads: split, or one head copied (qwen3_moe.py:509-517)
+            return 2 * _linear_bytes(max(1, kv // group) * head_dim, hidden, element, block)
+
+        per_layer = q_o // attn_tp - q_o // tp + kv_rank(attn_tp) - kv_rank(tp)
+        what = "qkv/o_proj"
+    layers = len(geometry.layer_kinds)
+    embed = (padded_vocab_rows(geometry.vocab_size, attn_tp) - padded_vocab_rows(geometry.vocab_size, tp)) \
+        * hidden * dtype_element
+    return per_layer * layers + embed, (
+        f"data-parallel attention: {what} of {layers} layers and the embedding over T/D = {attn_tp} ranks, "
+        f"not {tp} (+{per_layer * layers / 2**30:.2f} + {embed / 2**30:.2f} GiB)")
+
+
+def _attention_kept_16_bit(config: Any) -> bool:
+    """An fp8 checkpoint that names its attention among the modules it left unquantized."""
+    if not isinstance(config, Mapping):
+        return False
+    kept = config.get("ignored_layers") or config.get("modules_to_not_convert") or ()
+    return isinstance(kept, list) and any(isinstance(name, str) and "attn" in name for name in kept)

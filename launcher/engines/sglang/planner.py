@@ -26,6 +26,7 @@ from launcher.engines.layers import request_with_cached_layers
 from launcher.engines.sglang import architectures as layouts
 from launcher.engines.sglang import budget as sb
 from launcher.engines.sglang import kv as sk
+from launcher.engines.sglang import parameters
 from launcher.engines.sglang import rules as sr
 from launcher.engines.sglang.checks import start_checks
 from launcher.engines.versions import version_key
@@ -134,6 +135,8 @@ class _SglangSetup:
     page_reason: str
     measured_context: int | None = None  # measured at an earlier start of this setup (calibration)
     pool_rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the release's pool arithmetic
+    attn_dp: int = 1  # data-parallel attention groups inside the TP group (attention over T / D ranks)
+    attention_dp_weights: tuple[int, str] = (0, "")  # what a rank holds beyond its T share under attention DP
 
     @property
     def context(self) -> int:
@@ -155,15 +158,16 @@ class _SglangSetup:
         return sb.CONTEXT_ERROR_BYTES + self.parallel[1]
 
 
-def _data_parallel(pinned: Mapping[str, Any], version: str) -> int:
-    """The data-parallel replicas (each planned alone, on the tightest of all their GPUs); what SGLang refuses
-    about them; data-parallel attention and expert-parallel dispatch, which this planner does not size yet.
+def _data_parallel(pinned: Mapping[str, Any], geometry: ModelGeometry, rules: sr.SglangRules,
+                   tp: int) -> tuple[int, int]:
+    """(replicas, attention-DP groups): the data-parallel replicas (each planned alone, on the tightest of all
+    their GPUs) and what SGLang refuses about them; data-parallel attention where it is sized (`_attention_dp`);
+    expert-parallel dispatch, which this planner does not size yet.
 
-    Attention DP splits attention and embeddings by T/D instead of T (DeepSeek-V3 at T = D = 8: ~8.5 GiB more
-    a GPU), lowers the default fraction and divides the request limits; an all-to-all MoE backend replicates
-    the shared experts and allocates its buffers after the pool is sized; redundant experts add experts a rank
-    (models/deepseek_v2.py, srt/arg_groups/memory_hook.py, srt/layers/moe in 0.5.23). A plan from the plain T
-    split would promise KV that is not there."""
+    An all-to-all MoE backend replicates the shared experts and allocates its buffers after the pool is sized;
+    redundant experts add experts a rank (srt/layers/moe in 0.5.23). A plan from the plain T split would promise
+    KV that is not there."""
+    version = rules.version
     replicas, attention_dp = sr.data_parallel(pinned)
     if replicas > 1 and attention_dp > 1:
         _refuse_what_sglang_refuses((EngineRule(
@@ -178,11 +182,15 @@ def _data_parallel(pinned: Mapping[str, Any], version: str) -> int:
             if since_023 else "multi-node data parallel is not supported unless dp attention!",
             "sglang/srt/arg_groups/validation_hook.py:198-201 (SGLang 0.5.23)" if since_023
             else "sglang/srt/server_args.py:5143-5145 (SGLang 0.5.9)", hint="replicas on one node each"),))
+    if attention_dp > 1 and tp % attention_dp:
+        _refuse_what_sglang_refuses((EngineRule(
+            "attn-dp-divides-tp", f"assert tp_size % attn_dp_size == 0 ({tp} % {attention_dp}; an AssertionError "
+            "without a message)", "sglang/srt/arg_groups/parallel_hook.py:326 (SGLang 0.5.23)",
+            hint=f"--attn-dp-size that divides {tp}"),))
     backend = str(pinned.get("--moe-a2a-backend") or "none")
     redundant = int(pinned.get("--ep-num-redundant-experts") or 0)
     unsized = [why for why in (
-        f"data-parallel attention ({attention_dp} groups: attention split by T/D, its own default fraction and "
-        "request limits)" if attention_dp > 1 else "",
+        _attention_dp_unsized(pinned, geometry, rules, attention_dp, tp),
         f"{backend} all-to-all MoE backend (shared experts whole on every rank, buffers allocated after the pool "
         "is sized)" if backend != "none" else "",
         f"{redundant} redundant experts (more experts a rank)" if redundant > 0 else "",
@@ -192,7 +200,29 @@ def _data_parallel(pinned: Mapping[str, Any], version: str) -> int:
                                "tensor-parallel split would promise KV cache that is not there",
                                hint="--trust-engine (SGLang sizes itself; the watch still checks its KV lines), or "
                                     "plain --tp-size / --dp-size replicas")
-    return replicas
+    return replicas, attention_dp
+
+
+def _attention_dp_unsized(pinned: Mapping[str, Any], geometry: ModelGeometry, rules: sr.SglangRules,
+                          attention_dp: int, tp: int) -> str:
+    """Why data-parallel attention is not sized here, or "": sized from 0.5.22 (SglangRules.dp_attention_sized)
+    for the models whose attention SGLang builds over T / D (parameters.DP_ATTENTION_ARCHITECTURES), with the
+    lm_head and dense MLPs on their T split."""
+    if attention_dp <= 1:
+        return ""
+    what = f"data-parallel attention ({attention_dp} groups: attention split by T/D, its own default fraction and " \
+           "request limits)"
+    if not rules.dp_attention_sized:
+        return f"{what} in releases before 0.5.22"
+    if geometry.architecture not in parameters.DP_ATTENTION_ARCHITECTURES:
+        return f"{what} for {geometry.architecture}"
+    pinned_off = [flag for flag in ("--enable-dp-lm-head", "--moe-dense-tp-size") if pinned.get(flag)]
+    if pinned_off:
+        return f"{what} with {', '.join(pinned_off)}"
+    if parameters.attention_dp_extra(geometry, tp=tp, attn_tp=max(tp // attention_dp, 1), dtype_element=2) is None:
+        method = geometry.quantization.method if geometry.quantization else "none"
+        return f"{what} for a {method} checkpoint (its attention bytes not derived)"
+    return ""
 
 
 def _sglang_setup(request: PlanRequest) -> _SglangSetup:
@@ -208,7 +238,7 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     # SGLang runs some wrappers text-only unless --enable-multimodal (configs/model_config.py:690-717).
     geometry = dataclasses.replace(geometry, is_multimodal=layouts.multimodal(geometry, pinned))
     tp, pp = sr.ranks(pinned)
-    replicas = _data_parallel(pinned, rules.version)
+    replicas, attn_dp = _data_parallel(pinned, geometry, rules, tp)
     devices = rank_devices(request, tp * pp * replicas, pinned.get("--nnodes", 1), tp_flag=sr.TP_FLAG,
                            kind="tensor x pipeline parallel" + (f", {replicas} data-parallel replicas" if replicas > 1
                                                                  else ""))
@@ -216,7 +246,8 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     # SGLang's tier heuristic reads nvidia-smi's memory.total: the smallest card listed.
     gpu_mem_mib = min(d.total_bytes for d in (request.gpus or devices)) / MiB
     derivation = sb.default_fraction(geometry, gpu_mem_mib=gpu_mem_mib, tp=tp, pp=pp, pinned=pinned, rules=rules,
-                                     compute_capability=gpu.compute_capability, model_path=request.model.name)
+                                     compute_capability=gpu.compute_capability, model_path=request.model.name,
+                                     attn_dp=attn_dp)
     dtype, dtype_reason = resolve_dtype(geometry, compute_capability=gpu.compute_capability, device="cuda",
                                            pinned=pinned.get("--dtype"))
     derived_len, derived_reason = sr.derived_context_length(geometry)
@@ -237,14 +268,25 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
         kv_elem, kv_reason = sk.kv_dtype_bytes(pinned.get("--kv-cache-dtype"), dtype, geometry)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=tp, pp=pp, pinned=pinned,
+    attn_tp = tp // attn_dp  # the pool holds the KV heads of the attention-TP group (model_config.py:1700-1711)
+    cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=attn_tp, pp=pp, pinned=pinned,
                                    rules=rules)
     page, page_reason = _page_size(geometry, gpu, pinned)
+    if attn_dp > 1 and derivation.chunked_prefill_size > 0 and page > 1 and derivation.chunked_prefill_size % page:
+        _refuse_what_sglang_refuses((EngineRule(
+            "chunk-divisible-by-page", "chunked_prefill_size must be divisible by page_size",
+            "sglang/srt/arg_groups/validation_hook.py:242-246 (SGLang 0.5.23)",
+            hint=f"--chunked-prefill-size a multiple of {page} x {attn_dp} (it is divided by the attention-DP "
+                 "groups first)"),))
     measured = request.calibration.context_bytes if request.calibration else None
+    extra = (0, "")
+    if attn_dp > 1:
+        extra = parameters.attention_dp_extra(geometry, tp=tp, attn_tp=attn_tp,
+                                              dtype_element=sk.kv_dtype_bytes(None, dtype, geometry)[0]) or (0, "")
     return _SglangSetup(rules, rules_note, pinned, geometry, layout, tp, pp, devices, gpu, gpu_mem_mib, derivation,
                         dtype, dtype_reason, derived_len, derived_reason, kv_reason, cell, page, page_reason, measured,
-                        pool_rules=layouts.pool_rules(layout, rules=rules, pinned=pinned, kv_bytes=kv_elem, tp=tp,
-                                                      pp=pp))
+                        pool_rules=layouts.pool_rules(layout, rules=rules, pinned=pinned, kv_bytes=kv_elem, tp=attn_tp,
+                                                      pp=pp), attn_dp=attn_dp, attention_dp_weights=extra)
 
 
 def _refuse_what_sglang_refuses(refusals: tuple[EngineRule, ...]) -> None:
@@ -388,7 +430,7 @@ class _Sizing:
 
     def request_table(self, tokens: int, length: int) -> int:
         """req_to_token: (max running requests + 1) x (length + 4) int32 (`resolve_max_num_reqs`)."""
-        mrr = layouts.running_requests(max(tokens, 2), length, self.setup.pinned.get("--max-running-requests"),
+        mrr = layouts.running_requests(max(tokens, 2), length, _rank_requests(self.setup),
                                        self.setup.rules)
         return (mrr + 1) * (length + 4) * 4
 
@@ -401,6 +443,13 @@ class _Sizing:
             load_overhead=self.load.bytes, slack=int(self.pre_load * (1 - self.fraction)),
             request_table=self.request_table(tokens, length), tokens=tokens, kv=int(tokens * cell),
             kv_low=int(max(pool.low, 0) * cell), kv_high=int(max(pool.high, tokens) * cell))
+
+
+def _rank_requests(setup: _SglangSetup) -> int | None:
+    """A pinned --max-running-requests as one rank takes it: divided by the attention-DP groups
+    (0.5.23 mem_cache/kv_cache_configurator.py:3119-3131)."""
+    pinned = setup.pinned.get("--max-running-requests")
+    return None if pinned is None else max(1, int(pinned) // setup.attn_dp)
 
 
 def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> _Sizing:
@@ -416,11 +465,12 @@ def _pool_sizing(request: PlanRequest, setup: _SglangSetup, fraction: float) -> 
                                    moe_runner_backend=setup.pinned.get("--moe-runner-backend"),
                                    quantization=setup.pinned.get("--quantization"))
     load = sb.load_overhead(setup.geometry, dtype=setup.dtype, tp=setup.tp, pp=setup.pp,
-                            quantized_online=online is not None, compute_capability=gpu.compute_capability)
+                            quantized_online=online is not None, compute_capability=gpu.compute_capability,
+                            attn_tp=setup.tp // setup.attn_dp)
     if cal is not None and cal.load_overhead_bytes is not None:
         load = sb.LoadOverhead(cal.load_overhead_bytes, 0, f"measured at an earlier start ({cal.key})")
     pre_load = _pre_load(setup)
-    weights = request.model.weight_bytes // (setup.tp * setup.pp)
+    weights = request.model.weight_bytes // (setup.tp * setup.pp) + setup.attention_dp_weights[0]
     if online is not None:
         _refuse_the_16_bit_load_peak(online, pre_load)
         weights = online.bytes
@@ -585,7 +635,10 @@ def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central:
         BudgetItem("pre_load", "free at baseline (P)", budget.pre_load, FORMULA, "min over ranks of free - context",
                    error_bytes=sizing.context_error),
         BudgetItem("weights", "weights (per rank)", budget.weights,
-                   COMPUTED if sizing.online or as_loaded else weights_source(model), model.weight_bytes_source
+                   COMPUTED if sizing.online or as_loaded or setup.attention_dp_weights[0] else weights_source(model),
+                   model.weight_bytes_source
+                   + (f" / {setup.tp} ranks, + {setup.attention_dp_weights[1]}" if setup.attention_dp_weights[0]
+                      else "")
                    + (f", as loaded {format_gib(budget.weights)} ({sizing.online.rule}; 16-bit load peak "
                       f"{format_gib(sizing.online.peak_bytes)})" if sizing.online else "")
                    + (f", as loaded {format_gib(budget.weights)}: {as_loaded.extra_bytes / MiB:+.0f} MiB beyond the "
@@ -665,4 +718,10 @@ def _notes(setup: _SglangSetup) -> list[str]:
     notes.append(f"default fraction {derivation.fraction:g}: chunked prefill {derivation.chunked_prefill_size}, "
                  f"decode graph bs {derivation.decode_max_bs}, {derivation.prefill_buckets} prefill buckets"
                  + (", 10 GiB floor" if derivation.floor_applied else ""))
+    if setup.attn_dp > 1:
+        notes.append(f"data-parallel attention: {setup.attn_dp} groups of {setup.tp // setup.attn_dp} attention ranks "
+                     f"in the {setup.tp} GPUs, each with its own pool of the planned tokens and its own scheduler "
+                     f"(chunk {derivation.chunked_prefill_size} and --max-running-requests divided by "
+                     f"{setup.attn_dp}); the reserve adds max_bs x {setup.attn_dp} x 3 MiB "
+                     "(arg_groups/memory_hook.py:371-378)")
     return notes

@@ -85,6 +85,11 @@ class SglangRules:
     # <= 0.5.9: max_running_requests from this stage's profiled tokens, before the pipeline minimum
     # and the SWA split (0.5.9 model_runner_kv_cache_mixin.py:364-386; 0.5.10 :828-858 takes them after).
     requests_before_pp_min: bool = False
+    # 0.5.22+: data-parallel attention sized (launcher/engines/sglang/planner.py `_attention_dp`): the fraction's
+    # max_bs x D x 3 (+1.5 above 300) reserve, the pool's KV heads over T / D, --max-running-requests // D, the
+    # attention and embedding over T / D; SGLang's own resolution run on 0.5.22 and 0.5.23 agrees (oracle).
+    # Releases before are not read: planned as "not sized by safe-serve yet".
+    dp_attention_sized: bool = False
     source: str = dataclasses.field(default="", compare=False)  # the code of the set's first change
 
 
@@ -152,7 +157,7 @@ RULES: tuple[SglangRules, ...] = _history(
                         source="0.5.21 arg_groups/memory_hook.py:47-330, :350")),
     ("0.5.21", 21, dict(swa_stage_extra_layer=False,
                         source="0.5.21 model_runner_components/layer_setup.py:167-197 (owned layers)")),
-    ("0.5.22", 23, dict(mrr_shrinks_bs=True,
+    ("0.5.22", 23, dict(mrr_shrinks_bs=True, dp_attention_sized=True,
                         source="0.5.23 arg_groups/memory_hook.py:47-330, :357 reserve_for_graph_mb, "
                                ":417 adjust_mem_fraction_for_vlm")),
 )
@@ -224,6 +229,8 @@ FLAGS = (
     FlagSpec("--ep-size", positive_int, aliases=("--expert-parallel-size",)),
     FlagSpec("--moe-a2a-backend", str),
     FlagSpec("--ep-num-redundant-experts", int),
+    FlagSpec("--enable-dp-lm-head", None),  # the lm_head over T / D under attention DP: not sized
+    FlagSpec("--moe-dense-tp-size", positive_int),  # dense MLPs replicated under attention DP: not sized
     FlagSpec("--page-size", positive_int),
     FlagSpec("--kv-cache-dtype", str),
     FlagSpec("--dtype", str),
@@ -258,6 +265,7 @@ FLAGS = (
 # Quantizing an unquantized checkpoint to fp8 while loading, as an alternative (budget.py `online_quantized`).
 ONLINE_QUANTIZATION = (("0.5.1", ("--quantization", "fp8")),)
 CALIBRATION_KEY_FLAGS = ("--dtype", "--kv-cache-dtype", "--chunked-prefill-size", "--tp-size", "--pp-size",
+                         "--attn-dp-size", "--enable-dp-attention", "--dp-size",  # attention over T / D
                          "--cuda-graph-max-bs-decode", "--disable-cuda-graph", "--max-running-requests",
                          "--quantization",  # online fp8: other weights, other loader leftovers
                          "--moe-runner-backend")  # gpt-oss's MXFP4 experts as the MoE runner holds them
