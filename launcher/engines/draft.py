@@ -1,6 +1,6 @@
 """The weights an engine's main model loads: the checkpoint less its MTP tensors (launcher.model.draft).
 
-Each engine's planner calls `request_without_draft` first, with its own speculative-decoding flag:
+Each engine's planner calls `request_without_draft` first, saying whether a speculative draft is asked for:
 without it the MTP layers stay on disk (vLLM's and SGLang's main model skip them while loading);
 with it a draft may load them, and they stay counted (the draft itself is a warning, not sized).
 """
@@ -16,13 +16,14 @@ if TYPE_CHECKING:
     from launcher.plan.types import PlanRequest
 
 
-def request_without_draft(request: PlanRequest, *, engine: str, speculative_flag: str, source: str) -> PlanRequest:
-    """`request` whose model weighs what `engine`'s main model loads, the change said in the weights' source."""
+def request_without_draft(request: PlanRequest, *, engine: str, speculating: bool, source: str) -> PlanRequest:
+    """`request` whose model weighs what `engine`'s main model loads, the change said in the weights' source;
+    `speculating`: a speculative draft is asked for (the engine's own spellings of it)."""
     model, draft = request.model, request.model.draft
     if draft is None or not model.weights_sized:
         return request
-    if request.pinned.get(speculative_flag) not in (None, False):
-        why = f"; {draft.describe()} counted: {speculative_flag} may load them as its draft"
+    if speculating:
+        why = f"; {draft.describe()} counted: the speculative draft asked for may load them"
     elif draft.bytes is None:
         why = (f"; {draft.describe()} counted: the shards holding them are not here to size them "
                f"({engine}'s model does not load them, so the plan is on the safe side)")

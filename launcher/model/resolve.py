@@ -694,21 +694,22 @@ def _hub_draft(repo_id: str, geometry: ModelGeometry, token: str | None, *, offl
 
 
 def _hub_header_sizes(repo_id: str, shard: str, token: str | None) -> dict[str, int] | None:
-    """One shard's tensor sizes from its header on the Hub (two range reads), or None if it cannot be read."""
+    """One shard's tensor sizes from its header on the Hub (two range reads), or None if it cannot be read.
+    The header is a stranger's JSON: whatever huggingface_hub's parser makes of it, a failure or a value that is
+    not a pair of offsets leaves the MTP bytes counted (the safe side), never a traceback."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError, SafetensorsParsingError
 
     try:
         meta = _with_retry(lambda: HfApi().parse_safetensors_file_metadata(
             repo_id, shard, token=token, timeout=HUB_TIMEOUT_S), repo_id)
-    except (HfHubHTTPError, SafetensorsParsingError, TemporarilyUnavailable, OSError, ValueError):
+        sizes: dict[str, int] = {}
+        for name, info in meta.tensors.items():
+            start, end = info.data_offsets
+            if not (type(start) is int and type(end) is int and 0 <= start <= end <= _MAX_TOTAL_SIZE):
+                return None
+            sizes[str(name)] = end - start
+    except Exception:  # noqa: BLE001 - network, parsing, recursion, shapes: any of them means "not sized"
         return None
-    sizes: dict[str, int] = {}
-    for name, info in meta.tensors.items():
-        start, end = info.data_offsets
-        if not (type(start) is int and type(end) is int and 0 <= start <= end <= _MAX_TOTAL_SIZE):
-            return None
-        sizes[str(name)] = end - start
     return sizes
 
 

@@ -210,6 +210,18 @@ class TestHub:
         monkeypatch.setattr(HfApi, "parse_safetensors_file_metadata", refused)
         assert resolve._hub_header_sizes("org/m", "s.safetensors", None) is None
 
+        def hostile(kind: str) -> Any:
+            def parse(self: Any, repo_id: str, filename: str, **_: Any) -> Any:
+                if kind == "recursion":
+                    raise RecursionError("maximum recursion depth exceeded")
+                offsets = {"three": (0, 1, 2), "scalar": 5, "text": "0-9"}[kind]
+                return SimpleNamespace(tensors={"x": SimpleNamespace(data_offsets=offsets)})
+            return parse
+
+        for kind in ("three", "scalar", "text", "recursion"):  # what huggingface_hub 2.4 lets through
+            monkeypatch.setattr(HfApi, "parse_safetensors_file_metadata", hostile(kind))
+            assert resolve._hub_header_sizes("org/m", "s.safetensors", None) is None, kind
+
 
 # --------------------------------------------------------------------------- the planners
 
@@ -258,8 +270,18 @@ class TestPlanners:
     def test_speculative_decoding_keeps_them_counted(self, engine: str, argv: list[str]) -> None:
         with_draft = plan_dsv3(engine, argv, DraftModules(1564, MTP_V3, "layer 61"))
         assert weights(with_draft) == weights(plan_dsv3(engine, argv, None))
-        flag = argv[2]
-        assert f"the MTP tensors (layer 61: 1,564) counted: {flag} may load them as its draft" in detail(with_draft)
+        assert "the MTP tensors (layer 61: 1,564) counted: the speculative draft asked for may load them" \
+            in detail(with_draft)
+
+    @pytest.mark.parametrize("argv", [["-sc", '{"method": "mtp"}'], ["--spec-method", "mtp"],
+                                      ["--spec-model", "x/y"], ["--spec-tokens", "2"],
+                                      ["--speculative-config.method", "mtp"],
+                                      ["--speculative-config.num_speculative_tokens=1"]])
+    def test_every_spelling_of_vllms_draft(self, argv: list[str]) -> None:
+        """-sc (0.19+), the 0.22+ shorthands and the dotted form all ask for the draft (engine/arg_utils.py:
+        1896-1904, utils/argparse_utils.py:462-481 in 0.34.0): the MTP layer stays counted."""
+        with_draft = plan_dsv3("vllm", ["-tp", "8", *argv], DraftModules(1564, MTP_V3, "layer 61"))
+        assert weights(with_draft) == weights(plan_dsv3("vllm", ["-tp", "8", *argv], None))
 
     def test_unknown_bytes_stay_counted_and_say_so(self) -> None:
         plan = plan_dsv3("vllm", ["-tp", "8"], DraftModules(1564, None, "layer 61"))

@@ -58,7 +58,8 @@ from launcher.plan.types import (
 def plan(request: PlanRequest) -> Plan:
     """The SGLang plan for `request` on its GPUs, or `WontFit`."""
     request = request_with_cached_layers(request, layouts.LAYER_PATTERNS)
-    request = request_without_draft(request, engine="SGLang", speculative_flag="--speculative-algorithm",
+    request = request_without_draft(request, engine="SGLang",
+                                    speculating=request.pinned.get("--speculative-algorithm") not in (None, False),
                                     source="deepseek_common/deepseek_weight_loader.py:344 in 0.5.23")
     setup = _sglang_setup(request)
     fraction = _fraction(request, setup)

@@ -6,10 +6,11 @@ of a DCP group store different tokens of a request instead of copies (token i on
 461-476), so a request of L tokens claims cdiv(cdiv(L, d), block) blocks a rank (v1/kv_cache_interface.py:
 654-659); the printed KV tokens are int(concurrency x L), about num_blocks x block x d (v1/core/kv_cache_utils.py:
 1141-1175), and the "To serve at least one request" check divides L by d too (v1/core/kv_cache_planning.py:
-1297-1329). Before 0.20.2 the printed figure was num_blocks // groups x block x d (0.19.0 kv_cache_utils.py:
+1297-1329). Before 0.20.1 the printed figure was num_blocks // groups x block x d (0.19.0 kv_cache_utils.py:
 1297-1316). Sized here for models whose every KV layer is full attention or MLA; vLLM's DCP managers refuse
-sliding windows ("DCP not support sliding window attn now.", v1/core/single_type_kv_cache_manager.py:989) and
-Mamba layers (model_executor/layers/mamba/abstract.py:27).
+sliding windows ("DCP not support sliding window attn now.", v1/core/single_type_kv_cache_manager.py:989), and
+state layers take other rules (replicated Mamba groups in 0.34, v1/core/kv_cache_coordinator.py:684-689): not
+sized here.
 
 What DCP adds besides: the MLA chunked-prefill workspace grows by 1/d (mla_attention.py:2671-2693), and from
 0.28 the direct symmetric-memory gathers hold the DCP group's queries (dcp.py:1297-1304, at model build) and
@@ -32,6 +33,7 @@ from typing import Any
 from launcher.common.errors import UnsupportedModel
 from launcher.engines.checks_common import EngineRule
 from launcher.engines.versions import version_key
+from launcher.engines.vllm.architectures import uses_mla
 from launcher.model.config import FULL, MLA, ModelGeometry
 
 DCP_FLAG = "--decode-context-parallel-size"
@@ -49,10 +51,21 @@ def pcp_size(pinned: Mapping[str, Any]) -> int:
     return int(pinned.get(PCP_FLAG, 1))
 
 
-def refusals(pinned: Mapping[str, Any], geometry: ModelGeometry, *, tp: int, version: str) -> list[EngineRule]:
-    """What vLLM refuses about DCP and PCP at start, in the words of the release planned."""
+def refusals(pinned: Mapping[str, Any], geometry: ModelGeometry, *, tp: int, version: str,
+             compute_capability: tuple[int, int] | None = None) -> list[EngineRule]:
+    """What vLLM refuses about DCP and PCP at start, in the words of the release planned: a flag the release
+    does not have is its argparse's usage error (DCP from 0.11, PCP from 0.12)."""
     dcp, pcp, at = dcp_size(pinned), pcp_size(pinned), version_key(version)
     out: list[EngineRule] = []
+    for flag, size, first in ((DCP_FLAG, dcp, "0.11.0"), (PCP_FLAG, pcp, "0.12.0")):
+        if size > 1 and at < version_key(first):
+            return [EngineRule(f"{flag[2:]}-unknown", f"unrecognized arguments: {flag} {size}",
+                               f"vllm/engine/arg_utils.py (vLLM {version}: {flag} arrives in {first})",
+                               hint=f"drop {flag}, or a vLLM from {first}", bad_argument=True)]
+    if dcp > 1 and at < version_key("0.26.0") and tp % dcp:
+        # Checked before PCP's refusal until 0.26 (0.12.0 engine/arg_utils.py:1387; 0.19.0 config/parallel.py:391-395).
+        return [_rule("dcp-divides-tp", f"tp_size={tp} must be divisible bydcp_size={dcp}.",
+                      "config/parallel.py:386-395 (vLLM 0.19.0)", f"{DCP_FLAG} that divides {tp}")]
     if pcp > 1 and at < version_key("0.19.0"):
         out.append(_rule("pcp-refused", "Prefill context parallelism is not fully supported. Please set "
                          "prefill_context_parallel_size to 1.", "config/parallel.py:315-319 (vLLM 0.12.0)",
@@ -65,13 +78,37 @@ def refusals(pinned: Mapping[str, Any], geometry: ModelGeometry, *, tp: int, ver
     if dcp <= 1:
         return out
     if pcp == 1 and tp % dcp:
-        space = " " if at >= version_key("0.26.0") else ""  # "divisible bydcp_size" until 0.26
-        out.append(_rule("dcp-divides-tp", f"tp_size={tp} must be divisible by{space}dcp_size={dcp}.",
-                         "config/parallel.py:641 (vLLM 0.34.0)" if space else
-                         "config/parallel.py:386-395 (vLLM 0.19.0)", f"{DCP_FLAG} that divides {tp}"))
-    if geometry.mla is None:
+        out.append(_rule("dcp-divides-tp", f"tp_size={tp} must be divisible by dcp_size={dcp}.",
+                         "config/parallel.py:641 (vLLM 0.34.0)", f"{DCP_FLAG} that divides {tp}"))
+    if not uses_mla(geometry):  # vLLM's own use_mla, not the config's fields (MiniCPM3 runs as attention)
         out.extend(_gqa_refusals(geometry, tp=tp, dcp=dcp, version=version))
+    elif "--attention-backend" not in pinned:
+        out.extend(_lse_refusals(geometry, version=version, compute_capability=compute_capability))
     return out
+
+
+def _lse_refusals(geometry: ModelGeometry, *, version: str,
+                  compute_capability: tuple[int, int] | None) -> list[EngineRule]:
+    """DCP needs every attention layer to return the softmax LSE in decode (0.19.0 v1/worker/cp_utils.py:30-36):
+    the MLA backend vLLM picks by default lacks it on Blackwell before 0.25 (FlashInfer-MLA first,
+    platforms/cuda.py:59-87 in 0.19.0; its LSE from 0.25.0), and the sparse MLA backends of DeepSeek-V3.2
+    (an `index_topk` in the config) before 0.29."""
+    at = version_key(version)
+    blackwell = compute_capability is not None and compute_capability[0] == 10
+    sparse = isinstance(geometry.text_config.get("index_topk"), int)
+    if sparse and at < version_key("0.29.0"):
+        impl = "FlashInferMLASparseImpl" if blackwell else "FlashMLASparseImpl"
+    elif not sparse and blackwell and version_key("0.19.0") <= at < version_key("0.25.0"):
+        impl = "FlashInferMLAImpl"
+    else:
+        return []
+    message = (f"Decode Context Parallelism (DCP) requires attention implementations to return the softmax LSE "
+               f"during decode, but {impl} does not. Try a different backend by setting --attention-backend or "
+               "disable DCP." if at >= version_key("0.20.0") else
+               f"DCP requires attention impls to return the softmax lse for decode, but the impl {impl} does not "
+               "return the softmax lse for decode.")
+    return [_rule("dcp-lse", message, "v1/worker/cp_utils.py:30-37 (vLLM 0.19.0-0.23.0)",
+                  "an --attention-backend that returns the LSE (FLASHMLA, CUTLASS_MLA), or a newer vLLM")]
 
 
 def _gqa_refusals(geometry: ModelGeometry, *, tp: int, dcp: int, version: str) -> list[EngineRule]:
@@ -135,7 +172,7 @@ def workspace_bound(geometry: ModelGeometry, *, dcp: int, tp: int, batched_token
     if dcp <= 1:
         return 0, ""
     group_heads = max(geometry.num_attention_heads * dcp // max(tp, 1), 1)
-    if geometry.mla is None:
+    if geometry.mla is None or not uses_mla(geometry):
         out = batched_tokens * group_heads * geometry.head_dim * dtype_bytes
         return out, (f"DCP {dcp}: FlashAttention's context output, {batched_tokens} tokens x {group_heads} heads "
                      f"x {geometry.head_dim} (flash_attn.py:1189-1194)")

@@ -290,7 +290,7 @@ def kv_capacity(layout: KvLayout, kv_bytes: int, *, max_model_len: int, in_fligh
                 tokens_from_concurrency: bool = True) -> KvCapacity:
     """Blocks, printed tokens and concurrency for `kv_bytes` of KV cache on the tightest rank.
 
-    The printed tokens: int(concurrency x length) from 0.20.2 (kv_cache_utils.py:1141-1149 in 0.34.0); before,
+    The printed tokens: int(concurrency x length) from 0.20.1 (kv_cache_utils.py:1141-1149 in 0.34.0); before,
     num_blocks // groups x the smallest block, x the DCP size (0.19.0 kv_cache_utils.py:1297-1316; 0.10.1
     :847 and :1011)."""
     num_blocks = max(0, kv_bytes // layout.bytes_per_block) if layout.bytes_per_block else 0
@@ -304,10 +304,18 @@ def kv_capacity(layout: KvLayout, kv_bytes: int, *, max_model_len: int, in_fligh
         blocks_per_request=per_request,
         max_concurrency=concurrency,
         tokens=(int(concurrency * max_model_len) if tokens_from_concurrency
-                else num_blocks // max(len(layout.groups), 1) * layout.smallest_block * layout.context_shards),
+                else num_blocks // max(len(layout.groups), 1) * _smallest_printed_block(layout, max_model_len)
+                * layout.context_shards),
         fits_one_request=check_memory > 0 and needed <= check_memory,
         estimated_max_model_len=estimate_max_model_len(layout, check_memory, max_model_len, in_flight_tokens),
     )
+
+
+def _smallest_printed_block(layout: KvLayout, max_model_len: int) -> int:
+    """The smallest group block the pre-0.20.1 KV line multiplies by: a state group in mamba cache mode 'none'
+    (one block a request) has blocks of max_model_len (0.19.0 model_executor/models/config.py:474-480)."""
+    none_mode = any(group.kind == MAMBA and group.fixed_blocks == 1 for group in layout.groups)
+    return min(layout.smallest_block, max_model_len) if none_mode else layout.smallest_block
 
 
 def estimate_max_model_len(layout: KvLayout, check_memory: int, max_model_len: int, in_flight_tokens: int) -> int:

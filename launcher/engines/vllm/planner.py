@@ -73,7 +73,8 @@ UNVERIFIED_KV_ERROR_FRACTION = 0.33
 def plan(request: PlanRequest) -> Plan:
     """The vLLM plan for `request`'s device, or `WontFit`."""
     request = request_with_cached_layers(request, LAYER_PATTERNS)
-    request = request_without_draft(request, engine="vLLM", speculative_flag="--speculative-config",
+    request = request_without_draft(request, engine="vLLM",
+                                    speculating=vr.speculative(request.pinned.values, request.pinned.argv),
                                     source="model_executor/models/utils.py:642-668 in 0.34.0")
     return plan_cpu(request) if request.device == "cpu" else plan_gpu(request)
 
@@ -121,7 +122,8 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     refuse_what_vllm_refuses(tuple(vpar.refusals(pinned, geometry, tp=tp, pp=pp, version=rules.version,
                                                   gpu_count=len(request.gpus) if request.device == "cuda" else None)))
     version = request.engine_version or rules.version
-    refuse_what_vllm_refuses(tuple(vcp.refusals(pinned, geometry, tp=tp, version=version)))
+    refuse_what_vllm_refuses(tuple(vcp.refusals(pinned, geometry, tp=tp, version=version,
+                                                 compute_capability=compute_capability)))
     vcp.refuse_unsized(pinned, geometry, device=request.device)
     parallel = vpar.parallelism(pinned, geometry, tp=tp, pp=pp, version=rules.version)
     moe_refusal = vb.mxfp4_backend_refusal(geometry, version=rules.version, moe_backend=pinned.get("--moe-backend"),

