@@ -30,8 +30,22 @@ VARIANTS = ((), ("--disable-cuda-graph",), ("--cuda-graph-max-bs-decode", "128")
             ("--kv-cache-dtype", "fp8_e4m3"))
 
 
+# Cases a review asked for: the MLA backend's pages on Blackwell and with FlashMLA pinned, a request limit below D
+# (0.5.22 divides it to 0), both spellings at once (SGLang's refusal), and heads that split over T / D, not T.
+EXTRA = (("deepseek-v3", 183359, "sm100", ("--tp-size", "8", "--attn-dp-size", "8", "--chunked-prefill-size", "4000")),
+         ("deepseek-v3", 143771, "sm90", ("--tp-size", "8", "--attn-dp-size", "8", "--attention-backend", "flashmla")),
+         ("deepseek-v3", 143771, "sm90", ("--tp-size", "8", "--attn-dp-size", "8", "--max-running-requests", "4")),
+         ("deepseek-v3", 143771, "sm90", ("--tp-size", "8", "--attn-dp-size", "4", "--dp-size", "2",
+                                           "--enable-dp-attention")),
+         ("qwen3-30b-a3b", 81559, "sm90", ("--tp-size", "6", "--attn-dp-size", "3")))
+
+
 def cases() -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
+    for model, mem, platform, flags in EXTRA:
+        out.append({"id": f"{model}|{mem}|extra|{' '.join(flags)}", "config_path": f"tests/data/configs/{model}.json",
+                    "gpu_mem_mib": mem, "platform": platform, "flags": list(flags),
+                    "kv": {"pre_model_load_gib": round(mem / 1024 - 3, 3), "weights_gib": MODELS[model]}})
     for model, weights_gib in MODELS.items():
         for mem, platform in CARDS:
             for tp in (2, 4, 8):

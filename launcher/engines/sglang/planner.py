@@ -23,6 +23,7 @@ from launcher.engines.checks_common import CheckInput, EngineRule, refuse_bad_ar
 from launcher.engines.draft import request_without_draft
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
+from launcher.engines.online_quant import ELEMENT_BYTES
 from launcher.engines.sglang import architectures as layouts
 from launcher.engines.sglang import budget as sb
 from launcher.engines.sglang import kv as sk
@@ -62,6 +63,10 @@ def plan(request: PlanRequest) -> Plan:
                                     speculating=request.pinned.get("--speculative-algorithm") not in (None, False),
                                     source="deepseek_common/deepseek_weight_loader.py:344 in 0.5.23")
     setup = _sglang_setup(request)
+    deployment = request.concurrency
+    # Under data-parallel attention each of the D groups has its own pool and SGLang hands requests round robin
+    # (arg_groups/serving_hook.py:222-234 in 0.5.23): a pool carries its share of the concurrency.
+    request = dataclasses.replace(request, concurrency=-(-deployment // setup.attn_dp))
     fraction = _fraction(request, setup)
     sizing = _pool_sizing(request, setup, fraction.value)
     central = sizing.central()
@@ -77,7 +82,7 @@ def plan(request: PlanRequest) -> Plan:
         engine="sglang", engine_version=request.engine_version or sr.NEWEST, rules_version=setup.rules.version,
         device="cuda", model=request.model.name, max_model_len=length, max_model_len_source=length_reason,
         kv_cache_bytes=budget.kv, kv_cache_tokens=tokens,
-        max_concurrency=min(round(tokens / length, 2) if length else 0.0, request_cap or float("inf")),
+        max_concurrency=setup.attn_dp * min(round(tokens / length, 2) if length else 0.0, request_cap or float("inf")),
         budget=_items(request, sizing, budget, central, fraction),
         engine_args=tuple(_args(pinned, fraction.value, length)), engine_env={}, pinned=dict(pinned),
         tp=setup.tp, pp=setup.pp,
@@ -183,6 +188,20 @@ def _data_parallel(pinned: Mapping[str, Any], geometry: ModelGeometry, rules: sr
             if since_023 else "multi-node data parallel is not supported unless dp attention!",
             "sglang/srt/arg_groups/validation_hook.py:198-201 (SGLang 0.5.23)" if since_023
             else "sglang/srt/server_args.py:5143-5145 (SGLang 0.5.9)", hint="replicas on one node each"),))
+    dense_tp = pinned.get("--moe-dense-tp-size")
+    if dense_tp is not None and dense_tp not in (1, tp) and version_key(version) >= version_key("0.5.22"):
+        _refuse_what_sglang_refuses((EngineRule(
+            "moe-dense-tp-size", "moe_dense_tp_size only supports None, 1, or tp_size currently",
+            "sglang/srt/arg_groups/validation_hook.py:207-211 (SGLang 0.5.23)",
+            hint=f"--moe-dense-tp-size 1 or {tp}"),))
+    mrr = pinned.get("--max-running-requests")
+    if attention_dp > 1 and mrr is not None and mrr // attention_dp < 1 \
+            and version_key(version) < version_key("0.5.23"):
+        # 0.5.22 divides without a floor of 1 (mem_cache/kv_cache_configurator.py:2809); 0.5.23 keeps 1.
+        _refuse_what_sglang_refuses((EngineRule(
+            "requests-per-dp-rank", "max_running_request is zero",
+            "sglang/srt/managers/tp_worker.py:413 (SGLang 0.5.22)",
+            hint=f"--max-running-requests {attention_dp} or more (it is divided by --attn-dp-size {attention_dp})"),))
     if attention_dp > 1 and tp % attention_dp:
         _refuse_what_sglang_refuses((EngineRule(
             "attn-dp-divides-tp", f"assert tp_size % attn_dp_size == 0 ({tp} % {attention_dp}; an AssertionError "
@@ -190,7 +209,10 @@ def _data_parallel(pinned: Mapping[str, Any], geometry: ModelGeometry, rules: sr
             hint=f"--attn-dp-size that divides {tp}"),))
     backend = str(pinned.get("--moe-a2a-backend") or "none")
     redundant = int(pinned.get("--ep-num-redundant-experts") or 0)
+    attention_cp = int(pinned.get("--attn-cp-size") or 1)
     unsized = [why for why in (
+        f"attention context parallelism ({attention_cp}: attention over T / D / CP ranks)" if attention_cp > 1
+        else "",
         _attention_dp_unsized(pinned, geometry, rules, attention_dp, tp),
         f"{backend} all-to-all MoE backend (shared experts whole on every rank, buffers allocated after the pool "
         "is sized)" if backend != "none" else "",
@@ -217,7 +239,9 @@ def _attention_dp_unsized(pinned: Mapping[str, Any], geometry: ModelGeometry, ru
         return f"{what} in releases before 0.5.22"
     if geometry.architecture not in parameters.DP_ATTENTION_ARCHITECTURES:
         return f"{what} for {geometry.architecture}"
-    pinned_off = [flag for flag in ("--enable-dp-lm-head", "--moe-dense-tp-size") if pinned.get(flag)]
+    pinned_off = [flag for flag in ("--enable-dp-lm-head", "--quantization") if pinned.get(flag)]
+    if pinned.get("--moe-dense-tp-size") not in (None, tp):  # 1: the dense MLPs whole on every rank
+        pinned_off.append("--moe-dense-tp-size")
     if pinned_off:
         return f"{what} with {', '.join(pinned_off)}"
     if parameters.attention_dp_extra(geometry, tp=tp, attn_tp=max(tp // attention_dp, 1), dtype_element=2) is None:
@@ -254,7 +278,9 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     derived_len, derived_reason = sr.derived_context_length(geometry)
     _refuse_what_sglang_refuses(start_checks(CheckInput(
         geometry=geometry, device="cuda", compute_capability=gpu.compute_capability, gpu_count=len(request.gpus),
-        tp=tp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"), block_size=pinned.get("--page-size"),
+        # the heads split over the attention-TP group (models/qwen3_moe.py:502-517 asserts on attn_tp_size)
+        tp=tp // attn_dp, pp=pp, dtype=dtype, kv_cache_dtype=pinned.get("--kv-cache-dtype"),
+        block_size=pinned.get("--page-size"),
         max_model_len=pinned.get("--context-length"), model_max_len=derived_len, engine_version=request.engine_version,
         gpu_name=gpu.name, allow_long_max_model_len=request.allow_long_max_model_len,
         quantization=pinned.get("--quantization"), pinned_dtype=pinned.get("--dtype"),
@@ -272,7 +298,7 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     attn_tp = tp // attn_dp  # the pool holds the KV heads of the attention-TP group (model_config.py:1700-1711)
     cell = layouts.cell_size_bytes(layout, kv_bytes=kv_elem, kv_fp8=kv_elem == 1, tp=attn_tp, pp=pp, pinned=pinned,
                                    rules=rules)
-    page, page_reason = _page_size(geometry, gpu, pinned)
+    page, page_reason = _page_size(geometry, gpu, pinned, rules)
     if attn_dp > 1 and derivation.chunked_prefill_size > 0 and page > 1 and derivation.chunked_prefill_size % page:
         _refuse_what_sglang_refuses((EngineRule(
             "chunk-divisible-by-page", "chunked_prefill_size must be divisible by page_size",
@@ -283,7 +309,7 @@ def _sglang_setup(request: PlanRequest) -> _SglangSetup:
     extra = (0, "")
     if attn_dp > 1:
         extra = parameters.attention_dp_extra(geometry, tp=tp, attn_tp=attn_tp,
-                                              dtype_element=sk.kv_dtype_bytes(None, dtype, geometry)[0]) or (0, "")
+                                              dtype_element=ELEMENT_BYTES.get(dtype, 2)) or (0, "")
     return _SglangSetup(rules, rules_note, pinned, geometry, layout, tp, pp, devices, gpu, gpu_mem_mib, derivation,
                         dtype, dtype_reason, derived_len, derived_reason, kv_reason, cell, page, page_reason, measured,
                         pool_rules=layouts.pool_rules(layout, rules=rules, pinned=pinned, kv_bytes=kv_elem, tp=attn_tp,
@@ -300,14 +326,34 @@ def _refuse_what_sglang_refuses(refusals: tuple[EngineRule, ...]) -> None:
                       hint=first.hint, rule=first.rule, source=first.source)
 
 
-def _page_size(geometry: ModelGeometry, gpu: GpuDevice, pinned: Mapping[str, Any]) -> tuple[int, str]:
-    """Pinned --page-size, DeepSeek DSA's pages, or SGLang's default for this card."""
+# DeepSeek V3/R1/V3.1 on Blackwell: trtllm_mla unless a backend is pinned (0.5.23
+# arg_groups/model_overrides/deepseek_v2.py:178-188 for the family it registers, :37-50; 0.5.9 server_args.py:1276-1286
+# for DeepseekV3ForCausalLM), whose pages are 32 or 64 tokens.
+TRTLLM_MLA_ON_SM100 = frozenset({"DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration",
+                                 "MistralLarge3ForCausalLM"})
+
+
+def _page_size(geometry: ModelGeometry, gpu: GpuDevice, pinned: Mapping[str, Any],
+               rules: sr.SglangRules) -> tuple[int, str]:
+    """Pinned --page-size, DeepSeek DSA's pages, or SGLang's default for this card; then what the MLA backend
+    forces: FlashMLA 64, TensorRT-LLM / CuteDSL MLA 32 or 64 (arg_groups/overrides.py:1145-1175 in 0.5.23)."""
+    backend = pinned.get("--attention-backend")
+    why_backend = f"pinned --attention-backend {backend}"
+    if backend is None and geometry.mla is not None and gpu.compute_capability is not None \
+            and gpu.compute_capability[0] == 10 and version_key(rules.version) >= version_key("0.5.9") \
+            and geometry.architecture in TRTLLM_MLA_ON_SM100 and layouts.dsa_page_size(geometry) is None:
+        backend, why_backend = "trtllm_mla", "trtllm_mla, SGLang's MLA backend for this model on Blackwell"
     if "--page-size" in pinned:
-        return pinned["--page-size"], "pinned --page-size"
-    dsa = layouts.dsa_page_size(geometry)
-    if dsa is not None:
-        return dsa, f"DeepSeek DSA pages of {dsa} tokens (arg_groups/model_overrides/deepseek_v2.py:161-173)"
-    return sk.default_page_size(geometry, gpu.compute_capability)
+        page, why = pinned["--page-size"], "pinned --page-size"
+    elif (dsa := layouts.dsa_page_size(geometry)) is not None:
+        page, why = dsa, f"DeepSeek DSA pages of {dsa} tokens (arg_groups/model_overrides/deepseek_v2.py:161-173)"
+    else:
+        page, why = sk.default_page_size(geometry, gpu.compute_capability)
+    if backend == "flashmla" and page != 64:
+        return 64, f"{why_backend}: FlashMLA pages of 64 (arg_groups/overrides.py:1147-1154)"
+    if backend in ("trtllm_mla", "cutedsl_mla") and page not in (32, 64):
+        return 64, f"{why_backend}: pages of 64 (arg_groups/overrides.py:1155-1173)"
+    return page, why
 
 
 # --------------------------------------------------------------------------- fraction

@@ -231,6 +231,7 @@ FLAGS = (
     FlagSpec("--ep-num-redundant-experts", int),
     FlagSpec("--enable-dp-lm-head", None),  # the lm_head over T / D under attention DP: not sized
     FlagSpec("--moe-dense-tp-size", positive_int),  # dense MLPs replicated under attention DP: not sized
+    FlagSpec("--attn-cp-size", positive_int, aliases=("--attention-context-parallel-size",)),  # not sized
     FlagSpec("--page-size", positive_int),
     FlagSpec("--kv-cache-dtype", str),
     FlagSpec("--dtype", str),
@@ -314,8 +315,10 @@ def data_parallel(pinned: Mapping[str, Any]) -> tuple[int, int]:
     arg_groups/parallel_hook.py:39-61), else D replicas of the whole TP x PP group, each its own engine on the
     next T x PP GPUs (managers/data_parallel_controller.py:420-467, :746-752 in 0.5.23; :222-270 in 0.5.9)."""
     dp = int(pinned.get("--dp-size", 1))
-    if pinned.get(DP_ATTENTION_FLAG) and dp > 1:
+    if pinned.get(DP_ATTENTION_FLAG) and dp > 1 and ATTN_DP_FLAG not in pinned:
         return 1, dp
+    # Both spellings: --dp-size stays replicas beside --attn-dp-size (parallel_hook.py:39-61 rewrites only
+    # without it), which SGLang then refuses (:287-292).
     return dp, int(pinned.get(ATTN_DP_FLAG, 1))
 
 

@@ -33,6 +33,13 @@ def geometry(name: str) -> Any:
     return geometry_from_config({k: v for k, v in raw.items() if not k.startswith("_")})
 
 
+CARDS = {24564: "rtx4090", 81559: "h100", 143771: "h200", 183359: "b200"}  # the grid's cards by NVML MiB
+
+
+def card(record: dict[str, Any]) -> Any:
+    return hypothetical_gpus([CARDS[int(record["id"].split("|")[1])]])[0]
+
+
 def records(version: str, *, errors: bool = False) -> list[dict[str, Any]]:
     return [r for r in ORACLE["runs"][version] if ("error" in r) == errors]
 
@@ -46,7 +53,7 @@ def setup_of(record: dict[str, Any]) -> tuple[Any, dict[str, Any], int, int]:
 def test_the_grid_covers_both_releases_and_spellings() -> None:
     assert VERSIONS == ["0.5.22", "0.5.23"]
     for version in VERSIONS:
-        assert len(records(version)) == 480 and len(records(version, errors=True)) == 48
+        assert len(records(version)) == 484 and len(records(version, errors=True)) == 49
         assert any("--enable-dp-attention" in r["flags"] for r in records(version))
 
 
@@ -59,7 +66,7 @@ def test_fraction_and_chunk_equal_sglang(version: str) -> None:
         model, pinned, tp, dp = setup_of(record)
         derivation = sg.default_fraction(model, gpu_mem_mib=int(record["id"].split("|")[1]), tp=tp, pp=1,
                                          pinned=pinned, rules=rules, attn_dp=dp,
-                                         compute_capability=(8, 9) if "|24564|" in record["id"] else (9, 0))
+                                         compute_capability=card(record).compute_capability)
         if (derivation.fraction, derivation.chunked_prefill_size) != (record["mem_fraction_static"],
                                                                       record["chunked_prefill_size"]):
             mismatches.append((record["id"], derivation.fraction, record["mem_fraction_static"]))
@@ -85,6 +92,9 @@ def test_cell_pool_and_requests_equal_sglang(version: str) -> None:
                                    fraction_value=record["mem_fraction_static"], cell_bytes=cell,
                                    page_size=record["page_size"], max_total_tokens=None)
         mrr = pinned.get("--max-running-requests")
+        if mrr is not None and mrr < dp and version == "0.5.22":
+            assert kv["max_running_requests"] == 0  # SGLang's own figure; the plan refuses it (below)
+            continue
         requests = layouts.running_requests(tokens, record["context_len"], None if mrr is None else max(1, mrr // dp),
                                             rules)
         checked += 1
@@ -93,6 +103,19 @@ def test_cell_pool_and_requests_equal_sglang(version: str) -> None:
                                kv["max_running_requests"]))
     assert mismatches == []
     assert checked > 350
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_page_size_equals_sglang(version: str) -> None:
+    """The page the plan floors the pool to and checks the chunk against: SGLang's, with trtllm_mla's 64 for
+    DeepSeek-V3 / Kimi K2 on Blackwell and FlashMLA's 64 when pinned."""
+    from launcher.engines.sglang.planner import _page_size
+
+    rules, _ = sr.rules_for(version)
+    mismatches = [(r["id"], page, r["page_size"]) for r in records(version)
+                  if (page := _page_size(setup_of(r)[0], card(r), setup_of(r)[1], rules)[0]) != r["page_size"]]
+    assert mismatches == []
+    assert sum(1 for r in records(version) if r["page_size"] == 64) > 40
 
 
 def plan(name: str, argv: list[str], *, weight_bytes: int, gpus: str = "8x h200", version: str = "0.5.23",
@@ -151,6 +174,48 @@ class TestWeights:
 
 
 class TestRefusedOrNotSized:
+    def test_the_chunk_over_d_on_blackwells_pages(self) -> None:
+        """8 x B200: trtllm_mla's pages of 64; --chunked-prefill-size 4000 // 8 = 500 is not a multiple of them
+        (arg_groups/validation_hook.py:242-246)."""
+        with pytest.raises(WontFit) as caught:
+            plan("deepseek-v3", ["--tp", "8", "--attn-dp-size", "8", "--chunked-prefill-size", "4000"],
+                 weight_bytes=DSV3, gpus="8x b200")
+        assert "chunked_prefill_size must be divisible by page_size" in str(caught.value)
+
+    def test_0_5_22_divides_the_request_limit_to_zero(self) -> None:
+        argv = ["--tp", "8", "--attn-dp-size", "8", "--max-running-requests", "4"]
+        with pytest.raises(WontFit) as caught:
+            plan("deepseek-v3", argv, weight_bytes=DSV3, version="0.5.22")
+        assert "max_running_request is zero" in str(caught.value)
+        assert plan("deepseek-v3", argv, weight_bytes=DSV3).kv_cache_tokens > 0  # 0.5.23 keeps one a rank
+
+    def test_both_spellings_at_once(self) -> None:
+        with pytest.raises(WontFit) as caught:
+            plan("deepseek-v3", ["--tp", "8", "--attn-dp-size", "4", "--dp-size", "2", "--enable-dp-attention"],
+                 weight_bytes=DSV3, gpus="16x h200")
+        assert "data-parallel replicas combined with attention data parallelism are not supported" in str(caught.value)
+
+    def test_heads_split_over_the_attention_group(self) -> None:
+        """Qwen3-30B-A3B's 32 heads do not split over 6 ranks, but over T / D = 2 they do (qwen3_moe.py:502-517)."""
+        assert plan("qwen3-30b-a3b", ["--tp", "6", "--attn-dp-size", "3"], weight_bytes=57 * GiB,
+                    gpus="6x h100").kv_cache_tokens > 0
+
+    def test_moe_dense_tp_size_as_sglang_takes_it(self) -> None:
+        assert plan("deepseek-v3", ["--tp", "8", "--attn-dp-size", "8", "--moe-dense-tp-size", "8"],
+                    weight_bytes=DSV3).kv_cache_tokens > 0  # the default's T split
+        with pytest.raises(WontFit) as caught:
+            plan("deepseek-v3", ["--tp", "8", "--attn-dp-size", "8", "--moe-dense-tp-size", "2"], weight_bytes=DSV3)
+        assert "moe_dense_tp_size only supports None, 1, or tp_size currently" in str(caught.value)
+
+    def test_concurrency_spreads_over_the_groups(self) -> None:
+        """Each group has its own pool and SGLang deals requests round robin: 8 requests of 131,072 tokens over
+        8 pools of ~184k tokens each fit; one pool never held them all."""
+        model = ResolvedModel(name="deepseek-v3", source="local", geometry=geometry("deepseek-v3"),
+                              weight_bytes=DSV3, weight_bytes_source="index", config={})
+        dp = make_plan(PlanRequest(model=model, engine="sglang", gpus=hypothetical_gpus(["8x h200"]), concurrency=8,
+                                   engine_args=("--tp", "8", "--attn-dp-size", "8", "--context-length", "131072")))
+        assert dp.max_model_len == 131072 and dp.max_concurrency >= 8
+
     def test_d_must_divide_t(self) -> None:
         with pytest.raises(WontFit) as caught:
             plan("deepseek-v3", ["--tp", "8", "--attn-dp-size", "3"], weight_bytes=DSV3)
@@ -165,6 +230,10 @@ class TestRefusedOrNotSized:
          "with --enable-dp-lm-head"),
         ("qwen3-30b-a3b", ["--tp", "8", "--attn-dp-size", "2"], "0.5.23", Quantization("awq", 4),
          "for a awq checkpoint"),
+        ("qwen3-30b-a3b", ["--tp", "8", "--attn-dp-size", "2", "--quantization", "fp8"], "0.5.23", None,
+         "with --quantization"),  # quantized while loading: the 16-bit peak and the fp8 split not derived
+        ("qwen3-30b-a3b", ["--tp", "8", "--attn-dp-size", "2", "--attn-cp-size", "2"], "0.5.23", None,
+         "attention context parallelism"),
     ])
     def test_what_is_not_sized_says_so(self, name: str, argv: list[str], version: str,
                                        quantization: Quantization | None, why: str) -> None:
