@@ -167,7 +167,8 @@ class _SglangSetup:
 def _data_parallel(pinned: Mapping[str, Any], geometry: ModelGeometry, rules: sr.SglangRules,
                    tp: int) -> tuple[int, int]:
     """(replicas, attention-DP groups): the data-parallel replicas (each planned alone, on the tightest of all
-    their GPUs) and what SGLang refuses about them; data-parallel attention where it is sized (`_attention_dp`);
+    their GPUs) and what SGLang refuses about them; data-parallel attention where it is sized
+(`_attention_dp_unsized`);
     expert-parallel dispatch, which this planner does not size yet.
 
     An all-to-all MoE backend replicates the shared experts and allocates its buffers after the pool is sized;
@@ -239,7 +240,9 @@ def _attention_dp_unsized(pinned: Mapping[str, Any], geometry: ModelGeometry, ru
         return f"{what} in releases before 0.5.22"
     if geometry.architecture not in parameters.DP_ATTENTION_ARCHITECTURES:
         return f"{what} for {geometry.architecture}"
-    pinned_off = [flag for flag in ("--enable-dp-lm-head", "--quantization") if pinned.get(flag)]
+    pinned_off = ["--enable-dp-lm-head"] if pinned.get("--enable-dp-lm-head") else []
+    if pinned.get("--quantization") and geometry.quantization is None:  # a 16-bit checkpoint quantized on load
+        pinned_off.append("--quantization")
     if pinned.get("--moe-dense-tp-size") not in (None, tp):  # 1: the dense MLPs whole on every rank
         pinned_off.append("--moe-dense-tp-size")
     if pinned_off:

@@ -216,6 +216,11 @@ class TestRefusedOrNotSized:
                                    engine_args=("--tp", "8", "--attn-dp-size", "8", "--context-length", "131072")))
         assert dp.max_model_len == 131072 and dp.max_concurrency >= 8
 
+    def test_the_checkpoints_own_method_named_is_not_quantizing_on_load(self) -> None:
+        """--quantization fp8 on DeepSeek-V3's fp8 checkpoint is its own method: sized."""
+        assert plan("deepseek-v3", ["--tp", "8", "--attn-dp-size", "8", "--quantization", "fp8"],
+                    weight_bytes=DSV3).kv_cache_tokens > 0
+
     def test_d_must_divide_t(self) -> None:
         with pytest.raises(WontFit) as caught:
             plan("deepseek-v3", ["--tp", "8", "--attn-dp-size", "3"], weight_bytes=DSV3)
