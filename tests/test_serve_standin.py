@@ -349,6 +349,19 @@ def test_sglang_agreeing_with_the_plan_is_ready_only_after_warmup(serve: Callabl
     assert served.out.read_bytes() == b""  # SGLang logs to stderr only
 
 
+def test_sglang_worker_node_is_ready_without_http(serve: Callable[..., Served]) -> None:
+    """`--node-rank 1`: the node's ranks allocate their pool, and no summary line or HTTP server ever comes
+    (both are node 0's). Ready once the pool is in place, and no watch timeout stops the node."""
+    plan = plan_json("llama-3.1-8b", "sglang", "h100")
+    served = serve("sglang-worker-node.yaml", model="llama-3.1-8b", engine="sglang", gpu="h100",
+                   sets=sglang_agrees(plan), options=("--watch-timeout", "20"),
+                   engine_args=("--tp-size", "2", "--nnodes", "2", "--node-rank", "1"))
+    ready = served.wait_ready()
+    assert served.events("worker-node-kv") and not served.events("watch-timeout")
+    assert ready["kv_tokens"] == served.event("worker-node-kv")["tokens"]
+    assert served.stop() == 0
+
+
 # --------------------------------------------------------------------------- divergence
 
 
@@ -851,3 +864,14 @@ def test_sglang_prompts_quoting_fatal_words_stop_nothing(serve: Callable[..., Se
     assert served.proc.poll() is None and not served.events("engine-failure") and not served.events("abort")
     assert served.stop() == 0
     assert not served.survivors() and not served.ready_file.exists()
+
+
+def test_worker_nodes_as_each_engine_names_them() -> None:
+    """SGLang's `--node-rank` >= 1 and vLLM's `--headless` run ranks without the server (no /health to wait for)."""
+    from launcher.engines import adapter
+
+    sglang, vllm = adapter("sglang"), adapter("vllm")
+    assert sglang.worker_node(sglang.pin(["--nnodes", "2", "--node-rank", "1"]).values)
+    assert not sglang.worker_node(sglang.pin(["--nnodes", "2", "--node-rank", "0"]).values)
+    assert vllm.worker_node(vllm.pin(["--headless", "-dp", "4"]).values)
+    assert not vllm.worker_node(vllm.pin(["-dp", "4"]).values)

@@ -55,6 +55,7 @@ class RulesModule(Protocol):
 
     def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]: ...
     def gpus_on_node(self, pinned: Mapping[str, PinnedValue]) -> int: ...
+    def worker_node(self, pinned: Mapping[str, PinnedValue]) -> bool: ...
     def rules_for(self, version: str | None) -> tuple[VersionedRules, str | None]: ...
 
 
@@ -123,6 +124,7 @@ class EngineAdapter(Protocol):
     def drop_flag(self, args: Sequence[str], flag: str) -> list[str]: ...
     def ranks(self, pinned: Mapping[str, PinnedValue]) -> tuple[int, int]: ...
     def gpus_on_node(self, pinned: Mapping[str, PinnedValue]) -> int: ...
+    def worker_node(self, pinned: Mapping[str, PinnedValue]) -> bool: ...
     def rules_version(self, version: str | None) -> tuple[str, str | None]: ...
     def pinned_as_written(self, flag: str, value: PinnedValue) -> str: ...
     def plan(self, request: PlanRequest) -> Plan: ...
@@ -287,6 +289,10 @@ class SpecAdapter:
         tp, pp = self.ranks(pinned)
         return tp * pp
 
+    def worker_node(self, pinned: Mapping[str, PinnedValue]) -> bool:
+        """This node runs ranks but not the server: no HTTP to wait for (see the engines' rules)."""
+        return False
+
     def health_address(self, pinned: Mapping[str, PinnedValue]) -> tuple[str, int]:
         return str(pinned.get("--host") or "127.0.0.1"), int(pinned.get("--port") or self.default_port)
 
@@ -308,6 +314,9 @@ class ModuleAdapter(SpecAdapter):
 
     def gpus_on_node(self, pinned: Mapping[str, PinnedValue]) -> int:
         return self._rules.gpus_on_node(pinned)
+
+    def worker_node(self, pinned: Mapping[str, PinnedValue]) -> bool:
+        return self._rules.worker_node(pinned)
 
     def rules_version(self, version: str | None) -> tuple[str, str | None]:
         chosen, note = self._rules.rules_for(version)

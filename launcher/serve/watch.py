@@ -87,6 +87,9 @@ class Watch:
         # read theirs, so the lock is held until the server answers.
         tp, pp = self.engine.ranks(plan.pinned)
         self.release_on_kv = self.engine.gpus_on_node(plan.pinned) <= tp * pp
+        # A worker node of a multi-node launch serves no HTTP: ready once its ranks have their KV cache, and
+        # any KV record of theirs counts (SGLang's summary line is the first node's alone).
+        self.worker = self.engine.worker_node(plan.pinned)
         # The engine's flags as one list: the operator's, then the plan's. A retune rewrites this
         # list, so a recomputed flag replaces the plan's own instead of being overridden by it.
         self.args = [*passthrough, *plan.engine_args]
@@ -101,7 +104,7 @@ class Watch:
         self.generation = 0
         self.kv: dict[str, object] = {}  # the KV report's figures
         self.kv_accepted = False
-        self.healthy = False
+        self.healthy = self.worker  # nothing to answer /health on a worker node
         self.ready = False
         self.settled = False  # restart or stop requested: later lines of this engine are not acted on
         self.failed = False  # a fatal error while serving; stop requested
@@ -165,7 +168,7 @@ class Watch:
         """A new engine generation starts with nothing verified."""
         if self.supervisor.generation != self.generation:
             self.generation = self.supervisor.generation
-            self.kv, self.kv_accepted, self.healthy, self.ready = {}, False, False, False
+            self.kv, self.kv_accepted, self.healthy, self.ready = {}, False, self.worker, False
             self.settled = self.failed = False
             self.engine_phase = "starting"
             self.reader = self.engine.log_reader(child_env(self.plan))
@@ -197,12 +200,19 @@ class Watch:
         if calibration is not None and self.on_measured is not None and self.retunes == 0:
             self.on_measured(calibration)
         if event.kind == "kv":
-            if self.release_on_kv:
+            if self.release_on_kv or self.worker:  # a worker node has no /health to hold the lock until
                 self.lock.release()
             self.kv = dict(event.values)
             self._check_kv(event)
             if not self.settled:
                 self._report("serving" if self.ready else "starting")
+        elif event.kind == "kv_alloc" and self.worker and not self.kv_accepted:
+            # The first node's summary line is checked there, against the same plan: here, its pool is in place.
+            self.lock.release()
+            self.kv = dict(event.values)
+            log.info("worker-node-kv", tokens=event.values.get("tokens"), planned_tokens=self.plan.kv_cache_tokens,
+                     reason="the first node checks the KV summary; this node serves no HTTP")
+            self._accept()
         elif event.kind == "sized_before_warmup" and self.plan.kv_sized_after_warmup:
             # The plan's cap (~free memory less the margin) was set for a cache sized after warmup; sized before,
             # what vLLM allocates after it comes from little more than the margin.

@@ -111,14 +111,14 @@ def test_the_contract_says_what_a_third_engine_lacks() -> None:
 
 
 # What `ModuleAdapter` calls in an engine package for those ten methods: its module protocols' members.
-MODULE_FUNCTIONS = {"rules": {"ranks", "gpus_on_node", "rules_for"}, "architectures": {"proof_summary"},
+MODULE_FUNCTIONS = {"rules": {"ranks", "gpus_on_node", "worker_node", "rules_for"}, "architectures": {"proof_summary"},
                     "planner": {"plan", "engine_decides"},
                     "runtime": {"engine_argv", "retuned_args", "kv_shortfall", "measurements_for"},
                     "logs": {"parse", "reader"}}
 
 
 def test_the_module_protocols_name_what_each_engine_module_must_hold() -> None:
-    """The eleven methods come from five modules; each protocol lists what its module must define, and both
+    """The twelve methods come from five modules; each protocol lists what its module must define, and both
     engines' modules define it (mypy checks the signatures)."""
     import importlib
 

@@ -245,6 +245,7 @@ FLAGS = (
     FlagSpec("--enable-dp-attention", None),
     FlagSpec("--attention-backend", str),  # some releases refuse a model without it (checks.py)
     FlagSpec("--nnodes", positive_int),
+    FlagSpec("--node-rank", int),  # a worker node: no HTTP server, no KV summary line (worker_node)
     FlagSpec("--port", int),
     FlagSpec("--host", str),
     FlagSpec("--language-only", None),
@@ -307,6 +308,13 @@ def gpus_on_node(pinned: Mapping[str, Any]) -> int:
 
 
 DP_ATTENTION_FLAG, ATTN_DP_FLAG = "--enable-dp-attention", "--attn-dp-size"
+
+
+def worker_node(pinned: Mapping[str, Any]) -> bool:
+    """A node after the first of a multi-node launch (`--node-rank` >= 1) runs its schedulers but no HTTP server,
+    and its ranks log their pool ("KV Cache is allocated") but not the summary line global TP rank 0 logs
+    (0.5.23 entrypoints/engine.py: the HTTP server on node 0 only; managers/scheduler.py:1264-1270)."""
+    return int(pinned.get("--node-rank") or 0) > 0
 
 
 def data_parallel(pinned: Mapping[str, Any]) -> tuple[int, int]:

@@ -264,6 +264,7 @@ FLAGS = (
     FlagSpec("--enable-eplb", None),
     FlagSpec("--all2all-backend", str),
     # Context parallelism (context_parallel.py): DCP's tokens per block, PCP not sized yet.
+    FlagSpec("--headless", None),  # a node of data-parallel ranks without the API server (worker_node)
     FlagSpec("--decode-context-parallel-size", positive_int, aliases=("-dcp",)),
     FlagSpec("--attention-backend", str),  # a pinned backend is vLLM's to check against DCP's LSE (context_parallel)
     FlagSpec("--prefill-context-parallel-size", positive_int, aliases=("-pcp",)),
@@ -376,6 +377,12 @@ def speculative(pinned: Mapping[str, Any], argv: Sequence[str]) -> bool:
 def ranks(pinned: Mapping[str, Any]) -> tuple[int, int]:
     """(tensor, pipeline) parallel sizes as pinned."""
     return int(pinned.get(TP_FLAG, 1)), int(pinned.get(PP_FLAG, 1))
+
+
+def worker_node(pinned: Mapping[str, Any]) -> bool:
+    """`--headless`: this node runs engine cores (data-parallel ranks) and no API server (entrypoints/cli/serve.py
+    in 0.34.0): no HTTP to wait for; each engine core still logs its KV line."""
+    return bool(pinned.get("--headless"))
 
 
 def gpus_on_node(pinned: Mapping[str, Any]) -> int:
