@@ -61,7 +61,8 @@ from launcher.plan.types import Plan, PlanRequest  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "startup-logs"
 TOTALS = Path(__file__).resolve().parent.parent / "tests" / "data" / "cuda-totals.yaml"
-FILES = ("startup-logs.yaml", "startup-logs-2.yaml")
+# -3: collected by this project (author tables of llm-d-benchmark's H100 runs), not in the shared data.
+FILES = ("startup-logs.yaml", "startup-logs-2.yaml", "startup-logs-3.yaml")
 # The project's real configs by repo id (tests/data/configs/README.md's table: file | class | kind | repo).
 _CONFIGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "configs"
 REAL_CONFIGS = {m.group(2).lower(): _CONFIGS / m.group(1) for m in re.finditer(
@@ -87,7 +88,22 @@ ASSUMED_VERSIONS = {
     # 0.5.1's table (server_args.py:449-530 in 0.5.2), and the pool formula is the same.
     "sglang-jerryzsj-rtx3090-r1-distill-qwen-7b-wsl2": (
         "0.5.1", "version assumed: 0.5.1 table (a 0.4.x image printing the same defaults); WSL2 desktop"),
+    # llm-d-benchmark's H100 table (startup-logs-3.yaml): image vllm/vllm-openai:latest on 2026-01-26, i.e.
+    # 0.14.1 (0.13.0-0.15.1 are one rule set here: the sort, graphs not subtracted, 0.9 utilization).
+    **{case_id: ("0.14.1", "version assumed: vllm/vllm-openai:latest on 2026-01-26 (0.13.0-0.15.1 alike)")
+       for case_id in ("vllm-llmdbench-h100-gpt-oss-20b-u090-mml16000-bs128",
+                       "vllm-llmdbench-h100-llama-3.1-8b-u090-mml16000-bs128",
+                       "vllm-llmdbench-h100-qwen3-0.6b-u090-mml16000-bs128",
+                       "vllm-llmdbench-h100-qwen3-32b-u090-mml16000-bs128",
+                       "vllm-llmdbench-2xh100-qwen3-32b-tp2-u090-mml16000-bs128",
+                       "vllm-llmdbench-2xh100-llama-3.3-70b-fp8-tp2-u090-mml16000-bs128",
+                       "vllm-llmdbench-h100-llama-3.3-70b-fp8-tp1-u090-mml16000-fail")},
 }
+# What the vllm/vllm-openai images install beside vLLM that its rules read (PlanRequest.engine_packages):
+# FlashInfer, at the release's pin (METADATA: 0.11.0 extra flashinfer-python==0.3.1, 0.14.1 Requires-Dist 0.5.3).
+# A case without an image is planned as a user would without the engine here: not known.
+IMAGE_PACKAGES = {"vllm/vllm-openai:v0.11.0": {"flashinfer-python": "0.3.1"},
+                  "vllm/vllm-openai:latest": {"flashinfer-python": "0.5.3"}}
 # Logs whose card was shared (a desktop under WSL2): planned on the host as it was, i.e. with the free
 # memory the log's first reading shows (plus the planned CUDA context, which the host's NVML free still
 # held) and the fraction the engine printed, since the planner's own would add a margin for the tenant.
@@ -253,7 +269,11 @@ def logged_figure(case: Mapping[str, Any]) -> float | None:
     log = str(observed.get("log") or "")
     if case["engine"] == "vllm":
         match = re.search(r"Available KV cache memory: (-?[\d.]+) GiB", log)
-        return float(match.group(1)) if match else None
+        if match:
+            return float(match.group(1))
+        # An author's table of the same log line ("Available KV cache memory"), where no line is quoted.
+        figure = observed.get("kv_cache_gib")
+        return float(figure) if case.get("evidence") == "author_table" and isinstance(figure, (int, float)) else None
     match = re.search(r"max_total_num_tokens=(\d+)", log)
     return float(match.group(1)) if match else None
 
@@ -344,9 +364,12 @@ def _graphs(case: Mapping[str, Any], plan: Plan, geometry: ModelGeometry) -> int
 
 
 def _captured(case: Mapping[str, Any], moe: bool) -> bool:
-    """A capture with its model's config, FULL_AND_PIECEWISE's default (0.11+), dense or MoE."""
+    """A capture with its model's config, FULL_AND_PIECEWISE's default (0.11+), dense or MoE. Not an author's
+    table: llm-d-benchmark's "CUDAGraph memory" is the free memory's change over capture, negative where the
+    allocator gave back cached blocks (-0.88 to +1.03 GiB), not what the graphs hold."""
     config = _config_of(case)
-    if not _observed(case, "cudagraph_gib") or _version(case) < (0, 11) or config is None:
+    if not _observed(case, "cudagraph_gib") or _version(case) < (0, 11) or config is None \
+            or case.get("evidence") == "author_table":
         return False
     return bool(geometry_from_config(config).num_experts) == moe
 
@@ -537,7 +560,9 @@ def plan_case(case: Mapping[str, Any],
     if case["id"] in PRINTED_FRACTION:
         args = (*args, "--mem-fraction-static", PRINTED_FRACTION[case["id"]])
         weights_note = f"{weights_note}; the fraction the log printed (a release older than the rules)".strip("; ")
-    request = PlanRequest(model=model, engine=case["engine"], gpus=gpus, engine_version=version, engine_args=args)
+    # The run as logged: without the --max-total-tokens safe-serve adds to an SGLang pool it cannot promise.
+    request = PlanRequest(model=model, engine=case["engine"], gpus=gpus, engine_version=version, engine_args=args,
+                          cap_uncertain_pool=False, engine_packages=IMAGE_PACKAGES.get(str(case.get("image"))))
     failed = bool((case.get("observed") or {}).get("startup_failed"))
     weights_note = f"{weights_note}; {assumed_note}".strip("; ") if assumed else weights_note
     base = Row(case["id"], case["engine"], version, gpu.name, logged, None, engine_failed=failed, note=weights_note)

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import types
 from pathlib import Path
 
 import pytest
 
+from tests import bench_scripts
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _module() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("derivations", ROOT / "bench" / "derivations.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load("derivations")
 
 
 @pytest.mark.parametrize("name", ["activation-peak.md", "vllm-versions.md"])

@@ -5,25 +5,20 @@ outside its band."""
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests import bench_scripts
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "startup_logs.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_startup_logs", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load("startup_logs")
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +40,12 @@ def test_started_cases_are_planned_within_their_band(bench: ModuleType, scored: 
 
 def test_bands_are_budget_terms_not_a_third_of_the_kv(scored: tuple) -> None:
     """vLLM's KV bytes do not depend on the layout: an unverified architecture widens its tokens, not
-    the bytes band. Every started case's band is within +/- 5 % of its plan."""
+    the bytes band. Every started case planned to fit has a band within +/- 5 % of its plan; one that says MAY
+    NOT FIT names the figure at risk instead (Qwen3-32B's 4.45 GiB beside 61 GiB of weights on one H100)."""
     rows, _, _ = scored
+    assert any(row.may_not_fit and not row.engine_failed for row in rows)
     for row in rows:
-        if row.predicted is not None and row.engine == "vllm" and not row.engine_failed:
+        if row.predicted is not None and row.engine == "vllm" and not row.engine_failed and not row.may_not_fit:
             assert row.high - row.predicted <= 0.05 * row.predicted, row.case
 
 
@@ -80,7 +77,7 @@ def test_context_readings_held_out_are_inside_the_band(bench: ModuleType, scored
     """The CUDA context (and NVLS) constants are the median of the logs' first free-memory readings;
     each source's reading, the others' median taken without it, misses by less than the plan's band."""
     _, _, scoring = scored
-    for attribute, sources in (("CUDA_CONTEXT_BYTES", 4), ("NVLS_NCCL_BYTES", 2)):
+    for attribute, sources in (("CUDA_CONTEXT_BYTES", 4), ("NVLS_NCCL_BYTES", 3)):
         fit = next(f for f in bench.FITS if f.attribute == attribute)
         by_source = scoring.residuals[fit]
         assert len(by_source) == sources

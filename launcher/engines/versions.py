@@ -53,6 +53,19 @@ def installed_version(engine: str) -> str | None:
     return None
 
 
+def installed_beside(engine: str) -> dict[str, str]:
+    """The adapter's `probed_distributions` installed in this environment (the engine's), by version."""
+    from launcher.engines import ENGINES, adapter
+
+    found: dict[str, str] = {}
+    for dist in adapter(engine).probed_distributions if engine in ENGINES else ():
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
 def nearest_rules(rules: Sequence[R], version: str | None, newest: str) -> tuple[R, str | None]:
     """The newest rule set not newer than `version` (default: the newest we support)."""
     if version is None:

@@ -61,11 +61,14 @@ def engine_args_after_dashes(raw: Sequence[str]) -> tuple[str, ...]:
 def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
     """The `PlanRequest` for `options`: resolves the model, probes or builds the GPUs."""
     from launcher.engines import adapter
-    from launcher.engines.versions import installed_version
+    from launcher.engines.versions import installed_beside, installed_version
     from launcher.model.resolve import load_profile, model_from_profile, resolve_model
 
     engine = adapter(options.engine)
-    version = options.engine_version or installed_version(options.engine)
+    installed = installed_version(options.engine)
+    version = options.engine_version or installed
+    # What is installed beside the engine describes the engine that will run: only when it is the one planned.
+    packages = installed_beside(options.engine) if installed is not None and version == installed else None
     flag_warnings = engine.check_engine_args(options.engine_args, version)  # exit 2 before any Hub lookup
     # --trust-engine: a checkpoint whose weights cannot be sized still resolves; the planner
     # refuses it and the engine sizes it (launcher.serve.start.prepare).
@@ -87,6 +90,7 @@ def build_request(options: PlanOptions, env: Mapping[str, str]) -> PlanRequest:
         model=model, engine=options.engine, device=options.device, gpus=gpus, host=host, engine_version=version,
         engine_version_assumed=version is None,
         engine_args=pinned.argv, pinned=pinned, engine_env={k: env[k] for k in engine.env_keys if k in env},
+        engine_packages=packages,
         concurrency=settings.concurrency, max_gpu_memory_bytes=settings.max_gpu_memory_bytes,
         margin_bytes=settings.margin_bytes, trust_engine=options.trust_engine, variants=variants,
         calibration=calibration, notes=(*settings.notes, *flag_warnings, *_spanned_totals(gpus)),

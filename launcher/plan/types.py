@@ -84,12 +84,18 @@ class PlanRequest:
     # only when a request is built without it or with other arguments (tests, alternatives).
     pinned: PinnedFlags = field(default_factory=PinnedFlags, compare=False)
     engine_env: Mapping[str, str] = field(default_factory=dict)  # VLLM_CPU_KVCACHE_SPACE, ...
+    # The adapter's `probed_distributions` installed beside the engine, by version; None: not known (no
+    # engine installed here, or a plan for another --engine-version than the installed one).
+    engine_packages: Mapping[str, str] | None = None
     concurrency: int = 1
     max_gpu_memory_bytes: int | None = None
     margin_bytes: int = DEFAULT_MARGIN_BYTES
     calibration: Calibration | None = None
     trust_engine: bool = False
     allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN / SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN
+    # The planner may bound a pool whose estimate is too uncertain to promise (SGLang's --max-total-tokens).
+    # False plans the engine's own pool, as a run without that bound had it (bench/startup_logs.py).
+    cap_uncertain_pool: bool = True
     # Why the CUDA driver cannot map memory virtually (WSL2), or None: vLLM 0.34's extensible KV cache is
     # then off (vllm/utils/vmm_driver.py:513-547).
     vmm_unavailable: str | None = None

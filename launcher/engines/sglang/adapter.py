@@ -26,7 +26,7 @@ SPEC = EngineSpec(
     online_quantization=rules.ONLINE_QUANTIZATION,
     memory_flags=rules.MEMORY_FLAGS, calibration_key_flags=rules.CALIBRATION_KEY_FLAGS, env_keys=rules.ENV_KEYS,
     allow_long_env=rules.ALLOW_LONG_ENV, log_prefilter=logs.PREFILTER, temporary_fatal=runtime.TEMPORARY_FATAL,
-    figure_keys=("mem_fraction_static",),  # Plan.engine_figures
+    figure_keys=("mem_fraction_static", "max_total_tokens"),  # Plan.engine_figures
 )
 
 

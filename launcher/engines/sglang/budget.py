@@ -45,9 +45,11 @@ NCCL_BYTES = 47 * 1024**2
 # - more ranks on NVSwitch Hopper/Blackwell boards (NCCL's NVLS multicast buffers): 1280 MiB on
 #   8 x H100 (SGLang 0.5.2 "Init torch distributed ends. mem usage=1.25 GB"); 1035, 1035, 1526 MiB
 #   on 2 x H100 (vLLM 0.19's startup free, read after its distributed init, less the context; one
-#   sweep, median 1035). Median 1157 MiB; each source left out misses by 245 MiB, + 15 MiB of prints.
-NVLS_NCCL_BYTES = 1157 * 1024**2
-NVLS_NCCL_ERROR_BYTES = 260 * 1024**2
+#   sweep, median 1035); 1045 MiB on 2 x H100 (vLLM 0.13-0.14, llm-d-benchmark's Llama-3.3-70B-FP8 at
+#   TP 2: 77.64 of 79.18 GiB free). Median of the three sources 1045 MiB; each left out, the others'
+#   median misses it by at most 240 MiB (the 8 x H100 one), + 15 MiB of prints.
+NVLS_NCCL_BYTES = 1045 * 1024**2
+NVLS_NCCL_ERROR_BYTES = 255 * 1024**2
 # SGLANG_VLM_CACHE_SIZE_MB: kept out of the KV budget for multimodal models.
 MULTIMODAL_RESERVE_BYTES = 100 * 1024**2
 

@@ -73,9 +73,13 @@ def plan(request: PlanRequest) -> Plan:
     request_cap = _state_request_cap(central, setup, concurrency=request.concurrency)
     pool, doubt = _planned_tokens(sizing, central.tokens)
     length, length_reason, doubt = _context_length(request, setup, pool, doubt)
+    verified, architecture_note = layouts.architecture_status(setup.geometry, setup.rules)
+    cap = (_pool_cap(sizing, central, pool, needed=request.concurrency * length)
+           if verified and not doubt and request.cap_uncertain_pool else None)
+    if cap is not None:
+        pool = _PoolTokens(pool.low, cap.tokens, cap.tokens)
     budget = sizing.budget(pool, length)
     tokens = pool.planned
-    verified, architecture_note = layouts.architecture_status(setup.geometry, setup.rules)
     unverified_error = 0 if verified else int(budget.kv * layouts.UNVERIFIED_KV_ERROR_FRACTION)
     pinned, derivation = setup.pinned, setup.derivation
     return Plan(
@@ -84,13 +88,13 @@ def plan(request: PlanRequest) -> Plan:
         kv_cache_bytes=budget.kv, kv_cache_tokens=tokens,
         max_concurrency=setup.attn_dp * min(round(tokens / length, 2) if length else 0.0, request_cap or float("inf")),
         budget=_items(request, sizing, budget, central, fraction),
-        engine_args=tuple(_args(pinned, fraction.value, length)), engine_env={}, pinned=dict(pinned),
+        engine_args=tuple(_args(pinned, fraction.value, length, cap)), engine_env={}, pinned=dict(pinned),
         tp=setup.tp, pp=setup.pp,
         knob=MemoryKnob("--mem-fraction-static", fraction.value, "fraction",
                         f"--mem-fraction-static {fraction.value:g}", fraction.detail),
-        engine_figures={"mem_fraction_static": fraction.value},
+        engine_figures={"mem_fraction_static": fraction.value, **({"max_total_tokens": cap.flag} if cap else {})},
         block_size=setup.page, gpu_name=setup.gpu.name, gpu_count=len(setup.devices),
-        notes=(*_notes(setup), *_band_note(sizing, budget, verified)),
+        notes=(*_notes(setup), *_band_note(sizing, budget, verified), *((cap.note,) if cap else ())),
         engine_version_assumed=request.engine_version_assumed,
         architecture_verified=verified,
         warnings=(*not_modelled_warnings(pinned, sr.NOT_MODELLED), *(() if verified else (architecture_note,))),
@@ -442,11 +446,13 @@ class _Sizing:
     online: sb.OnlineQuantized | None = None  # weights quantized while loading (--quantization fp8)
     as_loaded: sb.Mxfp4AsLoaded | None = None  # gpt-oss's MXFP4 experts re-laid out after loading
 
-    def pool_at(self, pre_load: int, after_load: int) -> layouts.PoolSizing:
+    def pool_at(self, pre_load: int, after_load: int, *, max_total_tokens: int | None = None) -> layouts.PoolSizing:
+        """The pool SGLang sizes from P and A; `max_total_tokens` stands for the flag the plan adds."""
         pinned = self.setup.pinned
         return layouts.pool(pre_load_bytes=pre_load, after_load_bytes=after_load, fraction_value=self.fraction,
                             cell_bytes=self.setup.cell, page_size=self.setup.page,
-                            max_total_tokens=pinned.get("--max-total-tokens"), state_slot=self.state_slot,
+                            max_total_tokens=max_total_tokens or pinned.get("--max-total-tokens"),
+                            state_slot=self.state_slot,
                             state_ratio=self.state_ratio,
                             context_len=pinned.get("--context-length") or self.setup.derived_len,
                             **self.setup.pool_rules)
@@ -577,6 +583,55 @@ def _planned_tokens(sizing: _Sizing, tokens: int) -> tuple[_PoolTokens, str | No
         f"the estimate (minimum viable {minimum:.4f} at the central estimate)")
 
 
+@dataclass(frozen=True)
+class _PoolCap:
+    """`--max-total-tokens` where the estimate's band is wider than BAND_TARGET, and why."""
+
+    flag: int  # the value passed
+    tokens: int  # the pool SGLang makes of it at the central estimate
+    note: str
+
+
+def _pool_cap(sizing: _Sizing, central: layouts.PoolSizing, pool: _PoolTokens, *, needed: int) -> _PoolCap | None:
+    """Cap the pool where its estimate is too uncertain to promise (issue 20: a band over +/- 5 %).
+
+    SGLang takes the smaller of `--max-total-tokens` and the pool it profiled (0.5.23
+    mem_cache/kv_cache_configurator.py:3096-3107; 0.5.9 model_runner_kv_cache_mixin.py:378-385;
+    0.5.2 model_runner.py:1288-1295). A cap at the band's low end / (1 - BAND_TARGET) makes the pool
+    that cap, or no less than the low end: within +/- 5 % of the figure planned wherever the band
+    holds. What lies above the cap stays free. The length is planned on the low end either way.
+    A hybrid sliding-window pool: from 0.5.11 the cap bounds the full pool and the sliding pool follows
+    at the ratio (0.5.11 pool_configurator.py:238-284, 0.5.23 :859-921); 0.5.9-0.5.10 cap the tokens
+    profiled over both and split them afterwards (0.5.9 model_runner_kv_cache_mixin.py:255-412), so the
+    flag there is the full pool wanted scaled back by that split. The pool planned is what the release's
+    own arithmetic makes of the flag (`layouts.pool`). Left as they are: a state pool, data-parallel
+    attention, an operator's own cap and a pinned length the capped pool would not carry."""
+    setup = sizing.setup
+    if ("--max-total-tokens" in setup.pinned or setup.attn_dp > 1 or sizing.state_slot is not None
+            or pool.low <= 0):
+        return None
+    planned = pool.planned
+    if max(planned - pool.low, pool.high - planned) <= BAND_TARGET * planned:
+        return None
+    wanted = int(pool.low / (1 - BAND_TARGET)) // setup.page * setup.page
+    flag = wanted
+    split, ratio = setup.pool_rules.get("swa_split"), setup.pool_rules.get("swa_ratio")
+    if central.swa_tokens is not None and split is not None and ratio is not None and split.full_part > 0:
+        flag = int(wanted * (split.full_part + ratio * split.swa_part) / (split.full_part + split.swa_part))
+        flag = flag // setup.page * setup.page
+    tokens = sizing.pool_at(sizing.pre_load, sizing.after_load, max_total_tokens=flag).tokens
+    if tokens >= planned or tokens < max(needed, pool.low):
+        return None
+    cell = setup.cell
+    return _PoolCap(flag, tokens, (
+        f"KV pool capped at {tokens} tokens (--max-total-tokens {flag}): the estimate spans {pool.low}-"
+        f"{pool.high} tokens ({format_gib(pool.low * cell)}-{format_gib(pool.high * cell)}; {planned} central) "
+        f"through {_terms_at_risk(sizing)}; SGLang keeps the smaller of the cap and what it profiles, so the pool "
+        f"is {tokens} tokens, or no less than {pool.low}, and what lies above the cap stays free. Pin "
+        "--max-total-tokens to choose another cap; a start on this GPU measures the CUDA context and narrows "
+        "the next plan's band"))
+
+
 def _context_length(request: PlanRequest, setup: _SglangSetup, pool: _PoolTokens,
                     doubt: str | None) -> tuple[int, str, str | None]:
     """(length, why, doubt): a pinned --context-length checked against the pool, or the longest that
@@ -704,7 +759,9 @@ def _items(request: PlanRequest, sizing: _Sizing, budget: SglangBudget, central:
                    "request table live here", bar="activations"),
         BudgetItem("kv", "KV pool", budget.kv, FORMULA,
                    f"{budget.tokens} tokens x {setup.cell:g} B/token "
-                   f"(page {setup.page}); budget {format_gib(central.budget_bytes)}", bar="kv"),
+                   f"(page {setup.page}); budget {format_gib(central.budget_bytes)}"
+                   + (f", which holds {central.tokens} at the central estimate: capped by --max-total-tokens"
+                      if budget.tokens < central.tokens else ""), bar="kv"),
         *_state_items(central, sizing.state_slot, setup),
     )
 
@@ -721,13 +778,15 @@ def _state_items(sizing: layouts.PoolSizing, slot: int | None, setup: _SglangSet
                        bar="kv"),)
 
 
-def _args(pinned: Mapping[str, Any], fraction: float, length: int) -> list[str]:
+def _args(pinned: Mapping[str, Any], fraction: float, length: int, cap: _PoolCap | None) -> list[str]:
     """The flags the launch adds: only those the operator left unset."""
     args: list[str] = []
     if "--mem-fraction-static" not in pinned:
         args += ["--mem-fraction-static", f"{fraction:g}"]
     if pinned.get("--context-length") is None:
         args += ["--context-length", str(length)]
+    if cap is not None:
+        args += ["--max-total-tokens", str(cap.flag)]
     return args
 
 
@@ -746,20 +805,24 @@ def _band_note(sizing: _Sizing, budget: SglangBudget, verified: bool) -> tuple[s
     """Which estimated terms make a verified architecture's KV band wider than +/- 5 %: the pool's
     arithmetic is SGLang's own; what is not known exactly is measured before it starts."""
     band = max(budget.kv - budget.kv_low, budget.kv_high - budget.kv)
-    if not verified or budget.kv <= 0 or band <= BAND_TARGET * budget.kv:
+    # One token's bytes of slack: the pool's bytes are int(tokens x cell) at either end.
+    if not verified or budget.kv <= 0 or band <= BAND_TARGET * budget.kv + sizing.setup.cell:
         return ()
+    return (f"KV band +/- {band / budget.kv:.1%} of a {format_gib(budget.kv)} pool (over +/- {BAND_TARGET:.0%}): "
+            f"the terms at risk are {_terms_at_risk(sizing)}; the pool arithmetic is SGLang's own",)
+
+
+def _terms_at_risk(sizing: _Sizing) -> str:
+    """The estimated terms behind the pool's band, widest first, each with its +/- on the pool."""
     gpu, fraction = sizing.setup.gpu, sizing.fraction
     spread = gpu.usable_total_error_bytes if gpu.source == "catalog" else 0
-    context_error = sizing.setup.context_error
-    terms = sorted(((context_error * fraction, "the CUDA context (+ NCCL) before SGLang's baseline"),
+    terms = sorted(((sizing.setup.context_error * fraction, "the CUDA context (+ NCCL) before SGLang's baseline"),
                     (spread * fraction, f"the card's CUDA total ({_total_why(gpu)})"),
                     (sizing.load.error_bytes, "the loader's leftovers"),
                     (sizing.weights_error, "the weights quantized while loading" if sizing.online else
                      "the MXFP4 experts' layout as loaded")),
                    reverse=True)
-    named = ", ".join(f"{what} +/- {size / MiB:.0f} MiB" for size, what in terms if size)
-    return (f"KV band +/- {band / budget.kv:.1%} of a {format_gib(budget.kv)} pool (over +/- {BAND_TARGET:.0%}): "
-            f"the terms at risk are {named}; the pool arithmetic is SGLang's own",)
+    return ", ".join(f"{what} +/- {size / MiB:.0f} MiB" for size, what in terms if size)
 
 
 def _notes(setup: _SglangSetup) -> list[str]:

@@ -26,6 +26,7 @@ SPEC = EngineSpec(
     memory_flags=rules.MEMORY_FLAGS, calibration_key_flags=rules.CALIBRATION_KEY_FLAGS, env_keys=rules.ENV_KEYS,
     allow_long_env=rules.ALLOW_LONG_ENV, log_prefilter=logs.PREFILTER, temporary_fatal=runtime.TEMPORARY_FATAL,
     figure_keys=("gpu_memory_utilization", "cpu_kvcache_space_gib"),  # Plan.engine_figures
+    probed_distributions=rules.PROBED_DISTRIBUTIONS,
 )
 
 

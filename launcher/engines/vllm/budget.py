@@ -331,9 +331,46 @@ def vision_rope_table_bytes(geometry: ModelGeometry) -> int:
     return MOONVIT_GRID * MOONVIT_GRID * (width // heads // 2) * COMPLEX64_BYTES
 
 
+# The sorting top-k/top-p in the profile's dummy sampler run before 0.19 (v1/sample/ops/topk_topp_sampler.py
+# apply_top_k_top_p: the fp32 logits sorted with their int64 indices, masks, softmax and the scatter back, beside
+# the model-dtype and fp32 logits): 9.5 fp32 copies per row and vocabulary entry, fitted on the V0/early-V1 logs
+# (9.4-9.9) and, with the hidden states and PROFILE_CONSTANT_BYTES beside it, on five H100 runs of 0.13-0.14
+# at 1,024 rows (llm-d-benchmark: Llama-3.1-8B 4.76 GiB, Qwen3-0.6B 5.56, Qwen3-32B 5.64 at TP 1 and 2,
+# gpt-oss-20b 7.38; each within 0.01 GiB).
+SORTING_SAMPLER_BYTES_PER_ENTRY = 38
+# FlashInfer's top-k/top-p in the profile's dummy sampler run (before 0.19, where it replaces the sort): the
+# model-dtype logits (2 B, alive in _dummy_sampler_run), their fp32 copy (4, v1/sample/sampler.py: `logits.to(
+# torch.float32)`; temperature divides it in place), then flashinfer.sampling.top_k_top_p_sampling_from_logits's
+# top-k-masked logits (4) and their softmax (4) (flashinfer 0.3.1 sampling.py:979-982, called from vLLM 0.11.0
+# v1/sample/ops/topk_topp_sampler.py:287-290): 14 B per row and vocabulary entry.
+FLASHINFER_SAMPLER_BYTES_PER_ENTRY = 14
+
+
+def uses_flashinfer_sampler(rules: VllmRules, packages: Mapping[str, str] | None,
+                            env: Mapping[str, str]) -> bool | None:
+    """Whether the profile's sampler is FlashInfer's top-k/top-p rather than the sort (before 0.19; from
+    0.19 the Triton kernel is modelled either way), by `VllmRules.flashinfer_sampler`; None where that
+    turns on FlashInfer being installed beside the engine and `packages` is not known (None)."""
+    if not rules.sorting_sampler:
+        return False
+    raw = env.get("VLLM_USE_FLASHINFER_SAMPLER", "").strip()
+    switch = None if raw == "" else raw not in ("0", "false", "False")  # vllm/envs.py: bool(int(value))
+    if rules.flashinfer_sampler == "opt_in":
+        return bool(switch)
+    if switch is False:
+        return False
+    if packages is None:
+        return None
+    installed = packages.get("flashinfer-python") or packages.get("flashinfer")
+    if installed is None:
+        return False
+    older = version_key(installed) < version_key("0.2.3")
+    return older if rules.flashinfer_sampler == "below_0.2.3" else not older
+
+
 def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: int, num_seqs: int, tp: int,
                  gpu_name: str = "", act_dtype_bytes: int = 2, language_only: bool = False, dp: int = 1,
-                 expert_parallel: bool = False) -> ProfilePeak:
+                 expert_parallel: bool = False, flashinfer_sampler: bool | None = False) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
 
     V1 (0.19-0.21, and 0.22-0.28 outside the V2 architecture list): the sampler dummy run holds
@@ -360,11 +397,27 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     encoder = act_dtype_bytes * t * h if geometry.is_multimodal and not language_only else 0
     vision_rope = vision_rope_table_bytes(geometry) if encoder else 0
     if rules.sorting_sampler:
-        # Before 0.19 (fitted on the V0/early-V1 logs: Qwen2.5 1.5B-7B at 256 rows, Phi-4 at 320,
-        # 9.4-9.9 fp32 copies; one 0.1x gpt-oss-20b log at 1024 rows, 9.6): the larger of the forward
-        # and the sorting sampler.
-        legacy = max(cpu_activation_peak_bytes(geometry, batched_tokens=t, num_seqs=r, tp=tp), 0)
-        terms_legacy: tuple[tuple[str, int], ...] = (("forward or sampler", legacy),)
+        # Before 0.19: the larger of the forward and the sampler dummy run, which sorts the vocabulary
+        # (SORTING_SAMPLER_BYTES_PER_ENTRY) or runs FlashInfer's top-k/top-p (uses_flashinfer_sampler),
+        # beside the forward's hidden states, a VLM's encoder outputs (kept in encoder_cache through the
+        # profile: 0.14.1 v1/worker/gpu_model_runner.py:4694-4756) and the fitted constant, as from 0.19.
+        forward = cpu_activation_peak_bytes(geometry, batched_tokens=t, num_seqs=0, tp=tp)
+        beside = hidden + encoder + vision_rope + PROFILE_CONSTANT_BYTES
+        sort = SORTING_SAMPLER_BYTES_PER_ENTRY * r * v + beside
+        flashinfer = FLASHINFER_SAMPLER_BYTES_PER_ENTRY * r * v + beside
+        sampler = flashinfer if flashinfer_sampler else sort
+        legacy = max(forward, sampler)
+        # The sampler's bytes per entry within +/- 10 % (the V0/early-V1 logs spread 9.4-9.9 copies); the
+        # forward's shapes, fitted on no GPU log, +/- 25 %.
+        error = int(0.10 * legacy) if sampler >= forward else int(0.25 * legacy)
+        label = "forward" if forward > sampler else "sampler (FlashInfer top-k/top-p)" if flashinfer_sampler \
+            else "sampler (sort)"
+        if flashinfer_sampler is None:
+            # Not known whether FlashInfer is installed beside the engine: the sort (the larger), the band
+            # reaching down to FlashInfer's.
+            error = max(error, legacy - max(forward, flashinfer))
+            label += "; FlashInfer's if installed"
+        terms_legacy: tuple[tuple[str, int], ...] = ((label, legacy),)
         if dp > 1 and geometry.num_experts:
             # Before 0.19 the modular kernel runs chunks of VLLM_FUSED_MOE_CHUNK_SIZE (16384) tokens, and with DP
             # and EP its profile allocates a whole chunk (0.12.0 fused_moe/modular_kernel.py:756-840); counted
@@ -373,7 +426,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
             terms_legacy += (("MoE workspace", moe_workspace_bytes(geometry, batched_tokens=chunk, tp=moe_tp)),
                              ("DP-gathered MoE rows", gathered))
         total = sum(b for _, b in terms_legacy)
-        return ProfilePeak(terms_legacy, total, int(0.25 * legacy), "V0/V1 (before 0.19)")
+        return ProfilePeak(terms_legacy, total, error, "V0/V1 (before 0.19)")
     if not uses_v2_runner(rules, geometry.architecture):
         sampler = 14 * r * v + 4 * sms * v
         terms: tuple[tuple[str, int], ...] = (("sampler", sampler), ("hidden states", hidden),

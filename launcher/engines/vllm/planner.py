@@ -481,6 +481,7 @@ class _Sizing:
     kv_segments: int = 1  # layer segments its pages are committed in (granule rounding)
     rank_weights_how: str = ""  # how data/expert parallelism splits the checkpoint (parallel.py), if it does
     compute_capability: tuple[int, int] | None = None  # the attention backend's workspaces (extensible)
+    flashinfer_sampler: bool | None = False  # the profile's sampler before 0.19 (vb.uses_flashinfer_sampler)
 
     def peak_at(self, length: int) -> tuple[int, int, vb.ProfilePeak]:
         """(batched tokens, sequences, the profile run's peak) at `length`."""
@@ -492,7 +493,8 @@ class _Sizing:
         peak = vb.profile_peak(self.geometry, rules=self.setup.rules, batched_tokens=batched, num_seqs=seqs,
                                tp=self.setup.tp, gpu_name=self.gpu_name,
                                language_only=not vb.encoder_profiled(self.geometry, pinned),
-                               dp=self.setup.parallel.dp, expert_parallel=self.setup.parallel.expert_parallel)
+                               dp=self.setup.parallel.dp, expert_parallel=self.setup.parallel.expert_parallel,
+                               flashinfer_sampler=self.flashinfer_sampler)
         return batched, seqs, peak
 
     def activation_at(self, length: int) -> int:
@@ -800,7 +802,8 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         total_error=gpu.usable_total_error_bytes,  # the spread of published totals, or of NVML's reserve
         verified=verified, calibrated_non_kv=cal.non_kv_bytes if cal is not None else None,
         pinned_kv_bytes=pinned.get("--kv-cache-memory-bytes"), blocks_override=pinned.get("--num-gpu-blocks-override"),
-        extensible=extensible, kv_segments=max(setup.layout.group_size, 1), compute_capability=gpu.compute_capability)
+        extensible=extensible, kv_segments=max(setup.layout.group_size, 1), compute_capability=gpu.compute_capability,
+        flashinfer_sampler=vb.uses_flashinfer_sampler(rules, request.engine_packages, request.engine_env))
 
 
 def _extensible_headroom(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,

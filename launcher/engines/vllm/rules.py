@@ -64,6 +64,13 @@ class VllmRules:
     b200_tier: bool = False  # get_batch_defaults: >= 160 GiB cards get 16384 tokens for `vllm serve`
     fa4_head256_block128: bool = False  # FlashAttention 4 (SM100/110) picks block 128 for head_dim 256
     sorting_sampler: bool = False  # before 0.19: top-k/top-p sorted the vocabulary (~9.5 fp32 copies per row)
+    # Where the sorting sampler gives way to FlashInfer's top-k/top-p (v1/sample/ops/topk_topp_sampler.py,
+    # budget.py `uses_flashinfer_sampler`): "below_0.2.3" (0.8.5: only with a FlashInfer older than 0.2.3
+    # installed, :32-60), "installed" (0.9.0-0.11.0: wherever FlashInfer >= 0.2.3 is installed, unless
+    # VLLM_USE_FLASHINFER_SAMPLER=0: "In V1, None means True", 0.11.0 :39-57), "opt_in" (0.11.1 on: only with
+    # VLLM_USE_FLASHINFER_SAMPLER=1, 0.11.1 :34). FlashInfer is an extra before 0.11.1 (METADATA
+    # Provides-Extra: flashinfer) and in every vllm/vllm-openai image.
+    flashinfer_sampler: str = "opt_in"
     # The CPU backend (vllm/v1/attention/backends/cpu_attn.py; tests/data/vllm_cpu_truth_versions.json):
     # its kernels take blocks in multiples of 16 before 0.29 and of 32 from 0.29; sliding-window
     # layers pick the smallest kernel block (16, then 32) before 0.30 and max(32, block // 32 * 32)
@@ -153,7 +160,8 @@ RULES: tuple[VllmRules, ...] = _history(
     # config/cache.py:38 MambaCacheMode ["all", "align", "none"],
     # model_executor/layers/utils.py:248 conv weights prepacked on AMX hosts; no Mamba-2 checkpoint block.
     VllmRules(version="0.8.5", default_utilization=0.90, cudagraph_estimate_subtracted=False,
-              yarn_scales_max_len=True, sorting_sampler=True, bf16_fallback=False, ct_wna16_min_capability=80,
+              yarn_scales_max_len=True, sorting_sampler=True, flashinfer_sampler="below_0.2.3",
+              bf16_fallback=False, ct_wna16_min_capability=80,
               ct_w8a16_fp8_min_capability=80, cpu_block_multiple=16, cpu_sliding_block=16, cpu_mla=False,
               cpu_ssm_float32_on="amx", hybrid_prefix_caching_default=False, mamba_all_by_default=True,
               mamba_cache_mode_all=True, mamba2_checkpoint_block=False, cpu_conv_prepack_any_width="amx",
@@ -163,8 +171,14 @@ RULES: tuple[VllmRules, ...] = _history(
                      "V0 sampler sorts the vocabulary; 0.11.0 utils/__init__.py:3431 triton_kernels optional, "
                      "flashinfer-python an extra; model_executor/layers/quantization/mxfp4.py:212-214 TRT-LLM "
                      "sizes rounded to 256"),
-    ("0.9.0", "0.9.0 vllm/config.py:3084-3099 fp16 fallback for bf16 (PR #17265)", dict(bf16_fallback=True)),
+    ("0.9.0", "0.9.0 vllm/config.py:3084-3099 fp16 fallback for bf16 (PR #17265); "
+              "v1/sample/ops/topk_topp_sampler.py:39-57 FlashInfer top-k/top-p wherever FlashInfer >= 0.2.3 is "
+              "installed",
+     dict(bf16_fallback=True, flashinfer_sampler="installed")),
     ("0.10.0", "0.10.2 vllm/config/cache.py (0.9): no start-time change from 0.9.0", {}),
+    ("0.11.1", "0.11.1 v1/sample/ops/topk_topp_sampler.py:34 FlashInfer top-k/top-p only with "
+               "VLLM_USE_FLASHINFER_SAMPLER=1 (METADATA Requires-Dist flashinfer-python==0.5.2)",
+     dict(flashinfer_sampler="opt_in")),
     ("0.12.0", "0.12.0 compressed_tensors/schemes/compressed_tensors_wNa16.py:83 (WNA16 needs 7.5); "
                "vllm/third_party/triton_kernels, utils/import_utils.py:431-438 (bundled triton_kernels)",
      dict(ct_wna16_min_capability=75, triton_kernels_bundled=True)),
@@ -326,7 +340,11 @@ MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"}
 # Environment the planner reads because vLLM reads it: the CPU KV space (whole GiB), the MXFP4 Marlin
 # switch, and the switch that lets a length exceed the model's maximum (vllm/envs.py).
 # VLLM_MXFP4_USE_MARLIN (0.10-0.23) picks gpt-oss's MXFP4 expert layout (budget.py marlin_env_set).
-ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_MXFP4_USE_MARLIN")
+# VLLM_USE_FLASHINFER_SAMPLER picks the sampler the profile run holds before 0.19 (budget.py
+# uses_flashinfer_sampler).
+ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_MXFP4_USE_MARLIN", "VLLM_USE_FLASHINFER_SAMPLER")
+# Distributions in the engine's environment whose presence its rules read (PlanRequest.engine_packages).
+PROBED_DISTRIBUTIONS = ("flashinfer-python", "flashinfer")
 ALLOW_LONG_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 # Quantizing an unquantized checkpoint to fp8 while loading, as an alternative (budget.py
 # `online_quant_delta_bytes`): `fp8` from 0.16 (meta-device loading, 0.16.0 quantization/fp8.py:525-600);

@@ -18,7 +18,7 @@ from launcher.model.catalog import hypothetical_gpus
 from launcher.model.config import geometry_from_config
 from launcher.model.resolve import resolve_model
 from launcher.plan.planner import make_plan
-from launcher.plan.types import PlanRequest
+from launcher.plan.types import Plan, PlanRequest
 
 LOGS = Path(__file__).resolve().parents[2] / "data" / "startup-logs" / "startup-logs.yaml"
 # QwQ-32B as that start ran it: its log reports context_len=131072 (max_position_embeddings, no scaling).
@@ -119,8 +119,11 @@ def test_fp8_below_sm89_runs_marlin_and_unknown_models_stay_bounded() -> None:
     assert (oss.bytes, oss.error_bytes) == (248 * MiB, 224 * MiB)
 
 
-def _plan(model: str, gpu: str) -> object:
-    return make_plan(PlanRequest(model=resolve_model(model), engine="sglang", gpus=hypothetical_gpus([gpu])))
+def _plan(model: str, gpu: str, cap: bool = False) -> object:
+    """The plan; without `cap`, the estimate's own pool and band (the --max-total-tokens a band over
+    +/- 5 % gets is TestPoolCap's)."""
+    return make_plan(PlanRequest(model=resolve_model(model), engine="sglang", gpus=hypothetical_gpus([gpu]),
+                                 cap_uncertain_pool=cap))
 
 
 class TestBand:
@@ -143,7 +146,8 @@ class TestBand:
     def test_measured_leftovers_leave_only_the_context(self) -> None:
         from launcher.plan.types import Calibration
         plain = _plan("qwen2.5-7b", "rtx4090")
-        request = PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang", gpus=hypothetical_gpus(["rtx4090"]))
+        request = PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang", gpus=hypothetical_gpus(["rtx4090"]),
+                              cap_uncertain_pool=False)
         measured = make_plan(dataclasses.replace(request, calibration=Calibration(load_overhead_bytes=200 * MiB,
                                                                                   key="k")))
         assert measured.item("load_overhead").error_bytes == 0
@@ -156,7 +160,7 @@ class TestSafeSide:
 
     def _request(self, *engine_args: str) -> PlanRequest:
         return PlanRequest(model=resolve_model("qwen3-8b"), engine="sglang", gpus=hypothetical_gpus(["rtx4090"]),
-                           engine_args=engine_args)
+                           engine_args=engine_args, cap_uncertain_pool=False)
 
     def test_pool_limited_length_from_the_low_end(self) -> None:
         """Qwen3-8B on an RTX 4090: 7118 tokens at the central estimate, 6125 at the low end: 6125."""
@@ -170,7 +174,7 @@ class TestSafeSide:
     def test_lengths_at_both_ends_divide_the_pool_by_the_concurrency(self) -> None:
         plan = make_plan(self._request("--context-length", "1000", "--max-running-requests", "4"))
         both = make_plan(PlanRequest(model=resolve_model("qwen3-8b"), engine="sglang",
-                                     gpus=hypothetical_gpus(["rtx4090"]), concurrency=2))
+                                     gpus=hypothetical_gpus(["rtx4090"]), concurrency=2, cap_uncertain_pool=False))
         assert (both.max_model_len_low_end, both.max_model_len_central) == (6125 // 2, 7118 // 2)
         assert plan.at_risk == () and plan.max_model_len == 1000
 
@@ -184,6 +188,106 @@ class TestSafeSide:
         assert make_plan(self._request("--context-length", "6125")).may_not_fit is None
 
 
+class TestPoolCap:
+    """A pool whose band is over +/- 5 % is capped with --max-total-tokens at the low end / 0.95: SGLang keeps
+    the smaller of the cap and what it profiles, so the pool is the cap, or no less than the low end."""
+
+    def test_a_small_pool_is_capped_where_its_band_is_five_percent(self) -> None:
+        """Qwen2.5-7B on an RTX 4090: 34,111-39,216 tokens (+/- 7.0 %), capped at 34,111 / 0.95 = 35,906."""
+        capped, estimate = _plan("qwen2.5-7b", "rtx4090", cap=True), _plan("qwen2.5-7b", "rtx4090")
+        assert estimate.kv_cache_bytes_low == 34_111 * 57_344 and estimate.kv_cache_tokens == 36_663
+        assert capped.kv_cache_tokens == 35_906 == int(34_111 / 0.95)
+        assert capped.engine_args[-2:] == ("--max-total-tokens", "35906")
+        assert capped.engine_figures["max_total_tokens"] == 35_906
+        assert (capped.kv_cache_bytes_low, capped.kv_cache_bytes, capped.kv_cache_bytes_high) == (
+            34_111 * 57_344, 35_906 * 57_344, 35_906 * 57_344)
+        assert (capped.kv_cache_bytes - capped.kv_cache_bytes_low) / capped.kv_cache_bytes <= 0.05
+        # The length still comes from the low end; the table's pool is the cap; no "over 5 %" note.
+        assert capped.max_model_len == estimate.max_model_len == 32_768
+        assert capped.item("kv").bytes == 35_906 * 57_344
+        assert not any(n.startswith("KV band") for n in capped.notes)
+        note = next(n for n in capped.notes if n.startswith("KV pool capped"))
+        assert "spans 34111-39216 tokens" in note
+        assert "CUDA context (+ NCCL) before SGLang's baseline +/- 82 MiB" in note
+
+    def test_the_cap_is_sglangs_minimum_at_the_central_estimate(self) -> None:
+        """The operator pinning the same cap gets the same pool: the planner's model of SGLang's min()."""
+        pinned = make_plan(PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang",
+                                       gpus=hypothetical_gpus(["rtx4090"]),
+                                       engine_args=("--max-total-tokens", "35906")))
+        assert pinned.kv_cache_tokens == 35_906
+        assert "--max-total-tokens" not in pinned.engine_args  # pinned: passed through, not added again
+        assert not any(n.startswith("KV pool capped") for n in pinned.notes)
+
+    def test_an_operators_cap_is_kept_and_the_band_named(self) -> None:
+        """A cap above the pool is the operator's way to SGLang's whole pool: planned uncapped, band named."""
+        plan = make_plan(PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang",
+                                     gpus=hypothetical_gpus(["rtx4090"]),
+                                     engine_args=("--max-total-tokens", "10000000")))
+        assert plan.kv_cache_tokens == 36_663
+        assert "--max-total-tokens" not in plan.engine_args
+        assert any(n.startswith("KV band +/- 7.0%") for n in plan.notes)
+
+    def test_a_narrow_band_is_not_capped(self) -> None:
+        plan = _plan("qwen3-32b", "h100", cap=True)
+        assert "--max-total-tokens" not in plan.engine_args and "max_total_tokens" not in plan.engine_figures
+
+    def test_a_pinned_length_the_cap_would_not_carry_keeps_the_pool(self) -> None:
+        """Qwen3-8B on an RTX 4090: 6125-8111 tokens, cap 6447. A pinned 6500 needs more: no cap, at risk;
+        a pinned 6125 fits under it: capped."""
+        def plan(*args: str) -> object:
+            return make_plan(PlanRequest(model=resolve_model("qwen3-8b"), engine="sglang",
+                                         gpus=hypothetical_gpus(["rtx4090"]), engine_args=args))
+        above, within = plan("--context-length", "6500"), plan("--context-length", "6125")
+        assert above.kv_cache_tokens == 7118 and "--max-total-tokens" not in above.engine_args
+        assert above.at_risk == ("max_model_len",)
+        assert within.kv_cache_tokens == 6447 == int(6125 / 0.95)
+        assert within.engine_args[-2:] == ("--max-total-tokens", "6447") and within.may_not_fit is None
+
+    @staticmethod
+    def _gpt_oss(version: str, cap: bool = True) -> Plan:
+        return make_plan(PlanRequest(model=resolve_model("gpt-oss-20b"), engine="sglang",
+                                     gpus=hypothetical_gpus(["rtx4090"]), engine_version=version,
+                                     cap_uncertain_pool=cap))
+
+    def test_a_hybrid_sliding_window_pool_is_capped_on_its_full_pool(self) -> None:
+        """gpt-oss-20b on an RTX 4090, 0.5.23: 56,545-72,265 full-pool tokens (+/- 12.2 %, the loader's
+        leftovers not derived for it). From 0.5.11 the cap bounds the full pool and the sliding pool follows
+        at the ratio: --max-total-tokens 59,521 = int(56,545 / 0.95)."""
+        estimate, capped = self._gpt_oss("0.5.23", cap=False), self._gpt_oss("0.5.23")
+        assert (estimate.kv_cache_tokens, estimate.kv_cache_bytes_low) == (64_405, 2_501_369_856)
+        assert any(n.startswith("KV band +/- 12.2%") for n in estimate.notes)
+        assert capped.kv_cache_tokens == 59_521 == int(56_545 / 0.95)
+        assert capped.engine_args[-2:] == ("--max-total-tokens", "59521")
+        assert capped.max_model_len == estimate.max_model_len == 56_545  # the low end's either way
+        assert (capped.kv_cache_bytes - capped.kv_cache_bytes_low) / capped.kv_cache_bytes <= 0.05 + 1e-6
+        assert not any(n.startswith("KV band") for n in capped.notes)
+        assert "capped by --max-total-tokens" in capped.item("kv").detail
+
+    def test_before_0_5_11_the_flag_is_scaled_back_by_the_split(self) -> None:
+        """0.5.9-0.5.10 cap the tokens profiled over full + sliding layers, then split them (full = T x (F + S)
+        / (F + 0.8 S)): the flag is the full pool wanted scaled back, and the pool planned is the split of it."""
+        capped = self._gpt_oss("0.5.9")
+        flag = int(capped.engine_args[-1])
+        assert capped.engine_args[-2] == "--max-total-tokens"
+        # gpt-oss-20b: 12 full + 12 sliding layers of the same cell, so full = T x 2 / 1.8.
+        assert capped.kv_cache_tokens == int(flag * 2 / 1.8) == 157_676
+        low = capped.kv_cache_bytes_low / capped.kv_cache_bytes * capped.kv_cache_tokens
+        assert round(low) == 149_794 and capped.kv_cache_tokens <= int(149_794 / 0.95)
+        assert flag < capped.kv_cache_tokens
+
+    def test_a_measured_start_narrows_the_band_and_lifts_the_cap(self) -> None:
+        """After a start measured the CUDA context and the loader's leftovers, only the card's total is
+        unknown (the catalog 4090's spread): +/- 1.6 %, no cap."""
+        from launcher.plan.types import Calibration
+        plan = make_plan(PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang",
+                                     gpus=hypothetical_gpus(["rtx4090"]),
+                                     calibration=Calibration(context_bytes=540 * MiB, load_overhead_bytes=150 * MiB,
+                                                             key="k")))
+        assert "--max-total-tokens" not in plan.engine_args
+        assert round((plan.kv_cache_bytes_high - plan.kv_cache_bytes) / plan.kv_cache_bytes, 3) == 0.016
+
+
 class TestContext:
     """What a rank holds below the CUDA total at SGLang's baseline, by board class (budget.py)."""
 
@@ -192,8 +296,8 @@ class TestContext:
         assert sb.parallel_bytes("NVIDIA H100 80GB HBM3", (9, 0), 1) == (0, 0)
 
     def test_nvswitch_hopper_holds_nvls_buffers(self) -> None:
-        assert sb.parallel_bytes("NVIDIA H100 80GB HBM3", (9, 0), 8) == (1157 * MiB, 260 * MiB)
-        assert sb.parallel_bytes("NVIDIA B200", (10, 0), 2) == (1157 * MiB, 260 * MiB)
+        assert sb.parallel_bytes("NVIDIA H100 80GB HBM3", (9, 0), 8) == (1045 * MiB, 255 * MiB)
+        assert sb.parallel_bytes("NVIDIA B200", (10, 0), 2) == (1045 * MiB, 255 * MiB)
 
     def test_pcie_and_consumer_cards_hold_little_beyond_the_context(self) -> None:
         for name, cc in (("NVIDIA GeForce RTX 4090", (8, 9)), ("NVIDIA H100 PCIe", (9, 0)),
@@ -205,7 +309,7 @@ class TestContext:
         request = PlanRequest(model=resolve_model("qwen3-32b"), engine="sglang", gpus=hypothetical_gpus(["2xh100"]),
                               engine_args=("--tp-size", "2"))
         context = make_plan(request).item("context")
-        assert (context.bytes, context.error_bytes) == ((532 + 1157) * MiB, (117 + 260) * MiB)
+        assert (context.bytes, context.error_bytes) == ((532 + 1045) * MiB, (117 + 255) * MiB)
         small = make_plan(dataclasses.replace(request, model=resolve_model("qwen2.5-7b"),
                                               gpus=hypothetical_gpus(["rtx4090"]), engine_args=()))
         assert (small.item("context").bytes, small.item("context").error_bytes) == (532 * MiB, 117 * MiB)

@@ -132,8 +132,9 @@ def test_where_the_rule_does_not_apply() -> None:
 def _plan(gpu: str, monkeypatch: pytest.MonkeyPatch | None = None) -> Plan:
     if monkeypatch is not None:
         monkeypatch.setattr(sb, "mxfp4_as_loaded", lambda *a, **k: None)
+    # The engine's own pool (no --max-total-tokens cap): what these tests follow is SGLang's arithmetic.
     return make_plan(PlanRequest(model=GPT_OSS_20B, engine="sglang", gpus=hypothetical_gpus([gpu]),
-                                 engine_version="0.5.23"))
+                                 engine_version="0.5.23", cap_uncertain_pool=False))
 
 
 @pytest.mark.parametrize(("gpu", "extra", "error"), [
