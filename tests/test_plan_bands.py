@@ -32,7 +32,7 @@ def test_every_fitting_verified_plan_is_within_five_percent(bench: ModuleType, n
     # What is over is a plan that promises nothing at the unfavourable end, and says so (MAY NOT FIT).
     assert not [(r.model, r.card) for r in over if r.fits]
     assert sum(r.capped for r in rows) >= 50
-    # A capped plan is within the target by construction.
+    # A capped plan is within the target: the release's own arithmetic of the flag (a mis-scaled split flag fails it).
     assert all(r.band <= bench.TARGET + 1e-6 for r in rows if r.capped)
 
 
@@ -58,6 +58,6 @@ def test_readme_quotes_the_vllm_figures(bench: ModuleType) -> None:
     rows, _ = bench.collect(engine="vllm")
     over_and_fit = [r for r in bench.over_target(rows) if r.fits]
     readme = " ".join((REPO / "README.md").read_text().split())
-    quoted = re.search(r"the bench finds (\d+) of (\d+) plans that say they fit with a band over ± 5 %", readme)
+    quoted = re.search(r"the bench finds (\d+) of the (\d+) plans that say they fit with a band over ± 5 %", readme)
     assert quoted, "the README's sentence on vLLM's bands"
-    assert (int(quoted.group(1)), int(quoted.group(2))) == (len(over_and_fit), sum(r.verified for r in rows))
+    assert (int(quoted.group(1)), int(quoted.group(2))) == (len(over_and_fit), sum(r.verified and r.fits for r in rows))

@@ -4,6 +4,7 @@ dry run or launch with calibration recorded. The CLI parses and prints; this mod
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from collections.abc import Callable, Mapping
@@ -36,6 +37,9 @@ def prepare(options: PlanOptions, env: Mapping[str, str], *, engine_cmd: str | N
     from launcher.plan.planner import engine_decides, make_plan
 
     request = build_request(options, env)
+    if engine_cmd:
+        # The engine runs in another environment (a venv, a container): what is installed here is not beside it.
+        request = dataclasses.replace(request, engine_packages=None)
     try:
         plan = make_plan(request, choices=True)
     except (WontFit, UnsupportedModel) as refusal:

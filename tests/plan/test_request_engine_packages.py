@@ -55,3 +55,18 @@ def test_the_plan_follows_it(monkeypatch: pytest.MonkeyPatch) -> None:
     assert with_it.kv_cache_bytes > without.kv_cache_bytes == switched_off.kv_cache_bytes
     assert "FlashInfer top-k/top-p" in with_it.item("activation").detail
     assert "sampler (sort)" in without.item("activation").detail
+
+
+def test_an_engine_command_runs_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--engine-cmd starts the engine in another environment (a venv, a container): nothing installed here is
+    beside it, so FlashInfer's presence is not known and the plan says what it would change."""
+    from launcher.serve.start import prepare
+
+    _installed({"vllm": "0.11.0", "flashinfer-python": "0.3.1"}, monkeypatch)
+    options = PlanOptions(model="qwen2.5-7b", gpu_specs=("h100",), use_calibration=False)
+    here = prepare(options, {}, engine_cmd=None)
+    elsewhere = prepare(options, {}, engine_cmd="docker run --gpus all vllm/vllm-openai:v0.11.0")
+    assert here.request.engine_packages == {"flashinfer-python": "0.3.1"}
+    assert elsewhere.request.engine_packages is None
+    assert any("FlashInfer's top-k/top-p" in n for n in elsewhere.plan.notes)
+    assert elsewhere.plan.kv_cache_bytes < here.plan.kv_cache_bytes

@@ -726,13 +726,16 @@ def pool(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: float, c
         tokens = min(tokens, max_total_tokens) // page_size * page_size
     if swa_ratio is None:
         return PoolSizing(tokens, budget, slots, state_bytes, profiled_tokens=profiled)
+    unaligned = tokens
     if rules.swa_pool == "split" and swa_split is not None and swa_split.full_part > 0:
-        full = int(tokens * (swa_split.full_part + swa_split.swa_part)
-                   / (swa_split.full_part + swa_ratio * swa_split.swa_part))
-        tokens = full // page_size * page_size
+        # The sliding pool is the ratio of the full pool before either is floored to the page (0.5.9
+        # model_runner_kv_cache_mixin.py:325-331); from 0.5.11 of the floored full pool.
+        unaligned = int(tokens * (swa_split.full_part + swa_split.swa_part)
+                        / (swa_split.full_part + swa_ratio * swa_split.swa_part))
+        tokens = unaligned // page_size * page_size
     elif swa_split is not None and swa_split.full_part <= 0:  # every layer slides: one pool
         return PoolSizing(tokens, budget, slots, state_bytes, tokens, profiled)
-    swa = int(tokens * swa_ratio) // page_size * page_size
+    swa = int(unaligned * swa_ratio) // page_size * page_size
     return PoolSizing(tokens, budget, slots, state_bytes, swa, profiled)
 
 

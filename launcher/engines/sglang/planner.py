@@ -78,6 +78,8 @@ def plan(request: PlanRequest) -> Plan:
            if verified and not doubt and request.cap_uncertain_pool else None)
     if cap is not None:
         pool = _PoolTokens(pool.low, cap.tokens, cap.tokens)
+        # The same length (the low end's, which the cap carries), its reason told of the capped pool.
+        length, length_reason, doubt = _context_length(request, setup, pool, doubt)
     budget = sizing.budget(pool, length)
     tokens = pool.planned
     unverified_error = 0 if verified else int(budget.kv * layouts.UNVERIFIED_KV_ERROR_FRACTION)
@@ -485,7 +487,11 @@ class _Sizing:
         return 1 - self.after_load / self.pre_load if self.pre_load > 0 else 1.0
 
     def request_table(self, tokens: int, length: int) -> int:
-        """req_to_token: (max running requests + 1) x (length + 4) int32 (`resolve_max_num_reqs`)."""
+        """req_to_token: (max running requests + 1) x (length + 4) int32 (`resolve_max_num_reqs`). Before 0.5.11
+        the request limit comes from the tokens profiled, before a --max-total-tokens cap (0.5.9
+        model_runner_kv_cache_mixin.py:364-385)."""
+        if self.setup.rules.requests_before_pp_min:
+            tokens = self.central().profiled_tokens or tokens
         mrr = layouts.running_requests(max(tokens, 2), length, _rank_requests(self.setup),
                                        self.setup.rules)
         return (mrr + 1) * (length + 4) * 4
@@ -607,8 +613,10 @@ def _pool_cap(sizing: _Sizing, central: layouts.PoolSizing, pool: _PoolTokens, *
     own arithmetic makes of the flag (`layouts.pool`). Left as they are: a state pool, data-parallel
     attention, an operator's own cap and a pinned length the capped pool would not carry."""
     setup = sizing.setup
+    # A flag whose memory the plan does not count (a speculative draft's pool, LoRA buffers) leaves the low end
+    # no floor: no cap to promise one.
     if ("--max-total-tokens" in setup.pinned or setup.attn_dp > 1 or sizing.state_slot is not None
-            or pool.low <= 0):
+            or pool.low <= 0 or any(flag in setup.pinned for flag in sr.NOT_MODELLED)):
         return None
     planned = pool.planned
     if max(planned - pool.low, pool.high - planned) <= BAND_TARGET * planned:

@@ -235,6 +235,9 @@ class ProfilePeak:
     error_bytes: int
     runner: str  # "V1" or "V2" (the model runner that profiles)
     persistent_bytes: int = 0  # V2 penalty state: allocated at init and counted with the weights from 0.27
+    # Before 0.19, where it is not known whether FlashInfer is installed beside vLLM: how much less the peak
+    # holds with its sampler than with the sort planned.
+    flashinfer_saves_bytes: int = 0
 
     def describe(self) -> str:
         return " + ".join(f"{name} {format_gib(bytes_, unit=False)}" for name, bytes_ in self.terms if bytes_) + " GiB"
@@ -346,15 +349,22 @@ SORTING_SAMPLER_BYTES_PER_ENTRY = 38
 FLASHINFER_SAMPLER_BYTES_PER_ENTRY = 14
 
 
-def uses_flashinfer_sampler(rules: VllmRules, packages: Mapping[str, str] | None,
-                            env: Mapping[str, str]) -> bool | None:
+def uses_flashinfer_sampler(rules: VllmRules, packages: Mapping[str, str] | None, env: Mapping[str, str],
+                            logprobs_mode: str | None = None) -> bool | None:
     """Whether the profile's sampler is FlashInfer's top-k/top-p rather than the sort (before 0.19; from
     0.19 the Triton kernel is modelled either way), by `VllmRules.flashinfer_sampler`; None where that
-    turns on FlashInfer being installed beside the engine and `packages` is not known (None)."""
+    turns on FlashInfer being installed beside the engine and `packages` is not known (None), or on a
+    VLLM_USE_FLASHINFER_SAMPLER vLLM cannot read (it raises at start)."""
     if not rules.sorting_sampler:
         return False
-    raw = env.get("VLLM_USE_FLASHINFER_SAMPLER", "").strip()
-    switch = None if raw == "" else raw not in ("0", "false", "False")  # vllm/envs.py: bool(int(value))
+    if logprobs_mode in ("processed_logits", "processed_logprobs"):
+        return False  # FlashInfer cannot return them (0.10.2 v1/sample/ops/topk_topp_sampler.py:39-41)
+    switch: bool | None = None
+    if "VLLM_USE_FLASHINFER_SAMPLER" in env:  # vllm/envs.py: bool(int(value)) where the variable is set
+        try:
+            switch = bool(int(env["VLLM_USE_FLASHINFER_SAMPLER"]))
+        except ValueError:
+            return None
     if rules.flashinfer_sampler == "opt_in":
         return bool(switch)
     if switch is False:
@@ -364,7 +374,8 @@ def uses_flashinfer_sampler(rules: VllmRules, packages: Mapping[str, str] | None
     installed = packages.get("flashinfer-python") or packages.get("flashinfer")
     if installed is None:
         return False
-    older = version_key(installed) < version_key("0.2.3")
+    older = installed < "0.2.3" if rules.flashinfer_version_as_string else \
+        version_key(installed) < version_key("0.2.3")
     return older if rules.flashinfer_sampler == "below_0.2.3" else not older
 
 
@@ -413,9 +424,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         label = "forward" if forward > sampler else "sampler (FlashInfer top-k/top-p)" if flashinfer_sampler \
             else "sampler (sort)"
         if flashinfer_sampler is None:
-            # Not known whether FlashInfer is installed beside the engine: the sort (the larger), the band
-            # reaching down to FlashInfer's.
-            error = max(error, legacy - max(forward, flashinfer))
+            # Not known whether FlashInfer is installed beside the engine: the sort, the larger peak, with its
+            # own band; how much less FlashInfer's would hold is said (ProfilePeak.flashinfer_saves_bytes).
             label += "; FlashInfer's if installed"
         terms_legacy: tuple[tuple[str, int], ...] = ((label, legacy),)
         if dp > 1 and geometry.num_experts:
@@ -426,7 +436,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
             terms_legacy += (("MoE workspace", moe_workspace_bytes(geometry, batched_tokens=chunk, tp=moe_tp)),
                              ("DP-gathered MoE rows", gathered))
         total = sum(b for _, b in terms_legacy)
-        return ProfilePeak(terms_legacy, total, error, "V0/V1 (before 0.19)")
+        saves = legacy - max(forward, flashinfer) if flashinfer_sampler is None else 0
+        return ProfilePeak(terms_legacy, total, error, "V0/V1 (before 0.19)", flashinfer_saves_bytes=saves)
     if not uses_v2_runner(rules, geometry.architecture):
         sampler = 14 * r * v + 4 * sms * v
         terms: tuple[tuple[str, int], ...] = (("sampler", sampler), ("hidden states", hidden),

@@ -803,7 +803,20 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         verified=verified, calibrated_non_kv=cal.non_kv_bytes if cal is not None else None,
         pinned_kv_bytes=pinned.get("--kv-cache-memory-bytes"), blocks_override=pinned.get("--num-gpu-blocks-override"),
         extensible=extensible, kv_segments=max(setup.layout.group_size, 1), compute_capability=gpu.compute_capability,
-        flashinfer_sampler=vb.uses_flashinfer_sampler(rules, request.engine_packages, request.engine_env))
+        flashinfer_sampler=vb.uses_flashinfer_sampler(rules, request.engine_packages, request.engine_env,
+                                                      pinned.get("--logprobs-mode")))
+
+
+def _sampler_note(setup: _VllmSetup, peak: vb.ProfilePeak) -> tuple[str, ...]:
+    """Before 0.19, where FlashInfer's sampler would run if installed beside vLLM and that is not known here."""
+    if not peak.flashinfer_saves_bytes:
+        return ()
+    where = ("a FlashInfer older than 0.2.3 is installed beside it" if setup.rules.flashinfer_sampler == "below_0.2.3"
+             else "FlashInfer is installed beside it (every vllm/vllm-openai image)")
+    return (f"this vLLM profiles FlashInfer's top-k/top-p where {where}: not known here, so planned with the "
+            f"sort, the larger peak; with "
+            f"FlashInfer the KV cache is {format_gib(peak.flashinfer_saves_bytes)} more "
+            "(v1/sample/ops/topk_topp_sampler.py; VLLM_USE_FLASHINFER_SAMPLER=0 keeps the sort)",)
 
 
 def _extensible_headroom(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, defaults: vb.BatchDefaults,
@@ -938,7 +951,8 @@ def plan_gpu(request: PlanRequest) -> Plan:
         tp=tp, pp=pp, knob=knob, block_size=setup.block, num_blocks=capacity.num_blocks,
         engine_figures={"gpu_memory_utilization": None if sizing.pinned_kv_bytes is not None else utilization.value},
         gpu_name=gpu.name, gpu_count=len(devices),
-        notes=tuple(_gpu_notes(setup, request.calibration)) + ((extensible_note,) if extensible_note else ()),
+        notes=(*_gpu_notes(setup, request.calibration), *((extensible_note,) if extensible_note else ()),
+               *_sampler_note(setup, sizing.peak_at(length)[2])),
         engine_version_assumed=request.engine_version_assumed,
         kv_cache_bytes_low=budget.kv - budget.kv_error, kv_cache_bytes_high=budget.kv + budget.kv_error,
         may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None, at_risk=at_risk,

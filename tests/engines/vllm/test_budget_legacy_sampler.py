@@ -87,18 +87,25 @@ def test_flashinfer_on_the_0_11_image() -> None:
     assert flashinfer.terms[0][0] == "sampler (FlashInfer top-k/top-p)"
 
 
-def test_not_knowing_spans_both() -> None:
-    """No engine here to look beside: the sort (the larger), the band down to FlashInfer's."""
+def test_not_knowing_takes_the_sort_and_says_what_flashinfer_saves() -> None:
+    """No engine here to look beside: the sort (the larger) with its own band, not widened below it; the
+    difference FlashInfer's sampler would make is carried for the plan's note."""
     case = next(c for c in CASES if c["model"] == "mistralai/Mistral-Small-3.2-24B-Instruct-2506")
-    unknown, flashinfer = _peak(case, "0.11.0", None), _peak(case, "0.11.0", True)
-    assert unknown.total_bytes == _peak(case, "0.11.0", False).total_bytes
-    assert unknown.total_bytes - unknown.error_bytes <= flashinfer.total_bytes
+    unknown, sort, flashinfer = (_peak(case, "0.11.0", known) for known in (None, False, True))
+    assert (unknown.total_bytes, unknown.error_bytes) == (sort.total_bytes, sort.error_bytes)
+    assert unknown.flashinfer_saves_bytes == sort.total_bytes - flashinfer.total_bytes > 2.9 * GiB
+    assert sort.flashinfer_saves_bytes == flashinfer.flashinfer_saves_bytes == 0
     assert "FlashInfer's if installed" in unknown.terms[0][0]
 
 
 @pytest.mark.parametrize(("version", "packages", "env", "expected"), [
     ("0.8.5", {"flashinfer-python": "0.2.5"}, {}, False),  # >= 0.2.3 turned off in 0.8.5
     ("0.8.5", {"flashinfer": "0.2.2"}, {}, True),
+    ("0.8.5", {"flashinfer-python": "0.2.10"}, {}, True),  # "0.2.10" >= "0.2.3" is False as strings
+    ("0.10.0", {"flashinfer-python": "0.2.10"}, {}, False),  # "0.2.10" < "0.2.3" as strings: the sort
+    ("0.10.1", {"flashinfer-python": "0.2.10"}, {}, True),  # version.parse from 0.10.1
+    ("0.11.0", {"flashinfer-python": "0.3.1"}, {"VLLM_USE_FLASHINFER_SAMPLER": "00"}, False),  # int("00") == 0
+    ("0.11.0", {"flashinfer-python": "0.3.1"}, {"VLLM_USE_FLASHINFER_SAMPLER": "false"}, None),  # vLLM raises
     ("0.9.0", {"flashinfer-python": "0.2.5"}, {}, True),
     ("0.11.0", {"flashinfer-python": "0.3.1"}, {}, True),
     ("0.11.0", {"flashinfer-python": "0.3.1"}, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, False),
@@ -114,9 +121,18 @@ def test_which_sampler(version: str, packages: dict[str, str] | None, env: dict[
     assert vb.uses_flashinfer_sampler(vl.rules_for(version)[0], packages, env) is expected
 
 
+def test_processed_logprobs_keep_the_sort() -> None:
+    """FlashInfer cannot return processed logits or logprobs: --logprobs-mode processed_* keeps the sort."""
+    rules = vl.rules_for("0.11.0")[0]
+    installed = {"flashinfer-python": "0.3.1"}
+    assert vb.uses_flashinfer_sampler(rules, installed, {}, "raw_logprobs") is True
+    assert vb.uses_flashinfer_sampler(rules, installed, {}, "processed_logprobs") is False
+    assert vb.uses_flashinfer_sampler(rules, None, {}, "processed_logits") is False
+
+
 def test_the_plan_reads_what_is_installed() -> None:
     """The same 0.11.0 plan: FlashInfer installed beside the engine gives more KV than the sort; not known, the
-    sort with the band reaching FlashInfer's; the activation row says which."""
+    sort, and a note with the difference; the activation row says which."""
     request = PlanRequest(model=resolve_model("qwen2.5-7b"), engine="vllm", gpus=hypothetical_gpus(["h100"]),
                           engine_version="0.11.0")
     unknown = make_plan(request)
@@ -124,7 +140,11 @@ def test_the_plan_reads_what_is_installed() -> None:
     absent = make_plan(dataclasses.replace(request, engine_packages={}))
     assert absent.kv_cache_bytes == unknown.kv_cache_bytes < installed.kv_cache_bytes
     assert installed.kv_cache_bytes - absent.kv_cache_bytes > 3 * GiB  # 1024 rows x 152,064 x 24 B
-    assert unknown.kv_cache_bytes_high is not None and absent.kv_cache_bytes_high is not None
-    assert unknown.kv_cache_bytes_high >= installed.kv_cache_bytes > absent.kv_cache_bytes_high
+    assert (unknown.kv_cache_bytes_low, unknown.kv_cache_bytes_high) == (absent.kv_cache_bytes_low,
+                                                                         absent.kv_cache_bytes_high)
     assert "FlashInfer top-k/top-p" in installed.item("activation").detail
     assert "FlashInfer's if installed" in unknown.item("activation").detail
+    [note] = [n for n in unknown.notes if "FlashInfer's top-k/top-p" in n]
+    more = (installed.kv_cache_bytes - unknown.kv_cache_bytes) / GiB
+    assert f"the KV cache is {more:.2f} GiB more" in note
+    assert not any("FlashInfer's top-k/top-p" in n for n in (*installed.notes, *absent.notes))

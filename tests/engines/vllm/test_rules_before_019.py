@@ -69,7 +69,9 @@ def vl_ct() -> str:
 
 def test_rule_sets_before_019() -> None:
     versions = [r.version for r in vl.RULES]
-    assert versions[:6] == ["0.8.5", "0.9.0", "0.10.0", "0.11.1", "0.12.0", "0.16.0"]
+    assert versions[:7] == ["0.8.5", "0.9.0", "0.10.0", "0.10.1", "0.11.1", "0.12.0", "0.16.0"]
+    assert [vl.rules_for(v)[0].flashinfer_version_as_string for v in ("0.8.5", "0.10.0", "0.10.1")] == [
+        True, True, False]
     assert [vl.rules_for(v)[0].flashinfer_sampler for v in ("0.8.5", "0.9.0", "0.11.0", "0.11.1", "0.18.1")] == [
         "below_0.2.3", "installed", "installed", "opt_in", "opt_in"]
     assert vl.rules_for("0.13.2")[0].ct_wna16_min_capability == 75
