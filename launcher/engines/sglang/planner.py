@@ -77,7 +77,7 @@ def plan(request: PlanRequest) -> Plan:
     cap = (_pool_cap(sizing, central, pool, needed=request.concurrency * length)
            if verified and not doubt and request.cap_uncertain_pool else None)
     if cap is not None:
-        pool = _PoolTokens(pool.low, cap.tokens, cap.tokens)
+        pool = _PoolTokens(pool.low, cap.tokens, cap.tokens, capped=True)
         # The same length (the low end's, which the cap carries), its reason told of the capped pool.
         length, length_reason, doubt = _context_length(request, setup, pool, doubt)
     budget = sizing.budget(pool, length)
@@ -569,6 +569,7 @@ class _PoolTokens:
     low: int
     planned: int
     high: int
+    capped: bool = False  # planned and high are the --max-total-tokens cap the plan adds
 
 
 def _planned_tokens(sizing: _Sizing, tokens: int) -> tuple[_PoolTokens, str | None]:
@@ -653,7 +654,8 @@ def _context_length(request: PlanRequest, setup: _SglangSetup, pool: _PoolTokens
     if safe > 0:
         return safe, (f"model maximum ({setup.derived_reason})" if safe == setup.derived_len else
                       f"longest that fits {concurrency} request(s) at the band's low end ({pool.low} tokens; "
-                      f"{tokens} at the central estimate; SGLang caps requests at the pool silently)"), doubt
+                      f"{tokens} {'under the --max-total-tokens cap' if pool.capped else 'at the central estimate'}; "
+                      "SGLang caps requests at the pool silently)"), doubt
     length = min(setup.derived_len, tokens // concurrency // setup.page * setup.page)
     if length <= 0:
         raise WontFit(f"the pool holds only {tokens} tokens: not one per request for {concurrency}")

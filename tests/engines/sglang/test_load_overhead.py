@@ -258,7 +258,8 @@ class TestPoolCap:
         capped 6,447, not the uncapped 7,118."""
         capped = _plan("qwen3-8b", "rtx4090", cap=True)
         assert capped.kv_cache_tokens == 6447 and capped.max_model_len == 6125
-        assert "6447" in capped.max_model_len_source and "7118" not in capped.max_model_len_source
+        assert "6447 under the --max-total-tokens cap" in capped.max_model_len_source
+        assert "7118" not in capped.max_model_len_source
 
     @staticmethod
     def _gpt_oss(version: str, cap: bool = True) -> Plan:
