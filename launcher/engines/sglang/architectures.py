@@ -280,6 +280,15 @@ class StageCell:
     full_part: float = 0.0
     swa_part: float = 0.0  # the sliding layers at one token each (no ratio)
 
+    def split_full(self, tokens: int, ratio: float) -> int:
+        """0.5.9-0.5.10's full pool from the tokens profiled over both layer kinds: the same bytes at
+        `ratio` sliding tokens a full one, before the page floor (0.5.9 model_runner_kv_cache_mixin.py:312-325)."""
+        return int(tokens * (self.full_part + self.swa_part) / (self.full_part + ratio * self.swa_part))
+
+    def split_total(self, full: int, ratio: float) -> int:
+        """The tokens over both layer kinds whose split is a full pool of about `full` (split_full's inverse)."""
+        return int(full * (self.full_part + ratio * self.swa_part) / (self.full_part + self.swa_part))
+
 
 def stage_cells(lay: SglangLayout, *, kv_bytes: int, kv_fp8: bool, tp: int, pp: int,
                 pinned: Mapping[str, Any] | None = None, rules: SglangRules | None = None) -> list[StageCell]:
@@ -730,8 +739,7 @@ def pool(*, pre_load_bytes: int, after_load_bytes: int, fraction_value: float, c
     if rules.swa_pool == "split" and swa_split is not None and swa_split.full_part > 0:
         # The sliding pool is the ratio of the full pool before either is floored to the page (0.5.9
         # model_runner_kv_cache_mixin.py:325-331); from 0.5.11 of the floored full pool.
-        unaligned = int(tokens * (swa_split.full_part + swa_split.swa_part)
-                        / (swa_split.full_part + swa_ratio * swa_split.swa_part))
+        unaligned = swa_split.split_full(tokens, swa_ratio)
         tokens = unaligned // page_size * page_size
     elif swa_split is not None and swa_split.full_part <= 0:  # every layer slides: one pool
         return PoolSizing(tokens, budget, slots, state_bytes, tokens, profiled)

@@ -626,8 +626,7 @@ def _pool_cap(sizing: _Sizing, central: layouts.PoolSizing, pool: _PoolTokens, *
     flag = wanted
     split, ratio = setup.pool_rules.get("swa_split"), setup.pool_rules.get("swa_ratio")
     if central.swa_tokens is not None and split is not None and ratio is not None and split.full_part > 0:
-        flag = int(wanted * (split.full_part + ratio * split.swa_part) / (split.full_part + split.swa_part))
-        flag = flag // setup.page * setup.page
+        flag = split.split_total(wanted, ratio) // setup.page * setup.page
     tokens = sizing.pool_at(sizing.pre_load, sizing.after_load, max_total_tokens=flag).tokens
     if tokens >= planned or tokens < max(needed, pool.low):
         return None

@@ -412,7 +412,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         # (SORTING_SAMPLER_BYTES_PER_ENTRY) or runs FlashInfer's top-k/top-p (uses_flashinfer_sampler),
         # beside the forward's hidden states, a VLM's encoder outputs (kept in encoder_cache through the
         # profile: 0.14.1 v1/worker/gpu_model_runner.py:4694-4756) and the fitted constant, as from 0.19.
-        forward = cpu_activation_peak_bytes(geometry, batched_tokens=t, num_seqs=0, tp=tp)
+        forward = forward_peak_bytes(geometry, batched_tokens=t, tp=tp)
         beside = hidden + encoder + vision_rope + PROFILE_CONSTANT_BYTES
         sort = SORTING_SAMPLER_BYTES_PER_ENTRY * r * v + beside
         flashinfer = FLASHINFER_SAMPLER_BYTES_PER_ENTRY * r * v + beside
@@ -464,12 +464,17 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
 CPU_SAMPLER_LOGIT_COPIES = 9.5
 
 
-def cpu_activation_peak_bytes(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: int, tp: int) -> int:
+def forward_peak_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int) -> int:
+    """The profile forward's MLP activations: gate+up and output (~3 x the intermediate) and ~3 x hidden, bf16."""
     intermediate = geometry.intermediate_size or 4 * geometry.hidden_size
     moe = geometry.text_config.get("moe_intermediate_size")
     if geometry.num_experts and geometry.experts_per_token and isinstance(moe, int) and moe > 0:
         intermediate = moe * geometry.experts_per_token
-    forward = batched_tokens * (3 * intermediate // max(tp, 1) + 3 * geometry.hidden_size) * 2
+    return batched_tokens * (3 * intermediate // max(tp, 1) + 3 * geometry.hidden_size) * 2
+
+
+def cpu_activation_peak_bytes(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: int, tp: int) -> int:
+    forward = forward_peak_bytes(geometry, batched_tokens=batched_tokens, tp=tp)
     return max(forward, int(num_seqs * geometry.vocab_size * 4 * CPU_SAMPLER_LOGIT_COPIES))
 
 
