@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Protocol, TypeVar
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 
 class HasVersion(Protocol):
@@ -23,7 +23,7 @@ def version_key(text: str) -> Version:
     `v0.10.2` and `0.8.5.dev169+g1234abc` read; a string pip cannot read keeps its leading digits."""
     try:
         return Version(text.strip())
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a release number past Python's int() digit limit
         parts = []
         for piece in text.lstrip("v").split("+")[0].split("."):
             digits = "".join(itertools.takewhile(str.isdigit, piece))
@@ -32,7 +32,10 @@ def version_key(text: str) -> Version:
             parts.append(digits)
             if not piece.isdigit():
                 break
-        return Version(".".join(parts) or "0")
+        try:
+            return Version(".".join(parts) or "0")
+        except ValueError:  # thousands of digits: no release pip could order
+            return Version("0")
 
 
 def within(version: str, first: str, last: str | None = None) -> bool:

@@ -46,6 +46,12 @@ class TestEngineVersion:
         """`--engine-version banana` used to plan with "rules 0.10.0"."""
         assert "--engine-version" in _refused(check_engine_version, text)
 
+    @pytest.mark.parametrize("text", ["9" * 10_000, "0." + "1" * 5000, "0.2." + "3" * 4400 + "x"])
+    def test_an_installed_version_past_the_int_digit_limit_orders_as_zero(self, text: str) -> None:
+        """Installed metadata is not checked by check_engine_version: a release number longer than Python's
+        int() limit (4300 digits) raised ValueError out of version_key (a traceback from `plan`)."""
+        assert version_key(text) == version_key("0")
+
     def test_banana_message(self) -> None:
         assert _refused(check_engine_version, "banana") == \
             "--engine-version 'banana': not a version number (e.g. 0.10.2 or 0.5.4)"
