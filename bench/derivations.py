@@ -68,8 +68,9 @@ def activation_peak() -> str:
         *rows,
         "",
         f"Median of `logged - shapes` over the {len(rows)} logs: {median / GiB:.3f} GiB; the code's fitted constant",
-        f"`PROFILE_CONSTANT_BYTES` is {vb.PROFILE_CONSTANT_BYTES / GiB:.3f} GiB. The two multimodal models (their own",
-        "vision towers run in the profile) sit above the text-only ones;",
+        f"`PROFILE_CONSTANT_BYTES` is {vb.PROFILE_CONSTANT_BYTES / GiB:.3f} GiB. The multimodal models' vision towers",
+        "run in the profile: their encoder outputs and, on this V1 runner, the dummy images stay alive at the peak",
+        "(`vb.encoder_profile`; Kimi-VL's MoonViT dummy batch is not derived, its pixels are in the band);",
         "`tests/engines/vllm/test_budget_profile_peak.py` refits the constant with each log held out.",
         "",
     ])

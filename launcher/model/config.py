@@ -117,6 +117,9 @@ class ModelGeometry:
     text_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # The vision tower's config as written (vision_config), for engine-specific encoder terms.
     vision_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # A multimodal wrapper's own scalar entries (Gemma 3's mm_tokens_per_image, Mistral 3's
+    # spatial_merge_size, LLaVA's vision_feature_select_strategy): what sizes the encoder's dummy inputs.
+    wrapper_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def expert_intermediate_size(self) -> Any:
@@ -231,6 +234,8 @@ def geometry_from_config(config: Mapping[str, Any]) -> ModelGeometry:
         tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
         text_config=dict(text),
         vision_config=dict(vision) if isinstance(vision := config.get("vision_config"), Mapping) else {},
+        wrapper_config={key: value for key, value in config.items()
+                        if is_multimodal and isinstance(value, (str, int, float, bool))},
     )
 
 

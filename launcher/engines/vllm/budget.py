@@ -39,10 +39,12 @@ CUDA_CONTEXT_BYTES = 544 * MiB
 # NCCL and custom all-reduce buffers per rank with tensor/pipeline parallelism.
 NCCL_BYTES = 320 * MiB
 # Non-torch memory that appears after the snapshot (cuBLAS workspaces, allocator slack).
-# Logs: 0.03-0.13 GiB on one GPU (T4, 4060, A100, 3090), 0.34-0.43 GiB per rank at TP 4.
+# Logs: 0.03-0.13 GiB on one GPU (T4, 4060, A100, 3090), 0.13-0.14 GiB on H100 0.11-0.17 (4 logs, two
+# sources; the bench's median 0.13), 0.34-0.43 GiB per rank at TP 4. Kept at 160 MiB, the safe side of them.
 NON_TORCH_BYTES_TP1 = 160 * MiB
 NON_TORCH_BYTES_TP = 400 * MiB
-# vLLM 0.19+ on H100 ("non-torch forward increase memory"): 0.25-0.27 GiB at TP 1 (6 logs), 2.07-2.10
+# vLLM 0.18-0.19 on H100 ("non-torch forward increase memory"), where the CUDA-graph memory profile runs inside
+# the measurement (`VllmRules.graphs_profiled_in_budget`): 0.25-0.27 GiB at TP 1 (7 logs), 2.07-2.10
 # GiB per rank at TP 2 (3 logs): NCCL and custom all-reduce buffers now land after the snapshot.
 NON_TORCH_BYTES_TP1_V019 = 266 * MiB
 NON_TORCH_BYTES_TP_V019 = int(2.08 * GiB)
@@ -202,9 +204,10 @@ def extensible_pages(kv_bytes: int, *, segments: int) -> int:
 # cuBLAS/compile workspaces and small buffers: the median residual of the shape sum over the nine
 # vLLM 0.19.0 H100 logs (tests/data/startup-logs/startup-logs-2.yaml, llm-d-planner sweep).
 PROFILE_CONSTANT_BYTES = int(0.052 * GiB)
-# Seven of those nine land within the print resolution (0.01 GiB) after the constant; the two
-# VLMs with their own vision towers sit above: Kimi-VL 0.02 GiB (after its MoonViT rope table),
-# Gemma 3 0.14 GiB (its SigLIP tower's profile, not derived). The V2 runner's terms are from shapes
+# Eight of those nine land within the print resolution (0.01 GiB) after the constant, Gemma 3 and
+# Mistral 3 with their dummy images (`encoder_profile`: Gemma 3 was 0.14 GiB above without them);
+# Kimi-VL sits 0.02 GiB above (its MoonViT dummy batch is not derived). The band stays wider than
+# those residuals: all nine are one source's H100 runs. The V2 runner's terms are from shapes
 # only (no 0.22+ log prints a peak): a wider band until one does.
 V1_PEAK_ERROR_BYTES = int(0.15 * GiB)
 V2_PEAK_ERROR_BYTES = int(0.5 * GiB)
@@ -238,6 +241,7 @@ class ProfilePeak:
     # Before 0.19, where it is not known whether FlashInfer is installed beside vLLM: how much less the peak
     # holds with its sampler than with the sort planned.
     flashinfer_saves_bytes: int = 0
+    encoder_rule: str = ""  # how the multimodal dummy batch was counted (`encoder_profile`), where it runs
 
     def describe(self) -> str:
         return " + ".join(f"{name} {format_gib(bytes_, unit=False)}" for name, bytes_ in self.terms if bytes_) + " GiB"
@@ -334,14 +338,97 @@ def vision_rope_table_bytes(geometry: ModelGeometry) -> int:
     return MOONVIT_GRID * MOONVIT_GRID * (width // heads // 2) * COMPLEX64_BYTES
 
 
-# The sorting top-k/top-p in the profile's dummy sampler run before 0.19 (v1/sample/ops/topk_topp_sampler.py
+# The profile run's multimodal dummy batch (gpu_model_runner.py `profile_run`, 0.19.0 :5722-5794): N items of the
+# modality with the most tokens per item, N = max(1, min(budget // tokens, max_num_seqs x max(1, min(limit,
+# max_model_len // tokens)))) with budget = max(max_num_batched_tokens, tokens) (multimodal/encoder_budget.py
+# `_get_max_items`, v1/core/encoder_cache_manager.py:296-314; 0.11.0 v1/worker/utils.py:84-127 alike). Their
+# encoder outputs stay in encoder_cache through the dummy forward and sampler run; on the V1 runner (and before
+# 0.19) the device copy of the dummy pixels does too: `batched_dummy_mm_inputs` is a local of profile_run, freed
+# on return (0.19.0 :5764, :5793 deletes only the hidden states and output; 0.11.0 :3354, 0.14.1 :4725). The V2
+# runner moves them to the device inside `execute_mm_encoder` and drops them there (0.34.0
+# v1/worker/gpu/mm/encoder_runner.py:111-147). Floating inputs are cast to the model dtype as the processor
+# returns them (multimodal/processing/context.py:232-233 in 0.19.0; processing.py:1024 in 0.11.0).
+# Towers whose dummy image config.json fixes, with the processor's defaults (pan-and-scan off):
+#   Gemma 3: SigLIP at vision_config.image_size, mm_tokens_per_image embeds per image (gemma3_mm.py:194-210)
+#   Mistral 3: Pixtral-HF at image_size, ceil(image_size / (patch x spatial_merge))^2 embeds (pixtral.py:946-994)
+MM_DERIVED_ARCHITECTURES = frozenset({"Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration"})
+# Other towers: the dummy pixels are not derived here; the band takes them at the largest input bytes per
+# embedded token of the derived towers (Gemma 3: 3 x 896^2 x 2 B over 256 tokens = 18,816 B) over the budget.
+MM_UNDERIVED_INPUT_BYTES_PER_TOKEN = 18_816
+MM_DEFAULT_LIMIT = 999  # config/multimodal.py: a modality's default count per prompt
+
+
+@dataclass(frozen=True)
+class EncoderProfile:
+    """What the profile run's multimodal dummy batch holds at the peak (bytes), and how it was counted."""
+
+    outputs_bytes: int  # the encoder outputs in encoder_cache
+    inputs_bytes: int  # the dummy pixels on the device (the V1 runner, 0.8.5-0.28)
+    error_bytes: int  # the dummy pixels of a tower not derived here, at the bound
+    rule: str
+
+
+# Beyond these a config.json is not a real tower's (config.json is text a stranger writes): not derived.
+MM_MAX_IMAGE_SIDE = 65_536
+MM_MAX_TOKENS_PER_IMAGE = 1 << 20
+
+
+def _count(value: Any, limit: int) -> int | None:
+    """A positive int up to `limit` (not a bool, a float or a string), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limit else None
+
+
+def _dummy_image(geometry: ModelGeometry) -> tuple[int, int] | None:
+    """(embeds per image, pixel elements per image) of the profile's dummy image, where config.json fixes it."""
+    vision, wrapper = geometry.vision_config, geometry.wrapper_config
+    size = _count(vision.get("image_size"), MM_MAX_IMAGE_SIDE)
+    patch = _count(vision.get("patch_size"), MM_MAX_IMAGE_SIDE)
+    if size is None:
+        return None
+    if geometry.architecture == "Gemma3ForConditionalGeneration":
+        tokens = _count(wrapper.get("mm_tokens_per_image", 256), MM_MAX_TOKENS_PER_IMAGE)
+        return (tokens, 3 * size * size) if tokens is not None else None
+    if geometry.architecture == "Mistral3ForConditionalGeneration" and patch is not None:
+        merge = _count(wrapper.get("spatial_merge_size", 1), MM_MAX_IMAGE_SIDE)
+        if merge is None:
+            return None
+        # (size - 1) // (patch x merge) + 1 rows and columns (transformers pixtral `_num_image_tokens`), and the
+        # processor pads the image to whole merged patches (`get_resize_output_image_size`)
+        grid = (size - 1) // (patch * merge) + 1
+        side = grid * patch * merge
+        return grid * grid, 3 * side * side
+    return None
+
+
+def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: int, max_model_len: int | None,
+                    act_dtype_bytes: int, inputs_alive: bool) -> EncoderProfile:
+    """The encoder outputs (and, where `inputs_alive`, the dummy pixels) the profile run holds at its peak."""
+    t, h = batched_tokens, geometry.hidden_size
+    dummy = _dummy_image(geometry)
+    if dummy is None:
+        # Not derived: the outputs at the budget's tokens (one item per batched token), the pixels in the band.
+        error = MM_UNDERIVED_INPUT_BYTES_PER_TOKEN * t if inputs_alive else 0
+        return EncoderProfile(act_dtype_bytes * t * h, 0, error,
+                              f"encoder outputs {t:,} tokens x {h} (the dummy batch not derived for "
+                              f"{geometry.architecture}"
+                              + (f"; its pixels +/- {error / GiB:.2f} GiB" if error else "") + ")")
+    tokens, pixels = dummy
+    per_prompt = max(1, min(MM_DEFAULT_LIMIT, (max_model_len or MM_DEFAULT_LIMIT * tokens) // tokens))
+    items = max(1, min(max(t, tokens) // tokens, num_seqs * per_prompt))
+    inputs = items * pixels * act_dtype_bytes if inputs_alive else 0
+    return EncoderProfile(act_dtype_bytes * items * tokens * h, inputs, 0,
+                          f"{items} dummy images x {tokens} embeds x {h}"
+                          + (f" + their pixels {items} x {pixels:,} x {act_dtype_bytes} B" if inputs else ""))
+
+
+# The sorting top-k/top-p in the profile's dummy sampler run before 0.17 (v1/sample/ops/topk_topp_sampler.py
 # apply_top_k_top_p: the fp32 logits sorted with their int64 indices, masks, softmax and the scatter back, beside
 # the model-dtype and fp32 logits): 9.5 fp32 copies per row and vocabulary entry, fitted on the V0/early-V1 logs
 # (9.4-9.9) and, with the hidden states and PROFILE_CONSTANT_BYTES beside it, on five H100 runs of 0.13-0.14
 # at 1,024 rows (llm-d-benchmark: Llama-3.1-8B 4.76 GiB, Qwen3-0.6B 5.56, Qwen3-32B 5.64 at TP 1 and 2,
 # gpt-oss-20b 7.38; each within 0.01 GiB).
 SORTING_SAMPLER_BYTES_PER_ENTRY = 38
-# FlashInfer's top-k/top-p in the profile's dummy sampler run (before 0.19, where it replaces the sort): the
+# FlashInfer's top-k/top-p in the profile's dummy sampler run (before 0.17, where it replaces the sort): the
 # model-dtype logits (2 B, alive in _dummy_sampler_run), their fp32 copy (4, v1/sample/sampler.py: `logits.to(
 # torch.float32)`; temperature divides it in place), then flashinfer.sampling.top_k_top_p_sampling_from_logits's
 # top-k-masked logits (4) and their softmax (4) (flashinfer 0.3.1 sampling.py:979-982, called from vLLM 0.11.0
@@ -351,8 +438,8 @@ FLASHINFER_SAMPLER_BYTES_PER_ENTRY = 14
 
 def uses_flashinfer_sampler(rules: VllmRules, packages: Mapping[str, str] | None, env: Mapping[str, str],
                             logprobs_mode: str | None = None) -> bool | None:
-    """Whether the profile's sampler is FlashInfer's top-k/top-p rather than the sort (before 0.19; from
-    0.19 the Triton kernel is modelled either way), by `VllmRules.flashinfer_sampler`; None where that
+    """Whether the profile's sampler is FlashInfer's top-k/top-p rather than the sort (before 0.17; from
+    0.17 the Triton kernel is modelled either way), by `VllmRules.flashinfer_sampler`; None where that
     turns on FlashInfer being installed beside the engine and `packages` is not known (None), or on a
     VLLM_USE_FLASHINFER_SAMPLER vLLM cannot read (it raises at start)."""
     if not rules.sorting_sampler:
@@ -381,7 +468,8 @@ def uses_flashinfer_sampler(rules: VllmRules, packages: Mapping[str, str] | None
 
 def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: int, num_seqs: int, tp: int,
                  gpu_name: str = "", act_dtype_bytes: int = 2, language_only: bool = False, dp: int = 1,
-                 expert_parallel: bool = False, flashinfer_sampler: bool | None = False) -> ProfilePeak:
+                 expert_parallel: bool = False, flashinfer_sampler: bool | None = False,
+                 max_model_len: int | None = None) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
 
     V1 (0.19-0.21, and 0.22-0.28 outside the V2 architecture list): the sampler dummy run holds
@@ -405,7 +493,11 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     if not moe and dp > 1 and geometry.num_experts:  # gpt-oss's MXFP4 path holds no fused-MoE workspace
         moe = mxfp4_dp_workspace_bytes(geometry, tokens=t * dp, one_rank_tokens=t, tp=moe_tp)
     gathered = 2 * act_dtype_bytes * (dp - 1) * t * h if geometry.num_experts and dp > 1 else 0
-    encoder = act_dtype_bytes * t * h if geometry.is_multimodal and not language_only else 0
+    v2 = not rules.sorting_sampler and uses_v2_runner(rules, geometry.architecture)
+    mm = (encoder_profile(geometry, batched_tokens=t, num_seqs=num_seqs, max_model_len=max_model_len,
+                          act_dtype_bytes=act_dtype_bytes, inputs_alive=not v2)
+          if geometry.is_multimodal and not language_only else EncoderProfile(0, 0, 0, ""))
+    encoder, pixels = mm.outputs_bytes, mm.inputs_bytes
     vision_rope = vision_rope_table_bytes(geometry) if encoder else 0
     if rules.sorting_sampler:
         # Before 0.19: the larger of the forward and the sampler dummy run, which sorts the vocabulary
@@ -413,14 +505,14 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         # beside the forward's hidden states, a VLM's encoder outputs (kept in encoder_cache through the
         # profile: 0.14.1 v1/worker/gpu_model_runner.py:4694-4756) and the fitted constant, as from 0.19.
         forward = forward_peak_bytes(geometry, batched_tokens=t, tp=tp)
-        beside = hidden + encoder + vision_rope + PROFILE_CONSTANT_BYTES
+        beside = hidden + encoder + pixels + vision_rope + PROFILE_CONSTANT_BYTES
         sort = SORTING_SAMPLER_BYTES_PER_ENTRY * r * v + beside
         flashinfer = FLASHINFER_SAMPLER_BYTES_PER_ENTRY * r * v + beside
         sampler = flashinfer if flashinfer_sampler else sort
         legacy = max(forward, sampler)
         # The sampler's bytes per entry within +/- 10 % (the V0/early-V1 logs spread 9.4-9.9 copies); the
         # forward's shapes, fitted on no GPU log, +/- 25 %.
-        error = int(0.10 * legacy) if sampler >= forward else int(0.25 * legacy)
+        error = (int(0.10 * legacy) if sampler >= forward else int(0.25 * legacy)) + mm.error_bytes
         label = "forward" if forward > sampler else "sampler (FlashInfer top-k/top-p)" if flashinfer_sampler \
             else "sampler (sort)"
         if flashinfer_sampler is None:
@@ -437,15 +529,17 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                              ("DP-gathered MoE rows", gathered))
         total = sum(b for _, b in terms_legacy)
         saves = legacy - max(forward, flashinfer) if flashinfer_sampler is None else 0
-        return ProfilePeak(terms_legacy, total, error, "V0/V1 (before 0.19)", flashinfer_saves_bytes=saves)
+        return ProfilePeak(terms_legacy, total, error, "V0/V1 (before 0.17)", flashinfer_saves_bytes=saves,
+                           encoder_rule=mm.rule)
     if not uses_v2_runner(rules, geometry.architecture):
         sampler = 14 * r * v + 4 * sms * v
         terms: tuple[tuple[str, int], ...] = (("sampler", sampler), ("hidden states", hidden),
                                                ("MoE workspace", moe), ("DP-gathered MoE rows", gathered),
-                                               ("encoder cache", encoder),
+                                               ("encoder cache", encoder), ("dummy images", pixels),
                                                ("vision rope table", vision_rope),
                                                ("constant", PROFILE_CONSTANT_BYTES))
-        return ProfilePeak(terms, sum(b for _, b in terms), V1_PEAK_ERROR_BYTES, "V1")
+        return ProfilePeak(terms, sum(b for _, b in terms), V1_PEAK_ERROR_BYTES + mm.error_bytes, "V1",
+                           encoder_rule=mm.rule)
     intermediate = geometry.intermediate_size or 4 * h
     forward = act_dtype_bytes * t * (3 * intermediate // max(tp, 1) + 4 * h)
     sampler = 2 * r * v + (4 * r * v + 4 * sms * v if rules.sampler_warmup_pass else 0)
@@ -455,7 +549,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
              ("DP-gathered MoE rows", gathered), ("encoder cache", encoder), ("vision rope table", vision_rope),
              ("constant", PROFILE_CONSTANT_BYTES))
     return ProfilePeak(terms, sum(b for _, b in terms), V2_PEAK_ERROR_BYTES, "V2",
-                       persistent_bytes=penalty if rules.v2_penalty_state_counted else 0)
+                       persistent_bytes=penalty if rules.v2_penalty_state_counted else 0, encoder_rule=mm.rule)
 
 
 # Host RAM on the CPU backend: only the RAM check and the default VLLM_CPU_KVCACHE_SPACE use this
@@ -483,9 +577,14 @@ def context_bytes(tp: int, pp: int) -> int:
     return CUDA_CONTEXT_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
 
 
-def non_torch_bytes(tp: int, pp: int, *, since_019: bool = True,
+def non_torch_bytes(tp: int, pp: int, *, since_019: bool = True, graphs_profiled: bool | None = None,
                     compute_capability: tuple[int, int] | None = None) -> tuple[int, int]:
     """Non-torch memory after the snapshot and its expected error, per rank.
+
+    One rank: the 0.19 logs' 0.25-0.27 GiB where what CUDA-graph capture allocates outside torch is inside
+    the measured non-torch (`graphs_profiled`: graphs captured, and 0.18-0.26's profile of them inside
+    memory_profiling, `VllmRules.graphs_profiled_in_budget`, or 0.34's sizing after capture), else the
+    0.13-0.16 GiB of releases and starts without it (None: as `since_019`).
 
     With parallel ranks, the 2.08 GiB of the 0.19 H100 logs is the symmetric-memory all-reduce
     (vllm/distributed/device_communicators/all_reduce_utils.py:52: sm90 and sm100 only); other
@@ -497,7 +596,8 @@ def non_torch_bytes(tp: int, pp: int, *, since_019: bool = True,
         if since_019 and symmetric:
             return NON_TORCH_BYTES_TP_V019, NON_TORCH_TP_ERROR_BYTES
         return NON_TORCH_BYTES_TP, NON_TORCH_ERROR_BYTES
-    return (NON_TORCH_BYTES_TP1_V019 if since_019 else NON_TORCH_BYTES_TP1), NON_TORCH_ERROR_BYTES
+    profiled = since_019 if graphs_profiled is None else graphs_profiled
+    return (NON_TORCH_BYTES_TP1_V019 if profiled else NON_TORCH_BYTES_TP1), NON_TORCH_ERROR_BYTES
 
 
 def utilization_for(room_bytes: int, cuda_total_bytes: int) -> float:

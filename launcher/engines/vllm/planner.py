@@ -481,7 +481,7 @@ class _Sizing:
     kv_segments: int = 1  # layer segments its pages are committed in (granule rounding)
     rank_weights_how: str = ""  # how data/expert parallelism splits the checkpoint (parallel.py), if it does
     compute_capability: tuple[int, int] | None = None  # the attention backend's workspaces (extensible)
-    flashinfer_sampler: bool | None = False  # the profile's sampler before 0.19 (vb.uses_flashinfer_sampler)
+    flashinfer_sampler: bool | None = False  # the profile's sampler before 0.17 (vb.uses_flashinfer_sampler)
 
     def peak_at(self, length: int) -> tuple[int, int, vb.ProfilePeak]:
         """(batched tokens, sequences, the profile run's peak) at `length`."""
@@ -494,7 +494,7 @@ class _Sizing:
                                tp=self.setup.tp, gpu_name=self.gpu_name,
                                language_only=not vb.encoder_profiled(self.geometry, pinned),
                                dp=self.setup.parallel.dp, expert_parallel=self.setup.parallel.expert_parallel,
-                               flashinfer_sampler=self.flashinfer_sampler)
+                               flashinfer_sampler=self.flashinfer_sampler, max_model_len=length)
         return batched, seqs, peak
 
     def activation_at(self, length: int) -> int:
@@ -736,9 +736,10 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     """The length-independent terms: requested, weights, non-torch, graphs and their errors."""
     pinned, rules, tp, pp = setup.pinned, setup.rules, setup.tp, setup.pp
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
-    non_torch, non_torch_error = vb.non_torch_bytes(_talking_ranks(setup, request.model.geometry), 1,
-                                                    since_019=version_key(rules.version) >= version_key("0.19"),
-                                                    compute_capability=gpu.compute_capability)
+    non_torch, non_torch_error = vb.non_torch_bytes(
+        _talking_ranks(setup, request.model.geometry), 1, since_019=version_key(rules.version) >= version_key("0.19"),
+        graphs_profiled=graphs.count > 0 and (rules.graphs_profiled_in_budget or extensible),
+        compute_capability=gpu.compute_capability)
     subtracted = graphs.subtracted
     cal = request.calibration
     parallel = setup.parallel
@@ -808,7 +809,7 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
 
 
 def _sampler_note(setup: _VllmSetup, peak: vb.ProfilePeak) -> tuple[str, ...]:
-    """Before 0.19, where FlashInfer's sampler would run if installed beside vLLM and that is not known here."""
+    """Before 0.17, where FlashInfer's sampler would run if installed beside vLLM and that is not known here."""
     if not peak.flashinfer_saves_bytes:
         return ()
     where = ("a FlashInfer older than 0.2.3 is installed beside it" if setup.rules.flashinfer_sampler == "below_0.2.3"
@@ -1059,7 +1060,10 @@ def _non_torch_item(sizing: _Sizing) -> BudgetItem:
                       "cuBLAS, allocator" + (", NCCL and all-reduce buffers" if parallel else "")
                       + ("; vLLM 0.19 H100 logs 2.07-2.10 GiB (symmetric-memory all-reduce)"
                          if sizing.non_torch == vb.NON_TORCH_BYTES_TP_V019 else
-                         "; published logs 0.34-0.43 GiB per rank" if parallel else "; vLLM 0.19 logs 0.25-0.27 GiB"),
+                         "; published logs 0.34-0.43 GiB per rank" if parallel else
+                         "; with the CUDA-graph profile's own: vLLM 0.18-0.19 logs 0.25-0.27 GiB"
+                         if sizing.non_torch == vb.NON_TORCH_BYTES_TP1_V019 else
+                         "; no CUDA-graph profile inside the measurement: vLLM 0.15-0.17 logs 0.13 GiB"),
                       bar="other", error_bytes=sizing.non_torch_error)
 
 
@@ -1068,7 +1072,8 @@ def _activation_item(sizing: _Sizing, length: int) -> BudgetItem:
     return BudgetItem("activation", f"activation ({peak.runner} profile run)", sizing.activation_at(length), FORMULA,
                       f"{peak.describe()} at {batched} batched tokens, {min(seqs, batched)} sampler rows "
                       f"({sizing.defaults.reason})"
-                      + (f"; + penalty state {format_gib(peak.persistent_bytes)}" if peak.persistent_bytes else ""),
+                      + (f"; + penalty state {format_gib(peak.persistent_bytes)}" if peak.persistent_bytes else "")
+                      + (f"; multimodal profile: {peak.encoder_rule}" if peak.encoder_rule else ""),
                       bar="activations", error_bytes=peak.error_bytes)
 
 

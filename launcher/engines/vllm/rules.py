@@ -63,7 +63,13 @@ class VllmRules:
     tokens_from_concurrency: bool = True  # printed tokens int(concurrency x len); before 0.20.1 blocks // groups
     b200_tier: bool = False  # get_batch_defaults: >= 160 GiB cards get 16384 tokens for `vllm serve`
     fa4_head256_block128: bool = False  # FlashAttention 4 (SM100/110) picks block 128 for head_dim 256
-    sorting_sampler: bool = False  # before 0.19: top-k/top-p sorted the vocabulary (~9.5 fp32 copies per row)
+    sorting_sampler: bool = False  # before 0.17: top-k/top-p sorted the vocabulary (~9.5 fp32 copies per row)
+    # 0.18-0.26 measure CUDA-graph memory (profile_cudagraph_memory, unless eager) inside memory_profiling,
+    # whose non-torch increase then holds what that capture allocates outside torch (0.18.0
+    # v1/worker/gpu_worker.py:350-370, the same in the 0.19, 0.20, 0.22, 0.24 and 0.26 wheels; 0.17.0 profiles
+    # no graphs; from 0.27 the call is after the `with` block: 0.27.0, 0.28, 0.30, 0.32 wheels): 0.13 GiB
+    # on 0.15-0.17, 0.25 on 0.18 in llm-d-planner's version sweep.
+    graphs_profiled_in_budget: bool = False
     # Where the sorting sampler gives way to FlashInfer's top-k/top-p (v1/sample/ops/topk_topp_sampler.py,
     # budget.py `uses_flashinfer_sampler`): "below_0.2.3" (0.8.5: only with a FlashInfer older than 0.2.3
     # installed, :32-60), "installed" (0.9.0-0.11.0: wherever FlashInfer >= 0.2.3 is installed, unless
@@ -190,10 +196,18 @@ RULES: tuple[VllmRules, ...] = _history(
      dict(ct_wna16_min_capability=75, triton_kernels_bundled=True)),
     ("0.16.0", "0.16.0 compressed_tensors/schemes/compressed_tensors_w8a16_fp8.py:51 (W8A16-FP8 needs 7.5)",
      dict(ct_w8a16_fp8_min_capability=75)),
+    ("0.17.0", "0.17.0 v1/sample/ops/topk_topp_sampler.py:245-256 Triton top-k/top-p (topk_topp_triton.py) from 8 "
+               "rows, no sort; v1/sample/sampler.py and topk_topp_sampler.py as 0.19.0's. llm-d-planner's version "
+               "sweep (Qwen3-14B, H100, a95e9f6 accuracy/results/version-sweep): profile peak 5.64 GiB on 0.15-0.16, "
+               "2.23 on 0.17-0.18",
+     dict(sorting_sampler=False)),
+    ("0.18.0", "0.18.0 v1/worker/gpu_worker.py:350-370 profile_cudagraph_memory inside memory_profiling (its "
+               "non-torch increase: 0.13 GiB on 0.15-0.17, 0.25 on 0.18 in the same sweep)",
+     dict(graphs_profiled_in_budget=True)),
     ("0.19.0", "0.19.1 vllm/config/cache.py:56 (0.9); vllm/envs.py:1655 estimate default '0'; "
-               "kv_cache_utils.py: tokens = blocks // groups; Triton top-k/top-p (no sort); "
+               "kv_cache_utils.py: tokens = blocks // groups; "
                "0.19.0 METADATA Requires-Dist flashinfer-cubin==0.6.6 (utils/flashinfer.py:56 needs it or nvcc)",
-     dict(sorting_sampler=False, flashinfer_cubin_bundled=True, cpu_kernel_block_sizes=False)),
+     dict(flashinfer_cubin_bundled=True, cpu_kernel_block_sizes=False)),
     ("0.20.0", "0.20.0 vllm/config/cache.py gpu_memory_utilization 0.92; vllm/envs.py:1725 estimate default '1'",
      dict(default_utilization=0.92, cudagraph_estimate_subtracted=True)),
     ("0.20.1", "0.20.1 vllm/v1/core/kv_cache_utils.py: printed tokens = int(max_concurrency x max_model_len) "
@@ -210,8 +224,10 @@ RULES: tuple[VllmRules, ...] = _history(
      dict(v2_runner=_V2_026, flashinfer_cubin_bundled=False)),
     ("0.27.0", "0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak (penalty state counted); "
                "0.27.0 model_executor/layers/fused_moe/oracle/mxfp4.py:656-658 TRT-LLM intermediate rounded "
-               "to 128 (0.26.0 :655-657 256)",
-     dict(v2_runner=_V2_027, v2_penalty_state_counted=True, mxfp4_trtllm_intermediate_align=128)),
+               "to 128 (0.26.0 :655-657 256); v1/worker/gpu_worker.py: profile_cudagraph_memory after "
+               "memory_profiling (inside it 0.18-0.26)",
+     dict(v2_runner=_V2_027, v2_penalty_state_counted=True, mxfp4_trtllm_intermediate_align=128,
+          graphs_profiled_in_budget=False)),
     ("0.28.0", "0.28.0 vllm/engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier; "
                "model_executor/models/config.py:603-604 mamba cache mode 'align' by default; "
                "engine/arg_utils.py:2650 prefix caching on by default for hybrid models too (0.27.1 :2602-2605 "
@@ -348,7 +364,7 @@ MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--kv-cache-memory-bytes"}
 # Environment the planner reads because vLLM reads it: the CPU KV space (whole GiB), the MXFP4 Marlin
 # switch, and the switch that lets a length exceed the model's maximum (vllm/envs.py).
 # VLLM_MXFP4_USE_MARLIN (0.10-0.23) picks gpt-oss's MXFP4 expert layout (budget.py marlin_env_set).
-# VLLM_USE_FLASHINFER_SAMPLER picks the sampler the profile run holds before 0.19 (budget.py
+# VLLM_USE_FLASHINFER_SAMPLER picks the sampler the profile run holds before 0.17 (budget.py
 # uses_flashinfer_sampler).
 ENV_KEYS = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_MXFP4_USE_MARLIN", "VLLM_USE_FLASHINFER_SAMPLER")
 # Distributions in the engine's environment whose presence its rules read (PlanRequest.engine_packages).

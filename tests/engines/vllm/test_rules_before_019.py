@@ -1,6 +1,7 @@
 """vLLM before 0.19 by release, from the wheels: no fp16 fallback for bf16 checkpoints on GPUs
 without bf16 before 0.9.0, compressed-tensors W4A16 needing compute capability 8.0 before 0.12.0
-and W8A16-FP8 before 0.16.0 (0.32 takes 7.5 for both)."""
+and W8A16-FP8 before 0.16.0 (0.32 takes 7.5 for both); the sort in the profile's sampler until 0.16 and the
+CUDA-graph profile inside the measured non-torch memory in 0.18-0.26, against llm-d-planner's version sweep."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 
 from launcher.common.errors import WontFit
 from launcher.engines import vllm as vl
+from launcher.engines.vllm import budget as vb
 from launcher.model.catalog import hypothetical_gpus
 from launcher.model.config import geometry_from_config
-from launcher.model.resolve import ResolvedModel
+from launcher.model.resolve import ResolvedModel, resolve_model
 from launcher.plan.planner import make_plan
 from launcher.plan.types import PlanRequest
 
@@ -69,7 +71,7 @@ def vl_ct() -> str:
 
 def test_rule_sets_before_019() -> None:
     versions = [r.version for r in vl.RULES]
-    assert versions[:7] == ["0.8.5", "0.9.0", "0.10.0", "0.10.1", "0.11.1", "0.12.0", "0.16.0"]
+    assert versions[:9] == ["0.8.5", "0.9.0", "0.10.0", "0.10.1", "0.11.1", "0.12.0", "0.16.0", "0.17.0", "0.18.0"]
     assert [vl.rules_for(v)[0].flashinfer_version_as_string for v in ("0.8.5", "0.10.0", "0.10.1")] == [
         True, True, False]
     assert [vl.rules_for(v)[0].flashinfer_sampler for v in ("0.8.5", "0.9.0", "0.11.0", "0.11.1", "0.18.1")] == [
@@ -104,3 +106,47 @@ def test_graphs_captured_outside_the_request_on_085() -> None:
     assert _moe_plan("0.8.5", "--gpu-memory-utilization", "0.9", "--enforce-eager").may_not_fit is None
     # From 0.20 the estimate is subtracted inside the request: no doubt about capture.
     assert _moe_plan("0.20.0", "--gpu-memory-utilization", "0.9").may_not_fit is None
+
+
+def test_sampler_and_graph_profile_by_release() -> None:
+    """0.17 brings 0.19's Triton top-k/top-p (no sort); 0.18-0.26 profile CUDA-graph memory inside
+    memory_profiling, 0.27 after it (read in the 0.17-0.32 wheels)."""
+    assert [vl.rules_for(v)[0].sorting_sampler for v in ("0.15.0", "0.16.1", "0.17.0", "0.18.1", "0.19.0")] == [
+        True, True, False, False, False]
+    assert [vl.rules_for(v)[0].graphs_profiled_in_budget
+            for v in ("0.16.0", "0.17.1", "0.18.0", "0.19.0", "0.26.1", "0.27.0", "0.32.0", "0.34.0")] == [
+        False, False, True, True, True, False, False, False]
+
+
+QWEN3_14B_SWEEP = {"0.15.0": 41.94, "0.16.0": 41.94, "0.17.0": 45.34, "0.18.0": 45.23}
+
+
+def _qwen3_14b(version: str, *args: str) -> Any:
+    return make_plan(PlanRequest(model=resolve_model("qwen3-14b"), engine="vllm", gpus=hypothetical_gpus(["h100"]),
+                                 engine_version=version,
+                                 engine_args=("--max-model-len", "8192", "--gpu-memory-utilization", "0.95",
+                                              "--no-enable-prefix-caching", *args)))
+
+
+@pytest.mark.parametrize("version", sorted(QWEN3_14B_SWEEP))
+def test_qwen3_14b_version_sweep(version: str) -> None:
+    """llm-d-planner's version sweep on one H100 (tests/data/startup-logs/startup-logs-3.yaml): the KV the
+    engine printed, within 0.05 GiB, across the sampler change (0.17) and the graph profile's non-torch (0.18)."""
+    plan = _qwen3_14b(version)
+    assert abs(plan.kv_cache_bytes / 2**30 - QWEN3_14B_SWEEP[version]) <= 0.05
+    assert plan.kv_cache_bytes_low <= QWEN3_14B_SWEEP[version] * 2**30 <= plan.kv_cache_bytes_high
+
+
+def _non_torch(version: str, *args: str) -> int:
+    return next(item.bytes for item in _qwen3_14b(version, *args).budget if item.key == "non_torch")
+
+
+def test_an_eager_start_profiles_no_graphs() -> None:
+    """--enforce-eager: no CUDA-graph profile inside the measurement, so 0.18-0.26's non-torch is the
+    0.13-0.16 GiB of starts without it; from 0.27 the profile is outside it; 0.34's sizing after capture
+    holds the capture's own."""
+    assert _non_torch("0.19.0") == vb.NON_TORCH_BYTES_TP1_V019
+    assert _non_torch("0.19.0", "--enforce-eager") == vb.NON_TORCH_BYTES_TP1
+    assert _non_torch("0.17.0") == _non_torch("0.27.0") == vb.NON_TORCH_BYTES_TP1
+    assert _non_torch("0.34.0") == vb.NON_TORCH_BYTES_TP1_V019
+    assert _non_torch("0.34.0", "--enforce-eager") == vb.NON_TORCH_BYTES_TP1
