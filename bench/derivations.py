@@ -46,7 +46,8 @@ def activation_peak() -> str:
         geometry = geometry_from_config(config)
         tp = int(case["flags"].get("tensor_parallel_size") or 1)
         peak = vb.profile_peak(geometry, rules=rules, batched_tokens=8192, num_seqs=1024, tp=tp,
-                               gpu_name="NVIDIA H100 80GB HBM3")
+                               gpu_name="NVIDIA H100 80GB HBM3",
+                               max_model_len=int(case["flags"].get("max_model_len") or 8192))
         shapes = peak.total_bytes - vb.PROFILE_CONSTANT_BYTES
         logged = int(float(case["observed"]["peak_torch_memory_gib"]) * GiB)
         residuals.append(logged - shapes)

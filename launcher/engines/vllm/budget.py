@@ -310,6 +310,37 @@ def encoder_profiled(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> bool
     return any(_mm_count(limits.get(modality, 999)) > 0 for modality in supported)
 
 
+def mm_limits(pinned: Mapping[str, Any]) -> dict[str, int]:
+    """--limit-mm-per-prompt as vLLM reads it per modality (999 where unset or unreadable)."""
+    raw = pinned.get("--limit-mm-per-prompt")
+    try:
+        limits = json.loads(raw) if isinstance(raw, str) else {}
+    except (ValueError, RecursionError):
+        limits = {}
+    if not isinstance(limits, Mapping):
+        limits = {}
+    return {modality: _mm_count(limits.get(modality, MM_DEFAULT_LIMIT)) for modality in sorted(ALL_MODALITIES)}
+
+
+def mm_max_pixels(pinned: Mapping[str, Any]) -> int | None:
+    """--mm-processor-kwargs' max_pixels (or size.longest_edge), which sizes a Qwen-VL dummy image
+    (qwen2_vl.py `_get_vision_size`, 0.34.0 :952-977); None where unset or not a positive int."""
+    raw = pinned.get("--mm-processor-kwargs")
+    try:
+        kwargs = json.loads(raw) if isinstance(raw, str) else {}
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(kwargs, Mapping):
+        return None
+    size = kwargs.get("size")
+    value = kwargs.get("max_pixels")
+    if value is None and isinstance(size, Mapping):  # `_get_vision_size`: max_pixels over size.longest_edge
+        value = size.get("longest_edge")
+    if isinstance(value, int) and not isinstance(value, bool) and value > MM_MAX_PIXELS:
+        return MM_MAX_PIXELS  # beyond any real image: bounded, the larger item (the safe side)
+    return _count(value, MM_MAX_PIXELS)
+
+
 def _mm_count(value: Any) -> int:
     """A limit is a count or {"count": n, ...} (config/multimodal.py `limit_per_prompt`)."""
     if isinstance(value, Mapping):
@@ -366,6 +397,8 @@ class EncoderProfile:
     inputs_bytes: int  # the dummy pixels on the device (the V1 runner, 0.8.5-0.28)
     error_bytes: int  # the dummy pixels of a tower not derived here, at the bound
     rule: str
+    forward_bytes: int = 0  # the vision tower's own forward peak (pixels included), where derived
+    forward_error_bytes: int = 0
 
 
 # Beyond these a config.json is not a real tower's (config.json is text a stranger writes): not derived.
@@ -376,6 +409,12 @@ MM_MAX_TOKENS_PER_IMAGE = 1 << 20
 def _count(value: Any, limit: int) -> int | None:
     """A positive int up to `limit` (not a bool, a float or a string), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limit else None
+
+
+def _mm_items(tokens: int, batched_tokens: int, num_seqs: int, max_model_len: int | None, limit: int) -> int:
+    """Items of `tokens` each in the profile's dummy batch (encoder_budget.py `_get_max_items`)."""
+    per_prompt = max(1, min(limit, (max_model_len or MM_DEFAULT_LIMIT * tokens) // tokens))
+    return max(1, min(max(batched_tokens, tokens) // tokens, num_seqs * per_prompt))
 
 
 def _dummy_image(geometry: ModelGeometry) -> tuple[int, int] | None:
@@ -400,10 +439,103 @@ def _dummy_image(geometry: ModelGeometry) -> tuple[int, int] | None:
     return None
 
 
+# Qwen2-VL and Qwen2.5-VL (qwen2_vl.py, the same in 0.11.0, 0.19.0 :820-1030, 0.34.0 :980-1200): the dummy image is
+# the largest whose merged-patch grid factorizes max_pixels // (patch x merge)^2 at an aspect ratio <= 200
+# (`get_image_size_with_most_features`), one frame of two temporal patches; the dummy video has that frame size
+# and as many frames as fit max_model_len tokens, at most _MAX_FRAMES_PER_VIDEO = 14 (`_get_max_video_frames`,
+# `get_num_frames_with_most_features`); the modality with more tokens is profiled (ties: video, encoder_budget.py
+# `get_modality_with_max_tokens`). max_pixels is the repos' preprocessor_config.json value, 12,845,056 (3584^2:
+# 16,384 tokens an image), unless --mm-processor-kwargs sets it. Each patch carries 3 x temporal x patch^2 pixels.
+QWEN_VL_ARCHITECTURES = frozenset({"Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"})
+QWEN_VL_MAX_PIXELS = 12_845_056
+QWEN_VL_MAX_FRAMES = 14
+MM_MAX_PIXELS = 1 << 34
+# The vision tower's own forward runs before the language model's, so the profile's peak is the larger of the
+# two. Per block and patch, in the model dtype, beside the dummy pixels (qwen2_5_vl.py Qwen2_5_VisionBlock, 0.19.0
+# :271-306, :362-500; qwen2_vl.py): attention - the block's input (the caller holds it too), the norm, qkv (3 W),
+# q/k made contiguous and rotated (2 x 2 W), the attention output and its projection: 4 W + 8 W / TP (Qwen2-VL
+# all-gathers qkv at TP > 1, `split_qkv`: 6 W + 8 W / TP, 8 W + 3 W / TP while gathering); MLP - the input,
+# attention output, residual, norm (eager RMSNorm allocates), gate_up + activation + down_proj's output:
+# 5 W + 3 I / TP, + W for the out-of-place all-reduce at TP > 1 (Qwen2-VL's ungated fc1 + act: 4 W + 2 I / TP).
+# --mm-encoder-tp-mode data runs the tower whole on each rank (TP 1 here). Fitted on no GPU log: +/- 25 %.
+VISION_FORWARD_ERROR_FRACTION = 0.25
+
+
+def _qwen_vl_frame(max_pixels: int, unit: int) -> int:
+    """Merged tokens of `get_image_size_with_most_features`' image (height x width factors of the unit)."""
+    tokens = max(max_pixels // (unit * unit), 1)
+    for total in range(tokens, max(tokens - 10_000, 0), -1):  # a factor pair at aspect <= 200 is found at once
+        low = next(d for d in range(math.isqrt(total), 0, -1) if total % d == 0)
+        if total // low / low <= 200:
+            return total
+    return 1
+
+
+def _qwen_vl_dummy(geometry: ModelGeometry, *, max_model_len: int | None, limits: Mapping[str, int],
+                   max_pixels: int | None) -> tuple[int, int, int, str] | None:
+    """(tokens an item, patches an item, pixels a patch, modality) of the profile's Qwen-VL dummy item."""
+    vision = geometry.vision_config
+    patch = _count(vision.get("patch_size") or vision.get("spatial_patch_size"), MM_MAX_IMAGE_SIDE)
+    merge = _count(vision.get("spatial_merge_size"), MM_MAX_IMAGE_SIDE)
+    temporal = _count(vision.get("temporal_patch_size", 2), 64)
+    if patch is None or merge is None or temporal is None:
+        return None
+    frame = _qwen_vl_frame(max_pixels or QWEN_VL_MAX_PIXELS, patch * merge)
+    sizes: dict[str, int] = {}
+    if limits.get("image", MM_DEFAULT_LIMIT) > 0:
+        sizes["image"] = frame
+    if limits.get("video", MM_DEFAULT_LIMIT) > 0:
+        # The most frames whose grid_t x frame tokens fit max_model_len (1 when none does): grid_t = ceil(n / temporal).
+        fitting = (max_model_len or 0) // frame * temporal
+        frames = max(min(max(fitting, 1), QWEN_VL_MAX_FRAMES), 1)
+        sizes["video"] = max(-(-frames // temporal), 1) * frame
+    if not sizes:
+        return None
+    modality, tokens = max(sizes.items(), key=lambda item: (item[1], item[0]))
+    return tokens, tokens * merge * merge, 3 * temporal * patch * patch, modality
+
+
+def _vision_forward_bytes(geometry: ModelGeometry, *, patches: int, tp: int, act_dtype_bytes: int) -> int:
+    """The Qwen-VL vision tower's forward peak over `patches` (see VISION_FORWARD_ERROR_FRACTION)."""
+    vision = geometry.vision_config
+    gated = geometry.architecture == "Qwen2_5_VLForConditionalGeneration"
+    width = _count(vision.get("hidden_size") if gated else vision.get("embed_dim"), 1 << 20) or 0
+    if gated:
+        inner = _count(vision.get("intermediate_size"), 1 << 22) or 4 * width
+        mlp = 5 * width + 3 * inner // tp + (width if tp > 1 else 0)
+        attention = 4 * width + 8 * width // tp
+    else:
+        ratio = vision.get("mlp_ratio", 4)
+        ratio = ratio if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio <= 64 else 4
+        inner = int(width * ratio)  # Qwen2VisionBlock: int(embed_dim * mlp_ratio)
+        mlp = 4 * width + 2 * inner // tp
+        attention = (11 * width if tp == 1 else
+                     max(6 * width + 8 * width // tp, 8 * width + 3 * width // tp))
+    return patches * max(attention, mlp) * act_dtype_bytes
+
+
 def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: int, max_model_len: int | None,
-                    act_dtype_bytes: int, inputs_alive: bool) -> EncoderProfile:
-    """The encoder outputs (and, where `inputs_alive`, the dummy pixels) the profile run holds at its peak."""
+                    act_dtype_bytes: int, inputs_alive: bool, tp: int = 1,
+                    limits: Mapping[str, int] | None = None, max_pixels: int | None = None,
+                    vision_tp: int | None = None) -> EncoderProfile:
+    """The encoder outputs (and, where `inputs_alive`, the dummy pixels) the profile run holds at its peak, and
+    for the towers derived the vision forward's own peak (`forward_bytes`, before the language model runs)."""
     t, h = batched_tokens, geometry.hidden_size
+    if geometry.architecture in QWEN_VL_ARCHITECTURES:
+        qwen = _qwen_vl_dummy(geometry, max_model_len=max_model_len, limits=limits or {}, max_pixels=max_pixels)
+        if qwen is not None:
+            tokens, patches, per_patch, modality = qwen
+            items = _mm_items(tokens, t, num_seqs, max_model_len, (limits or {}).get(modality, MM_DEFAULT_LIMIT))
+            pixels = items * patches * per_patch * act_dtype_bytes
+            forward = pixels + _vision_forward_bytes(geometry, patches=items * patches, tp=vision_tp or tp,
+                                                     act_dtype_bytes=act_dtype_bytes)
+            return EncoderProfile(act_dtype_bytes * items * tokens * h, pixels if inputs_alive else 0, 0,
+                                  f"{items} dummy {modality}{'s' if items > 1 else ''} x {tokens:,} tokens x {h}"
+                                  + (f" + their pixels {format_gib(pixels)}" if inputs_alive else "")
+                                  + f"; the vision forward over {items * patches:,} patches {format_gib(forward)} "
+                                  f"+/- {VISION_FORWARD_ERROR_FRACTION:.0%} (qwen2_5_vl.py VisionBlock)",
+                                  forward_bytes=forward,
+                                  forward_error_bytes=int(forward * VISION_FORWARD_ERROR_FRACTION))
     dummy = _dummy_image(geometry)
     if dummy is None:
         # Not derived: the outputs at the budget's tokens (one item per batched token), the pixels in the band.
@@ -413,8 +545,7 @@ def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: i
                               f"{geometry.architecture}"
                               + (f"; its pixels +/- {error / GiB:.2f} GiB" if error else "") + ")")
     tokens, pixels = dummy
-    per_prompt = max(1, min(MM_DEFAULT_LIMIT, (max_model_len or MM_DEFAULT_LIMIT * tokens) // tokens))
-    items = max(1, min(max(t, tokens) // tokens, num_seqs * per_prompt))
+    items = _mm_items(tokens, t, num_seqs, max_model_len, (limits or {}).get("image", MM_DEFAULT_LIMIT))
     inputs = items * pixels * act_dtype_bytes if inputs_alive else 0
     return EncoderProfile(act_dtype_bytes * items * tokens * h, inputs, 0,
                           f"{items} dummy images x {tokens} embeds x {h}"
@@ -469,7 +600,8 @@ def uses_flashinfer_sampler(rules: VllmRules, packages: Mapping[str, str] | None
 def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: int, num_seqs: int, tp: int,
                  gpu_name: str = "", act_dtype_bytes: int = 2, language_only: bool = False, dp: int = 1,
                  expert_parallel: bool = False, flashinfer_sampler: bool | None = False,
-                 max_model_len: int | None = None) -> ProfilePeak:
+                 max_model_len: int | None = None, mm_limits: Mapping[str, int] | None = None,
+                 mm_max_pixels: int | None = None, vision_tp: int | None = None) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
 
     V1 (0.19-0.21, and 0.22-0.28 outside the V2 architecture list): the sampler dummy run holds
@@ -495,7 +627,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     gathered = 2 * act_dtype_bytes * (dp - 1) * t * h if geometry.num_experts and dp > 1 else 0
     v2 = not rules.sorting_sampler and uses_v2_runner(rules, geometry.architecture)
     mm = (encoder_profile(geometry, batched_tokens=t, num_seqs=num_seqs, max_model_len=max_model_len,
-                          act_dtype_bytes=act_dtype_bytes, inputs_alive=not v2)
+                          act_dtype_bytes=act_dtype_bytes, inputs_alive=not v2, tp=tp, limits=mm_limits,
+                          max_pixels=mm_max_pixels, vision_tp=vision_tp)
           if geometry.is_multimodal and not language_only else EncoderProfile(0, 0, 0, ""))
     encoder, pixels = mm.outputs_bytes, mm.inputs_bytes
     vision_rope = vision_rope_table_bytes(geometry) if encoder else 0
@@ -527,6 +660,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
             chunk = 16384 if expert_parallel else min(t * dp, 16384)
             terms_legacy += (("MoE workspace", moe_workspace_bytes(geometry, batched_tokens=chunk, tp=moe_tp)),
                              ("DP-gathered MoE rows", gathered))
+        terms_legacy, error = _with_vision_forward(terms_legacy, error, mm)
         total = sum(b for _, b in terms_legacy)
         saves = legacy - max(forward, flashinfer) if flashinfer_sampler is None else 0
         return ProfilePeak(terms_legacy, total, error, "V0/V1 (before 0.17)", flashinfer_saves_bytes=saves,
@@ -538,8 +672,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                                                ("encoder cache", encoder), ("dummy images", pixels),
                                                ("vision rope table", vision_rope),
                                                ("constant", PROFILE_CONSTANT_BYTES))
-        return ProfilePeak(terms, sum(b for _, b in terms), V1_PEAK_ERROR_BYTES + mm.error_bytes, "V1",
-                           encoder_rule=mm.rule)
+        terms, error = _with_vision_forward(terms, V1_PEAK_ERROR_BYTES + mm.error_bytes, mm)
+        return ProfilePeak(terms, sum(b for _, b in terms), error, "V1", encoder_rule=mm.rule)
     intermediate = geometry.intermediate_size or 4 * h
     forward = act_dtype_bytes * t * (3 * intermediate // max(tp, 1) + 4 * h)
     sampler = 2 * r * v + (4 * r * v + 4 * sms * v if rules.sampler_warmup_pass else 0)
@@ -548,8 +682,23 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     terms = (("forward" if forward >= hidden + sampler else "sampler", transient), ("MoE workspace", moe),
              ("DP-gathered MoE rows", gathered), ("encoder cache", encoder), ("vision rope table", vision_rope),
              ("constant", PROFILE_CONSTANT_BYTES))
-    return ProfilePeak(terms, sum(b for _, b in terms), V2_PEAK_ERROR_BYTES, "V2",
+    terms, error = _with_vision_forward(terms, V2_PEAK_ERROR_BYTES, mm)
+    return ProfilePeak(terms, sum(b for _, b in terms), error, "V2",
                        persistent_bytes=penalty if rules.v2_penalty_state_counted else 0, encoder_rule=mm.rule)
+
+
+def _with_vision_forward(terms: tuple[tuple[str, int], ...], error: int,
+                         mm: EncoderProfile) -> tuple[tuple[tuple[str, int], ...], int]:
+    """The peak is the larger of the language model's phase (`terms`) and the vision tower's own forward, which
+    runs first (with the fitted constant beside it); the band spans both ends of both."""
+    if not mm.forward_bytes:
+        return terms, error
+    lm = sum(b for _, b in terms)
+    vision = mm.forward_bytes + PROFILE_CONSTANT_BYTES
+    total = max(lm, vision)
+    high = max(lm + error, vision + mm.forward_error_bytes)
+    low = max(lm - error, vision - mm.forward_error_bytes)
+    return (*terms, ("vision forward beyond", total - lm)), max(high - total, total - low)
 
 
 # Host RAM on the CPU backend: only the RAM check and the default VLLM_CPU_KVCACHE_SPACE use this

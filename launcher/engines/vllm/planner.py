@@ -494,7 +494,9 @@ class _Sizing:
                                tp=self.setup.tp, gpu_name=self.gpu_name,
                                language_only=not vb.encoder_profiled(self.geometry, pinned),
                                dp=self.setup.parallel.dp, expert_parallel=self.setup.parallel.expert_parallel,
-                               flashinfer_sampler=self.flashinfer_sampler, max_model_len=length)
+                               flashinfer_sampler=self.flashinfer_sampler, max_model_len=length,
+                               mm_limits=vb.mm_limits(pinned), mm_max_pixels=vb.mm_max_pixels(pinned),
+                               vision_tp=1 if pinned.get("--mm-encoder-tp-mode") == "data" else None)
         return batched, seqs, peak
 
     def activation_at(self, length: int) -> int:
@@ -808,6 +810,18 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
                                                       pinned.get("--logprobs-mode")))
 
 
+def _vision_note(peak: vb.ProfilePeak) -> tuple[str, ...]:
+    """Where the vision tower's own forward is the profile's peak: what vLLM encodes, and how to shrink it."""
+    beyond = dict(peak.terms).get("vision forward beyond", 0)
+    if not beyond:
+        return ()
+    return (f"vLLM's profile run encodes its largest dummy item before the language model runs, and that forward "
+            f"is the activation peak ({format_gib(beyond)} above the language model's; {peak.encoder_rule}): "
+            "--limit-mm-per-prompt '{\"video\": 0}', a shorter --max-model-len (fewer dummy frames) or a smaller "
+            "--mm-processor-kwargs max_pixels profiles a smaller item (--skip-mm-profiling profiles none, and "
+            "reserves nothing for it)",)
+
+
 def _sampler_note(setup: _VllmSetup, peak: vb.ProfilePeak) -> tuple[str, ...]:
     """Before 0.17, where FlashInfer's sampler would run if installed beside vLLM and that is not known here."""
     if not peak.flashinfer_saves_bytes:
@@ -923,6 +937,13 @@ def plan_gpu(request: PlanRequest) -> Plan:
                                    extensible)
     if not verified:
         warnings.append(architecture_note)
+    if vb.encoder_profiled(request.model.geometry, pinned) and \
+            request.model.geometry.architecture not in vb.QWEN_VL_ARCHITECTURES:
+        warnings.append(f"vLLM's profile run encodes dummy items with {request.model.geometry.architecture}'s own "
+                        "tower before the language model runs; that forward is not derived here (the plan counts "
+                        "what stays: the encoder outputs and dummy pixels): where it is the larger peak, vLLM keeps "
+                        "more out of the KV cache (Qwen2.5-VL's: 15 GiB for one 114,688-token dummy video at "
+                        "128,000 tokens)")
     chosen = _vllm_length(request, setup, sizing.capacity_at, sizing.band(), _weights_cause(sizing))
     length, capacity, doubt, at_risk = chosen.value, chosen.capacity, chosen.doubt, chosen.at_risk
     if sizing.pinned_kv_bytes is not None or sizing.blocks_override is not None:
@@ -953,7 +974,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
         engine_figures={"gpu_memory_utilization": None if sizing.pinned_kv_bytes is not None else utilization.value},
         gpu_name=gpu.name, gpu_count=len(devices),
         notes=(*_gpu_notes(setup, request.calibration), *((extensible_note,) if extensible_note else ()),
-               *_sampler_note(setup, sizing.peak_at(length)[2])),
+               *_sampler_note(setup, sizing.peak_at(length)[2]), *_vision_note(sizing.peak_at(length)[2])),
         engine_version_assumed=request.engine_version_assumed,
         kv_cache_bytes_low=budget.kv - budget.kv_error, kv_cache_bytes_high=budget.kv + budget.kv_error,
         may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None, at_risk=at_risk,

@@ -333,6 +333,8 @@ FLAGS = (
     # Multimodal profiling (config/multimodal.py:304, :695-708; multimodal/encoder_budget.py:72-90).
     FlagSpec("--language-model-only", None),
     FlagSpec("--limit-mm-per-prompt", str),
+    FlagSpec("--mm-processor-kwargs", str),  # max_pixels sizes a Qwen-VL dummy item (budget.mm_max_pixels)
+    FlagSpec("--mm-encoder-tp-mode", str),  # "data": the vision tower whole on each rank (budget.encoder_profile)
     FlagSpec("--skip-mm-profiling", None),
     # Read only to say that the plan does not count what they add (NOT_MODELLED).
     FlagSpec("--speculative-config", str, aliases=("-sc",)),

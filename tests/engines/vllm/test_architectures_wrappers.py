@@ -77,8 +77,10 @@ def test_the_encoder_is_profiled_as_vllm_decides(name: str, flags: tuple[str, ..
 
 
 def test_switching_the_encoder_off_returns_its_outputs_to_the_kv_cache() -> None:
-    """The profile run holds T x hidden encoder outputs (gpu_model_runner.py profile_run); without
-    them the KV cache gets exactly that back, on an idle H100 at T = 8192."""
+    """The profile run holds the dummy item's encoder outputs and, on 0.19's V1 runner, its pixels
+    (gpu_model_runner.py profile_run): at 8,192 tokens one 16,384-token Qwen2.5-VL item (65,536 patches of
+    1,176 pixels); without them the KV cache gets exactly that back, on an idle H100 at T = 8192, where the
+    language model's phase (the 1,024-row sampler) is the peak, not the vision forward."""
     geometry = _geometry("qwen2.5-vl-7b")
     model = ResolvedModel(name="qwen2.5-vl-7b", source="local", geometry=geometry, weight_bytes=16_580_000_000,
                           weight_bytes_source="test", config={})
@@ -91,7 +93,7 @@ def test_switching_the_encoder_off_returns_its_outputs_to_the_kv_cache() -> None
         assert plan.architecture_verified
         return plan.kv_cache_bytes
 
-    encoder = 2 * 8192 * geometry.hidden_size
+    encoder = 2 * 16_384 * geometry.hidden_size + 2 * 65_536 * 1176
     assert kv("--limit-mm-per-prompt", '{"image": 0, "video": 0}') - kv() == pytest.approx(encoder, abs=2 << 20)
 
 

@@ -1,0 +1,161 @@
+"""Qwen2-VL / Qwen2.5-VL in vLLM's profile run: the dummy item is sized by vLLM's own processing info
+(replayed from tests/data/vllm_qwen_vl_dummy_oracle.json, written by tests/oracles/vllm_qwen_vl_dummy_oracle.py
+with vLLM 0.32.0's qwen2_vl.py), and the vision tower's forward over it is the profile's peak where it is
+larger than the language model's phase: at Qwen2.5-VL's default 128,000 tokens one dummy video of 14 frames,
+114,688 tokens, 458,752 patches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.engines import vllm as vl
+from launcher.engines.vllm import budget as vb
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.config import geometry_from_config
+from launcher.model.resolve import ResolvedModel
+from launcher.plan.planner import make_plan
+from launcher.plan.types import PlanRequest
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+ORACLE = json.loads((DATA / "vllm_qwen_vl_dummy_oracle.json").read_text())
+CONFIG = {k: v for k, v in json.loads((DATA / "configs" / "qwen2.5-vl-7b.json").read_text()).items()
+          if not k.startswith("_")}
+
+
+def _geometry(**vision: Any) -> Any:
+    return geometry_from_config({**CONFIG, "vision_config": {**CONFIG["vision_config"], **vision}})
+
+
+def test_the_oracle_is_there() -> None:
+    assert ORACLE["vllm"] == "0.32.0" and len(ORACLE["records"]) == 540
+
+
+@pytest.mark.parametrize("record", ORACLE["records"],
+                         ids=[f"{r['max_model_len']}-{r['max_pixels']}-t{r['temporal_patch_size']}-"
+                              f"{'-'.join(f'{k}{v}' for k, v in r['limits'].items()) or 'all'}"
+                              for r in ORACLE["records"]])
+def test_dummy_item_is_vllms(record: dict[str, Any]) -> None:
+    geometry = _geometry(temporal_patch_size=record["temporal_patch_size"])
+    limits = {"image": 999, "video": 999, **record["limits"]}
+    dummy = vb._qwen_vl_dummy(geometry, max_model_len=record["max_model_len"], limits=limits,
+                              max_pixels=record["max_pixels"])
+    assert dummy is not None
+    tokens, patches, per_patch, modality = dummy
+    assert (tokens, modality) == (record["item_tokens"], record["modality"])
+    assert patches == tokens * 4 and per_patch == 3 * record["temporal_patch_size"] * 14 * 14
+
+
+def _peak(version: str, length: int, pinned: dict[str, Any] | None = None, tp: int = 1) -> vb.ProfilePeak:
+    pinned = pinned or {}
+    return vb.profile_peak(_geometry(), rules=vl.rules_for(version)[0], batched_tokens=8192, num_seqs=1024, tp=tp,
+                           gpu_name="NVIDIA H100 80GB HBM3", max_model_len=length,
+                           mm_limits=vb.mm_limits(pinned), mm_max_pixels=vb.mm_max_pixels(pinned))
+
+
+def test_the_vision_forward_is_the_peak_at_the_default_length() -> None:
+    """128,000 tokens: one 114,688-token video, 458,752 patches of 1,176 pixels; per patch the MLP phase's
+    5 x 1280 + 3 x 3420 bf16 values (qwen2_5_vl.py Qwen2_5_VisionBlock) beside the pixels: 15.2 GiB,
+    over the language model's 2.4 GiB."""
+    peak = _peak("0.19.0", 128_000)
+    patches = 458_752
+    forward = patches * 1176 * 2 + patches * (5 * 1280 + 3 * 3420) * 2
+    assert peak.total_bytes == forward + vb.PROFILE_CONSTANT_BYTES
+    terms = dict(peak.terms)
+    assert terms["dummy images"] == patches * 1176 * 2  # V1: the pixels stay through the sampler run
+    assert terms["encoder cache"] == 114_688 * 3584 * 2
+    language_model = sum(b for name, b in peak.terms if name != "vision forward beyond")
+    assert terms["vision forward beyond"] == peak.total_bytes - language_model
+    assert peak.error_bytes == int(forward * vb.VISION_FORWARD_ERROR_FRACTION)
+    # V2 (0.32): the pixels are freed with the encoder call; the forward still binds.
+    v2 = _peak("0.32.0", 128_000)
+    assert "dummy images" not in dict(v2.terms) and v2.total_bytes == peak.total_bytes
+
+
+def test_images_only_or_a_shorter_length_profile_a_smaller_item() -> None:
+    """--limit-mm-per-prompt '{"video": 0}': one 16,384-token image (65,536 patches) at any length; 8,192
+    tokens: one frame, the same 16,384 tokens; --mm-processor-kwargs max_pixels 1,003,520: 1,280 tokens."""
+    images = _peak("0.19.0", 128_000, {"--limit-mm-per-prompt": '{"video": 0}'})
+    short = _peak("0.19.0", 8192)
+    assert images.total_bytes == short.total_bytes
+    assert dict(short.terms)["encoder cache"] == 16_384 * 3584 * 2
+    small = _peak("0.19.0", 8192, {"--mm-processor-kwargs": '{"max_pixels": 1003520}'})
+    # 8192 // 1280 = 6 images: the language model's phase binds again.
+    assert dict(small.terms)["encoder cache"] == 6 * 1280 * 3584 * 2
+    assert dict(small.terms)["vision forward beyond"] == 0
+    assert small.error_bytes == vb.V1_PEAK_ERROR_BYTES
+
+
+def test_tensor_parallel_splits_the_projections_not_the_residual_stream() -> None:
+    """TP 2: gate_up and the activation halve, the residual stream does not, and the all-reduce after
+    down_proj is out of place (+W); --mm-encoder-tp-mode data runs the tower whole on each rank."""
+    one, two = _peak("0.19.0", 128_000), _peak("0.19.0", 128_000, tp=2)
+    patches = 458_752
+    assert one.total_bytes - two.total_bytes == patches * ((5 * 1280 + 3 * 3420) - (6 * 1280 + 3 * 3420 // 2)) * 2
+    data = vb.profile_peak(_geometry(), rules=vl.rules_for("0.19.0")[0], batched_tokens=8192, num_seqs=1024, tp=2,
+                           max_model_len=128_000, mm_limits=vb.mm_limits({}), vision_tp=1)
+    assert data.total_bytes == one.total_bytes
+
+
+def test_qwen2_vl_gathers_qkv_at_tensor_parallel() -> None:
+    """Qwen2-VL's ungated tower (embed_dim 1280, mlp_ratio 4): at TP 1 the MLP's 4 W + 2 I binds; at TP 4
+    split_qkv's all-gather keeps the whole qkv (6 W + 8 W / 4 = 8 W + 3 W / 4 ... the larger: 10 W)."""
+    qwen2 = geometry_from_config({**CONFIG, "architectures": ["Qwen2VLForConditionalGeneration"],
+                                  "model_type": "qwen2_vl",
+                                  "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16,
+                                                    "hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
+                                                    "temporal_patch_size": 2}})
+    assert vb._vision_forward_bytes(qwen2, patches=10, tp=1, act_dtype_bytes=2) == 10 * (4 * 1280 + 2 * 5120) * 2
+    assert vb._vision_forward_bytes(qwen2, patches=10, tp=4, act_dtype_bytes=2) == 10 * max(
+        6 * 1280 + 8 * 1280 // 4, 8 * 1280 + 3 * 1280 // 4, 4 * 1280 + 2 * 5120 // 4) * 2
+
+
+@pytest.mark.parametrize("raw", ['{"max_pixels": "big"}', '{"max_pixels": -1}', '{"max_pixels": true}', "not json",
+                                 '[1, 2]', '{"max_pixels": 1e400}', '{"size": {"longest_edge": 0}}'])
+def test_unreadable_processor_kwargs_keep_the_repos_default(raw: str) -> None:
+    assert vb.mm_max_pixels({"--mm-processor-kwargs": raw}) is None
+    assert vb.mm_max_pixels({"--mm-processor-kwargs": '{"size": {"longest_edge": 1003520}}'}) == 1_003_520
+    assert vb.mm_max_pixels({"--mm-processor-kwargs": '{"max_pixels": null, "size": {"longest_edge": 3136}}'}) == 3136
+    # Beyond any real image: bounded, not the default (the larger item, the safe side).
+    assert vb.mm_max_pixels({"--mm-processor-kwargs": '{"max_pixels": 99999999999999999999999}'}) == vb.MM_MAX_PIXELS
+
+
+def test_plan_leaves_the_vision_forward_out_of_the_kv_cache() -> None:
+    """Qwen2.5-VL-7B on an L40S, vLLM 0.19: the plan keeps the length where the band's low end holds, with the
+    vision forward in the activation row and a note on how to shrink it."""
+    model = ResolvedModel(name="Qwen/Qwen2.5-VL-7B-Instruct", source="local", geometry=geometry_from_config(CONFIG),
+                          weight_bytes=16_582_751_232, weight_bytes_source="test", config=CONFIG)
+    plan = make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["l40s"]), engine_version="0.19.0"))
+    activation = next(item for item in plan.budget if item.key == "activation")
+    assert activation.bytes > 10 * 2**30 and "vision forward" in activation.detail
+    assert any("--limit-mm-per-prompt" in note for note in plan.notes)
+    eight_k = make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["l40s"]),
+                                    engine_version="0.19.0", engine_args=("--max-model-len", "8192")))
+    assert eight_k.kv_cache_bytes > plan.kv_cache_bytes + 10 * 2**30
+    # The flags reach the planner as vLLM reads them: a smaller max_pixels, a smaller item.
+    small = make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["l40s"]),
+                                  engine_version="0.19.0", engine_args=("--max-model-len", "8192",
+                                                                        "--mm-processor-kwargs",
+                                                                        '{"max_pixels": 1003520}')))
+    detail = next(item.detail for item in small.budget if item.key == "activation")
+    # 8,192 // 1,280 = 6 frame pairs: one 7,680-token video (vLLM 0.32's own sizing, the oracle's record)
+    assert "1 dummy video x 7,680 tokens" in detail and small.kv_cache_bytes > eight_k.kv_cache_bytes
+
+
+def _plan_warnings(config: dict[str, Any], *flags: str) -> tuple[str, ...]:
+    model = ResolvedModel(name="vlm", source="local", geometry=geometry_from_config(config),
+                          weight_bytes=16_582_751_232, weight_bytes_source="test", config=config)
+    return make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["h100"]), engine_version="0.19.0",
+                                 engine_args=("--max-model-len", "8192", *flags))).warnings
+
+
+def test_a_tower_whose_forward_is_not_derived_is_said() -> None:
+    gemma = {k: v for k, v in json.loads((DATA / "configs" / "gemma-3-12b-it.json").read_text()).items()
+             if not k.startswith("_")}
+    said = "that forward is not derived here"
+    assert any(said in warning for warning in _plan_warnings(gemma))
+    assert not any(said in warning for warning in _plan_warnings(gemma, "--language-model-only"))
+    assert not any(said in warning for warning in _plan_warnings(CONFIG))
