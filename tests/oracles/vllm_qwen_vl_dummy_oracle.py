@@ -52,6 +52,15 @@ TEMPORAL = (1, 2, 3)
 LIMITS = ({}, {"video": 0}, {"image": 0})
 
 
+def _item(info, length: int, limits: dict[str, int]) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """As MultiModalBudget.__init__: one item of each active modality, then the one with the most tokens."""
+    active = [m for m in ("image", "video") if limits.get(m, 999) > 0]
+    tokens = info.get_mm_max_tokens_per_item(seq_len=length, mm_counts=dict.fromkeys(active, 1))
+    tokens = {m: t for m, t in tokens.items() if m in active}
+    modality, most = max(tokens.items(), key=lambda x: (x[1], x[0]))
+    return {"tokens": tokens, "modality": modality, "item_tokens": most}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--output", required=True)
@@ -81,15 +90,44 @@ def main() -> None:
         for temporal in TEMPORAL:
             for length in LENGTHS:
                 for limits in LIMITS:
-                    info = Info(max_pixels, temporal)
-                    active = [m for m in ("image", "video") if limits.get(m, 999) > 0]
-                    tokens = info.get_mm_max_tokens_per_item(seq_len=length, mm_counts=dict.fromkeys(active, 1))
-                    tokens = {m: t for m, t in tokens.items() if m in active}
-                    modality, most = max(tokens.items(), key=lambda x: (x[1], x[0]))
                     records.append({"max_model_len": length, "max_pixels": max_pixels, "temporal_patch_size": temporal,
-                                    "limits": limits, "tokens": tokens, "modality": modality, "item_tokens": most})
-    json.dump({"vllm": vllm.__version__, "records": records}, open(args.output, "w"), indent=0)
-    print(f"{len(records)} records, vLLM {vllm.__version__}")
+                                    "limits": limits, **_item(Info(max_pixels, temporal), length, limits)})
+    from vllm.model_executor.models import qwen3_vl
+
+    class Info3(qwen3_vl.Qwen3VLProcessingInfo):
+        """Qwen3-VL: the image sized by the image processor, the video (two frames) by the video processor."""
+
+        def __init__(self, image_pixels: int, video_pixels: int) -> None:
+            self._config = SimpleNamespace(vision_config=SimpleNamespace(
+                patch_size=16, spatial_merge_size=2, temporal_patch_size=2))
+            self._image = SimpleNamespace(size={"shortest_edge": 65_536, "longest_edge": image_pixels})
+            self._video = qwen3_vl.Qwen3VLVideoProcessor.__new__(qwen3_vl.Qwen3VLVideoProcessor)
+            self._video.size = {"shortest_edge": 4096, "longest_edge": video_pixels}
+            self._video.temporal_patch_size = 2
+            self.ctx = SimpleNamespace(get_merged_mm_kwargs=lambda kwargs: dict(kwargs))
+
+        def get_hf_config(self):  # type: ignore[no-untyped-def]
+            return self._config
+
+        def get_image_processor(self, **kwargs):  # type: ignore[no-untyped-def]
+            return self._image
+
+        def get_video_processor(self, **kwargs):  # type: ignore[no-untyped-def]
+            return self._video
+
+        def _merge_and_resolve_mm_processor_kwargs(self, mm_kwargs):  # type: ignore[no-untyped-def]
+            return {}
+
+    qwen3 = []
+    for image_pixels in (1_003_520, 16_777_216, 4_194_304):
+        for video_pixels in (25_165_824, 50_331_648, 1_048_576):
+            for length in (2048, 8192, 131_072, 262_144):
+                for limits in LIMITS:
+                    qwen3.append({"max_model_len": length, "image_max_pixels": image_pixels,
+                                  "video_max_pixels": video_pixels, "limits": limits,
+                                  **_item(Info3(image_pixels, video_pixels), length, limits)})
+    json.dump({"vllm": vllm.__version__, "records": records, "qwen3_vl": qwen3}, open(args.output, "w"), indent=0)
+    print(f"{len(records)} Qwen2-VL records, {len(qwen3)} Qwen3-VL records, vLLM {vllm.__version__}")
 
 
 if __name__ == "__main__":

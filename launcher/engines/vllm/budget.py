@@ -453,7 +453,7 @@ MM_MAX_PIXELS = 1 << 34
 # The vision tower's own forward runs before the language model's, so the profile's peak is the larger of the
 # two. Per block and patch, in the model dtype, beside the dummy pixels (qwen2_5_vl.py Qwen2_5_VisionBlock, 0.19.0
 # :271-306, :362-500; qwen2_vl.py): attention - the block's input (the caller holds it too), the norm, qkv (3 W),
-# q/k made contiguous and rotated (2 x 2 W), the attention output and its projection: 4 W + 8 W / TP (Qwen2-VL
+# q/k made contiguous and rotated (2 x 2 W), the attention output and its projection: 3 W + 8 W / TP (Qwen2-VL
 # all-gathers qkv at TP > 1, `split_qkv`: 6 W + 8 W / TP, 8 W + 3 W / TP while gathering); MLP - the input,
 # attention output, residual, norm (eager RMSNorm allocates), gate_up + activation + down_proj's output:
 # 5 W + 3 I / TP, + W for the out-of-place all-reduce at TP > 1 (Qwen2-VL's ungated fc1 + act: 4 W + 2 I / TP).
@@ -495,15 +495,62 @@ def _qwen_vl_dummy(geometry: ModelGeometry, *, max_model_len: int | None, limits
     return tokens, tokens * merge * merge, 3 * temporal * patch * patch, modality
 
 
+# Qwen3-VL (qwen3_vl.py in 0.32.0 :938-1084): the image factorizes the image processor's longest_edge at patch 16 x
+# merge 2 (the repos' 16,777,216: 16,384 tokens); the video is always two frames at the video processor's
+# longest_edge / temporal patch (25,165,824: 12,288 tokens), whatever max_model_len; so the image is profiled.
+# Its tower keeps per patch the position embeddings (W) and the deepstack features ([N / 4, out] at each of
+# deepstack_visual_indexes) beside the block's own (qwen3_vl.py :862-900): attention as Qwen2.5-VL's, the
+# ungated MLP `x + mlp(norm2(x))` 3 W + 2 I / TP (:487-506, :439-441); its encoder outputs are
+# out x (1 + deepstack) wide (the features concatenated).
+# Qwen3.5 / 3.6 take the same processing info and tower, without deepstack (qwen3_5.py :111-120, :500-520 in 0.32.0),
+# planned with the Qwen3-VL repos' processor sizes.
+QWEN3_VL_ARCHITECTURES = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                                    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
+QWEN3_VL_IMAGE_MAX_PIXELS = 16_777_216
+QWEN3_VL_VIDEO_MAX_PIXELS = 25_165_824
+
+
+def _qwen3_vl_dummy(geometry: ModelGeometry, *, limits: Mapping[str, int], image_pixels: int | None = None,
+                    video_pixels: int | None = None) -> tuple[int, int, int, str] | None:
+    """(tokens an item, patches an item, pixels a patch, modality) of the profile's Qwen3-VL dummy item."""
+    vision = geometry.vision_config
+    patch = _count(vision.get("patch_size"), MM_MAX_IMAGE_SIDE)
+    merge = _count(vision.get("spatial_merge_size"), MM_MAX_IMAGE_SIDE)
+    temporal = _count(vision.get("temporal_patch_size", 2), 64)
+    if patch is None or merge is None or temporal is None:
+        return None
+    sizes: dict[str, int] = {}
+    if limits.get("image", MM_DEFAULT_LIMIT) > 0:
+        sizes["image"] = _qwen_vl_frame(image_pixels or QWEN3_VL_IMAGE_MAX_PIXELS, patch * merge)
+    if limits.get("video", MM_DEFAULT_LIMIT) > 0:
+        frame = _qwen_vl_frame(max(1, (video_pixels or QWEN3_VL_VIDEO_MAX_PIXELS) // temporal), patch * merge)
+        sizes["video"] = max(-(-2 // temporal), 1) * frame  # two frames, round_up(2, temporal) // temporal
+    if not sizes:
+        return None
+    modality, tokens = max(sizes.items(), key=lambda item: (item[1], item[0]))
+    return tokens, tokens * merge * merge, 3 * temporal * patch * patch, modality
+
+
+def _deepstack_levels(geometry: ModelGeometry) -> int:
+    levels = geometry.vision_config.get("deepstack_visual_indexes")
+    return len(levels) if isinstance(levels, list) and len(levels) <= 1024 else 0
+
+
 def _vision_forward_bytes(geometry: ModelGeometry, *, patches: int, tp: int, act_dtype_bytes: int) -> int:
     """The Qwen-VL vision tower's forward peak over `patches` (see VISION_FORWARD_ERROR_FRACTION)."""
     vision = geometry.vision_config
+    if geometry.architecture in QWEN3_VL_ARCHITECTURES:
+        width = _count(vision.get("hidden_size"), 1 << 20) or 0
+        inner = _count(vision.get("intermediate_size"), 1 << 22) or 4 * width
+        out = _count(vision.get("out_hidden_size"), 1 << 20) or geometry.hidden_size
+        block = max(3 * width + 8 * width // tp, 3 * width + 2 * inner // tp + (width if tp > 1 else 0))
+        return patches * (block + width + _deepstack_levels(geometry) * out // 4) * act_dtype_bytes
     gated = geometry.architecture == "Qwen2_5_VLForConditionalGeneration"
     width = _count(vision.get("hidden_size") if gated else vision.get("embed_dim"), 1 << 20) or 0
     if gated:
         inner = _count(vision.get("intermediate_size"), 1 << 22) or 4 * width
         mlp = 5 * width + 3 * inner // tp + (width if tp > 1 else 0)
-        attention = 4 * width + 8 * width // tp
+        attention = 3 * width + 8 * width // tp
     else:
         ratio = vision.get("mlp_ratio", 4)
         ratio = ratio if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio <= 64 else 4
@@ -521,19 +568,24 @@ def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: i
     """The encoder outputs (and, where `inputs_alive`, the dummy pixels) the profile run holds at its peak, and
     for the towers derived the vision forward's own peak (`forward_bytes`, before the language model runs)."""
     t, h = batched_tokens, geometry.hidden_size
-    if geometry.architecture in QWEN_VL_ARCHITECTURES:
-        qwen = _qwen_vl_dummy(geometry, max_model_len=max_model_len, limits=limits or {}, max_pixels=max_pixels)
+    if geometry.architecture in QWEN_VL_ARCHITECTURES | QWEN3_VL_ARCHITECTURES:
+        qwen = (_qwen_vl_dummy(geometry, max_model_len=max_model_len, limits=limits or {}, max_pixels=max_pixels)
+                if geometry.architecture in QWEN_VL_ARCHITECTURES else
+                # a flat max_pixels reaches both scopes (processing/context.py:502-515, qwen3_vl.py :949-957)
+                _qwen3_vl_dummy(geometry, limits=limits or {}, image_pixels=max_pixels, video_pixels=max_pixels))
         if qwen is not None:
             tokens, patches, per_patch, modality = qwen
             items = _mm_items(tokens, t, num_seqs, max_model_len, (limits or {}).get(modality, MM_DEFAULT_LIMIT))
             pixels = items * patches * per_patch * act_dtype_bytes
             forward = pixels + _vision_forward_bytes(geometry, patches=items * patches, tp=vision_tp or tp,
                                                      act_dtype_bytes=act_dtype_bytes)
-            return EncoderProfile(act_dtype_bytes * items * tokens * h, pixels if inputs_alive else 0, 0,
+            levels = _deepstack_levels(geometry)  # Qwen3-VL's outputs carry the deepstack features
+            return EncoderProfile(act_dtype_bytes * items * tokens * h * (1 + levels), pixels if inputs_alive else 0, 0,
                                   f"{items} dummy {modality}{'s' if items > 1 else ''} x {tokens:,} tokens x {h}"
+                                  + (f" x {1 + levels} (deepstack)" if levels else "")
                                   + (f" + their pixels {format_gib(pixels)}" if inputs_alive else "")
                                   + f"; the vision forward over {items * patches:,} patches {format_gib(forward)} "
-                                  f"+/- {VISION_FORWARD_ERROR_FRACTION:.0%} (qwen2_5_vl.py VisionBlock)",
+                                  f"+/- {VISION_FORWARD_ERROR_FRACTION:.0%} (the tower's VisionBlock shapes)",
                                   forward_bytes=forward,
                                   forward_error_bytes=int(forward * VISION_FORWARD_ERROR_FRACTION))
     dummy = _dummy_image(geometry)

@@ -815,11 +815,12 @@ def _vision_note(peak: vb.ProfilePeak) -> tuple[str, ...]:
     beyond = dict(peak.terms).get("vision forward beyond", 0)
     if not beyond:
         return ()
+    smaller = ("--limit-mm-per-prompt '{\"video\": 0}', a shorter --max-model-len (fewer dummy frames) or a smaller "
+               "--mm-processor-kwargs max_pixels" if "dummy video" in peak.encoder_rule else
+               "a smaller --mm-processor-kwargs max_pixels")
     return (f"vLLM's profile run encodes its largest dummy item before the language model runs, and that forward "
             f"is the activation peak ({format_gib(beyond)} above the language model's; {peak.encoder_rule}): "
-            "--limit-mm-per-prompt '{\"video\": 0}', a shorter --max-model-len (fewer dummy frames) or a smaller "
-            "--mm-processor-kwargs max_pixels profiles a smaller item (--skip-mm-profiling profiles none, and "
-            "reserves nothing for it)",)
+            f"{smaller} profiles a smaller item (--skip-mm-profiling profiles none, and reserves nothing for it)",)
 
 
 def _sampler_note(setup: _VllmSetup, peak: vb.ProfilePeak) -> tuple[str, ...]:
@@ -938,7 +939,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
     if not verified:
         warnings.append(architecture_note)
     if vb.encoder_profiled(request.model.geometry, pinned) and \
-            request.model.geometry.architecture not in vb.QWEN_VL_ARCHITECTURES:
+            request.model.geometry.architecture not in vb.QWEN_VL_ARCHITECTURES | vb.QWEN3_VL_ARCHITECTURES:
         warnings.append(f"vLLM's profile run encodes dummy items with {request.model.geometry.architecture}'s own "
                         "tower before the language model runs; that forward is not derived here (the plan counts "
                         "what stays: the encoder outputs and dummy pixels): where it is the larger peak, vLLM keeps "

@@ -30,8 +30,45 @@ def _geometry(**vision: Any) -> Any:
     return geometry_from_config({**CONFIG, "vision_config": {**CONFIG["vision_config"], **vision}})
 
 
+QWEN3 = {k: v for k, v in json.loads((DATA / "configs" / "qwen3-vl-8b-instruct.json").read_text()).items()
+         if not k.startswith("_")}
+
+
 def test_the_oracle_is_there() -> None:
-    assert ORACLE["vllm"] == "0.32.0" and len(ORACLE["records"]) == 540
+    assert ORACLE["vllm"] == "0.32.0" and len(ORACLE["records"]) == 540 and len(ORACLE["qwen3_vl"]) == 108
+
+
+@pytest.mark.parametrize("record", ORACLE["qwen3_vl"],
+                         ids=[f"{r['max_model_len']}-{r['image_max_pixels']}-{r['video_max_pixels']}-"
+                              f"{'-'.join(f'{k}{v}' for k, v in r['limits'].items()) or 'all'}"
+                              for r in ORACLE["qwen3_vl"]])
+def test_qwen3_dummy_item_is_vllms(record: dict[str, Any]) -> None:
+    """Qwen3-VL's video is two frames whatever the length: the largest item is the image unless the video
+    processor's longest_edge / 2 exceeds the image processor's."""
+    limits = {"image": 999, "video": 999, **record["limits"]}
+    dummy = vb._qwen3_vl_dummy(geometry_from_config(QWEN3), limits=limits, image_pixels=record["image_max_pixels"],
+                               video_pixels=record["video_max_pixels"])
+    assert dummy is not None
+    tokens, patches, per_patch, modality = dummy
+    assert (tokens, modality) == (record["item_tokens"], record["modality"])
+    assert patches == tokens * 4 and per_patch == 3 * 2 * 16 * 16
+
+
+def test_qwen3_vl_tower_and_deepstack_outputs() -> None:
+    """Qwen3-VL-8B (tower 1152 wide, MLP 4304, deepstack at 3 layers, out 4096): one 16,384-token dummy image,
+    65,536 patches of 1,536 pixels; its encoder outputs are 4096 x 4 wide; per patch the attention phase
+    (11 W) + the position embeddings (W) + the deepstack features (3 x 4096 / 4)."""
+    geometry = geometry_from_config(QWEN3)
+    small = vb.profile_peak(geometry, rules=vl.rules_for("0.19.0")[0], batched_tokens=2048, num_seqs=256, tp=1,
+                            gpu_name="NVIDIA L40S", max_model_len=32768, mm_limits=vb.mm_limits({}))
+    terms = dict(small.terms)
+    assert terms["encoder cache"] == 16_384 * 4096 * 4 * 2
+    assert terms["dummy images"] == 65_536 * 1536 * 2
+    forward = 65_536 * 1536 * 2 + 65_536 * (11 * 1152 + 1152 + 3 * 4096 // 4) * 2
+    assert small.total_bytes == forward + vb.PROFILE_CONSTANT_BYTES  # the tower is the peak on a 48 GB card
+    big = vb.profile_peak(geometry, rules=vl.rules_for("0.19.0")[0], batched_tokens=8192, num_seqs=1024, tp=1,
+                          gpu_name="NVIDIA H100 80GB HBM3", max_model_len=32768, mm_limits=vb.mm_limits({}))
+    assert dict(big.terms)["vision forward beyond"] == 0  # 1,024 sampler rows: the language model's phase binds
 
 
 @pytest.mark.parametrize("record", ORACLE["records"],
@@ -159,3 +196,14 @@ def test_a_tower_whose_forward_is_not_derived_is_said() -> None:
     assert any(said in warning for warning in _plan_warnings(gemma))
     assert not any(said in warning for warning in _plan_warnings(gemma, "--language-model-only"))
     assert not any(said in warning for warning in _plan_warnings(CONFIG))
+    assert not any(said in warning for warning in _plan_warnings(QWEN3))
+
+
+def test_qwen3_5_takes_the_same_item_without_deepstack() -> None:
+    """Qwen3.5-27B: Qwen3VLProcessingInfo and Qwen3_VisionTransformer (qwen3_5.py), no deepstack levels."""
+    config = {k: v for k, v in json.loads((DATA / "configs" / "qwen3.5-27b.json").read_text()).items()
+              if not k.startswith("_")}
+    held = vb.encoder_profile(geometry_from_config(config), batched_tokens=2048, num_seqs=256, max_model_len=32768,
+                              act_dtype_bytes=2, inputs_alive=True, limits=vb.mm_limits({}))
+    assert held.outputs_bytes == 16_384 * 5120 * 2 and held.inputs_bytes == 65_536 * 1536 * 2
+    assert held.forward_bytes == 65_536 * 1536 * 2 + 65_536 * (11 * 1152 + 1152) * 2
