@@ -297,41 +297,30 @@ def encoder_profiled(geometry: ModelGeometry, pinned: Mapping[str, Any]) -> bool
     multimodal/encoder_budget.py:72-90 keeps only modalities with a limit > 0)."""
     if not geometry.is_multimodal or pinned.get("--language-model-only") or pinned.get("--skip-mm-profiling"):
         return False
-    raw = pinned.get("--limit-mm-per-prompt")
-    if not isinstance(raw, str):
-        return True
+    limits = mm_limits(pinned)  # unreadable: the engine's own parser decides; the term is kept
+    return any(limits[modality] > 0 for modality in MM_MODALITIES.get(geometry.architecture, ALL_MODALITIES))
+
+
+def _pinned_json(pinned: Mapping[str, Any], flag: str) -> Mapping[str, Any]:
+    """A pinned JSON-object flag as a mapping; empty where unset or not a readable object."""
+    raw = pinned.get(flag)
     try:
-        limits = json.loads(raw)
+        value = json.loads(raw) if isinstance(raw, str) else {}
     except (ValueError, RecursionError):
-        return True  # the engine's own parser decides; keep the term
-    if not isinstance(limits, Mapping):
-        return True
-    supported = MM_MODALITIES.get(geometry.architecture, ALL_MODALITIES)
-    return any(_mm_count(limits.get(modality, 999)) > 0 for modality in supported)
+        return {}
+    return value if isinstance(value, Mapping) else {}
 
 
 def mm_limits(pinned: Mapping[str, Any]) -> dict[str, int]:
     """--limit-mm-per-prompt as vLLM reads it per modality (999 where unset or unreadable)."""
-    raw = pinned.get("--limit-mm-per-prompt")
-    try:
-        limits = json.loads(raw) if isinstance(raw, str) else {}
-    except (ValueError, RecursionError):
-        limits = {}
-    if not isinstance(limits, Mapping):
-        limits = {}
+    limits = _pinned_json(pinned, "--limit-mm-per-prompt")
     return {modality: _mm_count(limits.get(modality, MM_DEFAULT_LIMIT)) for modality in sorted(ALL_MODALITIES)}
 
 
 def mm_max_pixels(pinned: Mapping[str, Any]) -> int | None:
     """--mm-processor-kwargs' max_pixels (or size.longest_edge), which sizes a Qwen-VL dummy image
     (qwen2_vl.py `_get_vision_size`, 0.34.0 :952-977); None where unset or not a positive int."""
-    raw = pinned.get("--mm-processor-kwargs")
-    try:
-        kwargs = json.loads(raw) if isinstance(raw, str) else {}
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(kwargs, Mapping):
-        return None
+    kwargs = _pinned_json(pinned, "--mm-processor-kwargs")
     size = kwargs.get("size")
     value = kwargs.get("max_pixels")
     if value is None and isinstance(size, Mapping):  # `_get_vision_size`: max_pixels over size.longest_edge
@@ -344,8 +333,8 @@ def mm_max_pixels(pinned: Mapping[str, Any]) -> int | None:
 def _mm_count(value: Any) -> int:
     """A limit is a count or {"count": n, ...} (config/multimodal.py `limit_per_prompt`)."""
     if isinstance(value, Mapping):
-        value = value.get("count", 999)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 999
+        value = value.get("count", MM_DEFAULT_LIMIT)
+    return value if isinstance(value, int) and not isinstance(value, bool) else MM_DEFAULT_LIMIT
 
 
 # MoonViT (Kimi-VL): Rope2DPosEmb(head_dim, 512, 512) computes its complex64 table [512, 512, head_dim / 2] on the
@@ -471,15 +460,32 @@ def _qwen_vl_frame(max_pixels: int, unit: int) -> int:
     return 1
 
 
-def _qwen_vl_dummy(geometry: ModelGeometry, *, max_model_len: int | None, limits: Mapping[str, int],
-                   max_pixels: int | None) -> tuple[int, int, int, str] | None:
-    """(tokens an item, patches an item, pixels a patch, modality) of the profile's Qwen-VL dummy item."""
+def _qwen_grid(geometry: ModelGeometry) -> tuple[int, int, int] | None:
+    """(patch, spatial merge, temporal patch) of a Qwen-VL tower's config, None where one is not a plausible int."""
     vision = geometry.vision_config
     patch = _count(vision.get("patch_size") or vision.get("spatial_patch_size"), MM_MAX_IMAGE_SIDE)
     merge = _count(vision.get("spatial_merge_size"), MM_MAX_IMAGE_SIDE)
     temporal = _count(vision.get("temporal_patch_size", 2), 64)
-    if patch is None or merge is None or temporal is None:
+    return None if patch is None or merge is None or temporal is None else (patch, merge, temporal)
+
+
+def _largest_item(sizes: Mapping[str, int], grid: tuple[int, int, int]) -> tuple[int, int, int, str] | None:
+    """The modality with the most tokens an item (ties: video, encoder_budget.py `get_modality_with_max_tokens`)
+    as (tokens an item, patches an item, pixels a patch, modality); None where no modality is active."""
+    if not sizes:
         return None
+    patch, merge, temporal = grid
+    modality, tokens = max(sizes.items(), key=lambda item: (item[1], item[0]))
+    return tokens, tokens * merge * merge, 3 * temporal * patch * patch, modality
+
+
+def _qwen_vl_dummy(geometry: ModelGeometry, *, max_model_len: int | None, limits: Mapping[str, int],
+                   max_pixels: int | None) -> tuple[int, int, int, str] | None:
+    """(tokens an item, patches an item, pixels a patch, modality) of the profile's Qwen-VL dummy item."""
+    grid = _qwen_grid(geometry)
+    if grid is None:
+        return None
+    patch, merge, temporal = grid
     frame = _qwen_vl_frame(max_pixels or QWEN_VL_MAX_PIXELS, patch * merge)
     sizes: dict[str, int] = {}
     if limits.get("image", MM_DEFAULT_LIMIT) > 0:
@@ -489,10 +495,7 @@ def _qwen_vl_dummy(geometry: ModelGeometry, *, max_model_len: int | None, limits
         fitting = (max_model_len or 0) // frame * temporal
         frames = max(min(max(fitting, 1), QWEN_VL_MAX_FRAMES), 1)
         sizes["video"] = max(-(-frames // temporal), 1) * frame
-    if not sizes:
-        return None
-    modality, tokens = max(sizes.items(), key=lambda item: (item[1], item[0]))
-    return tokens, tokens * merge * merge, 3 * temporal * patch * patch, modality
+    return _largest_item(sizes, grid)
 
 
 # Qwen3-VL (qwen3_vl.py in 0.32.0 :938-1084): the image factorizes the image processor's longest_edge at patch 16 x
@@ -513,22 +516,17 @@ QWEN3_VL_VIDEO_MAX_PIXELS = 25_165_824
 def _qwen3_vl_dummy(geometry: ModelGeometry, *, limits: Mapping[str, int], image_pixels: int | None = None,
                     video_pixels: int | None = None) -> tuple[int, int, int, str] | None:
     """(tokens an item, patches an item, pixels a patch, modality) of the profile's Qwen3-VL dummy item."""
-    vision = geometry.vision_config
-    patch = _count(vision.get("patch_size"), MM_MAX_IMAGE_SIDE)
-    merge = _count(vision.get("spatial_merge_size"), MM_MAX_IMAGE_SIDE)
-    temporal = _count(vision.get("temporal_patch_size", 2), 64)
-    if patch is None or merge is None or temporal is None:
+    grid = _qwen_grid(geometry)
+    if grid is None:
         return None
+    patch, merge, temporal = grid
     sizes: dict[str, int] = {}
     if limits.get("image", MM_DEFAULT_LIMIT) > 0:
         sizes["image"] = _qwen_vl_frame(image_pixels or QWEN3_VL_IMAGE_MAX_PIXELS, patch * merge)
     if limits.get("video", MM_DEFAULT_LIMIT) > 0:
         frame = _qwen_vl_frame(max(1, (video_pixels or QWEN3_VL_VIDEO_MAX_PIXELS) // temporal), patch * merge)
         sizes["video"] = max(-(-2 // temporal), 1) * frame  # two frames, round_up(2, temporal) // temporal
-    if not sizes:
-        return None
-    modality, tokens = max(sizes.items(), key=lambda item: (item[1], item[0]))
-    return tokens, tokens * merge * merge, 3 * temporal * patch * patch, modality
+    return _largest_item(sizes, grid)
 
 
 def _deepstack_levels(geometry: ModelGeometry) -> int:

@@ -482,6 +482,10 @@ class _Sizing:
     rank_weights_how: str = ""  # how data/expert parallelism splits the checkpoint (parallel.py), if it does
     compute_capability: tuple[int, int] | None = None  # the attention backend's workspaces (extensible)
     flashinfer_sampler: bool | None = False  # the profile's sampler before 0.17 (vb.uses_flashinfer_sampler)
+    # The multimodal flags that size the profile's dummy item, read once (vb.mm_limits, vb.mm_max_pixels).
+    mm_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    mm_max_pixels: int | None = None
+    vision_tp: int | None = None  # 1 under --mm-encoder-tp-mode data: the tower whole on each rank
 
     def peak_at(self, length: int) -> tuple[int, int, vb.ProfilePeak]:
         """(batched tokens, sequences, the profile run's peak) at `length`."""
@@ -495,8 +499,7 @@ class _Sizing:
                                language_only=not vb.encoder_profiled(self.geometry, pinned),
                                dp=self.setup.parallel.dp, expert_parallel=self.setup.parallel.expert_parallel,
                                flashinfer_sampler=self.flashinfer_sampler, max_model_len=length,
-                               mm_limits=vb.mm_limits(pinned), mm_max_pixels=vb.mm_max_pixels(pinned),
-                               vision_tp=1 if pinned.get("--mm-encoder-tp-mode") == "data" else None)
+                               mm_limits=self.mm_limits, mm_max_pixels=self.mm_max_pixels, vision_tp=self.vision_tp)
         return batched, seqs, peak
 
     def activation_at(self, length: int) -> int:
@@ -807,7 +810,9 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         pinned_kv_bytes=pinned.get("--kv-cache-memory-bytes"), blocks_override=pinned.get("--num-gpu-blocks-override"),
         extensible=extensible, kv_segments=max(setup.layout.group_size, 1), compute_capability=gpu.compute_capability,
         flashinfer_sampler=vb.uses_flashinfer_sampler(rules, request.engine_packages, request.engine_env,
-                                                      pinned.get("--logprobs-mode")))
+                                                      pinned.get("--logprobs-mode")),
+        mm_limits=vb.mm_limits(pinned), mm_max_pixels=vb.mm_max_pixels(pinned),
+        vision_tp=1 if pinned.get("--mm-encoder-tp-mode") == "data" else None)
 
 
 def _vision_note(peak: vb.ProfilePeak) -> tuple[str, ...]:
@@ -956,6 +961,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
     if startup_doubt:
         at_risk = ("gpu_memory_utilization", *at_risk)
     budget = sizing.budget_at(length)
+    peak = sizing.peak_at(length)[2]
     if not verified:
         warnings.append(f"KV tokens +/- {UNVERIFIED_KV_ERROR_FRACTION:.0%} (the layout is not proven); the KV bytes "
                         f"{format_gib(budget.kv)} +/- {format_gib(budget.kv_error)} do not depend on it")
@@ -975,7 +981,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
         engine_figures={"gpu_memory_utilization": None if sizing.pinned_kv_bytes is not None else utilization.value},
         gpu_name=gpu.name, gpu_count=len(devices),
         notes=(*_gpu_notes(setup, request.calibration), *((extensible_note,) if extensible_note else ()),
-               *_sampler_note(setup, sizing.peak_at(length)[2]), *_vision_note(sizing.peak_at(length)[2])),
+               *_sampler_note(setup, peak), *_vision_note(peak)),
         engine_version_assumed=request.engine_version_assumed,
         kv_cache_bytes_low=budget.kv - budget.kv_error, kv_cache_bytes_high=budget.kv + budget.kv_error,
         may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None, at_risk=at_risk,
