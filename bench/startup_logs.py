@@ -73,7 +73,7 @@ VLLM_FLAGS = {"max_model_len": "--max-model-len", "gpu_memory_utilization": "--g
               "tensor_parallel_size": "--tensor-parallel-size", "pipeline_parallel_size": "--pipeline-parallel-size",
               "kv_cache_dtype": "--kv-cache-dtype", "dtype": "--dtype", "max_num_seqs": "--max-num-seqs",
               "max_num_batched_tokens": "--max-num-batched-tokens", "block_size": "--block-size",
-              "enforce_eager": "--enforce-eager"}
+              "enforce_eager": "--enforce-eager", "quantization": "--quantization"}
 SGLANG_FLAGS = {"tp_size": "--tp-size", "tp": "--tp-size", "mem_fraction_static": "--mem-fraction-static",
                 "context_length": "--context-length", "chunked_prefill_size": "--chunked-prefill-size",
                 "page_size": "--page-size"}
@@ -244,7 +244,7 @@ def _real_config_model(case: Mapping[str, Any], logged: Any, tp: int, gpu: Catal
     its README), with the weights the log printed ("Model loading took", vLLM) or loaded (SGLang's
     "mem usage" at "Load weight end" less the leftovers the planner adds on top of the weights).
     Only the KV fields of these configs are the published ones, so the weights must come from the log."""
-    repo = str(case.get("model") or "")
+    repo = _config_repo(case)
     path = REAL_CONFIGS.get(repo.lower())
     config = _config_of(case)
     if path is None or config is None:
@@ -374,11 +374,17 @@ def _captured(case: Mapping[str, Any], moe: bool) -> bool:
     return bool(geometry_from_config(config).num_experts) == moe
 
 
+def _config_repo(case: Mapping[str, Any]) -> str:
+    """The repo whose real config stands for the case's: its own, or `config_repo` where the checkpoint is another
+    repo's quantization or fine-tune of the same architecture (the weights then come from the log)."""
+    return str(case.get("config_repo") or case.get("model") or "")
+
+
 def _config_of(case: Mapping[str, Any]) -> dict[str, Any] | None:
     """The config.json copied beside the logs, else the repo's among the real configs, else None."""
     if case.get("model_config"):
         return dict(json.loads((DATA / "models" / case["model_config"] / "config.json").read_text()))
-    path = REAL_CONFIGS.get(str(case.get("model") or "").lower())
+    path = REAL_CONFIGS.get(_config_repo(case).lower())
     return None if path is None else {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
 
 
@@ -394,8 +400,8 @@ FITS = (
         "non_torch_memory_gib",
         lambda c: _observed(c, "non_torch_memory_gib") and _version(c) < (0, 18) and _tp(c) * _pp(c) == 1,
         "non_torch", "launcher/engines/vllm/budget.py NON_TORCH_BYTES_TP1", "NON_TORCH_ERROR_BYTES"),
-    Fit("non-torch, parallel ranks (0.19+, sm90/100)", vb, "NON_TORCH_BYTES_TP_V019", "non_torch_memory_gib",
-        lambda c: _observed(c, "non_torch_memory_gib") and _version(c) >= (0, 19) and _tp(c) * _pp(c) > 1,
+    Fit("non-torch, tensor-parallel ranks (0.19+, sm90/100)", vb, "NON_TORCH_BYTES_TP_V019", "non_torch_memory_gib",
+        lambda c: _observed(c, "non_torch_memory_gib") and _version(c) >= (0, 19) and _tp(c) > 1,
         "non_torch", "launcher/engines/vllm/budget.py NON_TORCH_BYTES_TP_V019", "NON_TORCH_TP_ERROR_BYTES"),
     Fit("CUDA graphs per graph and layer, dense (0.11+)", vb, "CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER", "cudagraph_gib",
         lambda c: _captured(c, moe=False), "cudagraph",

@@ -29,6 +29,11 @@ FLOAT16_NOT_SUPPORTED = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
 _ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+def canonical(name: str | None) -> str | None:
+    """A dtype spelling as torch names it ("half" -> "float16"); None stays None."""
+    return None if name is None else _ALIASES.get(name, name)
+
+
 def supported_dtypes(*, compute_capability: tuple[int, int] | None, device: str) -> tuple[str, ...]:
     """`current_platform.supported_dtypes`, preferred first (vllm/platforms/cuda.py:255; CPU: bf16 first)."""
     if device == "cpu" or compute_capability is None or compute_capability >= (8, 0):

@@ -62,7 +62,10 @@ def test_each_config_is_planned_or_refused_with_the_engines_reason(path: Path) -
     assert note
     try:
         tp = str(_tp(geometry.num_attention_heads, geometry.num_kv_heads))
-        plan = make_plan(_request(path, config, ("--max-model-len", "4096", "--tensor-parallel-size", tp)))
+        # 4096 tokens, or the model's own positions where it has fewer (phi-2: 2048)
+        positions = geometry.text_config.get("max_position_embeddings")
+        length = str(min(4096, positions if isinstance(positions, int) and positions > 0 else 4096))
+        plan = make_plan(_request(path, config, ("--max-model-len", length, "--tensor-parallel-size", tp)))
     except UnsupportedModel as exc:
         assert not verified, f"{path.name}: a verified architecture refused: {exc}"
         return

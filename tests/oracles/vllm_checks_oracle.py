@@ -12,10 +12,13 @@ accepts the configuration; the record holds "accept" or "refuse" and vLLM's exac
 What runs for real, and what is patched (the CPU build reports no GPU):
   * heads vs TP, max_model_len, float16-unsupported models, unknown quantization methods:
     ``ModelConfig(...)`` and ``ModelConfig.verify_with_parallel_config(ParallelConfig(...))``;
-  * KV heads vs TP: ``vllm.distributed.utils.divide`` called as QKVParallelLinear calls it
-    (linear.py:1053-1057; the layer itself needs a process group);
+  * the vocabulary, then KV heads, vs TP: ``vllm.distributed.utils.divide`` called as VocabParallelEmbedding
+    (its 64-row padding, vocab_parallel_embedding.py:111) and QKVParallelLinear (linear.py:1053-1057) call it
+    (the layers themselves need a process group);
   * TP x PP vs GPUs: ``ParallelConfig(...)`` with ``current_platform.is_cuda`` -> True and
     ``device_count`` -> the GPUs given, for that call only;
+  * --quantization against the checkpoint's quant_method: ``ModelConfig(quantization=...)`` (its
+    ``_verify_quantization`` and override classes, with the CUDA view below);
   * quantization x capability: ``ModelConfig`` (``is_cpu`` -> False so the override classes
     pick the CUDA method name) then ``VllmConfig._get_quantization_config`` with
     ``get_device_capability`` -> the case's capability; compressed-tensors schemes via
@@ -107,6 +110,8 @@ QUANTS: dict[str, dict[str, Any]] = {
                  "ignore": ["lm_head"]},
 }
 CAPS = [(7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0)]
+QUANT_FLAGS = ("awq", "awq_marlin", "gptq", "gptq_marlin", "marlin", "moe_wna16", "fp8", "compressed-tensors",
+               "bitsandbytes", "mxfp4", "modelopt")
 
 
 def _configs() -> dict[str, dict[str, Any]]:
@@ -130,6 +135,8 @@ def grid() -> list[dict[str, Any]]:
         case.update(kw)
         case["id"] = "|".join(str(case[k]) for k in ("group", "model", "device", "tp", "pp", "gpus", "cc",
                                                       "dtype", "max_model_len"))
+        if case.get("quantization"):
+            case["id"] += f"|quantization={case['quantization']}"
         cases.append(case)
 
     for model in ("qwen2.5-7b", "llama-3.1-8b", "gemma2-2b", "gpt-oss-20b", "tiny-head16"):
@@ -143,6 +150,10 @@ def grid() -> list[dict[str, Any]]:
         for dtype in ("float16", "float32"):
             add("quant", model, cc=[9, 0], dtype=dtype)
         add("quant", model, device="cpu", cc=None, dtype="bfloat16")
+    # --quantization against the checkpoint's own method (ModelConfig._verify_quantization, its override classes).
+    for model in [m for m in _configs() if m.startswith("qwen2.5-7b-")]:
+        for flag in QUANT_FLAGS:
+            add("quant-flag", model, cc=[9, 0], dtype="float16", quantization=flag)
     for model in ("qwen2.5-7b", "gemma2-2b"):
         for cc in CAPS:
             for dtype in ("bfloat16", "float16", "float32"):
@@ -231,6 +242,8 @@ class Oracle:
             kwargs["dtype"] = case["dtype"]
         if case["max_model_len"] is not None:
             kwargs["max_model_len"] = case["max_model_len"]
+        if case.get("quantization"):
+            kwargs["quantization"] = case["quantization"]
         if case["device"] == "cuda":
             with self._cuda_view(case["cc"]):
                 return self.ModelConfig(**kwargs)
@@ -251,6 +264,9 @@ class Oracle:
                          device_count=classmethod(lambda c: case["gpus"])):
                 pc = self.ParallelConfig(tensor_parallel_size=case["tp"], pipeline_parallel_size=case["pp"])
             mc.verify_with_parallel_config(pc)
+            # VocabParallelEmbedding, built before the layers (vocab_parallel_embedding.py:304, :111)
+            vocab = mc.get_vocab_size()
+            self.divide(-(-vocab // 64) * 64, case["tp"])
             if not mc.use_mla:  # QKVParallelLinear (linear.py:1053)
                 kv, tp = mc.get_total_num_kv_heads(), case["tp"]
                 self.divide(tp, kv) if tp >= kv else self.divide(kv, tp)
@@ -262,6 +278,8 @@ class Oracle:
                         self._ct_scheme(qc)
             else:
                 self.VllmConfig._get_quantization_config(mc, self.LoadConfig())
+        elif group == "quant-flag":
+            pass  # ModelConfig's own _verify_quantization has run (above)
         elif group == "dtype":
             with self._cuda_view(case["cc"]):
                 self.CudaPlatform.check_if_supports_dtype.__func__(self.platform_cls, mc.dtype)

@@ -42,11 +42,13 @@ _LINES: tuple[tuple[str, Mapping[str, tuple[str, int]]], ...] = (
         "heads": ("vllm/config/model.py", 1549),
         "kv_replicas": ("vllm/model_executor/layers/linear.py", 1055),
         "kv_split": ("vllm/model_executor/layers/linear.py", 1057),
+        "vocab_split": ("vllm/model_executor/layers/vocab_parallel_embedding.py", 111),
         "world": ("vllm/config/parallel.py", 1053),
         "quant_cap": ("vllm/config/vllm.py", 903),
         "quant_act": ("vllm/config/vllm.py", 910),
         "quant_unknown": ("vllm/config/model.py", 1454),
         "quant_deprecated": ("vllm/config/model.py", 1468),
+        "quant_mismatch": ("vllm/config/model.py", 1446),
         "ct_scheme": ("vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py", 412),
         "bf16": ("vllm/platforms/cuda.py", 649),
         "fp16_model": ("vllm/config/model.py", 2399),
@@ -63,11 +65,13 @@ _LINES: tuple[tuple[str, Mapping[str, tuple[str, int]]], ...] = (
         "heads": ("vllm/config/model.py", 1562),
         "kv_replicas": ("vllm/model_executor/layers/linear.py", 1068),
         "kv_split": ("vllm/model_executor/layers/linear.py", 1070),
+        "vocab_split": ("vllm/model_executor/layers/vocab_parallel_embedding.py", 111),
         "world": ("vllm/config/parallel.py", 1072),
         "quant_cap": ("vllm/config/vllm.py", 933),
         "quant_act": ("vllm/config/vllm.py", 940),
         "quant_unknown": ("vllm/config/model.py", 1467),
         "quant_deprecated": ("vllm/config/model.py", 1481),
+        "quant_mismatch": ("vllm/config/model.py", 1459),
         "ct_scheme": ("vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py", 412),
         "bf16": ("vllm/platforms/cuda.py", 651),
         "fp16_model": ("vllm/config/model.py", 2417),
@@ -87,11 +91,13 @@ _LINES: tuple[tuple[str, Mapping[str, tuple[str, int]]], ...] = (
         "heads": ("vllm/config/model.py", 1582),
         "kv_replicas": ("vllm/model_executor/layers/linear.py", 1116),
         "kv_split": ("vllm/model_executor/layers/linear.py", 1118),
+        "vocab_split": ("vllm/model_executor/layers/vocab_parallel_embedding.py", 116),
         "world": ("vllm/config/parallel.py", 1165),
         "quant_cap": ("vllm/config/vllm.py", 895),
         "quant_act": ("vllm/config/vllm.py", 902),
         "quant_unknown": ("vllm/config/model.py", 1487),
         "quant_deprecated": ("vllm/config/model.py", 1501),
+        "quant_mismatch": ("vllm/config/model.py", 1479),
         "ct_scheme": ("vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py", 412),
         "bf16": ("vllm/platforms/cuda.py", 692),
         "fp16_model": ("vllm/config/model.py", 2461),
@@ -540,8 +546,48 @@ def _cpu_online_quant_rule(method: str, inp: CheckInput) -> EngineRule | None:
     return None
 
 
+# Checkpoint quant_method -> the --quantization values vLLM starts with (the method itself, and what an override
+# class resolves to it: the Marlin kernels, moe_wna16, the 0.22+/0.24+ auto_ names); any other value among
+# `_QUANT_FLAGS_DECIDED` is refused. vLLM 0.32's own ModelConfig decided every pair of these over eight
+# checkpoints (tests/data/vllm_checks_oracle.json, group quant-flag); a ModelOpt checkpoint takes any value
+# (its override class claims it whatever was asked), and values outside the grid are not refused here.
+_QUANT_ACCEPTS = {
+    "awq": frozenset({"awq", "awq_marlin", "auto_awq", "marlin", "moe_wna16"}),
+    "gptq": frozenset({"gptq", "gptq_marlin", "auto_gptq", "marlin", "moe_wna16"}),
+    "fp8": frozenset({"fp8"}),
+    "fbgemm_fp8": frozenset({"fbgemm_fp8"}),
+    "compressed-tensors": frozenset({"compressed-tensors"}),
+    "bitsandbytes": frozenset({"bitsandbytes"}),
+}
+_QUANT_FLAGS_DECIDED = frozenset({"awq", "awq_marlin", "gptq", "gptq_marlin", "marlin", "moe_wna16", "fp8",
+                                  "compressed-tensors", "bitsandbytes", "mxfp4", "modelopt"})
+
+
+def _quant_mismatch_rule(inp: CheckInput, lines: Mapping[str, tuple[str, int]],
+                         version: str) -> EngineRule | None:
+    """`ModelConfig._verify_quantization` (0.19.0 config/model.py:988-994, the message at :991): a --quantization
+    that no override class resolves to the checkpoint's own method stops the start ("... does not match ...").
+    The llm-d-planner 0.19 H100 sweep saw it: --quantization awq on a compressed-tensors W4A16 checkpoint and
+    --quantization fp8 on a compressed-tensors W8A8 one both exited 1."""
+    user = (inp.quantization or "").lower()
+    checkpoint = str(quant_config(inp.geometry).get("quant_method") or "").lower()
+    accepted = _QUANT_ACCEPTS.get(checkpoint)
+    if accepted is None or user not in _QUANT_FLAGS_DECIDED or user in accepted:
+        return None
+    return EngineRule(
+        "quant-mismatch",
+        f"Quantization method specified in the model config ({checkpoint}) does not match the quantization method "
+        f"specified in the `quantization` argument ({user}).",
+        _src(lines, version, "quant_mismatch"),
+        hint="leave --quantization out: vLLM reads the checkpoint's own method from config.json")
+
+
 def _quant_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
-    """The method's name first (unknown, deprecated), the CPU build's online fp8, then what it supports."""
+    """The checkpoint's method against --quantization, the method's name (unknown, deprecated), the CPU build's
+    online fp8, then what it supports."""
+    mismatch = _quant_mismatch_rule(inp, lines, version)
+    if mismatch is not None:
+        return [mismatch]
     method = resolved_quant_method(inp)
     if method is None:
         return []
@@ -617,6 +663,9 @@ def start_checks(inp: CheckInput) -> tuple[EngineRule, ...]:
             *_length_rules(inp, lines, version))
 
 
+VOCAB_PADDING = 64  # DEFAULT_VOCAB_PADDING_SIZE, model_executor/layers/vocab_parallel_embedding.py:28 (0.19.0)
+
+
 def _parallel_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
     """Tensor and pipeline ranks against the heads and the GPUs."""
     geo = inp.geometry
@@ -630,8 +679,16 @@ def _parallel_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], versi
             "tp-divides-heads",
             f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp}).",
             _src(lines, version, "heads"), hint=tp_hint))
-    elif (split := kv_head_split(geo, tp)) is not None:
-        out.append(EngineRule("kv-heads-vs-tp", split[1], _src(lines, version, split[0]), hint=tp_hint))
+    else:
+        # The model builds its embedding before its attention layers: VocabParallelEmbedding splits the vocabulary,
+        # padded to 64 rows, over the TP ranks (vocab_range_from_global_vocab_size's divide()); the 0.19 H100 sweep's
+        # Qwen3-14B at TP 5 stopped on "151936 is not divisible by 5" before its 8 KV heads were split.
+        padded = -(-geo.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+        if geo.vocab_size > 0 and padded % tp:
+            out.append(EngineRule("vocab-vs-tp", f"{padded} is not divisible by {tp}",
+                                  _src(lines, version, "vocab_split"), hint=tp_hint))
+        if (split := kv_head_split(geo, tp)) is not None:
+            out.append(EngineRule("kv-heads-vs-tp", split[1], _src(lines, version, split[0]), hint=tp_hint))
     world = tp * inp.pp
     if inp.device == "cuda" and world > 1 and world // max(inp.nnodes, 1) > inp.gpu_count:
         out.append(EngineRule(

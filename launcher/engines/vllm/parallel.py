@@ -33,6 +33,7 @@ from launcher.common.errors import UsageError
 from launcher.engines.checks_common import EngineRule
 from launcher.engines.versions import version_key
 from launcher.engines.vllm.compilation import dotted_value, pydantic_int
+from launcher.engines.vllm.kv import pp_partitions
 from launcher.model.config import ModelGeometry
 
 DP_FLAG, DP_LOCAL_FLAG = "--data-parallel-size", "--data-parallel-size-local"
@@ -99,6 +100,13 @@ class Parallelism:
         (device_communicators/cuda_communicator.py:106-112: a communicator for every group wider than one;
         a dense model's DP ranks run alone, v1/engine/core.py:1719-1728)."""
         return self.tp * self.pp * (self.dp if moe and self.dp > 1 else 1)
+
+    def reducing_ranks(self, moe: bool) -> int:
+        """The ranks a rank all-reduces with, whose buffers (custom and symmetric-memory all-reduce) land in the
+        profile's non-torch memory: its tensor-parallel group, and a MoE model's DP group. Pipeline stages only
+        send and receive activations: the 0.19 H100 starts at --pipeline-parallel-size 2 and 4 (Llama-3.1-8B)
+        measured 0.07 GiB of non-torch memory on every stage, against 2.07-2.10 GiB a rank at TP 2."""
+        return self.tp * (self.dp if moe and self.dp > 1 else 1)
 
     @property
     def sequence_parallel_moe(self) -> bool:
@@ -380,11 +388,15 @@ def splits_experts(layout: Parallelism, routed: RoutedExperts | None, checkpoint
         layout.dp > 1 or layout.expert_parallel or layout.redundant_experts > 0)
 
 
-def rank_weights(checkpoint_bytes: int, layout: Parallelism, routed: RoutedExperts | None) -> tuple[int, str]:
+def rank_weights(checkpoint_bytes: int, layout: Parallelism, routed: RoutedExperts | None,
+                 geometry: ModelGeometry | None = None) -> tuple[int, str]:
     """(bytes, how) of the checkpoint one rank loads: the routed experts' share over D x T ranks, the rest
-    by T, each over the P stages; without data or expert parallelism the plain share by T x P."""
+    by T, each over the P stages; without data or expert parallelism the share by T of the heaviest
+    pipeline stage (`pipeline_stage_weights`), or the plain share by T x P."""
     if routed is None or not splits_experts(layout, routed, checkpoint_bytes):
-        return checkpoint_bytes // (layout.tp * layout.pp), ""
+        staged = pipeline_stage_weights(checkpoint_bytes, geometry, tp=layout.tp, pp=layout.pp) \
+            if geometry is not None else None
+        return staged if staged is not None else (checkpoint_bytes // (layout.tp * layout.pp), "")
     share, of = experts_on_rank(layout, routed.experts)
     per_rank = rank_share(checkpoint_bytes, routed.checkpoint_bytes, layout, routed)
     how = (f"routed experts ({routed.rule}) {share}/{of} a rank"
@@ -394,6 +406,32 @@ def rank_weights(checkpoint_bytes: int, layout: Parallelism, routed: RoutedExper
            + (", the shared experts whole on every rank (sequence-parallel MoE)"
               if layout.sequence_parallel_moe and routed.shared_bytes else ""))
     return max(per_rank, 0), how
+
+
+def pipeline_stage_weights(checkpoint_bytes: int, geometry: ModelGeometry, *, tp: int,
+                           pp: int) -> tuple[int, str] | None:
+    """(bytes, how) one rank of the heaviest pipeline stage loads, or None where the split is not derived.
+
+    vLLM gives each stage its layers by `get_pp_indices` (the remainder to the stages before the last) and
+    builds the vocabulary table only where it runs: the embedding on the first stage, the lm_head on the
+    last (PPMissingLayer elsewhere; a tied lm_head is loaded from the embedding there), so both ends hold
+    one table beside their layers. The first stage, with the most layers, is the heaviest: the 0.19 H100
+    starts of Llama-3.1-8B loaded 7.51 GiB on both stages at --pipeline-parallel-size 2 and 4.26 / 3.28 /
+    3.28 / 4.26 GiB at 4, where an even split gives 7.50 and 3.75. The layers are taken as alike (a dense
+    first layer of a MoE model is counted as heavy as the rest: more than vLLM holds there); multimodal
+    wrappers keep the even split (their towers are not on one stage)."""
+    if pp <= 1 or geometry.is_multimodal or geometry.num_layers < pp:
+        return None
+    element = {"float32": 4}.get(geometry.config_dtype or "", 2)  # quantized checkpoints keep 16-bit tables
+    table = geometry.vocab_size * geometry.hidden_size * element
+    body = checkpoint_bytes - table * (1 if geometry.tie_word_embeddings else 2)
+    if table <= 0 or body <= 0:
+        return None
+    most = max(len(stage) for stage in pp_partitions(geometry.num_layers, pp))
+    stage = (body * most // geometry.num_layers + table) // tp
+    return stage, (f"the heaviest of {pp} pipeline stages: {most} of {geometry.num_layers} layers and one "
+                   f"{geometry.vocab_size}-row vocabulary table (the embedding first, the lm_head last; "
+                   "model_executor/models/utils.py get_pp_indices)")
 
 
 def eplb_bytes(layout: Parallelism, routed: RoutedExperts | None, *, version: str, checkpoint_bytes: int,

@@ -496,6 +496,7 @@ class _Sizing:
                                          chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
         peak = vb.profile_peak(self.geometry, rules=self.setup.rules, batched_tokens=batched, num_seqs=seqs,
                                tp=self.setup.tp, gpu_name=self.gpu_name,
+                               act_dtype_bytes=4 if self.setup.dtype == "float32" else 2,
                                language_only=not vb.encoder_profiled(self.geometry, pinned),
                                dp=self.setup.parallel.dp, expert_parallel=self.setup.parallel.expert_parallel,
                                flashinfer_sampler=self.flashinfer_sampler, max_model_len=length,
@@ -742,7 +743,8 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     pinned, rules, tp, pp = setup.pinned, setup.rules, setup.tp, setup.pp
     offloaded = int(pinned.get("--cpu-offload-gb", 0) * GiB)  # vLLM keeps this much of each rank's weights on the host
     non_torch, non_torch_error = vb.non_torch_bytes(
-        _talking_ranks(setup, request.model.geometry), 1, since_019=version_key(rules.version) >= version_key("0.19"),
+        setup.parallel.reducing_ranks(bool(request.model.geometry.num_experts)), 1,
+        since_019=version_key(rules.version) >= version_key("0.19"),
         graphs_profiled=graphs.count > 0 and (rules.graphs_profiled_in_budget or extensible),
         compute_capability=gpu.compute_capability)
     subtracted = graphs.subtracted
@@ -773,7 +775,10 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
     mla = vb.mla_decode_weights(request.model.geometry, dtype=setup.dtype, tp=tp, pp=pp,
                                 online_quantization=pinned.get("--quantization"))
     repack += mla.bytes
-    rank_weights, rank_how = vpar.rank_weights(request.model.weight_bytes, parallel, routed)
+    rank_weights, rank_how = vpar.rank_weights(request.model.weight_bytes, parallel, routed, request.model.geometry)
+    upcast, upcast_rule = vb.upcast_weights_delta(request.model.geometry, checkpoint_bytes=rank_weights,
+                                                  model_dtype=setup.dtype, quantization=pinned.get("--quantization"))
+    repack += upcast
     eplb, eplb_rule = vpar.eplb_bytes(parallel, routed, version=rules.version,
                                       checkpoint_bytes=request.model.weight_bytes, geometry=request.model.geometry)
     repack += eplb
@@ -795,7 +800,7 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         # vLLM's "Model loading took": the weights as its kernels hold them.
         weights=max(rank_weights - offloaded, 0) + repack, repack=repack, rank_weights_how=rank_how,
         transformed=repack != tables.bytes,
-        repack_rule="; ".join(rule for rule in (repack_rule, online_rule, eplb_rule,
+        repack_rule="; ".join(rule for rule in (repack_rule, online_rule, upcast_rule, eplb_rule,
                                                  f"rotary tables {format_gib(tables.bytes)}: {tables.rule}"
                                                  if tables.bytes else "",
                                                  f"{format_gib(mla.bytes)} {mla.rule}" if mla.bytes else "",

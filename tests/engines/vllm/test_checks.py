@@ -22,9 +22,10 @@ CONFIGS: dict[str, dict[str, Any]] = DOC["header"]["configs"]
 
 # The rules each oracle group exercised (the oracle runs only that part of vLLM per case).
 GROUP_RULES = {
-    "parallel": {"tp-divides-heads", "kv-heads-vs-tp", "world-size-vs-gpus"},
+    "parallel": {"tp-divides-heads", "vocab-vs-tp", "kv-heads-vs-tp", "world-size-vs-gpus"},
     "quant": {"quant-unknown-method", "quant-deprecated", "quant-min-capability", "quant-act-dtype",
               "quant-scheme-capability"},
+    "quant-flag": {"quant-mismatch", "quant-unknown-method", "quant-deprecated"},
     "dtype": {"dtype-bf16-capability", "dtype-float16-model"},
     "length": {"max-model-len"},
     "cpu-head": {"cpu-attn-head-size"},
@@ -49,7 +50,8 @@ def _inp(geometry: ModelGeometry, *, device: str = "cuda", cc: tuple[int, int] |
 def _case_input(case: dict[str, Any]) -> CheckInput:
     cc = (case["cc"][0], case["cc"][1]) if case["cc"] else None
     return _inp(_geometry(case["model"]), device=case["device"], cc=cc, gpus=case["gpus"],
-                tp=case["tp"], pp=case["pp"], dtype=case["dtype"], max_len=case["max_model_len"], gpu_name="TEST")
+                tp=case["tp"], pp=case["pp"], dtype=case["dtype"], max_len=case["max_model_len"], gpu_name="TEST",
+                quantization=case.get("quantization"))
 
 
 def test_golden_file_is_a_real_grid() -> None:
@@ -288,3 +290,39 @@ def test_kv_cache_dtype_is_validated_by_cache_config_from_0_33() -> None:
         assert rule.source == f"vllm/config/cache.py:{line} (vLLM {version})" and rule.bad_argument
         assert "kv-cache-dtype-unknown" not in _on(version, geo, kv="octave_k3v4")  # a name 0.33+ knows
     assert "kv-cache-dtype-unknown" in _on("0.32.0", geo, kv="octave_k3v4")  # not before
+
+
+def test_quantization_flag_against_the_checkpoints_method() -> None:
+    """llm-d-planner's 0.19 H100 sweep: --quantization awq on RedHatAI's compressed-tensors W4A16 Llama-3.1-8B and
+    --quantization fp8 on its W8A8 one both exited 1; vLLM 0.32's ModelConfig decides every such pair alike
+    (the quant-flag group of the oracle). The Marlin and moe_wna16 names an override class maps to the
+    checkpoint's method start."""
+    w4a16 = _quantized(CONFIGS["qwen2.5-7b-ct_w4a16"]["quantization_config"])
+    rule = _on("0.19.0", w4a16, quantization="awq", dtype="float16")["quant-mismatch"]
+    assert rule.message == ("Quantization method specified in the model config (compressed-tensors) does not match "
+                            "the quantization method specified in the `quantization` argument (awq).")
+    assert rule.source == "vllm/config/model.py:1446 (vLLM 0.32.0)" and rule.hint.startswith("leave --quantization out")
+    on_033 = _on("0.33.0", w4a16, quantization="fp8")["quant-mismatch"]
+    assert on_033.source == "vllm/config/model.py:1459 (vLLM 0.33.0)"
+    assert "quant-mismatch" not in _on("0.19.0", w4a16, quantization="compressed-tensors")
+    awq = _quantized({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
+    for accepted in ("awq", "awq_marlin", "marlin", "moe_wna16"):
+        assert "quant-mismatch" not in _on("0.32.0", awq, quantization=accepted), accepted
+    assert "quant-mismatch" in _on("0.32.0", awq, quantization="gptq_marlin")
+    assert "quant-mismatch" not in _on("0.32.0", awq, quantization="inc")  # outside the decided grid: not refused
+
+
+def test_the_vocabulary_splits_before_the_kv_heads() -> None:
+    """llm-d-planner's 0.19 H100 sweep, Qwen3-14B at TP 5: every rank stopped on "AssertionError: 151936 is not
+    divisible by 5" (VocabParallelEmbedding, built before the layers), though its 40 heads split and its 8 KV
+    heads do not."""
+    qwen3_14b = geometry_from_config({**QWEN, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                                      "hidden_size": 5120, "num_attention_heads": 40, "num_key_value_heads": 8,
+                                      "head_dim": 128, "num_hidden_layers": 40, "vocab_size": 151936})
+    rules = start_checks(_inp(qwen3_14b, tp=5, gpus=5))
+    assert [r.rule for r in rules][:2] == ["vocab-vs-tp", "kv-heads-vs-tp"]
+    assert rules[0].message == "151936 is not divisible by 5"
+    assert rules[0].source == "vllm/model_executor/layers/vocab_parallel_embedding.py:111 (vLLM 0.32.0)"
+    assert "vocab-vs-tp" not in _rules(_inp(qwen3_14b, tp=4, gpus=4))  # padded to 64 rows: any power of two
+    odd = geometry_from_config({**QWEN, "vocab_size": 32001})  # padded to 32,064 = 2^6 x 501: 3 divides it
+    assert "vocab-vs-tp" not in _rules(_inp(odd, tp=2, gpus=2))
