@@ -751,6 +751,30 @@ def print_terms(scoring: Scoring) -> None:
         print(f"  {case['id'][:62]:62} " + " ".join(cells))
 
 
+def print_graph_estimates(scoring: Scoring) -> None:
+    """vLLM's own CUDA-graph estimate ("Estimated CUDA graph memory: X GiB total", printed by 0.19 and what 0.21+
+    subtract from the KV budget) against the graphs as the plan counts them, leave-one-out."""
+    found = []
+    for case in scoring.cases:
+        logged = (case.get("observed") or {}).get("cudagraph_estimate_gib")
+        if logged is None:
+            continue
+        with constants(scoring.refit(case)):
+            outcome = plan_case(case, scoring.catalog(_source(case)))
+            if not isinstance(outcome, tuple):
+                continue
+            graphs = graphs_for(case, outcome[1], outcome[2])
+            found.append((case["id"], graphs.estimate_bytes / GiB - float(logged), graphs.error_bytes / GiB))
+    if not found:
+        return
+    diffs = [d for _, d, _ in found]
+    outside = [(case, d) for case, d, band in found if abs(d) > band]
+    print(f"\nvLLM's own CUDA-graph estimate (what 0.21+ subtract; 0.19 prints it): {len(found)} starts, planned - "
+          f"logged median {statistics.median(diffs):+.2f} GiB, p90 |d| {percentile([abs(d) for d in diffs], 0.9):.2f}, "
+          f"{len(found) - len(outside)}/{len(found)} in the plan's graph band; outside: "
+          + (", ".join(f"{case} {d:+.2f}" for case, d in outside) or "none"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--verbose", action="store_true", help="also list the skipped cases")
@@ -761,6 +785,7 @@ def main() -> None:
     print()
     print_summary(found)
     print_fits(scoring)
+    print_graph_estimates(scoring)
     print_terms(scoring)
     print(f"\n{len(found)} cases planned, {len(skipped)} skipped"
           + (" (in-sample: shipped constants)" if args.in_sample else " (leave-one-out)"))
