@@ -316,6 +316,8 @@ class Fit:
     # a fit keeps the median of a source's logs and applies where the reading exists.
     reading: Callable[[Mapping[str, Any]], float | None] | None = None
     fallback: float | None = None  # the value where no other source has a reading (None: the shipped one)
+    # A per-unit constant beside a fixed part (CUDA graphs: the first capture): taken off the log's figure first.
+    offset: Callable[[], int] | None = None
 
     unit_name: str = "GiB"
 
@@ -327,7 +329,8 @@ class Fit:
         """What the constant must be for this log: logged - (row - constant), or logged / units."""
         logged = float(case["observed"][self.observed]) * GiB
         if self.per_unit is not None:
-            return logged / max(self.per_unit(case, plan, geometry), 1)
+            fixed = self.offset() if self.offset is not None else 0
+            return (logged - fixed) / max(self.per_unit(case, plan, geometry), 1)
         row = next(i.bytes for i in plan.budget if i.key == self.term)
         return logged - (row - int(getattr(self.module, self.attribute)))
 
@@ -366,10 +369,12 @@ def _graphs(case: Mapping[str, Any], plan: Plan, geometry: ModelGeometry) -> int
 def _captured(case: Mapping[str, Any], moe: bool) -> bool:
     """A capture with its model's config, FULL_AND_PIECEWISE's default (0.11+), dense or MoE. Not an author's
     table: llm-d-benchmark's "CUDAGraph memory" is the free memory's change over capture, negative where the
-    allocator gave back cached blocks (-0.88 to +1.03 GiB), not what the graphs hold."""
+    allocator gave back cached blocks (-0.88 to +1.03 GiB), not what the graphs hold; an author's table whose
+    capture figure is the run's own "Graph capturing finished ... took" line (llm-d-planner's) counts."""
     config = _config_of(case)
+    quoted = (case.get("observed") or {}).get("cudagraph_source")  # the capture line of the run's own log
     if not _observed(case, "cudagraph_gib") or _version(case) < (0, 11) or config is None \
-            or case.get("evidence") == "author_table":
+            or (case.get("evidence") == "author_table" and not quoted):
         return False
     return bool(geometry_from_config(config).num_experts) == moe
 
@@ -407,7 +412,8 @@ FITS = (
         lambda c: _captured(c, moe=False), "cudagraph",
         "launcher/engines/vllm/budget.py CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER",
         "CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER",
-        per_unit=_graph_layers, unit_name="MiB per graph and layer"),
+        per_unit=_graph_layers, unit_name="MiB per graph and layer beside the 0.32 GiB first capture",
+        offset=lambda: vb.CUDAGRAPH_FIRST_CAPTURE_BYTES),
     Fit("CUDA graphs per graph, MoE (0.11+)", vb, "CUDAGRAPH_MOE_BYTES_PER_GRAPH", "cudagraph_gib",
         lambda c: _captured(c, moe=True), "cudagraph",
         "launcher/engines/vllm/budget.py CUDAGRAPH_MOE_BYTES_PER_GRAPH", "CUDAGRAPH_MOE_ERROR_PER_GRAPH",
@@ -751,9 +757,10 @@ def print_terms(scoring: Scoring) -> None:
         print(f"  {case['id'][:62]:62} " + " ".join(cells))
 
 
-def print_graph_estimates(scoring: Scoring) -> None:
+def print_graph_estimates(scoring: Scoring) -> list[tuple[str, float, float]]:
     """vLLM's own CUDA-graph estimate ("Estimated CUDA graph memory: X GiB total", printed by 0.19 and what 0.21+
-    subtract from the KV budget) against the graphs as the plan counts them, leave-one-out."""
+    subtract from the KV budget) against the graphs as the plan counts them, leave-one-out; returns (case,
+    planned - logged, the plan's graph band) in GiB."""
     found = []
     for case in scoring.cases:
         logged = (case.get("observed") or {}).get("cudagraph_estimate_gib")
@@ -766,13 +773,14 @@ def print_graph_estimates(scoring: Scoring) -> None:
             graphs = graphs_for(case, outcome[1], outcome[2])
             found.append((case["id"], graphs.estimate_bytes / GiB - float(logged), graphs.error_bytes / GiB))
     if not found:
-        return
+        return found
     diffs = [d for _, d, _ in found]
     outside = [(case, d) for case, d, band in found if abs(d) > band]
     print(f"\nvLLM's own CUDA-graph estimate (what 0.21+ subtract; 0.19 prints it): {len(found)} starts, planned - "
           f"logged median {statistics.median(diffs):+.2f} GiB, p90 |d| {percentile([abs(d) for d in diffs], 0.9):.2f}, "
           f"{len(found) - len(outside)}/{len(found)} in the plan's graph band; outside: "
           + (", ".join(f"{case} {d:+.2f}" for case, d in outside) or "none"))
+    return found
 
 
 def main() -> None:

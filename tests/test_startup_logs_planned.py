@@ -154,11 +154,19 @@ def test_each_fitted_terms_band_covers_its_held_out_residuals(bench: ModuleType,
 
 def test_vllms_own_graph_estimates_are_scored(bench: ModuleType, scored: tuple,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """llm-d-planner's 0.19 run JSONs carry vLLM's "Estimated CUDA graph memory" (what 0.21+ subtract): the
-    plan's graphs are within their band on all but four (PP 2 and 4, whose first capture does not shrink with
-    the layers, and two starts whose second-capture sample spiked to 24-26 MiB a graph)."""
+    """llm-d-planner's 0.19 run JSONs carry vLLM's "Estimated CUDA graph memory" (what 0.21+ subtract). The plan's
+    graphs (fitted on what capture took, which the estimate mostly undershoots) are at or above it but for two
+    starts whose second PIECEWISE capture sampled 26 MiB instead of 4-6 (vLLM's own estimate spiking by ~1 GiB:
+    Granite-3.1-2B, Llama-3.1-8B at TP 2); the pipeline stages (PP 2 and 4) are inside their band."""
     _, _, scoring = scored
-    bench.print_graph_estimates(scoring)
-    line = capsys.readouterr().out.strip()
-    assert line.startswith("vLLM's own CUDA-graph estimate (what 0.21+ subtract; 0.19 prints it): 68 starts")
-    assert "64/68 in the plan's graph band" in line and "pp4-mml8192 -0.30" in line
+    found = bench.print_graph_estimates(scoring)
+    assert capsys.readouterr().out.strip().startswith(f"vLLM's own CUDA-graph estimate (what 0.21+ subtract; "
+                                                      f"0.19 prints it): {len(found)} starts")
+    assert len(found) == 68
+    under = sorted(case for case, diff, band in found if diff < -band)
+    assert under == ["vllm-llmdplanner-run-h100-granite-3.1-2b-instruct-mml8192",
+                     "vllm-llmdplanner-run-h100-llama-3.1-8b-instruct-tp2-mml8192"]
+    inside = [case for case, diff, band in found if abs(diff) <= band]
+    assert len(inside) >= 63
+    assert {"vllm-llmdplanner-run-h100-llama-3.1-8b-instruct-pp2-mml8192",
+            "vllm-llmdplanner-run-h100-llama-3.1-8b-instruct-pp4-mml8192"} <= set(inside)

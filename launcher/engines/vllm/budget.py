@@ -1447,19 +1447,27 @@ def upcast_weights_delta(geometry: ModelGeometry, *, checkpoint_bytes: int, mode
 # The arithmetic is how many graphs. With the default FULL_AND_PIECEWISE (config/vllm.py:303) one
 # PIECEWISE graph per capture size and one FULL decode graph per size up to max_num_seqs
 # (v1/cudagraph_dispatcher.py:164-230; v1/worker/gpu/cudagraph_utils.py:251-373), the sizes from
-# `_set_cudagraph_sizes` (config/vllm.py:2292-2500). What one graph costs is fitted: per graph and
-# per layer on the rank (the kernels a graph records grow with the layers), on every published
-# capture with a known model ("Graph capturing finished ... took X GiB": ten logs, vLLM 0.11 and
-# 0.19, 102 graphs each, gpt-oss 166: its config hook captures to 1024, GPT_OSS_ARCHITECTURES).
-# Leave-one-out (bench/startup_logs.py): dense 0.197-0.301 MiB, held-out residuals within 0.078. MoE
-# captures do not grow with the layers (Qwen3-30B-A3B 48 layers 14.2 MiB per graph, Kimi-VL-A3B 27 layers
+# `_set_cudagraph_sizes` (config/vllm.py:2292-2500). What the graphs cost is fitted in vLLM's own form, a
+# first capture and a cost per graph that grows with the layers on the rank (the kernels a graph records):
+# dense = CUDAGRAPH_FIRST_CAPTURE_BYTES + graphs x layers x CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER, on every
+# published capture with a known model ("Graph capturing finished ... took X GiB": 50 dense ones, 38 distinct,
+# vLLM 0.11 and 0.19, 102 graphs each; 44 of them llm-d-planner's 0.19 H100 sweep, from 8 to 80 layers a rank:
+# Llama-3.1-8B took 0.51 / 0.65 / 0.91 GiB at 8 / 16 / 32 layers, PP 4 / PP 2 / one rank). The first capture is
+# the least-squares intercept over the distinct captures (0.32 GiB; the 0.19 logs print the FULL first capture
+# at 228-266 MiB and the PIECEWISE one at 96-224 on one rank); the per graph-layer cost is refitted
+# leave-one-out by bench/startup_logs.py with it fixed: held-out residuals within 0.085 MiB, band 0.09. A cost
+# proportional to the layers alone (0.242, fitted on six logs) missed the stages of PP 4 by 0.37 MiB a
+# graph-layer and put 80-layer models 0.3-0.5 GiB over.
+# MoE captures do not grow with the layers (Qwen3-30B-A3B 48 layers 14.2 MiB per graph, Kimi-VL-A3B 27 layers
 # 15.1, gpt-oss-20b 24 layers 11.4 over its 166 graphs, Mixtral-8x7B at TP 2 32 layers 9.3; per graph and
-# layer 0.29-0.47): per graph, the median of the four (12.75 MiB), held-out residuals within 4.8 MiB
-# (gpt-oss's), band 5.8 MiB kept, and never less than a dense model of as many layers.
-# One capture outside the data (vLLM 0.31, A100-80GB, 32 layers, 86 graphs: 0.23 GiB, 0.084 MiB)
-# is below the dense band: the V2 runner's graphs may cost less; the plan stays on the safe side.
-CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER = int(0.242 * MiB)
-CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER = int(0.08 * MiB)
+# layer 0.29-0.47): per graph, 12.75 MiB (the median of those four; nine logs now give 11.35, held-out
+# residuals within 4.4 MiB: 12.75 kept, the safe side), band 5.8 MiB, and never less than a dense model of
+# as many layers.
+# One capture outside the data (vLLM 0.31, A100-80GB, 32 layers, 86 graphs: 0.23 GiB) is below the dense
+# band: the V2 runner's graphs may cost less; the plan stays on the safe side.
+CUDAGRAPH_FIRST_CAPTURE_BYTES = int(0.32 * GiB)
+CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER = int(0.1845 * MiB)
+CUDAGRAPH_DENSE_ERROR_PER_GRAPH_LAYER = int(0.09 * MiB)
 CUDAGRAPH_MOE_BYTES_PER_GRAPH = int(12.75 * MiB)
 CUDAGRAPH_MOE_ERROR_PER_GRAPH = int(5.8 * MiB)
 # Before 0.11 no capture in the data has a known count (V0 graphs cost more: 0.8.2 Phi-4, 1.12 GiB for
@@ -1650,7 +1658,11 @@ class CudaGraphs:
 
     @property
     def estimate_bytes(self) -> int:
-        return self.count * self.per_graph_bytes
+        """The first capture and each graph's cost (dense); a MoE model's per graph, never below the dense form."""
+        if not self.count:
+            return 0
+        dense = CUDAGRAPH_FIRST_CAPTURE_BYTES + self.count * self.layers * CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER
+        return max(self.count * CUDAGRAPH_MOE_BYTES_PER_GRAPH, dense) if self.moe else dense
 
     @property
     def error_bytes(self) -> int:
@@ -1670,8 +1682,8 @@ class CudaGraphs:
         if self.moe:
             graphs += f" x {self.per_graph_bytes / MiB:.1f} MiB (MoE, per graph: fitted on published captures)"
         else:
-            graphs += (f" x {self.layers} layers x {CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER / MiB:.3f} MiB "
-                       "(fitted on published captures)")
+            graphs += (f" x {self.layers} layers x {CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER / MiB:.3f} MiB beside a "
+                       f"{format_gib(CUDAGRAPH_FIRST_CAPTURE_BYTES)} first capture (fitted on published captures)")
         if self.other_mode_graphs:
             graphs += (f"; the band holds the {self.other_mode_graphs} graphs FULL_AND_PIECEWISE would add, "
                        "as the cost was fitted on captures of both kinds")
