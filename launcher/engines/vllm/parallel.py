@@ -31,6 +31,8 @@ from typing import Any
 
 from launcher.common.errors import UsageError
 from launcher.engines.checks_common import EngineRule
+from launcher.engines.dtypes import canonical
+from launcher.engines.online_quant import ELEMENT_BYTES
 from launcher.engines.versions import version_key
 from launcher.engines.vllm.compilation import dotted_value, pydantic_int
 from launcher.engines.vllm.kv import pp_partitions
@@ -422,7 +424,8 @@ def pipeline_stage_weights(checkpoint_bytes: int, geometry: ModelGeometry, *, tp
     wrappers keep the even split (their towers are not on one stage)."""
     if pp <= 1 or geometry.is_multimodal or geometry.num_layers < pp:
         return None
-    element = {"float32": 4}.get(geometry.config_dtype or "", 2)  # quantized checkpoints keep 16-bit tables
+    # The table in the checkpoint's dtype ("float" and "fp32" spell float32 too); quantized ones keep it in 16 bits.
+    element = ELEMENT_BYTES.get(canonical(geometry.config_dtype) or "", 2)
     table = geometry.vocab_size * geometry.hidden_size * element
     body = checkpoint_bytes - table * (1 if geometry.tie_word_embeddings else 2)
     if table <= 0 or body <= 0:

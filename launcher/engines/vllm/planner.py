@@ -20,6 +20,7 @@ from launcher.engines.checks_common import CheckInput, EngineRule, refuse_bad_ar
 from launcher.engines.draft import request_without_draft
 from launcher.engines.dtypes import resolve_dtype
 from launcher.engines.layers import request_with_cached_layers
+from launcher.engines.online_quant import ELEMENT_BYTES
 from launcher.engines.versions import version_key
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm import context_parallel as vcp
@@ -496,7 +497,7 @@ class _Sizing:
                                          chunked_prefill=not pinned.get("--no-enable-chunked-prefill", False))
         peak = vb.profile_peak(self.geometry, rules=self.setup.rules, batched_tokens=batched, num_seqs=seqs,
                                tp=self.setup.tp, gpu_name=self.gpu_name,
-                               act_dtype_bytes=4 if self.setup.dtype == "float32" else 2,
+                               act_dtype_bytes=ELEMENT_BYTES.get(self.setup.dtype, 2),
                                language_only=not vb.encoder_profiled(self.geometry, pinned),
                                dp=self.setup.parallel.dp, expert_parallel=self.setup.parallel.expert_parallel,
                                flashinfer_sampler=self.flashinfer_sampler, max_model_len=length,
