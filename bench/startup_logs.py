@@ -422,8 +422,8 @@ FITS = (
         "launcher/engines/sglang/budget.py CUDA_CONTEXT_BYTES", "CONTEXT_ERROR_BYTES",
         reading=lambda c: context_reading(c)),
     Fit("NCCL at the baseline, ranks without NVLS", sgb, "NCCL_BYTES", "", lambda c: True, "context",
-        "launcher/engines/sglang/budget.py NCCL_BYTES", reading=lambda c: parallel_reading(c, nvls=False),
-        fallback=0.0),
+        "launcher/engines/sglang/budget.py NCCL_BYTES", "NCCL_ERROR_BYTES",
+        reading=lambda c: parallel_reading(c, nvls=False), fallback=0.0),
     Fit("NCCL at the baseline, NVSwitch Hopper/Blackwell (NVLS)", sgb, "NVLS_NCCL_BYTES", "", lambda c: True,
         "context", "launcher/engines/sglang/budget.py NVLS_NCCL_BYTES", "NVLS_NCCL_ERROR_BYTES",
         reading=lambda c: parallel_reading(c, nvls=True)),
@@ -612,7 +612,32 @@ def _planned(base: Row, plan: Plan) -> Row:
 
 
 def load_cases() -> list[Mapping[str, Any]]:
-    return [case for name in FILES for case in yaml.safe_load((DATA / name).read_text())]
+    return [row for name in FILES for case in yaml.safe_load((DATA / name).read_text()) for row in _with_variants(case)]
+
+
+# An author's table row beside the case's own: the same start but for its parallel layout.
+_VARIANT_LAYOUT = ("tensor_parallel_size", "pipeline_parallel_size")
+
+
+def _with_variants(case: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The case, then one case per row of its author's table that changes only the parallel layout (the L4
+    write-up's `tp2` and `pp2`: same checkpoint, engine and flags on two cards), under `<id>/<row>` and the same
+    source (scored leave-one-source-out with it). Rows that change anything else (the write-up's `replica_each`,
+    two servers started one after the other) stay data, not cases."""
+    observed = case.get("observed") or {}
+    found = [case]
+    for name, row in observed.items():
+        if not isinstance(row, Mapping) or not any(k in row for k in _VARIANT_LAYOUT) \
+                or row.get("kv_cache_gib") is None:
+            continue
+        layout = {k: int(row.get(k) or 1) for k in _VARIANT_LAYOUT}
+        flags = {**(case.get("flags") or {}), **layout}
+        figures = {k: v for k, v in row.items() if k not in _VARIANT_LAYOUT}
+        found.append({**case, "id": f"{case['id']}/{name}", "source": _source(case), "flags": flags,
+                      "tensor_parallel_size": layout["tensor_parallel_size"],
+                      "gpu_count": layout["tensor_parallel_size"] * layout["pipeline_parallel_size"],
+                      "observed": figures})
+    return found
 
 
 def rows(in_sample: bool = False) -> tuple[list[Row], list[tuple[str, str]], Scoring]:

@@ -14,6 +14,7 @@ import pytest
 from launcher.model.catalog import load_catalog
 from tests import bench_scripts
 
+H100 = "NVIDIA H100 80GB HBM3"  # the card all but one of the fitted logs ran on (the other: an L40S)
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "startup_logs.py"
 
 
@@ -44,18 +45,45 @@ def test_bands_are_budget_terms_not_a_third_of_the_kv(scored: tuple) -> None:
     the bytes band. Every started case planned to fit has a band within +/- 5 % of its plan, or, where the
     cache is small beside the model (the budget terms' errors, a few hundred MiB, are more than 5 % of it: a
     70B at TP 2 with 3 GiB of KV), its length still fits at the band's low end; one that says MAY NOT FIT names
-    the figure at risk instead (Qwen3-32B's 4.45 GiB beside 61 GiB of weights on one H100)."""
+    the figure at risk instead (Qwen3-32B's 4.45 GiB beside 61 GiB of weights on one H100). That holds on the
+    H100, whose terms are fitted on its own logs; on a card no fitted log ran on, the terms keep their bands in
+    GiB (test_a_card_without_fitted_logs_keeps_its_terms_bands)."""
     rows, _, _ = scored
     assert any(row.may_not_fit and not row.engine_failed for row in rows)
     small = []
     for row in rows:
         if row.predicted is not None and row.engine == "vllm" and not row.engine_failed and not row.may_not_fit:
-            if row.high - row.predicted <= 0.05 * row.predicted:
+            if row.high - row.predicted <= 0.05 * row.predicted or row.gpu != H100:
                 continue
             small.append(row.case)
             assert row.high - row.predicted <= 1.0, row.case  # GiB: the terms' errors, not a share of the KV
             assert row.predicted < 8.0, row.case  # only beside a cache this small
     assert len(small) <= 4, small
+
+
+def test_a_card_without_fitted_logs_keeps_its_terms_bands(bench: ModuleType, scored: tuple) -> None:
+    """The L4 write-up (vLLM 0.28, Qwen3-14B-AWQ, defaults): one card, TP 2 and PP 2 from the author's table,
+    scored as three starts of one source, on the L4's published 22.16 GiB CUDA total. No fitted term was
+    measured on an L4 or on 0.28: the non-torch memory, peak and graph estimate keep their bands in GiB (+/- 0.6-0.7
+    beside a 9-14 GiB cache, more than 5 % of the smaller), every logged figure inside them, and the model's
+    40,960 tokens hold at the low end. Every other card's rows keep their bands under 1 GiB too."""
+    rows, _, _ = scored
+    l4 = {r.case.split("/")[-1]: r for r in rows if r.case.startswith("vllm-l4-qwen3-14b-awq")}
+    assert sorted(l4) == ["pp2", "tp2", "vllm-l4-qwen3-14b-awq-single-and-tp2"]  # the replicas' row is no case
+    for row in l4.values():
+        assert row.in_band and row.version == "0.28.0" and row.gpu == "NVIDIA L4"
+        assert abs(row.error) < 0.05, row.case
+    assert l4["vllm-l4-qwen3-14b-awq-single-and-tp2"].high - l4["vllm-l4-qwen3-14b-awq-single-and-tp2"].predicted \
+        > 0.05 * l4["vllm-l4-qwen3-14b-awq-single-and-tp2"].predicted
+    for row in rows:
+        if row.predicted is not None and row.engine == "vllm" and not row.engine_failed and row.gpu != H100:
+            assert row.high - row.predicted <= 1.0, row.case
+    for case in (c for c in bench.load_cases() if c["id"].startswith("vllm-l4-qwen3-14b-awq")):
+        _, plan, _ = bench.plan_case(case, load_catalog())
+        per_token = plan.kv_cache_bytes / plan.kv_cache_tokens
+        assert plan.max_model_len == 40960 and plan.kv_cache_bytes_low / per_token >= 40960
+        assert (plan.tp, plan.pp) == (
+            int(case["flags"].get("tensor_parallel_size") or 1), int(case["flags"].get("pipeline_parallel_size") or 1))
 
 
 def test_a_small_cache_with_a_wide_band_still_fits_at_its_low_end(bench: ModuleType) -> None:

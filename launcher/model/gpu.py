@@ -12,7 +12,7 @@ from launcher.common.units import MiB
 
 # What CUDA does not hand out of NVML's total, when nothing better is known: the middle of the
 # reserves seen on the catalog cards with published CUDA totals (317 MiB on an RTX 3090 to 768 MiB
-# on an A100 80GB; 9 cards whose NVML total is not recalled from memory, tests/data/cuda-totals.yaml),
+# on an A100 80GB; 10 cards whose NVML total is not recalled from memory, tests/data/cuda-totals.yaml),
 # +/- half that range.
 # tests/model/test_cuda_totals.py recomputes both from the data.
 CUDA_RESERVE_BYTES = 542 * MiB

@@ -125,7 +125,7 @@ def test_sglang_shows_both_totals_and_the_gap() -> None:
     assert (23.99, 23.64) == (round(nvml / GiB, 2), round(cuda / GiB, 2))
     assert rows["GPU total (NVML)"] == 23.99 and rows["CUDA total (what the engine gets)"] == 23.64
     assert f"NVML total - {(nvml - cuda) / GiB:.2f} GiB the driver keeps back" in text
-    assert "0.34 GiB" in text  # 24564 MiB less the published 23.64 GiB
+    assert "0.35 GiB" in text  # 24564 MiB less the published 23.640 GiB (median of five)
     # held by others + free at baseline + context add up to the CUDA total, not the NVML one
     budget = {i["key"]: i["bytes"] for i in doc["budget"]}
     assert budget["other"] + budget["context"] + budget["pre_load"] == cuda

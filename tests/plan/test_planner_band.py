@@ -87,11 +87,12 @@ class TestVllmSafeSide:
     max_model_len needs more KV than it has (kv_cache_utils.py check_enough_kv_cache_memory)."""
 
     def test_the_chosen_length_is_the_low_ends(self) -> None:
-        """Llama-3.1-8B on an L4: 3.84 GiB of KV at the centre, 2.65 GiB at the band's low end."""
+        """Llama-3.1-8B on an L4 (its published 22.16 GiB CUDA total): 4.02 GiB of KV at the centre, 3.03 GiB at the
+        band's low end."""
         plan = make_plan(request("llama-3.1-8b", "l4"))
         assert plan.may_not_fit is None and plan.at_risk == ()
-        assert plan.max_model_len == plan.max_model_len_low_end == 21664
-        assert plan.max_model_len_central == 31456
+        assert plan.max_model_len == plan.max_model_len_low_end == 24752
+        assert plan.max_model_len_central == 32928
         # One request of that length fits in the low end's bytes (2 MiB blocks of 16 tokens, one spare).
         per_block = plan.kv_cache_bytes // plan.num_blocks
         assert (plan.kv_cache_bytes_low // per_block - 1) * 16 >= plan.max_model_len
@@ -105,28 +106,28 @@ class TestVllmSafeSide:
         plan = make_plan(request("llama-3.1-8b", "l4", engine_args=("--max-model-len", "28000")))
         assert plan.max_model_len == 28000 and plan.at_risk == ("max_model_len",)
         assert plan.may_not_fit and "low end of the KV band" in plan.may_not_fit
-        assert "vLLM estimates the maximum model length at 21664 (vLLM refuses to start there)" in plan.may_not_fit
-        assert plan.max_model_len_low_end == 21664 and plan.max_model_len_central == 31456
+        assert "vLLM estimates the maximum model length at 24752 (vLLM refuses to start there)" in plan.may_not_fit
+        assert plan.max_model_len_low_end == 24752 and plan.max_model_len_central == 32928
 
     def test_concurrency_beyond_the_low_end_is_at_risk(self) -> None:
-        """Three requests of 8192 fit in the 3.84 GiB centre, not in the 2.65 GiB low end."""
-        plan = make_plan(request("llama-3.1-8b", "l4", engine_args=("--max-model-len", "8192"), concurrency=3))
+        """Four requests of 8192 fit in the 4.02 GiB centre (32,944 tokens), not in the 3.03 GiB low end."""
+        plan = make_plan(request("llama-3.1-8b", "l4", engine_args=("--max-model-len", "8192"), concurrency=4))
         assert plan.at_risk == ("max_concurrency",) and plan.may_not_fit
 
     def test_no_length_at_the_low_end_keeps_the_centre_and_says_so(self) -> None:
-        """Gemma-2-9B on an L4: 1.12 GiB at the centre, none at the low end."""
+        """Gemma-2-9B on an L4: 1.30 GiB at the centre, 0.23 GiB at the low end (no request's worth)."""
         from launcher.edge.render import plan_to_json, render_plan
 
         plan = make_plan(request("gemma-2-9b", "l4"))
-        assert plan.max_model_len == plan.max_model_len_central == 3488 and plan.max_model_len_low_end == 0
+        assert plan.max_model_len == plan.max_model_len_central == 4048 and plan.max_model_len_low_end == 0
         assert plan.at_risk == ("max_model_len",) and "refuses to start there" in (plan.may_not_fit or "")
         doc = plan_to_json(plan)
         assert doc["fits"] is False and doc["at_risk"] == ["max_model_len"] and doc["max_model_len_low_end"] == 0
-        assert "length band    0 holds at the KV band's low end (none), 3,488 at the central estimate" in \
+        assert "length band    0 holds at the KV band's low end (none), 4,048 at the central estimate" in \
             render_plan(plan)
 
     def test_a_pinned_kv_size_beyond_the_low_end_is_at_risk(self) -> None:
-        """4.39 GiB pinned; 5.07 GiB left at the centre, 3.87 GiB at the low end."""
+        """4.39 GiB pinned; 5.26 GiB left at the centre, 4.27 GiB at the low end."""
         plan = make_plan(request("llama-3.1-8b", "l4", engine_args=("--kv-cache-memory-bytes", "4500M")))
         assert plan.at_risk == ("kv_cache_memory_bytes",) and "at the low end" in (plan.may_not_fit or "")
 

@@ -37,11 +37,13 @@ CONTEXT_ERROR_BYTES = 117 * 1024**2
 # Measured at an earlier start of the setup (free at the plan - "Load weight begin. avail mem"): the
 # print's two decimals of GiB, +/- 5 MiB, and as much for the free memory read at the plan.
 MEASURED_CONTEXT_ERROR_BYTES = 10 * 1024**2
-# - more ranks without NVLink SHARP (PCIe, GeForce, A100): 579 MiB on 4 x RTX 4090 (Qwen3-14B TP 4,
-#   the card's 23.645 GiB total - 16.00 - 7.08 GiB), 47 MiB beyond the context; one source, so no
-#   band of its own (4 x L4 at SGLang 0.4.3 held ~340 +/- 226 MiB, the L4's total being NVML less the
-#   typical reserve: inside the context's band).
-NCCL_BYTES = 47 * 1024**2
+# - more ranks without NVLink SHARP (PCIe, GeForce, A100): 41 MiB beyond the context on 4 x RTX 4090
+#   (SGLang 0.5.23, Qwen3-14B TP 4: the card's 23.640 GiB total - 16.00 - 7.08 GiB - the context), 11 MiB
+#   on 4 x L4 (SGLang 0.4.3, QwQ-32B TP 4: the L4's published 22.16 GiB total - 21.63 GiB free before the
+#   load - the context). Median of the two 26 MiB; each left out, the other misses it by 30 MiB, + 15 MiB
+#   of prints.
+NCCL_BYTES = 26 * 1024**2
+NCCL_ERROR_BYTES = 45 * 1024**2
 # - more ranks on NVSwitch Hopper/Blackwell boards (NCCL's NVLS multicast buffers): 1280 MiB on
 #   8 x H100 (SGLang 0.5.2 "Init torch distributed ends. mem usage=1.25 GB"); 1035, 1035, 1526 MiB
 #   on 2 x H100 (vLLM 0.19's startup free, read after its distributed init, less the context; one
@@ -69,7 +71,7 @@ def parallel_bytes(name: str, compute_capability: tuple[int, int] | None, ranks:
         return 0, 0
     if nvls_board(name, compute_capability):
         return NVLS_NCCL_BYTES, NVLS_NCCL_ERROR_BYTES
-    return NCCL_BYTES, 0
+    return NCCL_BYTES, NCCL_ERROR_BYTES
 
 
 # --------------------------------------------------------------------------- default fraction

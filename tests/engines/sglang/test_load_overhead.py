@@ -128,14 +128,14 @@ def _plan(model: str, gpu: str, cap: bool = False) -> object:
 
 class TestBand:
     def test_small_pool_names_the_terms_at_risk(self) -> None:
-        """Qwen2.5-7B on an RTX 4090: a 1.96 GiB pool, +/- 7.0 %; the CUDA context dominates."""
+        """Qwen2.5-7B on an RTX 4090: a 1.95 GiB pool, +/- 7.2 %; the CUDA context dominates."""
         plan = _plan("qwen2.5-7b", "rtx4090")
-        assert plan.kv_cache_tokens == 36663
+        assert plan.kv_cache_tokens == 36598
         assert (plan.kv_cache_bytes_low, plan.kv_cache_bytes, plan.kv_cache_bytes_high) == (
-            1_956_061_184, 2_102_403_072, 2_248_802_304)  # +/- 2552 tokens: 0.704 x (117 + 36) + 32 MiB
+            1_948_491_776, 2_098_675_712, 2_248_802_304)  # +/- 2619 tokens: 0.704 x (117 + 41) + 32 MiB
         assert plan.item("load_overhead").error_bytes == 32 * MiB
         note = next(n for n in plan.notes if n.startswith("KV band"))
-        assert "+/- 7.0%" in note and "CUDA context (+ NCCL) before SGLang's baseline +/- 82 MiB" in note
+        assert "+/- 7.2%" in note and "CUDA context (+ NCCL) before SGLang's baseline +/- 82 MiB" in note
 
     def test_large_pool_stays_within_five_percent(self) -> None:
         plan = _plan("qwen3-32b", "h100")
@@ -163,29 +163,29 @@ class TestSafeSide:
                            engine_args=engine_args, cap_uncertain_pool=False)
 
     def test_pool_limited_length_from_the_low_end(self) -> None:
-        """Qwen3-8B on an RTX 4090: 7118 tokens at the central estimate, 6125 at the low end: 6125."""
+        """Qwen3-8B on an RTX 4090: 7093 tokens at the central estimate, 6074 at the low end: 6074."""
         plan = make_plan(self._request())
-        assert (plan.kv_cache_tokens, plan.max_model_len) == (7118, 6125)
-        assert plan.kv_cache_bytes_low == 6125 * 147456
+        assert (plan.kv_cache_tokens, plan.max_model_len) == (7093, 6074)
+        assert plan.kv_cache_bytes_low == 6074 * 147456
         assert plan.may_not_fit is None
-        assert "at the band's low end (6125 tokens; 7118 at the central estimate" in plan.max_model_len_source
-        assert (plan.max_model_len_low_end, plan.max_model_len_central, plan.at_risk) == (6125, 7118, ())
+        assert "at the band's low end (6074 tokens; 7093 at the central estimate" in plan.max_model_len_source
+        assert (plan.max_model_len_low_end, plan.max_model_len_central, plan.at_risk) == (6074, 7093, ())
 
     def test_lengths_at_both_ends_divide_the_pool_by_the_concurrency(self) -> None:
         plan = make_plan(self._request("--context-length", "1000", "--max-running-requests", "4"))
         both = make_plan(PlanRequest(model=resolve_model("qwen3-8b"), engine="sglang",
                                      gpus=hypothetical_gpus(["rtx4090"]), concurrency=2, cap_uncertain_pool=False))
-        assert (both.max_model_len_low_end, both.max_model_len_central) == (6125 // 2, 7118 // 2)
+        assert (both.max_model_len_low_end, both.max_model_len_central) == (6074 // 2, 7093 // 2)
         assert plan.at_risk == () and plan.max_model_len == 1000
 
     def test_pinned_length_above_the_low_end_is_at_risk(self) -> None:
         plan = make_plan(self._request("--context-length", "6500"))
         assert plan.max_model_len == 6500
-        assert plan.may_not_fit is not None and "6125 at the band's low end" in plan.may_not_fit
+        assert plan.may_not_fit is not None and "6074 at the band's low end" in plan.may_not_fit
         assert plan.at_risk == ("max_model_len",)
 
     def test_pinned_length_within_the_low_end_fits(self) -> None:
-        assert make_plan(self._request("--context-length", "6125")).may_not_fit is None
+        assert make_plan(self._request("--context-length", "6074")).may_not_fit is None
 
 
 class TestPoolCap:
@@ -193,29 +193,29 @@ class TestPoolCap:
     the smaller of the cap and what it profiles, so the pool is the cap, or no less than the low end."""
 
     def test_a_small_pool_is_capped_where_its_band_is_five_percent(self) -> None:
-        """Qwen2.5-7B on an RTX 4090: 34,111-39,216 tokens (+/- 7.0 %), capped at 34,111 / 0.95 = 35,906."""
+        """Qwen2.5-7B on an RTX 4090: 33,979-39,216 tokens (+/- 7.2 %), capped at 33,979 / 0.95 = 35,767."""
         capped, estimate = _plan("qwen2.5-7b", "rtx4090", cap=True), _plan("qwen2.5-7b", "rtx4090")
-        assert estimate.kv_cache_bytes_low == 34_111 * 57_344 and estimate.kv_cache_tokens == 36_663
-        assert capped.kv_cache_tokens == 35_906 == int(34_111 / 0.95)
-        assert capped.engine_args[-2:] == ("--max-total-tokens", "35906")
-        assert capped.engine_figures["max_total_tokens"] == 35_906
+        assert estimate.kv_cache_bytes_low == 33_979 * 57_344 and estimate.kv_cache_tokens == 36_598
+        assert capped.kv_cache_tokens == 35_767 == int(33_979 / 0.95)
+        assert capped.engine_args[-2:] == ("--max-total-tokens", "35767")
+        assert capped.engine_figures["max_total_tokens"] == 35_767
         assert (capped.kv_cache_bytes_low, capped.kv_cache_bytes, capped.kv_cache_bytes_high) == (
-            34_111 * 57_344, 35_906 * 57_344, 35_906 * 57_344)
+            33_979 * 57_344, 35_767 * 57_344, 35_767 * 57_344)
         assert (capped.kv_cache_bytes - capped.kv_cache_bytes_low) / capped.kv_cache_bytes <= 0.05
         # The length still comes from the low end; the table's pool is the cap; no "over 5 %" note.
         assert capped.max_model_len == estimate.max_model_len == 32_768
-        assert capped.item("kv").bytes == 35_906 * 57_344
+        assert capped.item("kv").bytes == 35_767 * 57_344
         assert not any(n.startswith("KV band") for n in capped.notes)
         note = next(n for n in capped.notes if n.startswith("KV pool capped"))
-        assert "spans 34111-39216 tokens" in note
+        assert "spans 33979-39216 tokens" in note
         assert "CUDA context (+ NCCL) before SGLang's baseline +/- 82 MiB" in note
 
     def test_the_cap_is_sglangs_minimum_at_the_central_estimate(self) -> None:
         """The operator pinning the same cap gets the same pool: the planner's model of SGLang's min()."""
         pinned = make_plan(PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang",
                                        gpus=hypothetical_gpus(["rtx4090"]),
-                                       engine_args=("--max-total-tokens", "35906")))
-        assert pinned.kv_cache_tokens == 35_906
+                                       engine_args=("--max-total-tokens", "35767")))
+        assert pinned.kv_cache_tokens == 35_767
         assert "--max-total-tokens" not in pinned.engine_args  # pinned: passed through, not added again
         assert not any(n.startswith("KV pool capped") for n in pinned.notes)
 
@@ -224,25 +224,25 @@ class TestPoolCap:
         plan = make_plan(PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang",
                                      gpus=hypothetical_gpus(["rtx4090"]),
                                      engine_args=("--max-total-tokens", "10000000")))
-        assert plan.kv_cache_tokens == 36_663
+        assert plan.kv_cache_tokens == 36_598
         assert "--max-total-tokens" not in plan.engine_args
-        assert any(n.startswith("KV band +/- 7.0%") for n in plan.notes)
+        assert any(n.startswith("KV band +/- 7.2%") for n in plan.notes)
 
     def test_a_narrow_band_is_not_capped(self) -> None:
         plan = _plan("qwen3-32b", "h100", cap=True)
         assert "--max-total-tokens" not in plan.engine_args and "max_total_tokens" not in plan.engine_figures
 
     def test_a_pinned_length_the_cap_would_not_carry_keeps_the_pool(self) -> None:
-        """Qwen3-8B on an RTX 4090: 6125-8111 tokens, cap 6447. A pinned 6500 needs more: no cap, at risk;
-        a pinned 6125 fits under it: capped."""
+        """Qwen3-8B on an RTX 4090: 6074-8111 tokens, cap 6393. A pinned 6500 needs more: no cap, at risk;
+        a pinned 6074 fits under it: capped."""
         def plan(*args: str) -> object:
             return make_plan(PlanRequest(model=resolve_model("qwen3-8b"), engine="sglang",
                                          gpus=hypothetical_gpus(["rtx4090"]), engine_args=args))
-        above, within = plan("--context-length", "6500"), plan("--context-length", "6125")
-        assert above.kv_cache_tokens == 7118 and "--max-total-tokens" not in above.engine_args
+        above, within = plan("--context-length", "6500"), plan("--context-length", "6074")
+        assert above.kv_cache_tokens == 7093 and "--max-total-tokens" not in above.engine_args
         assert above.at_risk == ("max_model_len",)
-        assert within.kv_cache_tokens == 6447 == int(6125 / 0.95)
-        assert within.engine_args[-2:] == ("--max-total-tokens", "6447") and within.may_not_fit is None
+        assert within.kv_cache_tokens == 6393 == int(6074 / 0.95)
+        assert within.engine_args[-2:] == ("--max-total-tokens", "6393") and within.may_not_fit is None
 
     def test_a_pool_the_plan_does_not_count_is_not_capped(self) -> None:
         """A speculative draft's pool or LoRA buffers come out of the same budget, uncounted: the low end is no
@@ -254,12 +254,12 @@ class TestPoolCap:
             assert plan.warnings, flags
 
     def test_the_length_reason_tells_of_the_capped_pool(self) -> None:
-        """Qwen3-8B on an RTX 4090: the length is the low end's (6,125 tokens) either way; the reason quotes the
-        capped 6,447, not the uncapped 7,118."""
+        """Qwen3-8B on an RTX 4090: the length is the low end's (6,074 tokens) either way; the reason quotes the
+        capped 6,393, not the uncapped 7,093."""
         capped = _plan("qwen3-8b", "rtx4090", cap=True)
-        assert capped.kv_cache_tokens == 6447 and capped.max_model_len == 6125
-        assert "6447 under the --max-total-tokens cap" in capped.max_model_len_source
-        assert "7118" not in capped.max_model_len_source
+        assert capped.kv_cache_tokens == 6393 and capped.max_model_len == 6074
+        assert "6393 under the --max-total-tokens cap" in capped.max_model_len_source
+        assert "7093" not in capped.max_model_len_source
 
     @staticmethod
     def _gpt_oss(version: str, cap: bool = True) -> Plan:
@@ -268,15 +268,15 @@ class TestPoolCap:
                                      cap_uncertain_pool=cap))
 
     def test_a_hybrid_sliding_window_pool_is_capped_on_its_full_pool(self) -> None:
-        """gpt-oss-20b on an RTX 4090, 0.5.23: 56,545-72,265 full-pool tokens (+/- 12.2 %, the loader's
+        """gpt-oss-20b on an RTX 4090, 0.5.23: 56,374-72,265 full-pool tokens (+/- 12.4 %, the loader's
         leftovers not derived for it). From 0.5.11 the cap bounds the full pool and the sliding pool follows
-        at the ratio: --max-total-tokens 59,521 = int(56,545 / 0.95)."""
+        at the ratio: --max-total-tokens 59,341 = int(56,374 / 0.95)."""
         estimate, capped = self._gpt_oss("0.5.23", cap=False), self._gpt_oss("0.5.23")
-        assert (estimate.kv_cache_tokens, estimate.kv_cache_bytes_low) == (64_405, 2_501_369_856)
-        assert any(n.startswith("KV band +/- 12.2%") for n in estimate.notes)
-        assert capped.kv_cache_tokens == 59_521 == int(56_545 / 0.95)
-        assert capped.engine_args[-2:] == ("--max-total-tokens", "59521")
-        assert capped.max_model_len == estimate.max_model_len == 56_545  # the low end's either way
+        assert (estimate.kv_cache_tokens, estimate.kv_cache_bytes_low) == (64_320, 2_493_805_363)
+        assert any(n.startswith("KV band +/- 12.4%") for n in estimate.notes)
+        assert capped.kv_cache_tokens == 59_341 == int(56_374 / 0.95)
+        assert capped.engine_args[-2:] == ("--max-total-tokens", "59341")
+        assert capped.max_model_len == estimate.max_model_len == 56_374  # the low end's either way
         assert (capped.kv_cache_bytes - capped.kv_cache_bytes_low) / capped.kv_cache_bytes <= 0.05 + 1e-6
         assert not any(n.startswith("KV band") for n in capped.notes)
         assert "capped by --max-total-tokens" in capped.item("kv").detail
@@ -288,21 +288,21 @@ class TestPoolCap:
         flag = int(capped.engine_args[-1])
         assert capped.engine_args[-2] == "--max-total-tokens"
         # gpt-oss-20b: 12 full + 12 sliding layers of the same cell, so full = T x 2 / 1.8.
-        assert capped.kv_cache_tokens == int(flag * 2 / 1.8) == 157_676
+        assert capped.kv_cache_tokens == int(flag * 2 / 1.8) == 157_460
         low = capped.kv_cache_bytes_low / capped.kv_cache_bytes * capped.kv_cache_tokens
-        assert round(low) == 149_794 and capped.kv_cache_tokens <= int(149_794 / 0.95)
+        assert round(low) == 149_588 and capped.kv_cache_tokens <= int(149_588 / 0.95)
         assert flag < capped.kv_cache_tokens
 
     def test_a_measured_start_narrows_the_band_and_lifts_the_cap(self) -> None:
         """After a start measured the CUDA context and the loader's leftovers, only the card's total is
-        unknown (the catalog 4090's spread): +/- 1.6 %, no cap."""
+        unknown (the catalog 4090's spread of published totals, +/- 41 MiB): +/- 1.8 %, no cap."""
         from launcher.plan.types import Calibration
         plan = make_plan(PlanRequest(model=resolve_model("qwen2.5-7b"), engine="sglang",
                                      gpus=hypothetical_gpus(["rtx4090"]),
                                      calibration=Calibration(context_bytes=540 * MiB, load_overhead_bytes=150 * MiB,
                                                              key="k")))
         assert "--max-total-tokens" not in plan.engine_args
-        assert round((plan.kv_cache_bytes_high - plan.kv_cache_bytes) / plan.kv_cache_bytes, 3) == 0.016
+        assert round((plan.kv_cache_bytes_high - plan.kv_cache_bytes) / plan.kv_cache_bytes, 3) == 0.018
 
 
 class TestContext:
@@ -320,7 +320,7 @@ class TestContext:
         for name, cc in (("NVIDIA GeForce RTX 4090", (8, 9)), ("NVIDIA H100 PCIe", (9, 0)),
                          ("NVIDIA H100 NVL", (9, 0)), ("NVIDIA A100-SXM4-80GB", (8, 0)),
                          ("NVIDIA GeForce RTX 5090", (12, 0))):
-            assert sb.parallel_bytes(name, cc, 4) == (47 * MiB, 0), name
+            assert sb.parallel_bytes(name, cc, 4) == (26 * MiB, 45 * MiB), name
 
     def test_the_plan_carries_the_class_and_its_band(self) -> None:
         request = PlanRequest(model=resolve_model("qwen3-32b"), engine="sglang", gpus=hypothetical_gpus(["2xh100"]),

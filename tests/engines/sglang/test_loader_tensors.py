@@ -53,14 +53,14 @@ DERIVED = [record for record in BUILT
 
 def test_the_golden_file_is_sglangs_own() -> None:
     assert GOLDEN["meta"]["sglang"] == "0.5.23" and GOLDEN["meta"]["platform"] == "sm90"
-    assert len(GOLDEN["results"]) == 116 and len(BUILT) == 96
+    assert len(GOLDEN["results"]) == 122 and len(BUILT) == 102
 
 
 def test_derived_families_cover_the_common_decoders() -> None:
     """Llama/Mistral/Qwen2/Qwen3 (plain, AWQ, FP8), Phi-3/4, Granite 3, GLM-4, Gemma 2, Qwen3-MoE, Mixtral,
     DeepSeek-V2-Lite."""
     families = {(_geometry(record).architecture, record["quant_class"]) for record in DERIVED}
-    assert len(DERIVED) == 62
+    assert len(DERIVED) == 65
     assert families == {
         ("LlamaForCausalLM", None), ("MistralForCausalLM", None), ("Qwen2ForCausalLM", None),
         ("Qwen3ForCausalLM", None), ("Gemma2ForCausalLM", None), ("Qwen3MoeForCausalLM", None),
@@ -150,9 +150,9 @@ SPLIT_DERIVED = [record for record in SPLIT if parameters.loader_tensors(
 
 
 def test_every_split_case_is_derived_where_one_rank_is() -> None:
-    """62 cases at 2 ranks, 60 at 4: SGLang does not build Qwen2.5-0.5B (14 heads) or Phi-4 (10 KV heads)
+    """65 cases at 2 ranks, 63 at 4: SGLang does not build Qwen2.5-0.5B (14 heads) or Phi-4 (10 KV heads)
     at 4."""
-    assert [len([r for r in SPLIT_DERIVED if r["tp"] == tp]) for tp in (2, 4)] == [62, 60]
+    assert [len([r for r in SPLIT_DERIVED if r["tp"] == tp]) for tp in (2, 4)] == [65, 63]
 
 
 @pytest.mark.parametrize("record", SPLIT_DERIVED, ids=lambda record: f"{record['id']}-tp{record['tp']}")
@@ -215,5 +215,5 @@ def test_every_card_builds_the_derived_tensors(platform: str) -> None:
         text = json.dumps(list(loader.tensors), separators=(",", ":")).encode()
         assert (built["quant_class"], built["sha256"]) == (record["quant_class"], hashlib.sha256(text).hexdigest())
         checked += 1
-    assert checked == 62
+    assert checked == 65
 
