@@ -73,8 +73,8 @@ def test_a_card_without_fitted_logs_keeps_its_terms_bands(bench: ModuleType, sco
     for row in l4.values():
         assert row.in_band and row.version == "0.28.0" and row.gpu == "NVIDIA L4"
         assert abs(row.error) < 0.05, row.case
-    assert l4["vllm-l4-qwen3-14b-awq-single-and-tp2"].high - l4["vllm-l4-qwen3-14b-awq-single-and-tp2"].predicted \
-        > 0.05 * l4["vllm-l4-qwen3-14b-awq-single-and-tp2"].predicted
+    single = l4["vllm-l4-qwen3-14b-awq-single-and-tp2"]
+    assert single.high - single.predicted > 0.05 * single.predicted  # over 5 %, within 1 GiB
     for row in rows:
         if row.predicted is not None and row.engine == "vllm" and not row.engine_failed and row.gpu != H100:
             assert row.high - row.predicted <= 1.0, row.case
