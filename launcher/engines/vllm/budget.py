@@ -1657,12 +1657,21 @@ class CudaGraphs:
         return max(CUDAGRAPH_MOE_BYTES_PER_GRAPH, dense) if self.moe else dense
 
     @property
+    def _dense_bytes(self) -> int:
+        """The dense form: the first capture and each graph's cost per layer."""
+        return CUDAGRAPH_FIRST_CAPTURE_BYTES + self.count * self.layers * CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER
+
+    @property
+    def _moe_form_binds(self) -> bool:
+        """A MoE model's per-graph cost is the estimate unless the dense form of as many layers is larger."""
+        return self.moe and self.count * CUDAGRAPH_MOE_BYTES_PER_GRAPH >= self._dense_bytes
+
+    @property
     def estimate_bytes(self) -> int:
         """The first capture and each graph's cost (dense); a MoE model's per graph, never below the dense form."""
         if not self.count:
             return 0
-        dense = CUDAGRAPH_FIRST_CAPTURE_BYTES + self.count * self.layers * CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER
-        return max(self.count * CUDAGRAPH_MOE_BYTES_PER_GRAPH, dense) if self.moe else dense
+        return self.count * CUDAGRAPH_MOE_BYTES_PER_GRAPH if self._moe_form_binds else self._dense_bytes
 
     @property
     def error_bytes(self) -> int:
@@ -1679,11 +1688,12 @@ class CudaGraphs:
         graphs = f"{self.piecewise} PIECEWISE + {self.full} FULL graphs (sizes up to {self.largest})"
         if self.mode_reason:
             graphs = f"{self.mode_reason}; {graphs}"
-        if self.moe:
-            graphs += f" x {self.per_graph_bytes / MiB:.1f} MiB (MoE, per graph: fitted on published captures)"
+        if self._moe_form_binds:
+            graphs += f" x {CUDAGRAPH_MOE_BYTES_PER_GRAPH / MiB:.1f} MiB (MoE, per graph: fitted on published captures)"
         else:
             graphs += (f" x {self.layers} layers x {CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER / MiB:.3f} MiB beside a "
-                       f"{format_gib(CUDAGRAPH_FIRST_CAPTURE_BYTES)} first capture (fitted on published captures)")
+                       f"{format_gib(CUDAGRAPH_FIRST_CAPTURE_BYTES)} first capture (fitted on published captures"
+                       + ("; a MoE model of this many layers takes the dense form, the larger)" if self.moe else ")"))
         if self.other_mode_graphs:
             graphs += (f"; the band holds the {self.other_mode_graphs} graphs FULL_AND_PIECEWISE would add, "
                        "as the cost was fitted on captures of both kinds")

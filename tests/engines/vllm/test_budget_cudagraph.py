@@ -75,6 +75,18 @@ class TestGraphs:
         assert graphs.estimate_bytes == 86 * vb.CUDAGRAPH_MOE_BYTES_PER_GRAPH
         assert graphs.estimate_bytes > _graphs("0.33.0").estimate_bytes
 
+    def test_the_description_names_the_form_that_binds(self) -> None:
+        """A MoE model of 94 layers (Qwen3-235B-A22B) takes the dense form, first capture and all (2.05 GiB over
+        102 graphs, above 102 x 12.75 MiB): the row's reason says so rather than a per-graph cost that misses it."""
+        deep = vb.CudaGraphs(piecewise=51, full=51, largest=512, layers=94, moe=True, subtracted=True)
+        first, per = vb.CUDAGRAPH_FIRST_CAPTURE_BYTES, vb.CUDAGRAPH_DENSE_BYTES_PER_GRAPH_LAYER
+        assert deep.estimate_bytes == first + 102 * 94 * per > 102 * vb.CUDAGRAPH_MOE_BYTES_PER_GRAPH
+        assert "x 94 layers x 0.184 MiB beside a 0.32 GiB first capture" in deep.describe()
+        assert "takes the dense form" in deep.describe()
+        shallow = vb.CudaGraphs(piecewise=51, full=51, largest=512, layers=48, moe=True, subtracted=True)
+        assert shallow.estimate_bytes == 102 * vb.CUDAGRAPH_MOE_BYTES_PER_GRAPH
+        assert "x 12.8 MiB (MoE, per graph" in shallow.describe()
+
     @pytest.mark.parametrize(("version", "subtracted"), [("0.19.0", False), ("0.20.0", True), ("0.28.0", True),
                                                          ("0.33.0", True)])
     def test_which_versions_subtract_the_estimate(self, version: str, subtracted: bool) -> None:
