@@ -64,15 +64,18 @@ def test_bands_are_budget_terms_not_a_third_of_the_kv(scored: tuple) -> None:
 def test_a_card_without_fitted_logs_keeps_its_terms_bands(bench: ModuleType, scored: tuple) -> None:
     """The L4 write-up (vLLM 0.28, Qwen3-14B-AWQ, defaults): one card, TP 2 and PP 2 from the author's table,
     scored as three starts of one source, on the L4's published 22.16 GiB CUDA total. No fitted term was
-    measured on an L4 or on 0.28: the non-torch memory, peak and graph estimate keep their bands in GiB (+/- 0.6-0.7
+    measured on an L4 or on 0.28: the non-torch memory, peak and graph estimate keep their bands in GiB (+/- 0.6-0.8
     beside a 9-14 GiB cache, more than 5 % of the smaller), every logged figure inside them, and the model's
-    40,960 tokens hold at the low end. Every other card's rows keep their bands under 1 GiB too."""
+    40,960 tokens hold at the low end. The single card and PP 2 within 2.5 % (the allocator's segments around
+    the weights, counted from 0.27, bring them from +3.4 and +2.3 %); TP 2 5.0 % under the log, on the safe side.
+    Every other card's rows keep their bands under 1 GiB too."""
     rows, _, _ = scored
     l4 = {r.case.split("/")[-1]: r for r in rows if r.case.startswith("vllm-l4-qwen3-14b-awq")}
     assert sorted(l4) == ["pp2", "tp2", "vllm-l4-qwen3-14b-awq-single-and-tp2"]  # the replicas' row is no case
     for row in l4.values():
         assert row.in_band and row.version == "0.28.0" and row.gpu == "NVIDIA L4"
-        assert abs(row.error) < 0.05, row.case
+    assert abs(l4["vllm-l4-qwen3-14b-awq-single-and-tp2"].error) < 0.025 and abs(l4["pp2"].error) < 0.025
+    assert -0.06 < l4["tp2"].error < 0
     single = l4["vllm-l4-qwen3-14b-awq-single-and-tp2"]
     assert single.high - single.predicted > 0.05 * single.predicted  # over 5 %, within 1 GiB
     for row in rows:

@@ -17,8 +17,9 @@ LAYOUT = {"__init__.py", "adapter.py", "architectures.py", "budget.py", "checks.
 # What one engine needs beyond the shared layout, named so a new module is a decision, not an accident.
 # compilation: the CUDA-graph flags; parallel: vLLM's data/expert parallelism (the experts a rank holds);
 # context_parallel: vLLM's decode/prefill context parallelism; parameters: the tensors SGLang's loader allocates,
-# tensor by tensor
-EXTRA = {"vllm": {"hybrid.py", "compilation.py", "parallel.py", "context_parallel.py"}, "sglang": {"parameters.py"}}
+# tensor by tensor; weight_segments: the caching allocator's segments around vLLM's weights, counted from 0.27
+EXTRA = {"vllm": {"hybrid.py", "compilation.py", "parallel.py", "context_parallel.py", "weight_segments.py"},
+         "sglang": {"parameters.py"}}
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -174,39 +174,11 @@ class ParamsOracle:
         out["architecture"] = type(model).__name__
         out["dtype"] = str(model_config.dtype).replace("torch.", "")
         out["quant_class"] = type(quant_config).__name__ if quant_config is not None else None
-        seen: set[int] = set()
-        before: list[list] = []  # tensors ahead of the decoder layers, then those after them
-        after: list[list] = []
-        per_layer: dict[int, list[list]] = {}
-        for module_name, module in model.named_modules():
-            own = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
-            # Tensors kept as plain attributes (some rope classes) are allocated all the same.
-            own += [(name, value) for name, value in vars(module).items()
-                    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter)
-                    and value.device.type == "meta"]
-            for name, tensor in own:
-                if tensor is None or id(tensor) in seen:
-                    continue
-                seen.add(id(tensor))
-                full = f"{module_name}.{name}" if module_name else name
-                record = [full, list(tensor.shape), str(tensor.dtype).replace("torch.", ""),
-                          tensor.numel() * tensor.element_size(), isinstance(tensor, torch.nn.Parameter)]
-                index = _layer_index(full)
-                if index is None:
-                    (after if per_layer else before).append(record)
-                else:
-                    record[0] = full.split(f".layers.{index}.", 1)[1]
-                    per_layer.setdefault(index, []).append(record)
-        kinds: list[list[list]] = []
-        sequence: list[int] = []
-        for index in sorted(per_layer):
-            tensors = per_layer[index]
-            if tensors not in kinds:
-                kinds.append(tensors)
-            sequence.append(kinds.index(tensors))
-        out["total_bytes"] = sum(r[3] for r in before + after) + sum(sum(r[3] for r in per_layer[i]) for i in per_layer)
+        before, kinds, sequence, after = module_tensors(torch, model)
+        out["total_bytes"] = sum(r[3] for r in before + after) + sum(
+            sum(r[3] for r in kinds[kind]) for kind in sequence)
         out["buffer_bytes"] = sum(r[3] for r in before + after if not r[4]) + sum(
-            sum(r[3] for r in per_layer[i] if not r[4]) for i in per_layer)
+            sum(r[3] for r in kinds[kind] if not r[4]) for kind in sequence)
         out["before_layers"] = before
         out["layer_kinds"] = kinds
         out["layers"] = sequence
@@ -245,6 +217,44 @@ class ParamsOracle:
                     else:
                         delattr(module, name)
         return added
+
+
+def module_tensors(torch, model) -> tuple[list[list], list[list[list]], list[int], list[list]]:
+    """(before, layer kinds, the kind of each layer, after): every parameter and registered buffer of
+    `model` in the order the modules register them, deduplicated (a rotary embedding shared by the
+    layers through get_rope's cache counts once), with the tensors a module keeps as plain attributes
+    on the meta device; each [name, shape, dtype, bytes, is a parameter]. Shared with vllm_params.py."""
+    seen: set[int] = set()
+    before: list[list] = []  # tensors ahead of the decoder layers, then those after them
+    after: list[list] = []
+    per_layer: dict[int, list[list]] = {}
+    for module_name, module in model.named_modules():
+        own = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+        # Tensors kept as plain attributes (some rope classes, attention scales) are allocated all the same.
+        own += [(name, value) for name, value in vars(module).items()
+                if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter)
+                and value.device.type == "meta"]
+        for name, tensor in own:
+            if tensor is None or id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            full = f"{module_name}.{name}" if module_name else name
+            record = [full, list(tensor.shape), str(tensor.dtype).replace("torch.", ""),
+                      tensor.numel() * tensor.element_size(), isinstance(tensor, torch.nn.Parameter)]
+            index = _layer_index(full)
+            if index is None:
+                (after if per_layer else before).append(record)
+            else:
+                record[0] = full.split(f".layers.{index}.", 1)[1]
+                per_layer.setdefault(index, []).append(record)
+    kinds: list[list[list]] = []
+    sequence: list[int] = []
+    for index in sorted(per_layer):
+        tensors = per_layer[index]
+        if tensors not in kinds:
+            kinds.append(tensors)
+        sequence.append(kinds.index(tensors))
+    return before, kinds, sequence, after
 
 
 def cases(only: list[str] | None) -> list[tuple[str, str, dict]]:

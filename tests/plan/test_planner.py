@@ -37,8 +37,10 @@ class TestWorkedExampleA:
         upper = requested - weights
         assert round(upper / GiB, 2) == 7.09
         assert upper // (128 * 1024) == 58091
-        # The plan then subtracts the activation peak, non-torch memory and the graph estimate.
-        assert plan.kv_cache_bytes == upper - sum(plan.item(k).bytes for k in ("non_torch", "activation", "cudagraph"))
+        # The plan then subtracts the allocator's segments around the weights (counted from 0.27), the activation
+        # peak, non-torch memory and the graph estimate.
+        assert plan.kv_cache_bytes == upper - sum(plan.item(k).bytes
+                                                  for k in ("segments", "non_torch", "activation", "cudagraph"))
 
     def test_vllm_tokens_are_whole_blocks(self) -> None:
         """The predicted tokens are the blocks the KV bytes hold at 2 MiB per 16-token block."""
@@ -75,10 +77,11 @@ class TestWorkedExampleB:
         model = resolve_model("qwen2.5-7b")
         plan = make_plan(request("qwen2.5-7b", "24GiB", engine_args=("--gpu-memory-utilization", "0.9")))
         # Differences, each an item: real weights are 14.19 GiB, not 15; the activation peak of a
-        # 2048-token profile run, non-torch memory and CUDA graphs replace the flat 2 GiB.
+        # 2048-token profile run, non-torch memory, CUDA graphs and (from 0.27) the allocator's segments around
+        # the weights replace the flat 2 GiB.
         rope = 32768 * 128 * 2  # vLLM's rotary table, built with the model (bfloat16)
         assert plan.item("weights").bytes == model.weight_bytes + rope and round(model.weight_bytes / GiB, 2) == 14.19
-        itemised = sum(plan.item(k).bytes for k in ("non_torch", "activation", "cudagraph"))
+        itemised = sum(plan.item(k).bytes for k in ("segments", "non_torch", "activation", "cudagraph"))
         assert plan.kv_cache_bytes == plan.item("requested").bytes - model.weight_bytes - rope - itemised
         # Our figure minus the hand figure is exactly: the real weights' saving, the flat reserve
         # against our items (the sampler's peak over 256 x 152,064 logits dominates), and

@@ -20,6 +20,7 @@ from launcher.engines.sglang import parameters
 from launcher.engines.sglang.architectures import breakable_graph_multimodal_ok
 from launcher.engines.sglang.rules import RULES, SglangRules
 from launcher.engines.versions import version_key
+from launcher.model import allocator
 from launcher.model.config import ModelGeometry
 
 # What a rank holds below the card's CUDA total at SGLang's pre-load baseline (P, taken right before
@@ -620,7 +621,7 @@ def load_overhead(geometry: ModelGeometry, *, dtype: str, tp: int, pp: int, quan
         if not copies:
             return bounded
         return LoadOverhead(bounded.bytes + sum(copies), bounded.error_bytes, f"{bounded.detail}; + {copies_rule}")
-    rounding = parameters.allocator_slack_bytes(loader.tensors + tuple(copies))
+    rounding = allocator.slack_bytes(loader.tensors + tuple(copies))
     repack, repack_error, repack_rule = parameters.repack_leftovers(loader, compute_capability)
     return LoadOverhead(
         loader.engine_only_bytes + sum(copies) + rounding + repack + LOAD_RESIDUAL_BYTES,

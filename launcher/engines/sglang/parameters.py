@@ -21,15 +21,18 @@ from typing import Any
 
 from launcher.engines.sglang.architectures import stage_layers
 from launcher.model.config import MLA, ModelGeometry
+from launcher.model.linear_tensors import (
+    Scheme,
+    attention,
+    marlin_layer,
+    marlin_leftovers,
+    mlp,
+    padded_vocab_rows,
+    qkv_bias,
+    scheme,
+    vocab_padding_bytes,
+)
 
-# torch 2.13 include/c10/core/AllocatorConfig.h:17-25 (CUDACachingAllocator's get_allocation_size):
-SMALL_SIZE = 1 << 20  # up to 1 MiB: packed in 2 MiB segments
-SMALL_BUFFER = 2 << 20
-MIN_LARGE_ALLOC = 10 << 20  # 1-10 MiB: packed in 20 MiB segments
-LARGE_BUFFER = 20 << 20
-ROUND_LARGE = 2 << 20  # 10 MiB or more: a segment of its own, rounded up to 2 MiB
-MIN_BLOCK = 512  # every request rounded up to 512 B
-VOCAB_PADDING = 64  # DEFAULT_VOCAB_PADDING_SIZE (layers/vocab_parallel_embedding.py:48, :273-290)
 ROPE_CACHE_DTYPE_BYTES = 4  # cos_sin_cache stays float32 on CUDA (layers/rotary_embedding/base.py:115-120)
 
 # Dense decoders whose SGLang modules are the fused qkv_proj / o_proj / gate_up_proj / down_proj
@@ -88,103 +91,28 @@ def rope_cache_bytes(geometry: ModelGeometry) -> int | None:
     return None
 
 
-# --------------------------------------------------------------------------- vocabulary
-
-
-def padded_vocab_rows(vocab: int, tp: int) -> int:
-    """Rows of one rank's embedding: the vocab padded to 64 (64 x tp when that does not split)."""
-    pad = VOCAB_PADDING if -(-vocab // VOCAB_PADDING) * VOCAB_PADDING % tp == 0 else VOCAB_PADDING * tp
-    return -(-vocab // pad) * pad // tp
-
-
-def vocab_padding_bytes(geometry: ModelGeometry, *, element: int, tp: int, tied: bool) -> int:
-    """Rows SGLang adds to the embedding (and an untied lm_head) beyond the checkpoint's share."""
-    extra = (padded_vocab_rows(geometry.vocab_size, tp) * tp - geometry.vocab_size) // tp
-    return extra * geometry.hidden_size * element * (1 if tied else 2)
-
-
-# --------------------------------------------------------------------------- linear layers
-
-
-@dataclass(frozen=True)
-class _Scheme:
-    name: str | None  # None (model dtype), "awq", "fp8-channel", "fp8-tensor"
-    group_size: int = 0
-
-
-def _scheme(geometry: ModelGeometry) -> _Scheme | None:
-    """The linear layers' tensors per SGLang's quantization method, None where not derived."""
-    if geometry.quantization is None:
-        return _Scheme(None)
-    config = geometry.text_config.get("quantization_config")
-    if not isinstance(config, Mapping):
-        return None
-    method = geometry.quantization.method
-    if method == "awq" and config.get("bits", config.get("w_bit")) == 4 and config.get("zero_point", True):
-        group = config.get("group_size", config.get("q_group_size"))
-        # AWQ GEMM (layers/quantization/awq/awq.py create_weights): qweight int32 [in, out/8], qzeros
-        # int32 [in/group, out/8], scales fp16 [in/group, out]; awq_marlin (sm80+) creates the same.
-        return _Scheme("awq", group) if isinstance(group, int) and group > 0 else None
-    if method == "compressed-tensors":
-        groups = config.get("config_groups")
-        if not isinstance(groups, Mapping) or len(groups) != 1:
-            return None
-        group_config = next(iter(groups.values()))
-        weights, inputs = group_config.get("weights") or {}, group_config.get("input_activations") or {}
-        if weights.get("type") != "float" or weights.get("num_bits") != 8 or config.get("ignore") not in (
-                ["lm_head"], None) or weights.get("dynamic"):
-            return None
-        # compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py create_weights: fp8 weight; a float32
-        # weight_scale per output row (channel) or per fused part (tensor); a static input scale per part.
-        if weights.get("strategy") == "channel" and inputs.get("dynamic"):
-            return _Scheme("fp8-channel")
-        if weights.get("strategy") == "tensor" and inputs.get("dynamic") is False:
-            return _Scheme("fp8-tensor")
-    return None
-
-
-def _linear(rows: int, cols: int, parts: int, element: int, scheme: _Scheme, bias: bool) -> list[int]:
-    """One rank's tensors of a linear layer of `rows` outputs and `cols` inputs (after the split),
-    fused from `parts` checkpoint matrices, in the order its quantization method creates them."""
-    if scheme.name == "awq":
-        groups = cols // scheme.group_size
-        tensors = [cols * rows // 8 * 4, groups * rows // 8 * 4, groups * rows * 2]
-    elif scheme.name == "fp8-channel":
-        tensors = [rows * cols, rows * 4]
-    elif scheme.name == "fp8-tensor":
-        tensors = [rows * cols, parts * 4, parts * 4]
-    else:
-        tensors = [rows * cols * element]
-    return tensors + ([rows * element] if bias else [])
-
-
 # --------------------------------------------------------------------------- decoders
 
 
 def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderTensors | None:
     """The tensors SGLang creates for one rank (one pipeline stage holding every layer), or None."""
-    scheme = _scheme(geometry)
+    method = scheme(geometry)
     rope = rope_cache_bytes(geometry)
-    if scheme is None or rope is None or geometry.is_multimodal:
+    if method is None or rope is None or geometry.is_multimodal:
         return None
     architecture = geometry.architecture
     linear_tensors: list[int] = []
     linear_rows = 0
     layers: list[int] | None
     if architecture in DENSE_DECODERS and geometry.intermediate_size:
-        layers = _dense_layers(geometry, element, tp, scheme, rope)
-        if scheme.name is not None:
-            qkv, out = _attention(geometry, element, tp, scheme, False)
-            inter = geometry.intermediate_size // tp
-            linear_tensors = qkv + out + _linear(2 * inter, geometry.hidden_size, 2, element, scheme, False) \
-                + _linear(geometry.hidden_size, inter, 1, element, scheme, False)
-            heads, kv_heads = geometry.num_attention_heads // tp, max(geometry.num_kv_heads // tp, 1)
-            linear_rows = (heads + 2 * kv_heads) * geometry.head_dim + 2 * geometry.hidden_size + 2 * inter
-    elif architecture == GEMMA2 and scheme.name is None and geometry.intermediate_size:
+        layers = _dense_layers(geometry, element, tp, method, rope)
+        if method.name is not None:
+            linear_tensors, linear_rows = marlin_layer(geometry, element, tp, method)
+    elif architecture == GEMMA2 and method.name is None and geometry.intermediate_size:
         layers = _gemma2_layers(geometry, element, tp, rope)
-    elif architecture in FUSED_MOE and scheme.name is None:
+    elif architecture in FUSED_MOE and method.name is None:
         layers = _moe_layers(geometry, element, tp, rope)
-    elif architecture == DEEPSEEK_V2 and scheme.name is None and geometry.mla is not None:
+    elif architecture == DEEPSEEK_V2 and method.name is None and geometry.mla is not None:
         layers = _deepseek_v2_layers(geometry, element, tp, rope)
     else:
         return None
@@ -206,41 +134,29 @@ def loader_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> LoaderT
         # norms a layer and the final one, plus the normalizer.
         engine_only += (4 * geometry.num_layers + 1) * hidden * element + element
     tensors = tuple(before + layers + after)
-    return LoaderTensors(tensors, engine_only, what, scheme.name,
+    return LoaderTensors(tensors, engine_only, what, method.name,
                          f"{len(tensors)} tensors of SGLang's {architecture} modules"
-                         + (f" ({scheme.name} linear layers)" if scheme.name else ""),
+                         + (f" ({method.name} linear layers)" if method.name else ""),
                          tuple(linear_tensors), 4 * geometry.num_layers if linear_tensors else 0, linear_rows)
 
 
-def _attention(geometry: ModelGeometry, element: int, tp: int, scheme: _Scheme, bias: bool) -> tuple[list[int],
-                                                                                                     list[int]]:
-    """qkv_proj and o_proj: QKVParallelLinear replicates KV heads below one per rank (linear.py:1140)."""
-    hidden, head = geometry.hidden_size, geometry.head_dim
-    heads, kv_heads = geometry.num_attention_heads // tp, max(geometry.num_kv_heads // tp, 1)
-    qkv = _linear((heads + 2 * kv_heads) * head, hidden, 3, element, scheme, bias)
-    out = _linear(hidden, heads * head, 1, element, scheme, False)
-    return qkv, out
-
-
-def _dense_layers(geometry: ModelGeometry, element: int, tp: int, scheme: _Scheme, rope: int) -> list[int]:
-    hidden, inter = geometry.hidden_size, (geometry.intermediate_size or 0) // tp
-    qkv_bias = geometry.architecture == "Qwen2ForCausalLM" or bool(geometry.text_config.get("attention_bias"))
-    qkv, out = _attention(geometry, element, tp, scheme, qkv_bias)
+def _dense_layers(geometry: ModelGeometry, element: int, tp: int, method: Scheme, rope: int) -> list[int]:
+    hidden = geometry.hidden_size
+    qkv, out = attention(geometry, element, tp, method, qkv_bias(geometry))
     # Qwen3Attention creates q_norm / k_norm first (models/qwen3.py).
     qk_norms = [geometry.head_dim * element] * 2 if geometry.architecture == "Qwen3ForCausalLM" else []
-    mlp = _linear(2 * inter, hidden, 2, element, scheme, False) + _linear(hidden, inter, 1, element, scheme, False)
+    feed = mlp(geometry, element, tp, method)
     norms = [hidden * element] * (4 if geometry.architecture == "Glm4ForCausalLM" else 2)
-    first = qk_norms + qkv + out + [rope] + mlp + norms  # the rope cache: built once, by layer 0
-    return first + (qk_norms + qkv + out + mlp + norms) * (geometry.num_layers - 1)
+    first = qk_norms + qkv + out + [rope] + feed + norms  # the rope cache: built once, by layer 0
+    return first + (qk_norms + qkv + out + feed + norms) * (geometry.num_layers - 1)
 
 
 def _gemma2_layers(geometry: ModelGeometry, element: int, tp: int, rope: int) -> list[int]:
     hidden, inter = geometry.hidden_size, (geometry.intermediate_size or 0) // tp
-    plain = _Scheme(None)
-    qkv, out = _attention(geometry, element, tp, plain, bool(geometry.text_config.get("attention_bias")))
-    mlp = [2 * inter * hidden * element, hidden * inter * element]
+    qkv, out = attention(geometry, element, tp, Scheme(None), bool(geometry.text_config.get("attention_bias")))
+    feed = [2 * inter * hidden * element, hidden * inter * element]
     norms = [hidden * element] * 8  # input, post-attention, pre- and post-feedforward: weight and gemma_weight
-    return qkv + out + [rope] + mlp + norms + (qkv + out + mlp + norms) * (geometry.num_layers - 1)
+    return qkv + out + [rope] + feed + norms + (qkv + out + feed + norms) * (geometry.num_layers - 1)
 
 
 def _experts(experts: int, inter: int, hidden: int, element: int) -> list[int]:
@@ -257,7 +173,7 @@ def _moe_layers(geometry: ModelGeometry, element: int, tp: int, rope: int) -> li
             or text.get("decoder_sparse_step", 1) != 1:
         return None
     qwen3 = geometry.architecture == "Qwen3MoeForCausalLM"
-    qkv, out = _attention(geometry, element, tp, _Scheme(None), bool(text.get("attention_bias")))
+    qkv, out = attention(geometry, element, tp, Scheme(None), bool(text.get("attention_bias")))
     gate = [experts * hidden * element]
     moe = _experts(experts, inter // tp, hidden, element)
     norms = [hidden * element] * 2
@@ -333,7 +249,6 @@ def mla_decode_copies(geometry: ModelGeometry, *, element: int, tp: int, pp: int
 # sm86 builds match the derivation as the sm90 one does).
 MARLIN_MIN_CAPABILITY = 80
 FP8_W8A8_MIN_CAPABILITY = 89
-MARLIN_WORKSPACE_BYTES = 1024  # marlin_make_workspace: SMs x int32 per linear layer (<= 256 SMs), one block
 
 
 def _runs_marlin(loader: LoaderTensors, compute_capability: tuple[int, int] | None) -> bool:
@@ -347,56 +262,14 @@ def _runs_marlin(loader: LoaderTensors, compute_capability: tuple[int, int] | No
 
 
 def repack_leftovers(loader: LoaderTensors, compute_capability: tuple[int, int] | None) -> tuple[int, int, str]:
-    """(bytes, error, rule) the Marlin repack leaves in the allocator's segments, 0 where none runs.
-
-    AWQMarlinLinearKernel.process_weights_after_loading (hardware_backend/gpu/quantization/
-    awq_kernels.py:109-141) allocates a workspace per linear layer, then replaces qweight, scales and
-    qzeros by tensors of the same size, each allocated before the old one is freed; the W8A16 FP8
-    scheme below sm89 (compressed_tensors_w8a16_fp8.py:42-62, prepare_fp8_layer_for_marlin) does the
-    same with the weight and its scales, a per-tensor scale first widened to one per output row. The
-    caching allocator hands each layer the block the previous layer freed (best fit), so at the end
-    one block per distinct size is free: a segment of its own from 10 MiB (released by empty_cache),
-    else it may hold a 20 MiB segment (1-10 MiB) or a 2 MiB one (up to 1 MiB) that live tensors share.
-    The conversion's temporaries (AWQ's unpacked zeros, FP8's widened scales) may hold one more 20 MiB
-    segment, and FP8's scales per row up to 4 B a row. Counted: the workspaces and half of the rest;
-    the band: the other half."""
+    """(bytes, error, rule) the Marlin repack leaves in the allocator's segments, 0 where none runs
+    (linear_tensors.marlin_leftovers): AWQMarlinLinearKernel.process_weights_after_loading
+    (hardware_backend/gpu/quantization/awq_kernels.py:109-141) for AWQ, the W8A16 FP8 scheme below
+    sm89 (compressed_tensors_w8a16_fp8.py:42-62, prepare_fp8_layer_for_marlin) for FP8."""
     if not _runs_marlin(loader, compute_capability):
         return 0, 0, ""
-    sizes = {-(-size // MIN_BLOCK) * MIN_BLOCK for size in loader.layer_linear_tensors}
-    bound = LARGE_BUFFER + sum(0 if size >= MIN_LARGE_ALLOC else LARGE_BUFFER if size > SMALL_SIZE else SMALL_BUFFER
-                               for size in sizes)
-    if loader.quantized_with != "awq":
-        bound += loader.layer_linear_rows * 4 * (loader.linear_layers // 4)
-    workspaces = -(-loader.linear_layers * MARLIN_WORKSPACE_BYTES // SMALL_BUFFER) * SMALL_BUFFER
-    return workspaces + bound // 2, bound // 2, (
-        f"Marlin repack: {loader.linear_layers} workspaces {workspaces >> 20} MiB + 0-{bound >> 20} MiB of segments "
-        f"the replaced tensors ({len(sizes)} sizes) may leave")
-
-
-# --------------------------------------------------------------------------- the allocator
-
-
-def allocator_slack_bytes(tensors: list[int] | tuple[int, ...]) -> int:
-    """Bytes the caching allocator's segments hold beyond `tensors`, allocated in order and kept:
-    best fit among the free blocks, else a new segment (`get_allocation_size`), split when the rest
-    is worth a block (more than 1 MiB in the large pool, 512 B in the small one)."""
-    free: dict[bool, list[int]] = {True: [], False: []}  # small pool, large pool
-    reserved = 0
-    for size in tensors:
-        size = -(-size // MIN_BLOCK) * MIN_BLOCK
-        small = size <= SMALL_SIZE
-        fits = [block for block in free[small] if block >= size]
-        if fits:
-            block = min(fits)
-            free[small].remove(block)
-        else:
-            block = SMALL_BUFFER if small else LARGE_BUFFER if size < MIN_LARGE_ALLOC else \
-                -(-size // ROUND_LARGE) * ROUND_LARGE
-            reserved += block
-        rest = block - size
-        if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
-            free[small].append(rest)
-    return reserved - sum(tensors)
+    return marlin_leftovers(loader.layer_linear_tensors, linear_layers=loader.linear_layers,
+                            layer_rows=loader.layer_linear_rows, row_scales=loader.quantized_with != "awq")
 
 
 # --------------------------------------------------------------------------- data-parallel attention

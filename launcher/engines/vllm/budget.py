@@ -741,7 +741,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
              ("constant", PROFILE_CONSTANT_BYTES))
     terms, error = _with_vision_forward(terms, V2_PEAK_ERROR_BYTES, mm)
     return ProfilePeak(terms, sum(b for _, b in terms), error, "V2",
-                       persistent_bytes=penalty if rules.v2_penalty_state_counted else 0, encoder_rule=mm.rule)
+                       persistent_bytes=penalty if rules.budget_from_consumed else 0, encoder_rule=mm.rule)
 
 
 def _with_vision_forward(terms: tuple[tuple[str, int], ...], error: int,

@@ -28,6 +28,7 @@ from launcher.engines.vllm import hybrid
 from launcher.engines.vllm import kv as vk
 from launcher.engines.vllm import parallel as vpar
 from launcher.engines.vllm import rules as vr
+from launcher.engines.vllm import weight_segments as vs
 from launcher.engines.vllm.architectures import (
     LAYER_PATTERNS,
     SUPPORTED_UNTIL,
@@ -448,6 +449,7 @@ class VllmBudget:
     cudagraph: int
     kv: int
     kv_error: int  # +/- on kv: the sum of the estimated budget terms' errors (the layout does not enter)
+    segments: int = 0  # torch's segments around the weights, counted from 0.27 (weight_segments.py)
 
 
 @dataclass(frozen=True)
@@ -487,6 +489,11 @@ class _Sizing:
     mm_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     mm_max_pixels: int | None = None
     vision_tp: int | None = None  # 1 under --mm-encoder-tp-mode data: the tower whole on each rank
+    segments: vs.WeightSegments | None = None  # counted from 0.27 (weight_segments.py)
+
+    @property
+    def segment_bytes(self) -> int:
+        return self.segments.bytes if self.segments is not None else 0
 
     def peak_at(self, length: int) -> tuple[int, int, vb.ProfilePeak]:
         """(batched tokens, sequences, the profile run's peak) at `length`."""
@@ -517,7 +524,8 @@ class _Sizing:
         kept = peak.persistent_bytes + sum(b for name, b in peak.terms if name in vb.PERSISTENT_PEAK_TERMS)
         workspaces = self.workspaces_at(length)[0]
         return vb.extensible_kv(requested=self.requested, free_at_init=self.free_at_init,
-                                resident=self.weights + self.non_torch + kept + self.cudagraph + workspaces,
+                                resident=self.weights + self.segment_bytes + self.non_torch + kept + self.cudagraph
+                                + workspaces,
                                 transient=peak.total_bytes - (kept - peak.persistent_bytes) + self.cudagraph)
 
     def workspaces_at(self, length: int) -> tuple[int, str]:
@@ -533,10 +541,12 @@ class _Sizing:
         if self.pinned_kv_bytes is not None:
             # vLLM skips the profile's budget: the cache is the pinned bytes, on top of what
             # the weights, activations and graphs take from the free memory (gpu_worker.py:649).
-            return self.free_at_init - self.weights - self.non_torch - self.activation_at(length) - self.cudagraph
+            return self.free_at_init - self.weights - self.segment_bytes - self.non_torch \
+                - self.activation_at(length) - self.cudagraph
         if self.calibrated_non_kv is not None:
             return self.requested - self.calibrated_non_kv
-        return self.requested - self.weights - self.non_torch - self.activation_at(length) - self.cudagraph
+        return self.requested - self.weights - self.segment_bytes - self.non_torch - self.activation_at(length) \
+            - self.cudagraph
 
     def kv_at(self, length: int) -> int:
         if self.pinned_kv_bytes is not None:
@@ -549,7 +559,8 @@ class _Sizing:
         """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
         capped_total = int(math.ceil(self.total_error * self.utilization))
         in_t = self.peak_at(length)[2].error_bytes + self.cudagraph_error  # the two estimates T is made of
-        estimated = self.non_torch_error + self.repack_error + in_t
+        estimated = self.non_torch_error + self.repack_error + in_t \
+            + (self.segments.error if self.segments is not None else 0)
         if not self.extensible:
             return capped_total + estimated
         # Below the cap the free memory at init bounds it: the whole total's error (a catalog card's free
@@ -598,7 +609,8 @@ class _Sizing:
     def budget_at(self, length: int) -> VllmBudget:
         return VllmBudget(total=self.total, requested=self.requested, weights=self.weights,
                           non_torch=self.non_torch, activation=self.activation_at(length),
-                          cudagraph=self.cudagraph, kv=self.kv_at(length), kv_error=self.bytes_error_at(length))
+                          cudagraph=self.cudagraph, kv=self.kv_at(length), kv_error=self.bytes_error_at(length),
+                          segments=self.segment_bytes)
 
 
 def _batch_defaults(setup: _VllmSetup, gpu: GpuDevice) -> vb.BatchDefaults:
@@ -794,6 +806,9 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         request.model.geometry, dcp=vcp.dcp_size(pinned), tp=tp, version=request.engine_version or rules.version,
         batched_tokens=int(pinned.get("--max-num-batched-tokens", defaults.max_num_batched_tokens)),
         dtype_bytes=vk.kv_dtype_bytes(None, setup.dtype)[0])
+    segments = vs.weight_segments(request.model.geometry, element=ELEMENT_BYTES.get(setup.dtype, 2), tp=tp, pp=pp,
+                                  rope=tables.bytes, compute_capability=gpu.compute_capability,
+                                  quantization=pinned.get("--quantization")) if rules.budget_from_consumed else None
     return _Sizing(
         setup=setup, geometry=request.model.geometry, gpu_name=gpu.name, defaults=defaults, utilization=utilization,
         total=gpu.usable_total_bytes, free_at_init=(gpu.free_bytes or 0) - context,
@@ -818,7 +833,7 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         flashinfer_sampler=vb.uses_flashinfer_sampler(rules, request.engine_packages, request.engine_env,
                                                       pinned.get("--logprobs-mode")),
         mm_limits=vb.mm_limits(pinned), mm_max_pixels=vb.mm_max_pixels(pinned),
-        vision_tp=1 if pinned.get("--mm-encoder-tp-mode") == "data" else None)
+        vision_tp=1 if pinned.get("--mm-encoder-tp-mode") == "data" else None, segments=segments)
 
 
 def _vision_note(peak: vb.ProfilePeak) -> tuple[str, ...]:
@@ -1052,6 +1067,7 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
                       f"({sizing.repack_rule})" if sizing.repack else f"; {sizing.repack_rule}" if sizing.repack_rule
                       else ""),
                    bar="weights", error_bytes=sizing.repack_error),
+        *_segments_items(sizing),
         _non_torch_item(sizing),
         _activation_item(sizing, length),
         _cudagraph_item(sizing),
@@ -1063,7 +1079,7 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
     cal = request.calibration
     if cal is not None and cal.non_kv_bytes is not None:
         # The engine's own measurement replaces our three estimates; the rows still add up.
-        estimates = ("non_torch", "activation", "cudagraph")
+        estimates = ("segments", "non_torch", "activation", "cudagraph")
         items = [i for i in items if i.key not in estimates]
         items.insert(-2, BudgetItem("measured_non_kv", "non-KV besides weights", cal.non_kv_bytes - budget.weights,
                                     CALIBRATED, f"measured by vLLM at an earlier start ({cal.key})",
@@ -1086,6 +1102,17 @@ def _total_item(gpu: GpuDevice, total: int, error: int) -> BudgetItem:
 def _offload_detail(setup: _VllmSetup) -> str:
     offloaded = int(setup.pinned.get("--cpu-offload-gb", 0) * GiB)
     return f", less {format_gib(offloaded)} --cpu-offload-gb" if offloaded else ""
+
+
+def _segments_items(sizing: _Sizing) -> tuple[BudgetItem, ...]:
+    """From 0.27 the budget counts what torch reserves around the weights (weight_segments.py)."""
+    segments = sizing.segments
+    if segments is None:
+        return ()
+    return (BudgetItem("segments", "allocator segments", segments.bytes, COMPUTED if segments.derived else FORMULA,
+                       f"torch's caching allocator around the weights, counted from vLLM 0.27 (non-KV = memory "
+                       f"consumed + transient peak, utils/mem_utils.py:317-326): {segments.rule}", bar="weights",
+                       error_bytes=segments.error),)
 
 
 def _non_torch_item(sizing: _Sizing) -> BudgetItem:
@@ -1131,7 +1158,7 @@ def _kept_free_items(sizing: _Sizing, length: int, kv: int) -> tuple[BudgetItem,
     if not sizing.extensible:
         return ()
     sized, budget = sizing.extensible_at(length), sizing.budget_at(length)
-    counted = budget.weights + budget.non_torch + budget.activation + budget.cudagraph + kv
+    counted = budget.weights + budget.segments + budget.non_torch + budget.activation + budget.cudagraph + kv
     limit = (f"the --gpu-memory-utilization cap binds ({format_gib(sizing.requested)})" if sized.capped else
              f"margin max(1 GiB, 0.75 x T) = {format_gib(sized.margin)} below the free memory")
     workspaces, rule = sizing.workspaces_at(length)

@@ -58,7 +58,8 @@ class VllmRules:
     cudagraph_estimate_subtracted: bool  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default (vllm/envs.py)
     yarn_scales_max_len: bool  # _get_and_verify_max_len multiplies by a YaRN factor
     v2_runner: frozenset[str] = frozenset()  # architectures profiled by the V2 runner; ALL: every model
-    v2_penalty_state_counted: bool = False  # from 0.27 the V2 penalty state is in total_consumed
+    budget_from_consumed: bool = False  # from 0.27 non-KV = total_consumed + transient peak: the V2 penalty state
+    # and torch's segments around the weights are in it (weight_segments.py)
     sampler_warmup_pass: bool = False  # 0.33: a second dummy sampler pass with warmup params
     tokens_from_concurrency: bool = True  # printed tokens int(concurrency x len); before 0.20.1 blocks // groups
     b200_tier: bool = False  # get_batch_defaults: >= 160 GiB cards get 16384 tokens for `vllm serve`
@@ -222,11 +223,12 @@ RULES: tuple[VllmRules, ...] = _history(
     ("0.26.0", "0.26.0 vllm/v1/worker/gpu_worker.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES; METADATA: "
                "flashinfer-python==0.6.14 without flashinfer-cubin (0.25.0 has flashinfer-cubin==0.6.13)",
      dict(v2_runner=_V2_026, flashinfer_cubin_bundled=False)),
-    ("0.27.0", "0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak (penalty state counted); "
+    ("0.27.0", "0.27.1 vllm/utils/mem_utils.py:234: non-KV = total consumed + transient peak (penalty state and "
+               "torch's segments around the weights counted: 0.27.0 mem_utils.py:317-326); "
                "0.27.0 model_executor/layers/fused_moe/oracle/mxfp4.py:656-658 TRT-LLM intermediate rounded "
                "to 128 (0.26.0 :655-657 256); v1/worker/gpu_worker.py: profile_cudagraph_memory after "
                "memory_profiling (inside it 0.18-0.26)",
-     dict(v2_runner=_V2_027, v2_penalty_state_counted=True, mxfp4_trtllm_intermediate_align=128,
+     dict(v2_runner=_V2_027, budget_from_consumed=True, mxfp4_trtllm_intermediate_align=128,
           graphs_profiled_in_budget=False)),
     ("0.28.0", "0.28.0 vllm/engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier; "
                "model_executor/models/config.py:603-604 mamba cache mode 'align' by default; "

@@ -14,6 +14,7 @@ import yaml
 from launcher.common.units import GiB, MiB
 from launcher.engines.sglang import budget as sb
 from launcher.engines.sglang import parameters
+from launcher.model import allocator
 from launcher.model.catalog import hypothetical_gpus
 from launcher.model.config import geometry_from_config
 from launcher.model.resolve import resolve_model
@@ -39,7 +40,7 @@ class TestAllocatorSlack:
         ([100 * MiB], 0),
     ])
     def test_segments_beyond_the_tensors(self, tensors: list[int], slack: int) -> None:
-        assert parameters.allocator_slack_bytes(tensors) == slack
+        assert allocator.slack_bytes(tensors) == slack
 
     def test_qwen2_5_7b_parameters(self) -> None:
         """199 tensors whose bytes are the checkpoint's, and the rope cache; 3.5 MiB of rounding per layer."""
@@ -47,7 +48,7 @@ class TestAllocatorSlack:
         loader = parameters.loader_tensors(model.geometry, element=2, tp=1)
         assert loader is not None and loader.engine_only_bytes == 32768 * 128 * 4
         assert (len(loader.tensors), sum(loader.tensors)) == (200, model.weight_bytes + loader.engine_only_bytes)
-        assert parameters.allocator_slack_bytes(loader.tensors) == 105_239_552  # 100.4 MiB
+        assert allocator.slack_bytes(loader.tensors) == 105_239_552  # 100.4 MiB
 
 
 def test_rope_cache_is_float32_max_position_by_rotary_dim() -> None:

@@ -14,6 +14,7 @@ import yaml
 from launcher.common.units import MiB
 from launcher.engines.sglang import budget as sb
 from launcher.engines.sglang import parameters
+from launcher.model import allocator
 from launcher.model.config import ModelGeometry, geometry_from_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -185,7 +186,7 @@ def test_the_bound_holds_where_not_derived(record: dict[str, Any]) -> None:
     below for the Transformers backend."""
     geometry = _geometry(record)
     sequence = _sequence(record) + _post_load(record)
-    truth = parameters.allocator_slack_bytes(sequence) + record["buffer_bytes"] + sum(_post_load(record)) \
+    truth = allocator.slack_bytes(sequence) + record["buffer_bytes"] + sum(_post_load(record)) \
         + sb.LOAD_RESIDUAL_BYTES
     bound = sb.load_overhead(geometry, dtype=record["dtype"], tp=1, pp=1, compute_capability=(9, 0))
     assert truth <= bound.bytes + bound.error_bytes

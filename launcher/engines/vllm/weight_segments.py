@@ -1,0 +1,248 @@
+"""The caching allocator's segments around the weights: counted in vLLM's KV budget from 0.27.
+
+Up to 0.26 the budget takes the weights as allocated ("Model loading took": torch's peak allocated
+bytes across the load, platforms/cuda.py get_current_memory_usage) and the non-torch increase (CUDA
+memory in use less torch's reservation). From 0.27 it takes what cudaMemGetInfo saw consumed from the
+worker's first snapshot to the end of the profile run, plus the transient peak (0.28.0
+utils/mem_utils.py:317-326, v1/worker/gpu_worker.py:541-562; 0.34's extensible KV cache measures the
+free memory after warmup the same way, v1/worker/extensible_kv_cache.py:605-614): what torch reserves
+beyond the tensors it holds, after `empty_cache()`, is in the budget too. For the weights that is the
+rounding and unused ends of the segments the modules' tensors sit in (launcher.model.allocator; vLLM
+builds the modules on the device, one allocation per parameter and buffer: 0.28.0
+model_executor/model_loader/base_loader.py:52-54), and the blocks a Marlin repack frees
+(linear_tensors.marlin_leftovers): 1.5 MiB for Llama-3.1-8B, 112 MiB for Qwen2.5-7B (its qkv biases
+share 2 MiB segments with nothing else of their size), ~0.2-0.3 GiB for the AWQ checkpoints.
+
+The tensor lists are checked against the modules vLLM 0.32 builds (tests/data/vllm_params.json,
+tests/engines/vllm/test_weight_segments.py). Elsewhere the term is bounded, not derived.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.common.units import MiB
+from launcher.engines.vllm.kv import pp_partitions
+from launcher.model import allocator
+from launcher.model.config import ModelGeometry
+from launcher.model.linear_tensors import (
+    MARLIN_WORKSPACE_BYTES,
+    layer_linears,
+    marlin_layer,
+    marlin_leftovers,
+    padded_vocab_rows,
+    qkv_bias,
+    scheme,
+)
+
+# Dense decoders whose vLLM modules are the fused qkv_proj / o_proj / gate_up_proj / down_proj
+# (models/llama.py, qwen2.py, qwen3.py, phi3.py, granite.py, glm4.py; Mistral runs llama.py's classes).
+DENSE_DECODERS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                            "Phi3ForCausalLM", "GraniteForCausalLM", "Glm4ForCausalLM"})
+# Gemma and Gemma 2 (models/gemma.py, gemma2.py; unquantized): a `normalizer` scalar buffer in the model dtype
+# ahead of the embedding, no lm_head (the embedding computes the logits), Gemma 2 four norms a layer.
+GEMMA = frozenset({"GemmaForCausalLM", "Gemma2ForCausalLM"})
+# Each attention layer's float32 scalars, created on the device (torch.tensor under the loader's device
+# context): the _k/_v/_q/_prob_scale buffers and the _k/_v_scale_cpu copies (0.28.0 model_executor/layers/
+# attention/attention.py:124-143, set_default_quant_scales; 0.34.0 :151-167). Its `kv_cache` placeholder
+# is empty and takes no block.
+ATTENTION_SCALARS = 6
+SCALAR_BYTES = 4
+# compressed-tensors gives the attention its KV-cache method's parameters first: q/k/v scales (float32 [1])
+# and zero points (model dtype [1]) in 0.32 (compressed_tensors.py:1173-1180; 0.28.0 quantization/kv_cache.py:
+# 65-69 adds a prob scale: 512 B more a layer in the small pool).
+KV_SCALE_PARAMETERS = 3
+# Where the modules are not derived: up to 2 MiB of rounding for each of a layer's four large linear
+# tensors (allocator.ROUND_LARGE), the centre at half.
+BOUND_PER_LAYER = 4 * allocator.ROUND_LARGE
+# Marlin runs AWQ checkpoints from sm75 (0.28.0 quantization/auto_awq.py:307-328, utils/marlin_utils.py:65;
+# the user's `--quantization awq` is AutoAWQ from 0.24, checks.py), and compressed-tensors FP8 below sm89 as
+# weight-only W8A16. FP8 on sm89+ requantizes in place (utils/w8a8_utils.py:76-107): only temporaries, which
+# empty_cache releases.
+MARLIN_MIN_CAPABILITY = 75
+FP8_W8A8_MIN_CAPABILITY = 89
+
+
+def runs_marlin(method: str | None, compute_capability: tuple[int, int] | None) -> bool:
+    """Whether the linear layers are repacked for Marlin after loading; a card not known does (the safe side)."""
+    if method is None:
+        return False
+    if compute_capability is None:
+        return True
+    capability = compute_capability[0] * 10 + compute_capability[1]
+    if method == "awq":
+        return capability >= MARLIN_MIN_CAPABILITY
+    return capability < FP8_W8A8_MIN_CAPABILITY
+
+
+# A pinned --quantization that builds the checkpoint's own modules (checks.py resolves these to the
+# checkpoint's method); any other builds modules not derived here.
+_PINNED_SAME = {"awq": frozenset({"awq", "awq_marlin", "auto_awq", "marlin"}),
+                "fp8-channel": frozenset({"compressed-tensors"}), "fp8-tensor": frozenset({"compressed-tensors"})}
+
+
+@dataclass(frozen=True)
+class WeightSegments:
+    bytes: int
+    error: int
+    rule: str
+    derived: bool = True  # from the modules' tensors; else half the rounding bound
+
+
+def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,
+           last: bool) -> tuple[list[int], list[list[int]]] | None:
+    """(the tensors, and for each quantized linear layer the positions of its tensors in that list)."""
+    method = scheme(geometry)
+    architecture = geometry.architecture
+    gemma = architecture in GEMMA
+    if method is None or not (architecture in DENSE_DECODERS or gemma and method.name is None) \
+            or not geometry.intermediate_size or geometry.is_multimodal:
+        return None
+    hidden = geometry.hidden_size
+    qkv, out, gate_up, down = layer_linears(geometry, element, tp, method, qkv_bias(geometry))
+    scalars = [SCALAR_BYTES] * ATTENTION_SCALARS
+    if method.name is not None and method.name.startswith("fp8"):
+        scalars = [SCALAR_BYTES] * KV_SCALE_PARAMETERS + [element] * KV_SCALE_PARAMETERS + scalars
+    qk_norms = [geometry.head_dim * element] * 2 if geometry.architecture == "Qwen3ForCausalLM" else []
+    norms = [hidden * element] * (4 if architecture in ("Glm4ForCausalLM", "Gemma2ForCausalLM") else 2)
+    vocab = padded_vocab_rows(geometry.vocab_size, tp) * hidden * element  # the model dtype under AWQ too
+    tensors = ([element] if gemma else []) + ([vocab] if first else [])
+    linears: list[list[int]] = []
+
+    def add(sizes: list[int], quantized: bool) -> None:
+        if quantized:
+            linears.append(list(range(len(tensors), len(tensors) + len(sizes))))
+        tensors.extend(sizes)
+
+    for index in range(layers):
+        add(qkv, True)
+        add(out, True)
+        add(([rope] if index == 0 else []) + scalars + qk_norms, False)
+        add(gate_up, True)
+        add(down, True)
+        add(norms, False)
+    if last:
+        tied = (geometry.tie_word_embeddings or gemma) and first
+        tensors.extend([hidden * element] + ([] if tied else [vocab]))
+    return tensors, linears if method.name is not None else []
+
+
+def stage_tensors(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,
+                  last: bool) -> list[int] | None:
+    """One rank's tensors of a pipeline stage of `layers` decoder layers, in the order vLLM's modules
+    create them, or None where they are not derived: Gemma's normalizer, the embedding (first stage),
+    each layer's qkv_proj and o_proj, the rotary table (built by the stage's first attention layer;
+    get_rope caches it), the attention's scalars, Qwen3's q/k norms, gate_up_proj and down_proj, two
+    norms (four for GLM-4 and Gemma 2), then the final norm and the lm_head (last stage; tied, it is the
+    embedding)."""
+    stage = _stage(geometry, element=element, tp=tp, rope=rope, layers=layers, first=first, last=last)
+    return stage[0] if stage is not None else None
+
+
+def awq_marlin_replay(tensors: list[int], linears: list[list[int]]) -> allocator.CachingAllocator:
+    """Torch's reservation beyond the live tensors after vLLM 0.27+ loads an AWQ checkpoint for Marlin and
+    empties the cache: the modules' tensors in order, then, linear layer by linear layer in module order,
+    every allocation and free `process_weights_after_loading` makes (0.28.0 quantization/auto_awq.py:531-537):
+
+    - `_convert_awq_to_standard_format` (auto_awq.py:93-168): the AWQ order undone on int32 copies eight times
+      the packed tensor (`>>` then `&`, the reorder, `<<`; each expression's operand freed once the next
+      exists), summed into the repacked qweight, which replaces the checkpoint's; the same for qzeros, whose
+      transpose is copied by the reshape; the unpacked copies, the reverse order and the shifts freed at the end;
+    - MarlinLinearKernel.process_weights_after_loading (kernels/linear/mixed_precision/marlin.py:89-216): the
+      workspace, kept; the zero points unpacked to the device (quant_utils.py:912-940, eight times qzeros),
+      permuted and interleaved (two more copies, marlin_utils.py:512-533) and packed back (one qzeros); the
+      repacked qweight (gptq_marlin_repack); the permuted scales (:470-480); the permuted bias (:483-487), each
+      replacing the previous tensor (_transform_param, MPLinearKernel.py:69-79).
+
+    Views, `.contiguous()` of a contiguous tensor and host copies allocate nothing on the device."""
+    replay = allocator.CachingAllocator()
+    handles = [replay.malloc(size) for size in tensors]
+    for positions in linears:
+        q, z, s = (tensors[i] for i in positions[:3])
+        weight, zeros, scales = positions[:3]
+        bias = positions[3] if len(positions) > 3 else None
+        order, shifts = replay.malloc(8 * 8), replay.malloc(8 * 4)  # long[8], int32[8]
+        kept_q, new_q = _unpacked(replay, q, transposed=False)
+        replay.free(handles[weight])
+        kept_z, new_z = _unpacked(replay, z, transposed=True)
+        replay.free(handles[zeros])
+        handles[weight], handles[zeros] = new_q, new_z
+        for handle in (kept_q, kept_z, order, shifts):
+            replay.free(handle)
+        replay.malloc(MARLIN_WORKSPACE_BYTES)
+        first = replay.malloc(8 * z)  # unpack_cols(...).to(device)
+        second = replay.malloc(8 * z)  # [:, scale_perm]
+        replay.free(first)
+        third = replay.malloc(8 * z)  # [:, interleave]
+        replay.free(second)
+        packed = replay.malloc(z)  # pack_cols(...).to(device)
+        replay.free(third)
+        replay.free(handles[zeros])
+        handles[zeros] = packed
+        for position, size in ((weight, q), (scales, s)) + (((bias, tensors[bias]),) if bias is not None else ()):
+            new = replay.malloc(size)
+            replay.free(handles[position])
+            handles[position] = new
+    replay.empty_cache()
+    return replay
+
+
+def _unpacked(replay: allocator.CachingAllocator, packed: int, *, transposed: bool) -> tuple[int, int]:
+    """One tensor through `_convert_awq_to_standard_format`: (the unpacked copy, freed at the function's end;
+    the repacked tensor)."""
+    shifted = replay.malloc(8 * packed)
+    masked = replay.malloc(8 * packed)
+    replay.free(shifted)
+    kept = replay.malloc(8 * packed)  # the reorder
+    replay.free(masked)
+    if transposed:  # qzeros: the reshape of the transpose copies; the reordered copy goes
+        copied = replay.malloc(8 * packed)
+        replay.free(kept)
+        kept = copied
+    widened = replay.malloc(8 * packed)  # <<
+    repacked = replay.malloc(packed)  # .sum
+    replay.free(widened)
+    return kept, repacked
+
+
+def weight_segments(geometry: ModelGeometry, *, element: int, tp: int, pp: int, rope: int,
+                    compute_capability: tuple[int, int] | None, quantization: str | None) -> WeightSegments:
+    """What torch reserves around one rank's weights, on the heaviest stage: derived where the modules are,
+    else half the rounding bound with the other half as the band. `quantization`: a pinned --quantization
+    (another method's modules than the checkpoint's are not derived)."""
+    stages = pp_partitions(geometry.num_layers, max(pp, 1))
+    derived = [_stage(geometry, element=element, tp=tp, rope=rope, layers=len(stage), first=index == 0,
+                      last=index == len(stages) - 1) for index, stage in enumerate(stages)]
+    method = scheme(geometry)
+    pinned_other = quantization is not None and (method is None or method.name is None
+                                                 or quantization not in _PINNED_SAME[method.name])
+    if pinned_other or method is None or any(stage is None for stage in derived):
+        bound = BOUND_PER_LAYER * max(len(stage) for stage in stages)
+        return WeightSegments(bound // 2, bound // 2, f"not derived for {geometry.architecture}: up to "
+                              f"{bound // MiB} MiB of rounding (2 MiB per large linear tensor), half counted",
+                              derived=False)
+    built = [stage for stage in derived if stage is not None]
+    count = max(len(tensors) for tensors, _ in built)
+    rule = f"around {count} tensors of vLLM's {geometry.architecture} modules"
+    marlin = runs_marlin(method.name, compute_capability)
+    if method.name == "awq" and marlin:
+        replays = [awq_marlin_replay(tensors, linears) for tensors, linears in built]
+        rule += (f", replayed through the AWQ conversion and Marlin repack of "
+                 f"{max(len(linears) for _, linears in built)} linear layers after loading")
+    else:
+        replays = [allocator.replay(tensors) for tensors, _ in built]
+    # The profile run comes between loading and vLLM's measurement: what it keeps may sit in the free blocks
+    # around the weights instead of new segments. Half of them counted, the other half the band.
+    slack, holes = max(((r.reserved - r.allocated, r.free_bytes) for r in replays),
+                       key=lambda pair: pair[0] - pair[1] // 2)
+    repack = error = 0
+    repack_rule = ""
+    if marlin and method.name != "awq":  # weight-only FP8 below sm89: bounded (linear_tensors.marlin_leftovers)
+        layer, rows = marlin_layer(geometry, element, tp, method)
+        most = max(len(stage) for stage in stages)
+        repack, error, repack_rule = marlin_leftovers(layer, linear_layers=4 * most, layer_rows=rows,
+                                                      row_scales=True)
+    return WeightSegments(slack - holes // 2 + repack, holes // 2 + error,
+                          f"{slack / MiB:.1f} MiB of segments {rule}, {holes / MiB:.1f} MiB of them free blocks "
+                          "that what the profile run keeps may fill (half counted)"
+                          + (f"; {repack_rule}" if repack_rule else ""))

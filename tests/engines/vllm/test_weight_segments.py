@@ -1,0 +1,195 @@
+"""Torch's segments around the weights, which vLLM's KV budget counts from 0.27 (launcher/engines/vllm/
+weight_segments.py): the tensors derived against the modules vLLM 0.32 builds itself (tests/oracles/
+vllm_params.py -> tests/data/vllm_params.json), tensor by tensor; the allocator's arithmetic by hand; the
+row in the plan, on the releases that count it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from launcher.common.units import GiB, MiB
+from launcher.engines.vllm import budget as vb
+from launcher.engines.vllm import weight_segments as vs
+from launcher.model import allocator
+from launcher.model.catalog import hypothetical_gpus
+from launcher.model.config import ModelGeometry, geometry_from_config
+from launcher.model.linear_tensors import MARLIN_WORKSPACE_BYTES, scheme
+from launcher.model.resolve import resolve_model
+from launcher.plan.planner import make_plan
+from launcher.plan.types import Calibration, Plan, PlanRequest
+
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = json.loads((ROOT / "tests" / "data" / "vllm_params.json").read_text())
+BUILT = [record for record in GOLDEN["results"] if "error" not in record]
+ELEMENT = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _geometry(record: dict[str, Any]) -> ModelGeometry:
+    source = ROOT / record["source"]
+    loaded = yaml.safe_load(source.read_text()) if source.suffix == ".yaml" else json.loads(source.read_text())
+    return geometry_from_config(loaded["config"] if source.suffix == ".yaml" else loaded)
+
+
+def _sequence(record: dict[str, Any]) -> list[int]:
+    """Every tensor vLLM allocates a block for, in creation order (an empty one takes none)."""
+    sizes = [tensor[3] for tensor in record["before_layers"]]
+    for kind in record["layers"]:
+        sizes += [tensor[3] for tensor in record["layer_kinds"][kind]]
+    return [size for size in sizes + [tensor[3] for tensor in record["after_layers"]] if size]
+
+
+def _derived(record: dict[str, Any], *, layers: int | None = None, first: bool = True,
+             last: bool = True) -> list[int] | None:
+    geometry = _geometry(record)
+    tables = vb.rope_tables(geometry, dtype=record["dtype"], version=GOLDEN["meta"]["vllm"])
+    return vs.stage_tensors(geometry, element=ELEMENT[record["dtype"]], tp=1, rope=tables.bytes if tables else 0,
+                            layers=geometry.num_layers if layers is None else layers, first=first, last=last)
+
+
+DERIVED = [record for record in BUILT if _derived(record) is not None]
+
+
+def plan(version: str = "0.28.0", gpu: str = "h100", model: str = "qwen2.5-7b",
+         calibration: Calibration | None = None) -> Plan:
+    return make_plan(PlanRequest(model=resolve_model(model), engine="vllm", gpus=hypothetical_gpus([gpu]),
+                                 engine_version=version, calibration=calibration))
+
+
+def rows(p: Plan) -> dict[str, int]:
+    return {item.key: item.bytes for item in p.budget}
+
+
+class TestAgainstVllmsModules:
+    def test_the_golden_file_is_vllms_own(self) -> None:
+        assert GOLDEN["meta"]["vllm"] == "0.32.0" and len(GOLDEN["results"]) == 122
+        assert all("layer_kinds" in record for record in BUILT)
+
+    def test_derived_families(self) -> None:
+        """The dense decoders, plain, AWQ and compressed-tensors FP8 (per channel and per tensor); Gemma and
+        Gemma 2 plain."""
+        families = {(record["architecture"], getattr(scheme(_geometry(record)), "name", "?")) for record in DERIVED}
+        assert len(DERIVED) == 61
+        assert families == {
+            ("LlamaForCausalLM", None), ("MistralForCausalLM", None), ("Qwen2ForCausalLM", None),
+            ("Qwen3ForCausalLM", None), ("Phi3ForCausalLM", None), ("GraniteForCausalLM", None),
+            ("Glm4ForCausalLM", None), ("GemmaForCausalLM", None), ("Gemma2ForCausalLM", None),
+            ("LlamaForCausalLM", "awq"), ("Qwen2ForCausalLM", "awq"),
+            ("Qwen3ForCausalLM", "awq"), ("LlamaForCausalLM", "fp8-tensor"), ("LlamaForCausalLM", "fp8-channel"),
+            ("Qwen2ForCausalLM", "fp8-channel")}
+
+    @pytest.mark.parametrize("record", DERIVED, ids=lambda record: record["id"])
+    def test_tensor_by_tensor(self, record: dict[str, Any]) -> None:
+        """The same tensors in the same order, so the same segments."""
+        assert _derived(record) == _sequence(record)
+
+    def test_the_figures_the_docstring_quotes(self) -> None:
+        by_id = {record["id"]: allocator.slack_bytes(_sequence(record)) for record in DERIVED}
+        assert round(by_id["llama-3.1-8b"] / MiB, 1) == 1.5
+        assert round(by_id["qwen2.5-7b"] / MiB, 1) == 112.4  # the qkv biases, 2 MiB segments of their own size
+        assert round(by_id["qwen3-14b-awq"] / MiB, 1) == 143.6
+        assert round(by_id["qwen3-32b-awq"] / MiB, 1) == 256.0
+
+    def test_pipeline_stages_split_the_layers_and_each_builds_its_rotary_table(self) -> None:
+        """Two stages hold the model's tensors between them, the rotary table twice (each stage's first
+        attention layer builds it), the embedding on the first and the lm_head on the last."""
+        record = next(record for record in DERIVED if record["id"] == "llama-3.1-8b")
+        first, last = _derived(record, layers=16, last=False), _derived(record, layers=16, first=False)
+        assert first is not None and last is not None
+        rope = 131_072 * 128 * 2
+        assert sorted(first + last) == sorted(_sequence(record) + [rope])
+        assert first[0] == last[-1] == 128_256 * 4096 * 2
+
+
+class TestTheAllocator:
+    def test_by_hand(self) -> None:
+        """A scalar takes a 512 B block of a 2 MiB segment; 3 MiB a 20 MiB segment whose rest (17 MiB) the
+        next 1-10 MiB request shares; 31.5 MiB a segment of its own rounded to 32; an empty tensor nothing."""
+        assert allocator.slack_bytes([0]) == 0
+        assert allocator.slack_bytes([4]) == 2 * MiB - 4
+        assert allocator.slack_bytes([3 * MiB, 5 * MiB]) == 12 * MiB
+        assert allocator.slack_bytes([int(31.5 * MiB)]) == MiB // 2
+        assert allocator.slack_bytes([4] * 4096) == 2 * MiB - 4 * 4096  # 4096 blocks of 512 B fill one segment
+
+
+class TestMarlinAndWhatIsNotDerived:
+    GEOMETRY = _geometry(next(record for record in DERIVED if record["id"] == "qwen3-14b-awq"))
+
+    def segments(self, capability: tuple[int, int] | None, quantization: str | None = None) -> vs.WeightSegments:
+        return vs.weight_segments(self.GEOMETRY, element=2, tp=1, pp=1, rope=40_960 * 128 * 2,
+                                  compute_capability=capability, quantization=quantization)
+
+    def test_awq_is_replayed_through_marlins_repack_from_sm75(self) -> None:
+        """Below sm75 the AWQ kernel keeps the checkpoint's tensors: 143.6 MiB around them, 76.1 of it free
+        blocks (half counted, half the band). From sm75 (and on a card not known) the conversion and repack
+        move 160 linear layers' tensors: 163.4 MiB, 95.9 free."""
+        plain = self.segments((7, 0))
+        assert (round(plain.bytes / MiB, 2), round(plain.error / MiB, 2)) == (143.6 - 38.05, 38.04)
+        for capability in ((7, 5), (8, 9), None):  # T4, L4, a card not known (the safe side)
+            repacked = self.segments(capability)
+            assert (round(repacked.bytes / MiB, 2), round(repacked.error / MiB, 2)) == (115.47, 47.96)
+            assert "Marlin repack of 160 linear layers" in repacked.rule and "95.9 MiB of them free" in repacked.rule
+
+    def test_the_replay_by_hand(self) -> None:
+        """Tensors in whole 2 MiB multiples of 10 MiB and more sit in segments of their own, and so do the
+        conversion's eight-fold copies, which later requests reuse (best fit): the repacked qweight ends in the
+        checkpoint qweight's 32 MiB segment, the packed zero points in the qzeros' 12, but the permuted scales
+        (16 MiB) in the 32 MiB segment the converted qweight freed, 16 MiB of it left free; with the
+        workspace's 2 MiB small segment less the workspace, 18 MiB less 1 KiB stay reserved beyond them, all
+        of it free blocks."""
+        tensors = [32 * MiB, 12 * MiB, 16 * MiB]  # qweight, qzeros, scales
+        replayed = vs.awq_marlin_replay(tensors, [[0, 1, 2]])
+        assert replayed.reserved - replayed.allocated == replayed.free_bytes == 18 * MiB - MARLIN_WORKSPACE_BYTES
+        assert replayed.allocated == sum(tensors) + MARLIN_WORKSPACE_BYTES
+        plain = vs.awq_marlin_replay(tensors, [])
+        assert plain.reserved == sum(tensors) and allocator.slack_bytes(tensors) == 0
+
+    def test_fp8_below_sm89_is_bounded(self) -> None:
+        """compressed-tensors FP8 runs weight-only Marlin on an A100: its leftovers half counted, half the band
+        (linear_tensors.marlin_leftovers), beside the segments around the tensors."""
+        geometry = _geometry(next(record for record in DERIVED if record["id"] == "llama-3.1-8b-fp8"))
+        a100, h100 = (vs.weight_segments(geometry, element=2, tp=1, pp=1, rope=131_072 * 128 * 2,
+                                         compute_capability=capability, quantization=None)
+                      for capability in ((8, 0), (9, 0)))
+        assert "Marlin repack: 128 workspaces" in a100.rule and "Marlin" not in h100.rule
+        assert a100.bytes - h100.bytes == 2 * MiB + a100.error - h100.error
+
+    def test_a_pinned_awq_is_the_same_modules_another_method_is_not(self) -> None:
+        assert self.segments((9, 0), "awq") == self.segments((9, 0))
+        other = self.segments((9, 0), "fp8")
+        assert not other.derived and other.bytes == other.error == 40 * 4 * allocator.ROUND_LARGE // 2
+
+    def test_a_moe_model_is_bounded(self) -> None:
+        geometry = resolve_model("deepseek-v2-lite").geometry
+        bounded = vs.weight_segments(geometry, element=2, tp=1, pp=1, rope=0, compute_capability=(9, 0),
+                                     quantization=None)
+        assert not bounded.derived and bounded.bytes == bounded.error == 27 * 8 * MiB // 2
+
+
+class TestThePlan:
+    def test_counted_from_027(self) -> None:
+        """0.26 budgets the weights as allocated; 0.27 and 0.28 what cudaMemGetInfo saw consumed, the segments
+        with them: the KV is requested less every row."""
+        assert "segments" not in rows(plan("0.26.0"))
+        for version in ("0.27.0", "0.28.0"):
+            budget = rows(plan(version))
+            assert round(budget["segments"] / MiB, 1) == 84.7  # 112.4 MiB, 55.3 of it free blocks: half counted
+            assert budget["kv"] == budget["requested"] - sum(
+                budget[key] for key in ("weights", "segments", "non_torch", "activation", "cudagraph"))
+
+    def test_the_l4_awq_start_replays_the_repack(self) -> None:
+        """Qwen3-14B-AWQ on an L4 at 0.28: the tensors, then the AWQ conversion and Marlin repack replayed."""
+        p = plan(model="qwen3-14b-awq", gpu="l4")
+        row = next(item for item in p.budget if item.key == "segments")
+        assert row.source == "computed" and (round(row.bytes / MiB, 2), round(row.error_bytes / MiB, 2)) == (115.47,
+                                                                                                             47.96)
+        assert "163.4 MiB of segments around 884 tensors of vLLM's Qwen3ForCausalLM modules, replayed" in row.detail
+
+    def test_a_calibrated_plan_takes_the_measured_figure(self) -> None:
+        calibrated = rows(plan(calibration=Calibration(non_kv_bytes=20 * GiB, key="k")))
+        assert "segments" not in calibrated
+        assert calibrated["kv"] == calibrated["requested"] - 20 * GiB
