@@ -51,6 +51,7 @@ class CachingAllocator:
         self._live: dict[int, tuple[int, int]] = {}
         self._next = 0
         self.reserved = 0
+        self.peak = 0  # the most `reserved` reached: what cudaMalloc had to find
         self.allocated = 0  # the bytes the live tensors asked for
 
     def malloc(self, size: int) -> int:
@@ -70,6 +71,7 @@ class CachingAllocator:
             self._offsets.append([0])
             self._blocks[(segment, 0)] = [self._sizes[-1], 0, -1]
             self.reserved += self._sizes[-1]
+            self.peak = max(self.peak, self.reserved)
         block = self._blocks[(segment, offset)]
         rest = block[0] - request
         if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:

@@ -724,6 +724,28 @@ def _refuse_no_room(request: PlanRequest, gpu: GpuDevice, context: int) -> None:
                            "max_gpu_memory_bytes": request.max_gpu_memory_bytes})
 
 
+def _load_peak_doubt(gpu: GpuDevice, sizing: _Sizing) -> str | None:
+    """vLLM 0.27+ converts an AWQ checkpoint for Marlin after loading every layer, through int32 copies eight
+    times each packed tensor (weight_segments.awq_marlin_replay): torch must find the weights and those copies
+    in the memory free at start, whatever the utilization. Beyond it (and its error) the load runs out of
+    memory ("Failed to load model - not enough GPU memory", gpu_model_runner.py load_model); inside the error,
+    a doubt."""
+    extra = sizing.segments.load_peak_extra if sizing.segments is not None else 0
+    if not extra or sizing.weights >= sizing.requested:  # the weights alone do not fit: that refusal says so
+        return None
+    peak = sizing.weights + extra
+    error = sizing.total_error + vb.CONTEXT_ERROR_BYTES
+    what = (f"converting the AWQ checkpoint for Marlin after loading holds {format_gib(extra)} of int32 copies "
+            f"beside the {format_gib(sizing.weights)} of weights ({format_gib(peak)}), with "
+            f"~{format_gib(sizing.free_at_init)} free on {gpu.label} at start")
+    if peak > sizing.free_at_init + error:
+        raise WontFit(f"vLLM runs out of memory loading the model: {what}",
+                      hint="add a GPU (--tensor-parallel-size) or stop the other processes on it", rule="load-peak")
+    if peak > sizing.free_at_init - error:
+        return f"{what}: within the free memory's error, the load may run out of memory"
+    return None
+
+
 def _startup_doubt(gpu: GpuDevice, utilization: float, requested: int, free_at_init: int,
                    setup: _VllmSetup, graphs: vb.CudaGraphs, extensible: bool = False) -> str | None:
     """vLLM refuses to start when it requests more than is free at init: refused beyond the
@@ -961,7 +983,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
         utilization, sizing = _extensible_headroom(request, setup, gpu, defaults, utilization, sizing, headroom,
                                                    context=context, verified=verified, graphs=graphs)
     startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup, graphs,
-                                   extensible)
+                                   extensible) or _load_peak_doubt(gpu, sizing)
     if not verified:
         warnings.append(architecture_note)
     if vb.encoder_profiled(request.model.geometry, pinned) and \

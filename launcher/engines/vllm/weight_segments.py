@@ -1,17 +1,19 @@
 """The caching allocator's segments around the weights: counted in vLLM's KV budget from 0.27.
 
-Up to 0.26 the budget takes the weights as allocated ("Model loading took": torch's peak allocated
-bytes across the load, platforms/cuda.py get_current_memory_usage) and the non-torch increase (CUDA
-memory in use less torch's reservation). From 0.27 it takes what cudaMemGetInfo saw consumed from the
-worker's first snapshot to the end of the profile run, plus the transient peak (0.28.0
+Up to 0.26 the budget takes the weights as allocated ("Model loading took": torch's allocated bytes
+after the load less before, platforms/cuda.py get_current_memory_usage) and the non-torch increase
+(CUDA memory in use less torch's reservation). From 0.27 it takes what cudaMemGetInfo saw consumed
+from the worker's first snapshot to the end of the profile run, plus the transient peak (0.28.0
 utils/mem_utils.py:317-326, v1/worker/gpu_worker.py:541-562; 0.34's extensible KV cache measures the
 free memory after warmup the same way, v1/worker/extensible_kv_cache.py:605-614): what torch reserves
 beyond the tensors it holds, after `empty_cache()`, is in the budget too. For the weights that is the
 rounding and unused ends of the segments the modules' tensors sit in (launcher.model.allocator; vLLM
 builds the modules on the device, one allocation per parameter and buffer: 0.28.0
-model_executor/model_loader/base_loader.py:52-54), and the blocks a Marlin repack frees
-(linear_tensors.marlin_leftovers): 1.5 MiB for Llama-3.1-8B, 112 MiB for Qwen2.5-7B (its qkv biases
-share 2 MiB segments with nothing else of their size), ~0.2-0.3 GiB for the AWQ checkpoints.
+model_executor/model_loader/base_loader.py:52-54), after the AWQ conversion and Marlin repack where
+they run (replayed allocation by allocation, `awq_marlin_replay`; weight-only FP8 Marlin bounded,
+linear_tensors.marlin_leftovers). The free blocks among them, which what the profile run keeps may
+fill, are half counted and half the band: 0.8 +/- 0.7 MiB for Llama-3.1-8B, 85 +/- 28 for Qwen2.5-7B,
+~0.1 +/- 0.05 GiB for the AWQ checkpoints on one card.
 
 The tensor lists are checked against the modules vLLM 0.32 builds (tests/data/vllm_params.json,
 tests/engines/vllm/test_weight_segments.py). Elsewhere the term is bounded, not derived.
@@ -87,6 +89,9 @@ class WeightSegments:
     error: int
     rule: str
     derived: bool = True  # from the modules' tensors; else half the rounding bound
+    # What loading holds beyond the weights at its peak: the AWQ conversion's copies (awq_marlin_replay);
+    # 0 where nothing is replayed beyond the tensors' own segments.
+    load_peak_extra: int = 0
 
 
 def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,
@@ -146,8 +151,8 @@ def awq_marlin_replay(tensors: list[int], linears: list[list[int]]) -> allocator
 
     - `_convert_awq_to_standard_format` (auto_awq.py:93-168): the AWQ order undone on int32 copies eight times
       the packed tensor (`>>` then `&`, the reorder, `<<`; each expression's operand freed once the next
-      exists), summed into the repacked qweight, which replaces the checkpoint's; the same for qzeros, whose
-      transpose is copied by the reshape; the unpacked copies, the reverse order and the shifts freed at the end;
+      exists), summed into the repacked qweight, which replaces the checkpoint's; the same for qzeros; the
+      unpacked copies, the reverse order and the shifts freed at the end;
     - MarlinLinearKernel.process_weights_after_loading (kernels/linear/mixed_precision/marlin.py:89-216): the
       workspace, kept; the zero points unpacked to the device (quant_utils.py:912-940, eight times qzeros),
       permuted and interleaved (two more copies, marlin_utils.py:512-533) and packed back (one qzeros); the
@@ -162,9 +167,9 @@ def awq_marlin_replay(tensors: list[int], linears: list[list[int]]) -> allocator
         weight, zeros, scales = positions[:3]
         bias = positions[3] if len(positions) > 3 else None
         order, shifts = replay.malloc(8 * 8), replay.malloc(8 * 4)  # long[8], int32[8]
-        kept_q, new_q = _unpacked(replay, q, transposed=False)
+        kept_q, new_q = _unpacked(replay, q)
         replay.free(handles[weight])
-        kept_z, new_z = _unpacked(replay, z, transposed=True)
+        kept_z, new_z = _unpacked(replay, z)
         replay.free(handles[zeros])
         handles[weight], handles[zeros] = new_q, new_z
         for handle in (kept_q, kept_z, order, shifts):
@@ -187,18 +192,15 @@ def awq_marlin_replay(tensors: list[int], linears: list[list[int]]) -> allocator
     return replay
 
 
-def _unpacked(replay: allocator.CachingAllocator, packed: int, *, transposed: bool) -> tuple[int, int]:
+def _unpacked(replay: allocator.CachingAllocator, packed: int) -> tuple[int, int]:
     """One tensor through `_convert_awq_to_standard_format`: (the unpacked copy, freed at the function's end;
-    the repacked tensor)."""
+    the repacked tensor). The reshapes split or transpose dimensions: views (qzeros' transpose too, whose
+    reshape only splits its first dimension)."""
     shifted = replay.malloc(8 * packed)
     masked = replay.malloc(8 * packed)
     replay.free(shifted)
     kept = replay.malloc(8 * packed)  # the reorder
     replay.free(masked)
-    if transposed:  # qzeros: the reshape of the transpose copies; the reordered copy goes
-        copied = replay.malloc(8 * packed)
-        replay.free(kept)
-        kept = copied
     widened = replay.malloc(8 * packed)  # <<
     repacked = replay.malloc(packed)  # .sum
     replay.free(widened)
@@ -229,8 +231,10 @@ def weight_segments(geometry: ModelGeometry, *, element: int, tp: int, pp: int, 
         replays = [awq_marlin_replay(tensors, linears) for tensors, linears in built]
         rule += (f", replayed through the AWQ conversion and Marlin repack of "
                  f"{max(len(linears) for _, linears in built)} linear layers after loading")
+        load_peak_extra = max(r.peak - sum(tensors) for r, (tensors, _) in zip(replays, built, strict=True))
     else:
         replays = [allocator.replay(tensors) for tensors, _ in built]
+        load_peak_extra = 0
     # The profile run comes between loading and vLLM's measurement: what it keeps may sit in the free blocks
     # around the weights instead of new segments. Half of them counted, the other half the band.
     slack, holes = max(((r.reserved - r.allocated, r.free_bytes) for r in replays),
@@ -245,4 +249,4 @@ def weight_segments(geometry: ModelGeometry, *, element: int, tp: int, pp: int, 
     return WeightSegments(slack - holes // 2 + repack, holes // 2 + error,
                           f"{slack / MiB:.1f} MiB of segments {rule}, {holes / MiB:.1f} MiB of them free blocks "
                           "that what the profile run keeps may fill (half counted)"
-                          + (f"; {repack_rule}" if repack_rule else ""))
+                          + (f"; {repack_rule}" if repack_rule else ""), load_peak_extra=load_peak_extra)

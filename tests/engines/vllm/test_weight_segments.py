@@ -5,6 +5,7 @@ row in the plan, on the releases that count it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from launcher.common.errors import WontFit
 from launcher.common.units import GiB, MiB
 from launcher.engines.vllm import budget as vb
 from launcher.engines.vllm import weight_segments as vs
@@ -193,3 +195,41 @@ class TestThePlan:
         calibrated = rows(plan(calibration=Calibration(non_kv_bytes=20 * GiB, key="k")))
         assert "segments" not in calibrated
         assert calibrated["kv"] == calibrated["requested"] - 20 * GiB
+
+
+class TestTheLoadPeak:
+    """vLLM 0.27+ converts an AWQ checkpoint for Marlin after loading, through int32 copies eight times each
+    packed tensor: the weights and those copies must fit in the memory free at start."""
+
+    def test_the_copies_of_the_largest_layer(self) -> None:
+        """Qwen3-14B-AWQ: gate_up_proj's qweight is 85 MiB; at the peak its reordered copy, the shifted one
+        (680 MiB each) and the repacked qweight sit beside the weights, with the segments' slack."""
+        segments = TestMarlinAndWhatIsNotDerived().segments((8, 9))
+        assert round(segments.load_peak_extra / GiB, 2) == 1.76
+        assert TestMarlinAndWhatIsNotDerived().segments((7, 0)).load_peak_extra == 0  # no conversion below sm75
+
+    def test_beyond_the_free_memory_the_load_is_refused(self) -> None:
+        """Llama-3.1-70B-AWQ on an A100 40GB at --gpu-memory-utilization 0.95: 37.07 GiB of weights and 4.20 of
+        copies, 38.94 GiB free: vLLM runs out of memory in process_weights_after_loading."""
+        request = PlanRequest(model=resolve_model("llama-3.1-70b-awq"), engine="vllm",
+                              gpus=hypothetical_gpus(["a10040gb"]), engine_version="0.28.0",
+                              engine_args=("--gpu-memory-utilization", "0.95"))
+        with pytest.raises(WontFit) as info:
+            make_plan(request)
+        assert info.value.rule == "load-peak" and "4.20 GiB of int32 copies" in str(info.value)
+        assert "weights alone" not in str(info.value)
+
+    def test_inside_the_free_memorys_error_a_doubt(self) -> None:
+        """The same peak with as much free at start as it needs: inside the total's and context's error."""
+        gpu = hypothetical_gpus(["l40s"])[0]
+        probe = make_plan(PlanRequest(model=resolve_model("qwen3-32b-awq"), engine="vllm", gpus=(gpu,),
+                                      engine_version="0.28.0"))
+        weights = probe.item("weights").bytes
+        peak = weights + vs.weight_segments(resolve_model("qwen3-32b-awq").geometry, element=2, tp=1, pp=1,
+                                            rope=40_960 * 128 * 2, compute_capability=gpu.compute_capability,
+                                            quantization=None).load_peak_extra
+        context = probe.item("context").bytes
+        tight = dataclasses.replace(gpu, free_bytes=peak + context)
+        p = make_plan(PlanRequest(model=resolve_model("qwen3-32b-awq"), engine="vllm", gpus=(tight,),
+                                  engine_version="0.28.0", engine_args=("--gpu-memory-utilization", "0.46")))
+        assert p.may_not_fit and "the load may run out of memory" in p.may_not_fit
