@@ -21,6 +21,7 @@ tests/engines/vllm/test_weight_segments.py). Elsewhere the term is bounded, not 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from launcher.common.units import MiB
@@ -29,6 +30,7 @@ from launcher.model import allocator
 from launcher.model.config import ModelGeometry
 from launcher.model.linear_tensors import (
     MARLIN_WORKSPACE_BYTES,
+    Scheme,
     layer_linears,
     marlin_layer,
     marlin_leftovers,
@@ -192,6 +194,16 @@ def awq_marlin_replay(tensors: list[int], linears: list[list[int]]) -> allocator
     return replay
 
 
+def _replayed(tensors: list[int], linears: list[list[int]]) -> tuple[int, int, int]:
+    """(bytes reserved beyond the tensors, free blocks among them, the load's peak beyond the tensors) of a
+    stage's tensors, through the AWQ conversion and Marlin repack where `linears` are given."""
+    if linears:
+        replay = awq_marlin_replay(tensors, linears)
+        return replay.reserved - replay.allocated, replay.free_bytes, replay.peak - sum(tensors)
+    replay = allocator.replay(tensors)
+    return replay.reserved - replay.allocated, replay.free_bytes, 0
+
+
 def _unpacked(replay: allocator.CachingAllocator, packed: int) -> tuple[int, int]:
     """One tensor through `_convert_awq_to_standard_format`: (the unpacked copy, freed at the function's end;
     the repacked tensor). The reshapes split or transpose dimensions: views (qzeros' transpose too, whose
@@ -212,41 +224,53 @@ def weight_segments(geometry: ModelGeometry, *, element: int, tp: int, pp: int, 
     """What torch reserves around one rank's weights, on the heaviest stage: derived where the modules are,
     else half the rounding bound with the other half as the band. `quantization`: a pinned --quantization
     (another method's modules than the checkpoint's are not derived)."""
-    stages = pp_partitions(geometry.num_layers, max(pp, 1))
-    derived = [_stage(geometry, element=element, tp=tp, rope=rope, layers=len(stage), first=index == 0,
-                      last=index == len(stages) - 1) for index, stage in enumerate(stages)]
     method = scheme(geometry)
     pinned_other = quantization is not None and (method is None or method.name is None
                                                  or quantization not in _PINNED_SAME[method.name])
-    if pinned_other or method is None or any(stage is None for stage in derived):
-        bound = BOUND_PER_LAYER * max(len(stage) for stage in stages)
+    marlin = method is not None and runs_marlin(method.name, compute_capability)
+    awq = method is not None and method.name == "awq" and marlin
+    # The geometry's config dicts are not in its hash: what the tensors take from them is (scheme, bias).
+    replayed = None if pinned_other or method is None else _stages_replayed(
+        geometry, method, qkv_bias(geometry), element=element, tp=tp, pp=pp, rope=rope, awq=awq)
+    if replayed is None or method is None:
+        bound = BOUND_PER_LAYER * max(len(stage) for stage in pp_partitions(geometry.num_layers, max(pp, 1)))
         return WeightSegments(bound // 2, bound // 2, f"not derived for {geometry.architecture}: up to "
                               f"{bound // MiB} MiB of rounding (2 MiB per large linear tensor), half counted",
                               derived=False)
-    built = [stage for stage in derived if stage is not None]
-    count = max(len(tensors) for tensors, _ in built)
-    rule = f"around {count} tensors of vLLM's {geometry.architecture} modules"
-    marlin = runs_marlin(method.name, compute_capability)
-    if method.name == "awq" and marlin:
-        replays = [awq_marlin_replay(tensors, linears) for tensors, linears in built]
-        rule += (f", replayed through the AWQ conversion and Marlin repack of "
-                 f"{max(len(linears) for _, linears in built)} linear layers after loading")
-        load_peak_extra = max(r.peak - sum(tensors) for r, (tensors, _) in zip(replays, built, strict=True))
-    else:
-        replays = [allocator.replay(tensors) for tensors, _ in built]
-        load_peak_extra = 0
-    # The profile run comes between loading and vLLM's measurement: what it keeps may sit in the free blocks
-    # around the weights instead of new segments. Half of them counted, the other half the band.
-    slack, holes = max(((r.reserved - r.allocated, r.free_bytes) for r in replays),
-                       key=lambda pair: pair[0] - pair[1] // 2)
+    count, linears, slack, holes, load_peak_extra = replayed
+    rule = f"around {count} tensors of vLLM's {geometry.architecture} modules" + (
+        f", replayed through the AWQ conversion and Marlin repack of {linears} linear layers after loading"
+        if awq else "")
     repack = error = 0
     repack_rule = ""
-    if marlin and method.name != "awq":  # weight-only FP8 below sm89: bounded (linear_tensors.marlin_leftovers)
+    if marlin and not awq:  # weight-only FP8 below sm89: bounded (linear_tensors.marlin_leftovers)
         layer, rows = marlin_layer(geometry, element, tp, method)
-        most = max(len(stage) for stage in stages)
+        most = max(len(stage) for stage in pp_partitions(geometry.num_layers, max(pp, 1)))
         repack, error, repack_rule = marlin_leftovers(layer, linear_layers=4 * most, layer_rows=rows,
                                                       row_scales=True)
     return WeightSegments(slack - holes // 2 + repack, holes // 2 + error,
                           f"{slack / MiB:.1f} MiB of segments {rule}, {holes / MiB:.1f} MiB of them free blocks "
                           "that what the profile run keeps may fill (half counted)"
                           + (f"; {repack_rule}" if repack_rule else ""), load_peak_extra=load_peak_extra)
+
+
+@functools.lru_cache(maxsize=256)
+def _stages_replayed(geometry: ModelGeometry, method: Scheme, bias: bool, *, element: int, tp: int, pp: int,
+                     rope: int, awq: bool) -> tuple[int, int, int, int, int] | None:
+    """(tensors, linear layers, bytes reserved beyond the tensors, free blocks among them, the load's peak beyond
+    the tensors) on the stage whose counted share (reserved less half the free blocks) is the largest; None where
+    not derived. Kept per shape: `fit` plans one model on many cards and layouts, a plan sizes it several times,
+    and a replay walks every tensor (about 1 s at 4,096 layers)."""
+    del method, bias  # in the key only (scheme(geometry), qkv_bias(geometry))
+    stages = pp_partitions(geometry.num_layers, max(pp, 1))
+    derived = [_stage(geometry, element=element, tp=tp, rope=rope, layers=len(stage), first=index == 0,
+                      last=index == len(stages) - 1) for index, stage in enumerate(stages)]
+    if any(stage is None for stage in derived):
+        return None
+    built = [stage for stage in derived if stage is not None]
+    # The profile run comes between loading and vLLM's measurement: what it keeps may sit in the free blocks
+    # around the weights instead of new segments. Half of them counted, the other half the band.
+    replays = [_replayed(tensors, linears if awq else []) for tensors, linears in built]
+    slack, holes, _ = max(replays, key=lambda replay: replay[0] - replay[1] // 2)
+    return (max(len(tensors) for tensors, _ in built), max(len(linears) for _, linears in built), slack, holes,
+            max(replay[2] for replay in replays))

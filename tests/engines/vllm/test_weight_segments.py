@@ -233,3 +233,14 @@ class TestTheLoadPeak:
         p = make_plan(PlanRequest(model=resolve_model("qwen3-32b-awq"), engine="vllm", gpus=(tight,),
                                   engine_version="0.28.0", engine_args=("--gpu-memory-utilization", "0.46")))
         assert p.may_not_fit and "the load may run out of memory" in p.may_not_fit
+
+
+def test_kept_per_shape_not_per_config_dict() -> None:
+    """The replay is kept per geometry, whose config dicts are outside its hash: a config that differs only in
+    them (qkv biases, the AWQ group) is replayed on its own."""
+    base = json.loads((ROOT / "tests" / "data" / "configs" / "llama-3.1-8b.json").read_text())
+    plain, biased = (geometry_from_config({**base, "attention_bias": bias}) for bias in (False, True))
+    assert plain == biased  # the dataclass compares neither
+    segments = [vs.weight_segments(geometry, element=2, tp=1, pp=1, rope=131_072 * 128 * 2,
+                                   compute_capability=(9, 0), quantization=None) for geometry in (plain, biased)]
+    assert "around 388 tensors" in segments[0].rule and "around 420 tensors" in segments[1].rule
