@@ -106,8 +106,9 @@ def mlp(geometry: ModelGeometry, element: int, tp: int, method: Scheme) -> list[
 
 
 def qkv_bias(geometry: ModelGeometry) -> bool:
-    """Qwen2's attention always has biases; the others where the config says so."""
-    return geometry.architecture == "Qwen2ForCausalLM" or bool(geometry.text_config.get("attention_bias"))
+    """Qwen2's and Qwen2-MoE's attention always has biases; the others where the config says so."""
+    return geometry.architecture in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") \
+        or bool(geometry.text_config.get("attention_bias"))
 
 
 def marlin_layer(geometry: ModelGeometry, element: int, tp: int, method: Scheme) -> tuple[list[int], int]:

@@ -830,7 +830,9 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         dtype_bytes=vk.kv_dtype_bytes(None, setup.dtype)[0])
     segments = vs.weight_segments(request.model.geometry, element=ELEMENT_BYTES.get(setup.dtype, 2), tp=tp, pp=pp,
                                   rope=tables.bytes, compute_capability=gpu.compute_capability,
-                                  quantization=pinned.get("--quantization")) if rules.budget_from_consumed else None
+                                  quantization=pinned.get("--quantization"),
+                                  experts_tp=None if parallel.expert_parallel else parallel.moe_tp) \
+        if rules.budget_from_consumed else None
     return _Sizing(
         setup=setup, geometry=request.model.geometry, gpu_name=gpu.name, defaults=defaults, utilization=utilization,
         total=gpu.usable_total_bytes, free_at_init=(gpu.free_bytes or 0) - context,

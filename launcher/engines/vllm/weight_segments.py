@@ -46,6 +46,12 @@ DENSE_DECODERS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForC
 # Gemma and Gemma 2 (models/gemma.py, gemma2.py; unquantized): a `normalizer` scalar buffer in the model dtype
 # ahead of the embedding, no lm_head (the embedding computes the logits), Gemma 2 four norms a layer.
 GEMMA = frozenset({"GemmaForCausalLM", "Gemma2ForCausalLM"})
+# Fused-MoE decoders, unquantized, every layer sparse (models/qwen3_moe.py, mixtral.py, qwen2_moe.py): the router
+# [E, H], then FusedMoE's w13 [E, 2 I / T, H] and w2 [E, H, I / T] (Qwen2-MoE: its shared expert's gate, gate_up and
+# down first). Triton, vLLM's backend on Hopper, keeps those tensors; the FlashInfer kernels other cards pick first
+# (fused_moe/oracle/unquantized.py:67-93) replace them by tensors of the same size after loading, each a segment
+# of its own, rounded alike.
+FUSED_MOE = frozenset({"Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"})
 # Each attention layer's float32 scalars, created on the device (torch.tensor under the loader's device
 # context): the _k/_v/_q/_prob_scale buffers and the _k/_v_scale_cpu copies (0.28.0 model_executor/layers/
 # attention/attention.py:124-143, set_default_quant_scales; 0.34.0 :151-167). Its `kv_cache` placeholder
@@ -97,20 +103,27 @@ class WeightSegments:
 
 
 def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,
-           last: bool) -> tuple[list[int], list[list[int]]] | None:
-    """(the tensors, and for each quantized linear layer the positions of its tensors in that list)."""
+           last: bool, experts_tp: int | None = None) -> tuple[list[int], list[list[int]]] | None:
+    """(the tensors, and for each quantized linear layer the positions of its tensors in that list).
+    `experts_tp`: the ranks the experts' intermediate size is split over (data x tensor parallel; None under
+    expert parallelism, whose whole experts per rank are not derived here); `tp` when not given."""
     method = scheme(geometry)
     architecture = geometry.architecture
     gemma = architecture in GEMMA
-    if method is None or not (architecture in DENSE_DECODERS or gemma and method.name is None) \
+    experts_tp = tp if experts_tp is None and not geometry.num_experts else experts_tp
+    moe = _moe_tensors(geometry, element=element, tp=experts_tp) if architecture in FUSED_MOE \
+        and method is not None and method.name is None and experts_tp is not None else None
+    if method is None or not (architecture in DENSE_DECODERS or gemma and method.name is None or moe is not None) \
             or not geometry.intermediate_size or geometry.is_multimodal:
         return None
     hidden = geometry.hidden_size
     qkv, out, gate_up, down = layer_linears(geometry, element, tp, method, qkv_bias(geometry))
+    if moe is not None:  # the MoE block in place of the dense MLP
+        gate_up, down = moe, []
     scalars = [SCALAR_BYTES] * ATTENTION_SCALARS
     if method.name is not None and method.name.startswith("fp8"):
         scalars = [SCALAR_BYTES] * KV_SCALE_PARAMETERS + [element] * KV_SCALE_PARAMETERS + scalars
-    qk_norms = [geometry.head_dim * element] * 2 if geometry.architecture == "Qwen3ForCausalLM" else []
+    qk_norms = [geometry.head_dim * element] * 2 if architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") else []
     norms = [hidden * element] * (4 if architecture in ("Glm4ForCausalLM", "Gemma2ForCausalLM") else 2)
     vocab = padded_vocab_rows(geometry.vocab_size, tp) * hidden * element  # the model dtype under AWQ too
     tensors = ([element] if gemma else []) + ([vocab] if first else [])
@@ -134,15 +147,35 @@ def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers:
     return tensors, linears if method.name is not None else []
 
 
+def _moe_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> list[int] | None:
+    """One rank's MoE block of a layer (FUSED_MOE), experts split by tensor parallelism; None where a layer
+    may be dense (mlp_only_layers, a sparse step) or a size is missing."""
+    text = geometry.text_config
+    experts, hidden = geometry.num_experts, geometry.hidden_size
+    inter = text.get("moe_intermediate_size", geometry.intermediate_size)
+    if not isinstance(experts, int) or not isinstance(inter, int) or text.get("mlp_only_layers") \
+            or text.get("decoder_sparse_step", 1) != 1:
+        return None
+    shared: list[int] = []
+    if geometry.architecture == "Qwen2MoeForCausalLM":
+        shared_inter = text.get("shared_expert_intermediate_size")
+        if not isinstance(shared_inter, int):
+            return None
+        shared = [hidden * element, 2 * shared_inter // tp * hidden * element, hidden * shared_inter // tp * element]
+    return [experts * hidden * element, *shared, experts * 2 * (inter // tp) * hidden * element,
+            experts * hidden * (inter // tp) * element]
+
+
 def stage_tensors(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,
-                  last: bool) -> list[int] | None:
+                  last: bool, experts_tp: int | None = None) -> list[int] | None:
     """One rank's tensors of a pipeline stage of `layers` decoder layers, in the order vLLM's modules
     create them, or None where they are not derived: Gemma's normalizer, the embedding (first stage),
     each layer's qkv_proj and o_proj, the rotary table (built by the stage's first attention layer;
     get_rope caches it), the attention's scalars, Qwen3's q/k norms, gate_up_proj and down_proj, two
     norms (four for GLM-4 and Gemma 2), then the final norm and the lm_head (last stage; tied, it is the
     embedding)."""
-    stage = _stage(geometry, element=element, tp=tp, rope=rope, layers=layers, first=first, last=last)
+    stage = _stage(geometry, element=element, tp=tp, rope=rope, layers=layers, first=first, last=last,
+                   experts_tp=experts_tp)
     return stage[0] if stage is not None else None
 
 
@@ -220,10 +253,11 @@ def _unpacked(replay: allocator.CachingAllocator, packed: int) -> tuple[int, int
 
 
 def weight_segments(geometry: ModelGeometry, *, element: int, tp: int, pp: int, rope: int,
-                    compute_capability: tuple[int, int] | None, quantization: str | None) -> WeightSegments:
+                    compute_capability: tuple[int, int] | None, quantization: str | None,
+                    experts_tp: int | None = None) -> WeightSegments:
     """What torch reserves around one rank's weights, on the heaviest stage: derived where the modules are,
     else half the rounding bound with the other half as the band. `quantization`: a pinned --quantization
-    (another method's modules than the checkpoint's are not derived)."""
+    (another method's modules than the checkpoint's are not derived); `experts_tp` as `_stage`'s."""
     method = scheme(geometry)
     pinned_other = quantization is not None and (method is None or method.name is None
                                                  or quantization not in _PINNED_SAME[method.name])
@@ -231,7 +265,7 @@ def weight_segments(geometry: ModelGeometry, *, element: int, tp: int, pp: int, 
     awq = method is not None and method.name == "awq" and marlin
     # The geometry's config dicts are not in its hash: what the tensors take from them is (scheme, bias).
     replayed = None if pinned_other or method is None else _stages_replayed(
-        geometry, method, qkv_bias(geometry), element=element, tp=tp, pp=pp, rope=rope, awq=awq)
+        geometry, method, qkv_bias(geometry), element=element, tp=tp, pp=pp, rope=rope, awq=awq, experts_tp=experts_tp)
     if replayed is None or method is None:
         bound = BOUND_PER_LAYER * max(len(stage) for stage in pp_partitions(geometry.num_layers, max(pp, 1)))
         return WeightSegments(bound // 2, bound // 2, f"not derived for {geometry.architecture}: up to "
@@ -256,7 +290,7 @@ def weight_segments(geometry: ModelGeometry, *, element: int, tp: int, pp: int, 
 
 @functools.lru_cache(maxsize=256)
 def _stages_replayed(geometry: ModelGeometry, method: Scheme, bias: bool, *, element: int, tp: int, pp: int,
-                     rope: int, awq: bool) -> tuple[int, int, int, int, int] | None:
+                     rope: int, awq: bool, experts_tp: int | None) -> tuple[int, int, int, int, int] | None:
     """(tensors, linear layers, bytes reserved beyond the tensors, free blocks among them, the load's peak beyond
     the tensors) on the stage whose counted share (reserved less half the free blocks) is the largest; None where
     not derived. Kept per shape: `fit` plans one model on many cards and layouts, a plan sizes it several times,
@@ -264,7 +298,7 @@ def _stages_replayed(geometry: ModelGeometry, method: Scheme, bias: bool, *, ele
     del method, bias  # in the key only (scheme(geometry), qkv_bias(geometry))
     stages = pp_partitions(geometry.num_layers, max(pp, 1))
     derived = [_stage(geometry, element=element, tp=tp, rope=rope, layers=len(stage), first=index == 0,
-                      last=index == len(stages) - 1) for index, stage in enumerate(stages)]
+                      last=index == len(stages) - 1, experts_tp=experts_tp) for index, stage in enumerate(stages)]
     if any(stage is None for stage in derived):
         return None
     built = [stage for stage in derived if stage is not None]

@@ -50,7 +50,8 @@ def _derived(record: dict[str, Any], *, layers: int | None = None, first: bool =
     geometry = _geometry(record)
     tables = vb.rope_tables(geometry, dtype=record["dtype"], version=GOLDEN["meta"]["vllm"])
     return vs.stage_tensors(geometry, element=ELEMENT[record["dtype"]], tp=1, rope=tables.bytes if tables else 0,
-                            layers=geometry.num_layers if layers is None else layers, first=first, last=last)
+                            layers=geometry.num_layers if layers is None else layers, first=first, last=last,
+                            experts_tp=1)
 
 
 DERIVED = [record for record in BUILT if _derived(record) is not None]
@@ -72,14 +73,15 @@ class TestAgainstVllmsModules:
         assert all("layer_kinds" in record for record in BUILT)
 
     def test_derived_families(self) -> None:
-        """The dense decoders, plain, AWQ and compressed-tensors FP8 (per channel and per tensor); Gemma and
-        Gemma 2 plain."""
+        """The dense decoders, plain, AWQ and compressed-tensors FP8 (per channel and per tensor); Gemma, Gemma 2
+        and the fused-MoE decoders (Qwen3-MoE, Mixtral, Qwen2-MoE with its shared expert) plain."""
         families = {(record["architecture"], getattr(scheme(_geometry(record)), "name", "?")) for record in DERIVED}
-        assert len(DERIVED) == 61
+        assert len(DERIVED) == 67
         assert families == {
             ("LlamaForCausalLM", None), ("MistralForCausalLM", None), ("Qwen2ForCausalLM", None),
             ("Qwen3ForCausalLM", None), ("Phi3ForCausalLM", None), ("GraniteForCausalLM", None),
             ("Glm4ForCausalLM", None), ("GemmaForCausalLM", None), ("Gemma2ForCausalLM", None),
+            ("Qwen3MoeForCausalLM", None), ("MixtralForCausalLM", None), ("Qwen2MoeForCausalLM", None),
             ("LlamaForCausalLM", "awq"), ("Qwen2ForCausalLM", "awq"),
             ("Qwen3ForCausalLM", "awq"), ("LlamaForCausalLM", "fp8-tensor"), ("LlamaForCausalLM", "fp8-channel"),
             ("Qwen2ForCausalLM", "fp8-channel")}
@@ -164,6 +166,18 @@ class TestMarlinAndWhatIsNotDerived:
         assert self.segments((9, 0), "awq") == self.segments((9, 0))
         other = self.segments((9, 0), "fp8")
         assert not other.derived and other.bytes == other.error == 40 * 4 * allocator.ROUND_LARGE // 2
+
+    def test_moe_experts_split_by_tensor_parallelism_not_by_expert_parallelism(self) -> None:
+        """Qwen3-30B-A3B's experts split over the ranks are derived; whole experts per rank (EP) are bounded."""
+        geometry = geometry_from_config(json.loads((ROOT / "tests" / "data" / "configs" / "qwen3-30b-a3b.json")
+                                                   .read_text()))
+        split, whole = (vs.weight_segments(geometry, element=2, tp=2, pp=1, rope=40_960 * 128 * 2,
+                                           compute_capability=(9, 0), quantization=None, experts_tp=experts)
+                        for experts in (2, None))
+        # 110.1 MiB beyond the tensors at TP 2 (qkv_proj's 5 MiB share 20 MiB segments), 109.9 of it free blocks
+        assert split.derived and "110.1 MiB of segments around 724 tensors of vLLM's Qwen3MoeForCausalLM" in split.rule
+        assert (round(split.bytes / MiB, 2), round(split.error / MiB, 2)) == (55.13, 54.97)
+        assert not whole.derived and whole.bytes == whole.error == 48 * 8 * MiB // 2
 
     def test_a_moe_model_is_bounded(self) -> None:
         geometry = resolve_model("deepseek-v2-lite").geometry
