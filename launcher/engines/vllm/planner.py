@@ -984,8 +984,10 @@ def plan_gpu(request: PlanRequest) -> Plan:
     if extensible and headroom and "--gpu-memory-utilization" not in setup.pinned:
         utilization, sizing = _extensible_headroom(request, setup, gpu, defaults, utilization, sizing, headroom,
                                                    context=context, verified=verified, graphs=graphs)
-    startup_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup, graphs,
-                                   extensible) or _load_peak_doubt(gpu, sizing)
+    # In vLLM's order: the request against the free memory at init, then loading (which may refuse alone).
+    init_doubt = _startup_doubt(gpu, utilization.value, sizing.requested, sizing.free_at_init, setup, graphs,
+                                extensible)
+    startup_doubt = "; ".join(doubt for doubt in (init_doubt, _load_peak_doubt(gpu, sizing)) if doubt) or None
     if not verified:
         warnings.append(architecture_note)
     if vb.encoder_profiled(request.model.geometry, pinned) and \
@@ -1102,7 +1104,7 @@ def _gpu_items(request: PlanRequest, sizing: _Sizing, gpu: GpuDevice, utilizatio
     ]
     cal = request.calibration
     if cal is not None and cal.non_kv_bytes is not None:
-        # The engine's own measurement replaces our three estimates; the rows still add up.
+        # The engine's own measurement replaces our estimates; the rows still add up.
         estimates = ("segments", "non_torch", "activation", "cudagraph")
         items = [i for i in items if i.key not in estimates]
         items.insert(-2, BudgetItem("measured_non_kv", "non-KV besides weights", cal.non_kv_bytes - budget.weights,

@@ -258,3 +258,18 @@ def test_kept_per_shape_not_per_config_dict() -> None:
     segments = [vs.weight_segments(geometry, element=2, tp=1, pp=1, rope=131_072 * 128 * 2,
                                    compute_capability=(9, 0), quantization=None) for geometry in (plain, biased)]
     assert "around 388 tensors" in segments[0].rule and "around 420 tensors" in segments[1].rule
+
+
+def test_a_doubt_on_the_request_does_not_hide_the_load() -> None:
+    """A request just above the free memory (within the context's error: a doubt) and a load beyond it: the load
+    still refuses, after the request's own check, as vLLM meets them."""
+    gpu = hypothetical_gpus(["a10040gb"])[0]
+    request = PlanRequest(model=resolve_model("llama-3.1-70b-awq"), engine="vllm", gpus=(gpu,), engine_version="0.28.0",
+                          engine_args=("--gpu-memory-utilization", "0.95"))
+    probe_free = make_plan(PlanRequest(model=resolve_model("llama-3.1-8b"), engine="vllm", gpus=(gpu,),
+                                       engine_version="0.28.0")).item("context").bytes
+    requested = -(-int(gpu.usable_total_bytes * 0.95) // 1)
+    tight = dataclasses.replace(gpu, free_bytes=requested + probe_free - 64 * MiB)  # 64 MiB short: a doubt
+    with pytest.raises(WontFit) as info:
+        make_plan(dataclasses.replace(request, gpus=(tight,)))
+    assert info.value.rule == "load-peak"
