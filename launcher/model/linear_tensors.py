@@ -105,6 +105,23 @@ def mlp(geometry: ModelGeometry, element: int, tp: int, method: Scheme) -> list[
     return gate_up + down
 
 
+def sparse_experts(geometry: ModelGeometry) -> tuple[int, int] | None:
+    """(experts, the experts' intermediate size) of a MoE model whose every layer is sparse; None where a layer
+    may be dense (mlp_only_layers, a sparse step) or a size is missing."""
+    text = geometry.text_config
+    experts, inter = geometry.num_experts, text.get("moe_intermediate_size", geometry.intermediate_size)
+    if not isinstance(experts, int) or not isinstance(inter, int) or text.get("mlp_only_layers") \
+            or text.get("decoder_sparse_step", 1) != 1:
+        return None
+    return experts, inter
+
+
+def fused_experts(experts: int, inter: int, hidden: int, element: int) -> list[int]:
+    """FusedMoE (fused_moe layer.py in both engines): w13 [E, 2 x I, H] and w2 [E, H, I], I one rank's share of
+    the intermediate size (expert parallelism off)."""
+    return [experts * 2 * inter * hidden * element, experts * hidden * inter * element]
+
+
 def qkv_bias(geometry: ModelGeometry) -> bool:
     """Qwen2's and Qwen2-MoE's attention always has biases; the others where the config says so."""
     return geometry.architecture in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") \

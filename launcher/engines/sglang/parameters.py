@@ -24,12 +24,14 @@ from launcher.model.config import MLA, ModelGeometry
 from launcher.model.linear_tensors import (
     Scheme,
     attention,
+    fused_experts,
     marlin_layer,
     marlin_leftovers,
     mlp,
     padded_vocab_rows,
     qkv_bias,
     scheme,
+    sparse_experts,
     vocab_padding_bytes,
 )
 
@@ -159,23 +161,17 @@ def _gemma2_layers(geometry: ModelGeometry, element: int, tp: int, rope: int) ->
     return qkv + out + [rope] + feed + norms + (qkv + out + feed + norms) * (geometry.num_layers - 1)
 
 
-def _experts(experts: int, inter: int, hidden: int, element: int) -> list[int]:
-    """FusedMoE (layers/moe/fused_moe_triton/layer.py): w13 [E, 2 x I, H] and w2 [E, H, I], I split by
-    the ranks (expert parallelism off)."""
-    return [experts * 2 * inter * hidden * element, experts * hidden * inter * element]
-
-
 def _moe_layers(geometry: ModelGeometry, element: int, tp: int, rope: int) -> list[int] | None:
     text: Mapping[str, Any] = geometry.text_config
-    experts, hidden = geometry.num_experts, geometry.hidden_size
-    inter = text.get("moe_intermediate_size", geometry.intermediate_size)
-    if not isinstance(experts, int) or not isinstance(inter, int) or text.get("mlp_only_layers") \
-            or text.get("decoder_sparse_step", 1) != 1:
+    shape = sparse_experts(geometry)
+    if shape is None:
         return None
+    experts, inter = shape
+    hidden = geometry.hidden_size
     qwen3 = geometry.architecture == "Qwen3MoeForCausalLM"
     qkv, out = attention(geometry, element, tp, Scheme(None), bool(text.get("attention_bias")))
     gate = [experts * hidden * element]
-    moe = _experts(experts, inter // tp, hidden, element)
+    moe = fused_experts(experts, inter // tp, hidden, element)
     norms = [hidden * element] * 2
     if qwen3:  # models/qwen3_moe.py: q_norm / k_norm after the rope; the router after the experts
         qk_norms = [geometry.head_dim * element] * 2
@@ -208,7 +204,7 @@ def _deepseek_v2_layers(geometry: ModelGeometry, element: int, tp: int, rope: in
     inter = (geometry.intermediate_size or 0) // tp
     dense = [2 * inter * hidden * element, hidden * inter * element]
     shared_inter = moe_inter * shared // tp
-    sparse = [experts * hidden * element, *_experts(experts, moe_inter // tp, hidden, element),
+    sparse = [experts * hidden * element, *fused_experts(experts, moe_inter // tp, hidden, element),
               2 * shared_inter * hidden * element, hidden * shared_inter * element]
     norms = [hidden * element] * 2
     layers: list[int] = []

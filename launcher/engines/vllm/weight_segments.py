@@ -31,12 +31,14 @@ from launcher.model.config import ModelGeometry
 from launcher.model.linear_tensors import (
     MARLIN_WORKSPACE_BYTES,
     Scheme,
+    fused_experts,
     layer_linears,
     marlin_layer,
     marlin_leftovers,
     padded_vocab_rows,
     qkv_bias,
     scheme,
+    sparse_experts,
 )
 
 # Dense decoders whose vLLM modules are the fused qkv_proj / o_proj / gate_up_proj / down_proj
@@ -105,12 +107,11 @@ class WeightSegments:
 def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,
            last: bool, experts_tp: int | None = None) -> tuple[list[int], list[list[int]]] | None:
     """(the tensors, and for each quantized linear layer the positions of its tensors in that list).
-    `experts_tp`: the ranks the experts' intermediate size is split over (data x tensor parallel; None under
-    expert parallelism, whose whole experts per rank are not derived here); `tp` when not given."""
+    `experts_tp`: the ranks a MoE model's experts are split over (data x tensor parallel); None (expert
+    parallelism, or not given): its whole experts per rank are not derived here."""
     method = scheme(geometry)
     architecture = geometry.architecture
     gemma = architecture in GEMMA
-    experts_tp = tp if experts_tp is None and not geometry.num_experts else experts_tp
     moe = _moe_tensors(geometry, element=element, tp=experts_tp) if architecture in FUSED_MOE \
         and method is not None and method.name is None and experts_tp is not None else None
     if method is None or not (architecture in DENSE_DECODERS or gemma and method.name is None or moe is not None) \
@@ -148,22 +149,20 @@ def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers:
 
 
 def _moe_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> list[int] | None:
-    """One rank's MoE block of a layer (FUSED_MOE), experts split by tensor parallelism; None where a layer
-    may be dense (mlp_only_layers, a sparse step) or a size is missing."""
-    text = geometry.text_config
-    experts, hidden = geometry.num_experts, geometry.hidden_size
-    inter = text.get("moe_intermediate_size", geometry.intermediate_size)
-    if not isinstance(experts, int) or not isinstance(inter, int) or text.get("mlp_only_layers") \
-            or text.get("decoder_sparse_step", 1) != 1:
+    """One rank's MoE block of a layer (FUSED_MOE), the experts split over `tp` ranks; None where a layer may
+    be dense or a size is missing (linear_tensors.sparse_experts)."""
+    shape = sparse_experts(geometry)
+    if shape is None:
         return None
+    experts, inter = shape
+    hidden = geometry.hidden_size
     shared: list[int] = []
     if geometry.architecture == "Qwen2MoeForCausalLM":
-        shared_inter = text.get("shared_expert_intermediate_size")
+        shared_inter = geometry.text_config.get("shared_expert_intermediate_size")
         if not isinstance(shared_inter, int):
             return None
         shared = [hidden * element, 2 * shared_inter // tp * hidden * element, hidden * shared_inter // tp * element]
-    return [experts * hidden * element, *shared, experts * 2 * (inter // tp) * hidden * element,
-            experts * hidden * (inter // tp) * element]
+    return [experts * hidden * element, *shared, *fused_experts(experts, inter // tp, hidden, element)]
 
 
 def stage_tensors(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,
