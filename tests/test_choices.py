@@ -38,10 +38,10 @@ def find(alternatives: list[dict[str, Any]], flag: str) -> dict[str, Any]:
 
 def test_may_not_fit_lists_what_fits_without_the_risk() -> None:
     args = ("--max-model-len", "4096")
-    code, doc, _ = plan("qwen2.5-7b", "--gpu", "rtx4090", "--concurrency", "32", "--", *args)
+    code, doc, _ = plan("qwen2.5-7b", "--gpu", "rtx4090", "--concurrency", "28", "--", *args)
     assert code == 0 and doc["risk"] == "may-not-fit" and len(doc["alternatives"]) >= 3
     fp8 = find(doc["alternatives"], "--kv-cache-dtype")
-    again = replanned("qwen2.5-7b", "vllm", "rtx4090", fp8, concurrency="32")
+    again = replanned("qwen2.5-7b", "vllm", "rtx4090", fp8, concurrency="28")
     assert again["fits"] and again["kv_cache_tokens"] == fp8["kv_cache_tokens"]
 
 

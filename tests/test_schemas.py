@@ -42,7 +42,7 @@ def test_the_schemas_are_valid_json_schema(name: str) -> None:
 @pytest.mark.parametrize("argv", [
     ["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--json"],
     ["plan", "qwen2.5-7b", "--gpu", "h100", "--engine", "sglang", "--json"],
-    ["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--concurrency", "32", "--json", "--", "--max-model-len", "4096"],
+    ["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--concurrency", "28", "--json", "--", "--max-model-len", "4096"],
     ["qwen2.5-7b", "--gpu", "2xrtx4090", "--dry-run", "--json", "--", "--tensor-parallel-size", "2"],
 ])
 def test_plans(argv: list[str]) -> None:
@@ -53,7 +53,7 @@ def test_plans(argv: list[str]) -> None:
 
 
 def test_may_not_fit_is_not_a_plain_yes() -> None:
-    _, doc, _ = run(["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--concurrency", "32", "--json", "--",
+    _, doc, _ = run(["plan", "qwen2.5-7b", "--gpu", "rtx4090", "--concurrency", "28", "--json", "--",
                      "--max-model-len", "4096"])
     assert doc["fits"] is False and doc["risk"] == "may-not-fit" and doc["may_not_fit"]
 

@@ -128,11 +128,35 @@ EXTENSIBLE_UTILIZATION = 1.0  # resolved_gpu_memory_utilization with the extensi
 # Pages are committed per layer segment (the default LBNHC layout is layer-outermost) in granules:
 # the driver's granularity floored at 2 MiB (utils/extensible_tensor.py:28-31), 2 MiB on NVIDIA GPUs.
 EXTENSIBLE_GRANULE_BYTES = 2 * MiB
-# Neither the sizing warmup's peak (attention and prompt logprobs at the full batch, which the
-# profile run skips) nor G is derived here: vLLM's own note on the margin (:50-63) measured the first
-# prefill of an 8B model needing over 25 % beyond its allocated peak and adversarial loads up to 45 %.
-# The band takes T up to 45 % above the profiled peak plus the graphs.
+# Before sizing, vLLM runs full-batch steps (v1/worker/gpu/warmup.py:478-545, gpu_worker.py:1080-1092):
+# max_num_batched_tokens of prefill with attention, which the profile run skips, and prompt logprobs
+# (max_logprobs, 20 by default: config/model.py:300), taken in chunks of 1,024 rows
+# (v1/worker/gpu/sample/prompt_logprob.py:19, :290-340) as head-dtype logits (model_executor/layers/
+# logits_processor.py:98-120; the top-k and per-token logprobs are a few columns, sample/logprob.py:
+# 87-140). Their allocated peak (`sizing_step`) raises T where it is above the profile's; G is the
+# same step's growth of torch's reservation from an emptied cache (warmup.py:452-477): the step's
+# allocated peak plus what fragmentation adds, which vLLM's own note on the margin (:50-63) measured
+# at over 25 % for the first prefill of an 8B model and up to 45 % under adversarial loads. The
+# band takes G up to 45 % above the step's peak (G leaves the margin as it is: only T sets it).
+# MLA adds a chunked-context step (warmup.py:531-545) not derived here, and a pinned --max-logprobs -1
+# ranks the whole vocabulary: there the band takes T itself up to 45 % above the profiled peak plus
+# the graphs, as a step not derived may reach it.
+EXTENSIBLE_RESERVE_GROWTH = 0.45
 EXTENSIBLE_TRANSIENT_GROWTH = 0.45
+PROMPT_LOGPROB_CHUNK_ROWS = 1024  # v1/worker/gpu/sample/prompt_logprob.py:19 CHUNK_SIZE
+DEFAULT_MAX_LOGPROBS = 20  # config/model.py:300
+
+
+@dataclass(frozen=True)
+class SizingStep:
+    """The allocated transient peak of the sizing warmup's full-batch step, phase by phase (bytes)."""
+
+    forward: int  # the layers' peak, as the profile's V2 forward (MLP intermediates), or attention's if larger
+    logprobs: int  # the model's output hidden states beside one chunk of prompt-logprob logits (0 if none)
+
+    @property
+    def bytes(self) -> int:
+        return max(self.forward, self.logprobs)
 
 
 @dataclass(frozen=True)
@@ -140,10 +164,11 @@ class ExtensibleKv:
     """What 0.34's extensible KV cache leaves for the KV pages, and what it keeps free (bytes)."""
 
     kv_bytes: int  # before the granule rounding of the pages (`extensible_pages`)
-    transient: int  # T: the profile run's transient peak plus the graphs' estimate
+    transient: int  # T: the profile run's transient peak plus the graphs' estimate, or the sizing step's if higher
     margin: int  # max(1 GiB, 0.75 x T)
     capped: bool  # the utilization's cap binds, not the free memory less the margin
-    error_bytes: int  # +/- from T's unverified growth (and the margin that follows it)
+    error_bytes: int  # +/- from G above the sizing step's peak (or T's growth where the step is not derived)
+    step: SizingStep | None = None  # the sizing warmup's full-batch step, where derived
 
 
 # Terms of the profile peak that stay allocated after it (the fused-MoE workspace, vllm/model_executor/layers/
@@ -173,19 +198,54 @@ def extensible_margin(transient: int) -> int:
     return max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(transient * EXTENSIBLE_MARGIN_FRACTION))
 
 
+def sizing_step(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int = 2,
+                max_logprobs: int = DEFAULT_MAX_LOGPROBS, max_model_len: int | None = None) -> SizingStep | None:
+    """The full-batch sizing step's allocated peak (warmup.py:478-530), or None where it is not derived
+    (MLA's context step, --max-logprobs -1). Attention runs this time: at its call the residual, the
+    normed input, q/k/v and the output are alive, below the MLP's intermediates for every layout the
+    profile's forward covers, but taken where larger. Prompt logprobs: the hidden states of every
+    token stay alive while each 1,024-row chunk's logits are made (on the rank's vocabulary shard,
+    gathered whole at TP > 1; Gemma 2's soft cap holds two whole copies at a time). Where max_model_len is
+    below the batch, the logprobs are asked on one prompt of that length (warmup.py:497-515)."""
+    if geometry.mla is not None or max_logprobs < 0:
+        return None
+    t, h, tp = batched_tokens, geometry.hidden_size, max(tp, 1)
+    forward = _v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
+    q = geometry.num_attention_heads * geometry.head_dim // tp
+    kv = 2 * max(geometry.num_kv_heads // tp, 1) * geometry.head_dim
+    attention = act_dtype_bytes * t * (2 * h + 2 * q + kv)
+    if max_logprobs == 0:
+        return SizingStep(max(forward, attention), 0)
+    prompt = min(t, max_model_len) if max_model_len else t
+    rows, vocab = min(prompt, PROMPT_LOGPROB_CHUNK_ROWS), geometry.vocab_size
+    # At most two copies alive at once: the shard beside the gathered whole (TP > 1), then each step of the
+    # soft cap (divide, tanh, multiply, each a new tensor that frees the one before it).
+    gather = 1 + 1 / tp if tp > 1 else 1.0
+    copies = max(gather, 2.0 if geometry.text_config.get("final_logit_softcapping") else 1.0)
+    logprobs = act_dtype_bytes * prompt * h + int(act_dtype_bytes * rows * vocab * copies)
+    return SizingStep(max(forward, attention), logprobs)
+
+
 def extensible_kv(*, requested: int, free_at_init: int, resident: int, transient: int,
-                  growth: int = 0) -> ExtensibleKv:
-    """`measure_kv_cache_bytes` with T = `transient` and G = `growth` (the plan takes G <= T): `resident` is
-    everything vLLM holds after capture but the KV pages (weights, non-torch, persistent buffers, captured
-    graphs), i.e. init free - free - committed; the headroom free + committed is then init free - resident.
-    tests/data/vllm_extensible_oracle.json holds 0.34.0's own function on a grid."""
+                  growth: int = 0, step: SizingStep | None = None) -> ExtensibleKv:
+    """`measure_kv_cache_bytes` with T = `transient` raised to the sizing `step`'s peak, and G = `growth`
+    (the plan takes G <= T at the centre): `resident` is everything vLLM holds after capture but the KV
+    pages (weights, non-torch, persistent buffers, captured graphs), i.e. init free - free - committed;
+    the headroom free + committed is then init free - resident. tests/data/vllm_extensible_oracle.json
+    holds 0.34.0's own function on a grid."""
+    if step is not None:
+        transient = max(transient, step.bytes)
     margin = extensible_margin(transient)
     capped = requested < free_at_init - margin
     # Negative where the rest does not fit (vLLM clips at 0): the planner refuses it, as a negative budget before.
     kv = min(requested, free_at_init - margin) - resident - max(transient, growth)
-    grown = int(transient * (1 + EXTENSIBLE_TRANSIENT_GROWTH))
-    worse = min(requested, free_at_init - extensible_margin(grown)) - resident - grown
-    return ExtensibleKv(kv, transient, margin, capped, kv - worse)
+    if step is not None:
+        reserve = max(transient, growth, int(step.bytes * (1 + EXTENSIBLE_RESERVE_GROWTH)))
+        worse = min(requested, free_at_init - margin) - resident - reserve
+    else:
+        grown = int(transient * (1 + EXTENSIBLE_TRANSIENT_GROWTH))
+        worse = min(requested, free_at_init - extensible_margin(grown)) - resident - grown
+    return ExtensibleKv(kv, transient, margin, capped, kv - worse, step)
 
 
 def extensible_pages(kv_bytes: int, *, segments: int) -> int:
@@ -731,8 +791,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                                                ("constant", PROFILE_CONSTANT_BYTES))
         terms, error = _with_vision_forward(terms, V1_PEAK_ERROR_BYTES + mm.error_bytes, mm)
         return ProfilePeak(terms, sum(b for _, b in terms), error, "V1", encoder_rule=mm.rule)
-    intermediate = geometry.intermediate_size or 4 * h
-    forward = act_dtype_bytes * t * (3 * intermediate // max(tp, 1) + 4 * h)
+    forward = _v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
     sampler = 2 * r * v + (4 * r * v + 4 * sms * v if rules.sampler_warmup_pass else 0)
     transient = max(forward, hidden + sampler)
     penalty = 4 * num_seqs * v + 4 * num_seqs * -(-v // 32)  # vllm/v1/worker/gpu/sample/penalties.py:40
@@ -742,6 +801,12 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     terms, error = _with_vision_forward(terms, V2_PEAK_ERROR_BYTES, mm)
     return ProfilePeak(terms, sum(b for _, b in terms), error, "V2",
                        persistent_bytes=penalty if rules.budget_from_consumed else 0, encoder_rule=mm.rule)
+
+
+def _v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int) -> int:
+    """The V2 runner's forward at its MLP: the gate/up output, its activation and the hidden states around."""
+    intermediate = geometry.intermediate_size or 4 * geometry.hidden_size
+    return act_dtype_bytes * batched_tokens * (3 * intermediate // max(tp, 1) + 4 * geometry.hidden_size)
 
 
 def _with_vision_forward(terms: tuple[tuple[str, int], ...], error: int,

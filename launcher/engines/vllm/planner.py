@@ -526,7 +526,16 @@ class _Sizing:
         return vb.extensible_kv(requested=self.requested, free_at_init=self.free_at_init,
                                 resident=self.weights + self.segment_bytes + self.non_torch + kept + self.cudagraph
                                 + workspaces,
-                                transient=peak.total_bytes - (kept - peak.persistent_bytes) + self.cudagraph)
+                                transient=peak.total_bytes - (kept - peak.persistent_bytes) + self.cudagraph,
+                                step=self.sizing_step_at(length))
+
+    def sizing_step_at(self, length: int) -> vb.SizingStep | None:
+        """The sizing warmup's full-batch step at this length (0.34: budget.py sizing_step)."""
+        pinned = self.setup.pinned
+        return vb.sizing_step(self.geometry, batched_tokens=self.peak_at(length)[0], tp=self.setup.tp,
+                              act_dtype_bytes=ELEMENT_BYTES.get(self.setup.dtype, 2),
+                              max_logprobs=int(pinned.get("--max-logprobs", vb.DEFAULT_MAX_LOGPROBS)),
+                              max_model_len=length)
 
     def workspaces_at(self, length: int) -> tuple[int, str]:
         """(bytes, rule) of the attention workspaces vLLM allocates after the profile run, at this length."""
@@ -565,7 +574,8 @@ class _Sizing:
             return capped_total + estimated
         # Below the cap the free memory at init bounds it: the whole total's error (a catalog card's free
         # memory is its total) and the CUDA context's. The graphs' estimate is counted twice (captured, and
-        # in T), the margin follows T, and T may grow (EXTENSIBLE_TRANSIENT_GROWTH); the band's ends lose up to
+        # in T), the margin follows T, and G may exceed it (or T grow, where the sizing step is not derived:
+        # `sized.error_bytes`, budget.py extensible_kv); the band's ends lose up to
         # a granule per layer segment to the pages' rounding, as the centre does.
         sized = self.extensible_at(length)
         follows = vb.EXTENSIBLE_MARGIN_FRACTION if sized.margin > vb.EXTENSIBLE_MARGIN_FLOOR_BYTES else 0.0
@@ -1189,9 +1199,16 @@ def _kept_free_items(sizing: _Sizing, length: int, kv: int) -> tuple[BudgetItem,
              f"margin max(1 GiB, 0.75 x T) = {format_gib(sized.margin)} below the free memory")
     workspaces, rule = sizing.workspaces_at(length)
     held = f"; {rule} {format_gib(workspaces)}" if workspaces else ""
+    step = sized.step
+    t_rule = ("T = max(activation peak + graphs' estimate, the sizing warmup's full-batch step "
+              f"{format_gib(step.bytes)}{' (its prompt-logprob chunk)' if step.logprobs > step.forward else ''})"
+              if step is not None else "T = activation peak + graphs' estimate")
+    g_rule = (f"; torch's reservation growth over that step up to {vb.EXTENSIBLE_RESERVE_GROWTH:.0%} above its peak "
+              "in the band (warmup.py:452-477)" if step is not None else
+              f"; T up to {vb.EXTENSIBLE_TRANSIENT_GROWTH:.0%} higher in the band (a warmup step not derived here)")
     return (BudgetItem("kept_free", "kept free after warmup", budget.requested - counted, FORMULA,
-                       f"vLLM {sizing.setup.rules.version} extensible KV cache: T = activation peak + graphs' "
-                       f"estimate = {format_gib(sized.transient)} kept for transients; {limit}{held}; KV pages in "
+                       f"vLLM {sizing.setup.rules.version} extensible KV cache: {t_rule} "
+                       f"= {format_gib(sized.transient)} kept for transients{g_rule}; {limit}{held}; KV pages in "
                        f"whole {vb.EXTENSIBLE_GRANULE_BYTES >> 20} MiB granules per layer "
                        "(v1/worker/extensible_kv_cache.py:592-617, :305-318)", bar="activations",
                        error_bytes=sized.error_bytes),)

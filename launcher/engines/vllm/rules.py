@@ -290,6 +290,8 @@ FLAGS = (
     FlagSpec("--kv-cache-dtype", str),
     # processed_logits / processed_logprobs keep the sort in the profile's sampler (budget.py uses_flashinfer_sampler).
     FlagSpec("--logprobs-mode", str),
+    # The sizing warmup's prompt logprobs (budget.py sizing_step): 0 none, -1 the whole vocabulary.
+    FlagSpec("--max-logprobs", int),
     FlagSpec("--kv-cache-memory-bytes", positive(human_int)),
     FlagSpec("--block-size", positive_int),
     FlagSpec("--tensor-parallel-size", positive_int, aliases=("-tp",)),

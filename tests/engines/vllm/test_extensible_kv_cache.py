@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from launcher.common.errors import WontFit
-from launcher.common.units import GiB, MiB
+from launcher.common.units import GiB, MiB, format_gib
 from launcher.engines.vllm import budget as vb
 from launcher.model.catalog import hypothetical_gpus
-from launcher.model.resolve import resolve_model
+from launcher.model.config import geometry_from_config
+from launcher.model.resolve import ResolvedModel, resolve_model
 from launcher.plan.planner import make_plan
 from launcher.plan.types import Plan, PlanRequest
 
@@ -73,6 +74,101 @@ class TestTheEnginesOwnArithmetic:
         assert capped.capped and capped.kv_bytes == 28 * GiB
         # T 45 % higher (2.9 GiB), margin 2.175 GiB: 2.2 GiB less at the band's far end
         assert abs(sized.error_bytes - int(1.575 * GiB)) <= 2  # 54.5 - (78 - 2.175 - 20 - 2.9)
+
+
+class TestTheSizingStep:
+    """0.34 sizes the cache after a full-batch step with attention and prompt logprobs (warmup.py:478-545):
+    its allocated peak can raise T, and torch's reservation growth G over it is only bounded (the band)."""
+
+    def test_qwen25_7b_phases_by_hand(self) -> None:
+        """8,192 tokens, hidden 3,584, intermediate 18,944, 28 q / 4 kv heads of 128, vocabulary 152,064."""
+        step = vb.sizing_step(resolve_model("qwen2.5-7b").geometry, batched_tokens=8192, tp=1)
+        assert step is not None
+        assert step.forward == 2 * 8192 * (3 * 18_944 + 4 * 3584)  # the MLP's, above attention's 2 x 8192 x 15,360
+        assert step.logprobs == 2 * 8192 * 3584 + 2 * 1024 * 152_064  # hidden states + one 1,024-row chunk
+        assert step.bytes == step.forward
+
+    def test_tensor_parallel_gathers_the_chunk(self) -> None:
+        step = vb.sizing_step(resolve_model("qwen2.5-7b").geometry, batched_tokens=8192, tp=2)
+        assert step is not None
+        assert step.logprobs == 2 * 8192 * 3584 + 2 * 1024 * 152_064 * 3 // 2  # shard + gathered whole
+        assert step.forward == 2 * 8192 * (3 * 18_944 // 2 + 4 * 3584)
+
+    def test_a_short_length_asks_logprobs_on_one_prompt_of_that_length(self) -> None:
+        """max_model_len 512 below the batch of 8,192: one prompt of 512 tokens carries the logprobs, 512 rows."""
+        step = vb.sizing_step(resolve_model("qwen2.5-7b").geometry, batched_tokens=8192, tp=1, max_model_len=512)
+        assert step is not None
+        assert step.logprobs == 2 * 512 * 3584 + 2 * 512 * 152_064
+
+    def test_a_soft_cap_holds_two_copies_at_a_time(self) -> None:
+        """Gemma 2 (final_logit_softcapping 30): logits / cap, tanh, x cap each make a new tensor and free the one
+        before: two chunks of 1,024 x 256,000 alive at once, also at TP 2 (shard + whole is 1.5)."""
+        geometry = resolve_model("gemma-2-9b").geometry
+        for tp in (1, 2):
+            step = vb.sizing_step(geometry, batched_tokens=2048, tp=tp)
+            assert step is not None
+            assert step.logprobs == 2 * 2048 * 3584 + 2 * 1024 * 256_000 * 2
+
+    def test_max_logprobs_0_has_no_chunk_and_minus_1_or_mla_is_not_derived(self) -> None:
+        geometry = resolve_model("qwen2.5-7b").geometry
+        step = vb.sizing_step(geometry, batched_tokens=8192, tp=1, max_logprobs=0)
+        assert step is not None and step.logprobs == 0
+        assert vb.sizing_step(geometry, batched_tokens=8192, tp=1, max_logprobs=-1) is None
+        assert vb.sizing_step(resolve_model("deepseek-v2-lite").geometry, batched_tokens=8192, tp=1) is None
+
+    def test_g_bounded_above_the_step_leaves_the_margin(self) -> None:
+        """T 1 GiB, step 2 GiB: T becomes 2 GiB (margin 1.5); G up to 2.9 GiB costs 0.9 GiB at the far end, the
+        margin unchanged (measure_kv_cache_bytes keeps max(T, G), the margin from T alone)."""
+        step = vb.SizingStep(forward=2 * GiB, logprobs=0)
+        sized = vb.extensible_kv(requested=80 * GiB, free_at_init=78 * GiB, resident=20 * GiB, transient=GiB,
+                                 step=step)
+        assert (sized.transient, sized.margin) == (2 * GiB, int(1.5 * GiB))
+        assert sized.kv_bytes == 78 * GiB - int(1.5 * GiB) - 20 * GiB - 2 * GiB
+        assert abs(sized.error_bytes - int(0.9 * GiB)) <= 1
+
+    def test_graphs_in_t_cover_the_growth(self) -> None:
+        """T 3 GiB (the graphs' estimate in it), step 1 GiB: G up to 1.45 GiB stays below T, no band from it;
+        without the step derived (MLA), T itself may grow 45 % and the margin with it."""
+        derived = vb.extensible_kv(requested=80 * GiB, free_at_init=78 * GiB, resident=20 * GiB,
+                                   transient=3 * GiB, step=vb.SizingStep(forward=GiB, logprobs=0))
+        assert derived.error_bytes == 0
+        bounded = vb.extensible_kv(requested=80 * GiB, free_at_init=78 * GiB, resident=20 * GiB, transient=3 * GiB)
+        assert abs(bounded.error_bytes - int(1.35 * GiB * 1.75)) <= 2
+
+    def test_qwen25_7b_plan_narrows_and_says_why(self) -> None:
+        """On an H100 the graphs' estimate (0.83 GiB) keeps T above 1.45 x the step: the band loses the 45 %
+        growth of T and its margin (+/- 3.55 GiB before this term was derived, 2.05 now)."""
+        p = plan()
+        row = next(item for item in p.budget if item.key == "kept_free")
+        assert "sizing warmup's full-batch step 1.09 GiB" in row.detail
+        assert row.error_bytes == 0
+        band = (p.kv_cache_bytes_high - p.kv_cache_bytes_low) / 2
+        assert 1.9 * GiB < band < 2.2 * GiB
+
+    def test_a_pinned_minus_1_keeps_the_wider_band(self) -> None:
+        narrow, wide = plan(), plan(args=("--max-logprobs", "-1"))
+        assert wide.kv_cache_bytes == narrow.kv_cache_bytes
+        assert (wide.kv_cache_bytes_high - wide.kv_cache_bytes_low) - \
+            (narrow.kv_cache_bytes_high - narrow.kv_cache_bytes_low) > 2 * GiB
+        row = next(item for item in wide.budget if item.key == "kept_free")
+        assert "not derived" in row.detail
+
+    def test_eager_with_few_sequences_the_chunk_raises_t(self) -> None:
+        """Gemma 3 1B (vocabulary 262,208, hidden 1,152), eager, 8 sequences: the profile peaks at its forward,
+        2 x 8,192 x (3 x 6,912 + 4 x 1,152) = 396 MiB, its sampler over 8 rows small; the sizing step's
+        prompt-logprob chunk, 1,024 rows x 262,208 x 2 B beside 8,192 x 1,152 x 2 B of hidden states = 530 MiB,
+        is then T, and the margin's floor (1 GiB) still binds."""
+        config = json.loads((Path(__file__).resolve().parents[2] / "data" / "configs" / "gemma-3-1b-it.json")
+                            .read_text())
+        model = ResolvedModel(name="google/gemma-3-1b-it", source="local", geometry=geometry_from_config(config),
+                              weight_bytes=2 * 10**9, weight_bytes_source="test", config=config)
+        p = make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["h100"]), engine_version="0.34.0",
+                                  engine_args=("--enforce-eager", "--max-num-seqs", "8")))
+        row = next(item for item in p.budget if item.key == "kept_free")
+        chunk = 2 * 1024 * 262_208 + 2 * 8192 * 1152
+        assert chunk > 2 * 8192 * (3 * 6912 + 4 * 1152)
+        assert f"step {format_gib(chunk)} (its prompt-logprob chunk)) = {format_gib(chunk)}" in row.detail
+        assert abs(row.error_bytes - int(0.45 * chunk)) <= 1  # no graphs in T: G's bound is the band
 
 
 class TestThePlan:
