@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import fnmatch
+import itertools
 import json
 import math
 import re
@@ -138,13 +139,18 @@ EXTENSIBLE_GRANULE_BYTES = 2 * MiB
 # allocated peak plus what fragmentation adds, which vLLM's own note on the margin (:50-63) measured
 # at over 25 % for the first prefill of an 8B model and up to 45 % under adversarial loads. The
 # band takes G up to 45 % above the step's peak (G leaves the margin as it is: only T sets it).
-# MLA adds a chunked-context step (warmup.py:531-545) not derived here, and a pinned --max-logprobs -1
-# ranks the whole vocabulary: there the band takes T itself up to 45 % above the profiled peak plus
-# the graphs, as a step not derived may reach it.
+# MLA models then run a step over one workspace of cached context (warmup.py:531-545, `run_context_prefill_
+# warmup` :378-420), which up-projects it chunk by chunk (`mla_context_step`). A pinned --max-logprobs -1
+# ranks the whole vocabulary, and decode context parallelism gathers MLA's context across ranks: those
+# steps are not derived, and there the band takes T itself up to 45 % above the profiled peak plus the
+# graphs, as such a step may reach it.
 EXTENSIBLE_RESERVE_GROWTH = 0.45
 EXTENSIBLE_TRANSIENT_GROWTH = 0.45
 PROMPT_LOGPROB_CHUNK_ROWS = 1024  # v1/worker/gpu/sample/prompt_logprob.py:19 CHUNK_SIZE
 DEFAULT_MAX_LOGPROBS = 20  # config/model.py:300
+# MLA's chunked-context workspace rows: min(max(8 x max_model_len, 4 x max_num_seqs x block), 64k), rounded up
+# to the block (model_executor/layers/attention/mla_attention.py:2534-2559, :2218-2230).
+MLA_CONTEXT_WORKSPACE_CAP = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -153,10 +159,16 @@ class SizingStep:
 
     forward: int  # the layers' peak, as the profile's V2 forward (MLP intermediates), or attention's if larger
     logprobs: int  # the model's output hidden states beside one chunk of prompt-logprob logits (0 if none)
+    context: int = 0  # MLA: the context step's up-projected chunks (mla_context_step)
 
     @property
     def bytes(self) -> int:
-        return max(self.forward, self.logprobs)
+        return max(self.forward, self.logprobs, self.context)
+
+    @property
+    def phase(self) -> str:
+        return ("MLA's context up-projection" if self.context >= max(self.forward, self.logprobs) else
+                "its prompt-logprob chunk" if self.logprobs > self.forward else "its forward")
 
 
 @dataclass(frozen=True)
@@ -199,23 +211,26 @@ def extensible_margin(transient: int) -> int:
 
 
 def sizing_step(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int = 2,
-                max_logprobs: int = DEFAULT_MAX_LOGPROBS, max_model_len: int | None = None) -> SizingStep | None:
-    """The full-batch sizing step's allocated peak (warmup.py:478-530), or None where it is not derived
-    (MLA's context step, --max-logprobs -1). Attention runs this time: at its call the residual, the
+                max_logprobs: int = DEFAULT_MAX_LOGPROBS, max_model_len: int | None = None,
+                max_num_seqs: int = 1024, block: int = 16, dcp: int = 1) -> SizingStep | None:
+    """The sizing steps' allocated peak (warmup.py:478-545), or None where it is not derived (--max-logprobs
+    -1; MLA under decode context parallelism). Attention runs this time: at its call the residual, the
     normed input, q/k/v and the output are alive, below the MLP's intermediates for every layout the
     profile's forward covers, but taken where larger. Prompt logprobs: the hidden states of every
     token stay alive while each 1,024-row chunk's logits are made (on the rank's vocabulary shard,
     gathered whole at TP > 1; Gemma 2's soft cap holds two whole copies at a time). Where max_model_len is
     below the batch, the logprobs are asked on one prompt of that length (warmup.py:497-515)."""
-    if geometry.mla is not None or max_logprobs < 0:
+    if max_logprobs < 0 or (geometry.mla is not None and dcp > 1):
         return None
     t, h, tp = batched_tokens, geometry.hidden_size, max(tp, 1)
+    context = mla_context_step(geometry, tp=tp, max_model_len=max_model_len or t, max_num_seqs=max_num_seqs,
+                               batched_tokens=t, block=block, act_dtype_bytes=act_dtype_bytes)
     forward = _v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
     q = geometry.num_attention_heads * geometry.head_dim // tp
     kv = 2 * max(geometry.num_kv_heads // tp, 1) * geometry.head_dim
     attention = act_dtype_bytes * t * (2 * h + 2 * q + kv)
     if max_logprobs == 0:
-        return SizingStep(max(forward, attention), 0)
+        return SizingStep(max(forward, attention), 0, context)
     prompt = min(t, max_model_len) if max_model_len else t
     rows, vocab = min(prompt, PROMPT_LOGPROB_CHUNK_ROWS), geometry.vocab_size
     # At most two copies alive at once: the shard beside the gathered whole (TP > 1), then each step of the
@@ -223,7 +238,59 @@ def sizing_step(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dt
     gather = 1 + 1 / tp if tp > 1 else 1.0
     copies = max(gather, 2.0 if geometry.text_config.get("final_logit_softcapping") else 1.0)
     logprobs = act_dtype_bytes * prompt * h + int(act_dtype_bytes * rows * vocab * copies)
-    return SizingStep(max(forward, attention), logprobs)
+    return SizingStep(max(forward, attention), logprobs, context)
+
+
+def mla_context_step(geometry: ModelGeometry, *, tp: int, max_model_len: int, max_num_seqs: int,
+                     batched_tokens: int, block: int, act_dtype_bytes: int = 2) -> int:
+    """The allocated peak of MLA's context step (0.34.0 v1/worker/gpu/warmup.py:378-420): requests of
+    min(max_model_len - 3, W) cached tokens, as many as fill the workspace of W rows (at most max_num_seqs and
+    max_num_batched_tokens / 2 of them), packed greedily into chunks of at most W rows split on the block
+    (mla_attention.py:2147-2210). Each chunk up-projects its rows through kv_b_proj, [rows, heads, nope + v],
+    and builds k, [rows, heads, nope + rope] (:3254-3270); the next chunk's are made while the previous
+    chunk's are still bound (:3198), so two chunks' tensors overlap at the boundary."""
+    mla = geometry.mla
+    if mla is None:
+        return 0
+    heads = max(geometry.num_attention_heads // max(tp, 1), 1)
+    workspace = min(max(8 * max_model_len, 4 * max_num_seqs * block), MLA_CONTEXT_WORKSPACE_CAP)
+    workspace = -(-max(workspace, block) // block) * block
+    query = 2  # decode_query_len + 1 without speculative decoding
+    context = min(max_model_len - query - 1, workspace)
+    if context <= 0:
+        return 0
+    requests = min(-(-workspace // context), max_num_seqs, batched_tokens // query)
+    chunks = _context_chunks([context] * requests, workspace, block)
+    kv_row = heads * (mla.qk_nope_head_dim + mla.v_head_dim) * act_dtype_bytes
+    k_row = heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim) * act_dtype_bytes if mla.qk_rope_head_dim else 0
+    peak = chunks[0] * (kv_row + k_row)
+    for before, rows in itertools.pairwise(chunks):
+        peak = max(peak, before * (kv_row + k_row) + rows * kv_row, rows * (kv_row + k_row) + before * k_row)
+    return peak
+
+
+def _context_chunks(context_lens: list[int], budget: int, alignment: int) -> list[int]:
+    """Rows per chunk of `plan_mla_context_chunks` without decode context parallelism (mla_attention.py:2147-2210):
+    requests packed in order; one that does not fit the rows left is split at the largest block-aligned length
+    that fits (and below its own length), the rest carried to the next chunk."""
+    chunks: list[int] = []
+    request, start = 0, 0
+    while request < len(context_lens):
+        rows = 0
+        while request < len(context_lens):
+            remaining = context_lens[request] - start
+            if rows + remaining > budget:
+                split = min(budget - rows, (remaining - 1) // alignment * alignment) // alignment * alignment
+                if split > 0:
+                    rows += split
+                    start += split
+                break
+            rows += remaining
+            request, start = request + 1, 0
+        if rows == 0:  # nothing fit (cannot happen with a budget of whole blocks); stop rather than loop
+            break
+        chunks.append(rows)
+    return chunks or [0]
 
 
 def extensible_kv(*, requested: int, free_at_init: int, resident: int, transient: int,

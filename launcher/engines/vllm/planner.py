@@ -532,10 +532,12 @@ class _Sizing:
     def sizing_step_at(self, length: int) -> vb.SizingStep | None:
         """The sizing warmup's full-batch step at this length (0.34: budget.py sizing_step)."""
         pinned = self.setup.pinned
-        return vb.sizing_step(self.geometry, batched_tokens=self.peak_at(length)[0], tp=self.setup.tp,
+        batched, seqs, _ = self.peak_at(length)
+        return vb.sizing_step(self.geometry, batched_tokens=batched, tp=self.setup.tp,
                               act_dtype_bytes=ELEMENT_BYTES.get(self.setup.dtype, 2),
                               max_logprobs=int(pinned.get("--max-logprobs", vb.DEFAULT_MAX_LOGPROBS)),
-                              max_model_len=length)
+                              max_model_len=length, max_num_seqs=seqs, block=self.setup.block,
+                              dcp=vcp.dcp_size(pinned))
 
     def workspaces_at(self, length: int) -> tuple[int, str]:
         """(bytes, rule) of the attention workspaces vLLM allocates after the profile run, at this length."""
@@ -1200,11 +1202,11 @@ def _kept_free_items(sizing: _Sizing, length: int, kv: int) -> tuple[BudgetItem,
     workspaces, rule = sizing.workspaces_at(length)
     held = f"; {rule} {format_gib(workspaces)}" if workspaces else ""
     step = sized.step
-    t_rule = ("T = max(activation peak + graphs' estimate, the sizing warmup's full-batch step "
-              f"{format_gib(step.bytes)}{' (its prompt-logprob chunk)' if step.logprobs > step.forward else ''})"
-              if step is not None else "T = activation peak + graphs' estimate")
-    g_rule = (f"; torch's reservation growth over that step up to {vb.EXTENSIBLE_RESERVE_GROWTH:.0%} above its peak "
-              "in the band (warmup.py:452-477)" if step is not None else
+    t_rule = ("T = max(activation peak + graphs' estimate, the sizing warmup's steps "
+              f"{format_gib(step.bytes)} ({step.phase}))" if step is not None else
+              "T = activation peak + graphs' estimate")
+    g_rule = (f"; torch's reservation growth over those steps up to {vb.EXTENSIBLE_RESERVE_GROWTH:.0%} above their "
+              "peak in the band (warmup.py:452-477)" if step is not None else
               f"; T up to {vb.EXTENSIBLE_TRANSIENT_GROWTH:.0%} higher in the band (a warmup step not derived here)")
     return (BudgetItem("kept_free", "kept free after warmup", budget.requested - counted, FORMULA,
                        f"vLLM {sizing.setup.rules.version} extensible KV cache: {t_rule} "

@@ -109,12 +109,33 @@ class TestTheSizingStep:
             assert step is not None
             assert step.logprobs == 2 * 2048 * 3584 + 2 * 1024 * 256_000 * 2
 
-    def test_max_logprobs_0_has_no_chunk_and_minus_1_or_mla_is_not_derived(self) -> None:
+    def test_max_logprobs_0_has_no_chunk_and_minus_1_or_mla_under_dcp_is_not_derived(self) -> None:
         geometry = resolve_model("qwen2.5-7b").geometry
         step = vb.sizing_step(geometry, batched_tokens=8192, tp=1, max_logprobs=0)
         assert step is not None and step.logprobs == 0
         assert vb.sizing_step(geometry, batched_tokens=8192, tp=1, max_logprobs=-1) is None
-        assert vb.sizing_step(resolve_model("deepseek-v2-lite").geometry, batched_tokens=8192, tp=1) is None
+        mla = resolve_model("deepseek-v2-lite").geometry
+        assert vb.sizing_step(mla, batched_tokens=8192, tp=2, dcp=2) is None
+        assert vb.sizing_step(geometry, batched_tokens=8192, tp=2, dcp=2) is not None  # DCP matters to MLA only
+
+    def test_mla_context_step_by_hand(self) -> None:
+        """DeepSeek-V2-Lite (16 heads, nope 128, v 128, rope 64) at max_model_len 8,192, 1,024 sequences, block 16:
+        W = min(max(8 x 8,192, 4 x 1,024 x 16), 64k) = 65,536 rows; 9 requests of 8,189 cached tokens; the first
+        chunk takes 8 whole and 16 rows of the ninth (block-aligned), 65,528 rows, the second the 8,173 left.
+        At the boundary the first chunk's kv (8,192 B a row) and k (6,144 B) beside the second's kv."""
+        mla = resolve_model("deepseek-v2-lite").geometry
+        got = vb.mla_context_step(mla, tp=1, max_model_len=8192, max_num_seqs=1024, batched_tokens=8192, block=16)
+        assert got == 65_528 * (8192 + 6144) + 8173 * 8192
+        # one request of the whole workspace where the length allows it: W rows, one chunk
+        long = vb.mla_context_step(mla, tp=1, max_model_len=163_840, max_num_seqs=1024, batched_tokens=8192,
+                                   block=64)
+        assert long == 65_536 * (8192 + 6144)
+        # heads split by TP
+        assert vb.mla_context_step(mla, tp=2, max_model_len=163_840, max_num_seqs=1024, batched_tokens=8192,
+                                   block=64) == long // 2
+        step = vb.sizing_step(mla, batched_tokens=8192, tp=1, max_model_len=8192, block=16)
+        assert step is not None and step.context == got and step.bytes == got
+        assert step.phase == "MLA's context up-projection"
 
     def test_g_bounded_above_the_step_leaves_the_margin(self) -> None:
         """T 1 GiB, step 2 GiB: T becomes 2 GiB (margin 1.5); G up to 2.9 GiB costs 0.9 GiB at the far end, the
@@ -128,7 +149,7 @@ class TestTheSizingStep:
 
     def test_graphs_in_t_cover_the_growth(self) -> None:
         """T 3 GiB (the graphs' estimate in it), step 1 GiB: G up to 1.45 GiB stays below T, no band from it;
-        without the step derived (MLA), T itself may grow 45 % and the margin with it."""
+        without the steps derived (--max-logprobs -1, MLA under DCP), T itself may grow 45 % and the margin with it."""
         derived = vb.extensible_kv(requested=80 * GiB, free_at_init=78 * GiB, resident=20 * GiB,
                                    transient=3 * GiB, step=vb.SizingStep(forward=GiB, logprobs=0))
         assert derived.error_bytes == 0
@@ -140,10 +161,19 @@ class TestTheSizingStep:
         growth of T and its margin (+/- 3.55 GiB before this term was derived, 2.05 now)."""
         p = plan()
         row = next(item for item in p.budget if item.key == "kept_free")
-        assert "sizing warmup's full-batch step 1.09 GiB" in row.detail
+        assert "sizing warmup's steps 1.09 GiB (its forward)" in row.detail
         assert row.error_bytes == 0
         band = (p.kv_cache_bytes_high - p.kv_cache_bytes_low) / 2
         assert 1.9 * GiB < band < 2.2 * GiB
+
+    def test_deepseek_v2_lite_plan_takes_the_context_step(self) -> None:
+        """On an H100 at its 163,840-token length: one request of the 64k workspace, 16 heads, 0.88 GiB, below
+        T (1.94 GiB with the graphs), so neither T nor the band moves for it; under DCP 2 the older rule."""
+        p = plan(model="deepseek-v2-lite")
+        row = next(item for item in p.budget if item.key == "kept_free")
+        assert "steps 0.88 GiB (MLA's context up-projection)" in row.detail and row.error_bytes == 0
+        dcp = plan(model="deepseek-v2-lite", args=("-tp", "2", "-dcp", "2"), gpus=hypothetical_gpus(["2xh100"]))
+        assert "not derived" in next(item for item in dcp.budget if item.key == "kept_free").detail
 
     def test_a_pinned_minus_1_keeps_the_wider_band(self) -> None:
         narrow, wide = plan(), plan(args=("--max-logprobs", "-1"))
@@ -167,7 +197,7 @@ class TestTheSizingStep:
         row = next(item for item in p.budget if item.key == "kept_free")
         chunk = 2 * 1024 * 262_208 + 2 * 8192 * 1152
         assert chunk > 2 * 8192 * (3 * 6912 + 4 * 1152)
-        assert f"step {format_gib(chunk)} (its prompt-logprob chunk)) = {format_gib(chunk)}" in row.detail
+        assert f"steps {format_gib(chunk)} (its prompt-logprob chunk)) = {format_gib(chunk)}" in row.detail
         assert abs(row.error_bytes - int(0.45 * chunk)) <= 1  # no graphs in T: G's bound is the band
 
 
