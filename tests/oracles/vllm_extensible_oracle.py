@@ -10,7 +10,11 @@ from the file by name, with the module's margin constants as CUDA evaluates them
 GPU, torch or compiled extension is needed. tests/engines/vllm/test_extensible_kv_cache.py replays
 every case through launcher/engines/vllm/budget.py. The same for 0.34's CUDA-graph capture grids
 (`prefill_cudagraph_capture_grid`, `decode_cudagraph_capture_grid` and their `_walk_grid`,
-config/compilation.py), which the CUDA-graph term counts (budget.py `graph_sizes`).
+config/compilation.py), which the CUDA-graph term counts (budget.py `graph_sizes`). And MLA's context
+sizing step: `determine_chunked_prefill_workspace_size` with `align_mla_chunked_context_workspace_size` (the
+workspace rows) and `plan_mla_context_chunks` (how the cached context is packed into chunks), from
+model_executor/layers/attention/mla_attention.py, over a grid of lengths, sequences and blocks, with the
+requests `run_context_prefill_warmup` (v1/worker/gpu/warmup.py) builds (budget.py `mla_context_step`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 GiB, MiB = 1 << 30, 1 << 20
 FILE = "v1/worker/extensible_kv_cache.py"
 GRIDS = "config/compilation.py"
+MLA = "model_executor/layers/attention/mla_attention.py"
 
 
 def _source_of(tree: ast.Module, text: str, name: str, within: str | None = None) -> str:
@@ -46,6 +51,55 @@ def load_grids(vllm_dir: Path) -> tuple[dict[str, Any], str]:
     for name in ("_walk_grid", "prefill_cudagraph_capture_grid", "decode_cudagraph_capture_grid"):
         exec(_source_of(tree, text, name), scope)  # noqa: S102
     return scope, hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_mla(vllm_dir: Path) -> tuple[dict[str, Any], str]:
+    """The release's MLA workspace and chunk-planning functions (pure arithmetic), and the file's SHA-256."""
+    import math
+    from dataclasses import dataclass
+
+    text = (vllm_dir / MLA).read_text()
+    tree = ast.parse(text)
+    scope: dict[str, Any] = {
+        "math": math, "lcm": math.lcm, "Callable": object, "dataclass": dataclass,
+        "cdiv": lambda a, b: -(-a // b), "round_down": lambda x, y: (x // y) * y,
+        "round_up": lambda x, y: ((x + y - 1) // y) * y,
+    }
+    (plan_class,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_ContextChunkPlan"]
+    exec("@dataclass\n" + (ast.get_source_segment(text, plan_class) or ""), scope)  # noqa: S102
+    for name in ("align_mla_chunked_context_workspace_size", "plan_mla_context_chunks"):
+        exec(_source_of(tree, text, name), scope)  # noqa: S102
+    exec(_source_of(tree, text, "determine_chunked_prefill_workspace_size", within="MLACommonMetadataBuilder")
+         .replace("@staticmethod\n", ""), scope)  # noqa: S102
+    return scope, hashlib.sha256(text.encode()).hexdigest()
+
+
+def _config(max_model_len: int, max_num_seqs: int, block: int) -> Any:
+    """The attributes the workspace functions read from a VllmConfig (no decode context parallelism)."""
+    ns = argparse.Namespace
+    return ns(scheduler_config=ns(max_num_seqs=max_num_seqs), cache_config=ns(block_size=block),
+              model_config=ns(max_model_len=max_model_len),
+              parallel_config=ns(decode_context_parallel_size=1, cp_kv_cache_interleave_size=1))
+
+
+def mla_cases(scope: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per (length, sequences, block, batched tokens): the workspace rows and the rows of each context chunk of
+    the warmup's requests, as `run_context_prefill_warmup` builds them (query 2 tokens, no speculative decoding;
+    its KV-block cap is left out: the plan assumes the blocks are there) and `plan_mla_context_chunks` packs them
+    (block-aligned splits, identity padding without DCP)."""
+    out = []
+    for length, seqs, block, batched in itertools.product(
+            (512, 4096, 8192, 8189, 43_904, 65_536, 163_840), (8, 256, 1024), (16, 64), (2048, 8192)):
+        workspace = int(scope["determine_chunked_prefill_workspace_size"](_config(length, seqs, block)))
+        query = 2
+        context = min(length - query - 1, workspace)
+        requests = min(-(-workspace // context), seqs, batched // query)
+        plans = scope["plan_mla_context_chunks"]([context] * requests, workspace, (workspace // block) * block,
+                                                  block, lambda rows: rows)
+        out.append(dict(max_model_len=length, max_num_seqs=seqs, block=block, batched_tokens=batched,
+                        workspace=workspace, context=context, requests=requests,
+                        chunks=[sum(plan.seq_lens) for plan in plans]))
+    return out
 
 
 def load(vllm_dir: Path) -> tuple[dict[str, Any], str]:
@@ -111,8 +165,10 @@ def main() -> None:
     args = parser.parse_args()
     scope, digest = load(args.vllm_dir)
     grids, grids_digest = load_grids(args.vllm_dir)
+    mla, mla_digest = load_mla(args.vllm_dir)
     doc = {"header": {"vllm": args.version, "file": FILE, "sha256": digest, "grids_file": GRIDS,
-                      "grids_sha256": grids_digest}, **cases(scope),
+                      "grids_sha256": grids_digest, "mla_file": MLA, "mla_sha256": mla_digest}, **cases(scope),
+           "mla_context": mla_cases(mla),
            "prefill_grid": [{"max_tokens": n, "dense_head": dense,
                              "sizes": grids["prefill_cudagraph_capture_grid"](n, dense)}
                             for n in (1, 48, 512, 1024, 2048, 8192, 16384) for dense in (False, True)],

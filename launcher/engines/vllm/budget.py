@@ -253,20 +253,29 @@ def mla_context_step(geometry: ModelGeometry, *, tp: int, max_model_len: int, ma
     if mla is None:
         return 0
     heads = max(geometry.num_attention_heads // max(tp, 1), 1)
-    workspace = min(max(8 * max_model_len, 4 * max_num_seqs * block), MLA_CONTEXT_WORKSPACE_CAP)
-    workspace = -(-max(workspace, block) // block) * block
-    query = 2  # decode_query_len + 1 without speculative decoding
-    context = min(max_model_len - query - 1, workspace)
-    if context <= 0:
-        return 0
-    requests = min(-(-workspace // context), max_num_seqs, batched_tokens // query)
-    chunks = _context_chunks([context] * requests, workspace, block)
+    chunks = mla_context_chunks(max_model_len=max_model_len, max_num_seqs=max_num_seqs, block=block,
+                                batched_tokens=batched_tokens)
     kv_row = heads * (mla.qk_nope_head_dim + mla.v_head_dim) * act_dtype_bytes
     k_row = heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim) * act_dtype_bytes if mla.qk_rope_head_dim else 0
     peak = chunks[0] * (kv_row + k_row)
     for before, rows in itertools.pairwise(chunks):
         peak = max(peak, before * (kv_row + k_row) + rows * kv_row, rows * (kv_row + k_row) + before * k_row)
     return peak
+
+
+def mla_context_chunks(*, max_model_len: int, max_num_seqs: int, block: int, batched_tokens: int) -> list[int]:
+    """Rows of each chunk of MLA's context step: the workspace W (mla_attention.py:2534-2559, :2218-2230), the
+    requests `run_context_prefill_warmup` builds (warmup.py:390-407; query 2 tokens without speculative decoding,
+    the KV blocks taken as there), packed by `_context_chunks`. tests/data/vllm_extensible_oracle.json
+    ("mla_context") holds 0.34.0's own functions over a grid."""
+    workspace = min(max(8 * max_model_len, 4 * max_num_seqs * block), MLA_CONTEXT_WORKSPACE_CAP)
+    workspace = -(-max(workspace, block) // block) * block
+    query = 2  # decode_query_len + 1 without speculative decoding
+    context = min(max_model_len - query - 1, workspace)
+    if context <= 0:
+        return [0]
+    requests = min(-(-workspace // context), max_num_seqs, batched_tokens // query)
+    return _context_chunks([context] * requests, workspace, block)
 
 
 def _context_chunks(context_lens: list[int], budget: int, alignment: int) -> list[int]:

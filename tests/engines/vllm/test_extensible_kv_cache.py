@@ -76,6 +76,22 @@ class TestTheEnginesOwnArithmetic:
         assert abs(sized.error_bytes - int(1.575 * GiB)) <= 2  # 54.5 - (78 - 2.175 - 20 - 2.9)
 
 
+class TestMlaContextChunks:
+    """MLA's context step packs the warmup's cached context into workspace-sized chunks: 0.34.0's own
+    `determine_chunked_prefill_workspace_size` and `plan_mla_context_chunks`, run from its source over a grid."""
+
+    def test_the_grid_has_both_shapes(self) -> None:
+        cases = ORACLE["mla_context"]
+        assert ORACLE["header"]["mla_file"].endswith("mla_attention.py") and len(cases) == 84
+        assert any(len(c["chunks"]) == 1 for c in cases) and any(len(c["chunks"]) > 1 for c in cases)
+
+    @pytest.mark.parametrize("case", ORACLE["mla_context"], ids=lambda c: "-".join(
+        str(c[key]) for key in ("max_model_len", "max_num_seqs", "block", "batched_tokens")))
+    def test_chunks_are_the_releases(self, case: dict[str, int]) -> None:
+        assert vb.mla_context_chunks(max_model_len=case["max_model_len"], max_num_seqs=case["max_num_seqs"],
+                                     block=case["block"], batched_tokens=case["batched_tokens"]) == case["chunks"]
+
+
 class TestTheSizingStep:
     """0.34 sizes the cache after a full-batch step with attention and prompt logprobs (warmup.py:478-545):
     its allocated peak can raise T, and torch's reservation growth G over it is only bounded (the band)."""
