@@ -16,7 +16,8 @@ fill, are half counted and half the band: 0.8 +/- 0.7 MiB for Llama-3.1-8B, 85 +
 ~0.1 +/- 0.05 GiB for the AWQ checkpoints on one card.
 
 The tensor lists are checked against the modules vLLM 0.32 builds (tests/data/vllm_params.json,
-tests/engines/vllm/test_weight_segments.py). Elsewhere the term is bounded, not derived.
+tests/engines/vllm/test_weight_segments.py): the dense decoders, Gemma 1-3 (Gemma 3's wrapper with its SigLIP
+tower on one rank) and the fused-MoE decoders. Elsewhere the term is bounded, not derived.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import functools
 from dataclasses import dataclass
 
 from launcher.common.units import MiB
+from launcher.engines.vllm.architectures import cached_layers
 from launcher.engines.vllm.kv import pp_partitions
 from launcher.model import allocator
-from launcher.model.config import ModelGeometry
+from launcher.model.config import SLIDING, ModelGeometry
 from launcher.model.linear_tensors import (
     MARLIN_WORKSPACE_BYTES,
     Scheme,
@@ -48,6 +50,12 @@ DENSE_DECODERS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForC
 # Gemma and Gemma 2 (models/gemma.py, gemma2.py; unquantized): a `normalizer` scalar buffer in the model dtype
 # ahead of the embedding, no lm_head (the embedding computes the logits), Gemma 2 four norms a layer.
 GEMMA = frozenset({"GemmaForCausalLM", "Gemma2ForCausalLM"})
+# Gemma 3 (models/gemma3.py, gemma3_mm.py; unquantized, one pipeline stage): Gemma 2's layer with q/k norms after
+# o_proj, and two rotary tables: the sliding layers' (rope_local_base_freq, max_position_embeddings rows) built by
+# the first sliding layer, the full layers' (rope_theta and its scaling) by the first full one. The wrapper builds
+# its SigLIP tower and projector first (one rank: the tower's own split under TP is not derived here).
+GEMMA3 = frozenset({"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"})
+TOWER_LAYERS_MAX = 1 << 12  # the decoder's own bound (launcher.model.config); vision_config's is not checked there
 # Fused-MoE decoders, unquantized, every layer sparse (models/qwen3_moe.py, mixtral.py, qwen2_moe.py): the router
 # [E, H], then FusedMoE's w13 [E, 2 I / T, H] and w2 [E, H, I / T] (Qwen2-MoE: its shared expert's gate, gate_up and
 # down first). Triton, vLLM's backend on Hopper, keeps those tensors; the FlashInfer kernels other cards pick first
@@ -111,11 +119,16 @@ def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers:
     parallelism, or not given): its whole experts per rank are not derived here."""
     method = scheme(geometry)
     architecture = geometry.architecture
-    gemma = architecture in GEMMA
+    gemma3 = architecture in GEMMA3 and first and last
+    gemma = architecture in GEMMA or gemma3
     moe = _moe_tensors(geometry, element=element, tp=experts_tp) if architecture in FUSED_MOE \
         and method is not None and method.name is None and experts_tp is not None else None
     if method is None or not (architecture in DENSE_DECODERS or gemma and method.name is None or moe is not None) \
-            or not geometry.intermediate_size or geometry.is_multimodal:
+            or not geometry.intermediate_size or (geometry.is_multimodal and not gemma3):
+        return None
+    tower = _siglip_tower(geometry, element=element, tp=tp) if gemma3 and geometry.is_multimodal else []
+    ropes = _gemma3_ropes(geometry, rope=rope, element=element) if gemma3 else {0: rope}
+    if tower is None or ropes is None:
         return None
     hidden = geometry.hidden_size
     qkv, out, gate_up, down = layer_linears(geometry, element, tp, method, qkv_bias(geometry))
@@ -125,9 +138,9 @@ def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers:
     if method.name is not None and method.name.startswith("fp8"):
         scalars = [SCALAR_BYTES] * KV_SCALE_PARAMETERS + [element] * KV_SCALE_PARAMETERS + scalars
     qk_norms = [geometry.head_dim * element] * 2 if architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") else []
-    norms = [hidden * element] * (4 if architecture in ("Glm4ForCausalLM", "Gemma2ForCausalLM") else 2)
+    norms = [hidden * element] * (4 if architecture in ("Glm4ForCausalLM", "Gemma2ForCausalLM") or gemma3 else 2)
     vocab = padded_vocab_rows(geometry.vocab_size, tp) * hidden * element  # the model dtype under AWQ too
-    tensors = ([element] if gemma else []) + ([vocab] if first else [])
+    tensors = tower + ([element] if gemma else []) + ([vocab] if first else [])
     linears: list[list[int]] = []
 
     def add(sizes: list[int], quantized: bool) -> None:
@@ -138,7 +151,10 @@ def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers:
     for index in range(layers):
         add(qkv, True)
         add(out, True)
-        add(([rope] if index == 0 else []) + scalars + qk_norms, False)
+        if gemma3:  # q/k norms ahead of the rope (gemma3.py Gemma3Attention)
+            add([geometry.head_dim * element] * 2 + ([ropes[index]] if index in ropes else []) + scalars, False)
+        else:
+            add(([rope] if index == 0 else []) + scalars + qk_norms, False)
         add(gate_up, True)
         add(down, True)
         add(norms, False)
@@ -146,6 +162,45 @@ def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers:
         tied = (geometry.tie_word_embeddings or gemma) and first
         tensors.extend([hidden * element] + ([] if tied else [vocab]))
     return tensors, linears if method.name is not None else []
+
+
+def _gemma3_ropes(geometry: ModelGeometry, *, rope: int, element: int) -> dict[int, int] | None:
+    """{layer: its rotary table's bytes} for the layers that build one (Gemma 3, one stage): the first sliding
+    layer the local table (max_position_embeddings x head_dim), the first full layer the rest of `rope` (the
+    two tables' total, budget.rope_tables); None where the layer kinds leave it open."""
+    kinds = cached_layers(geometry).layer_kinds
+    positions = geometry.text_config.get("max_position_embeddings")
+    if SLIDING not in kinds or not isinstance(positions, int):
+        return None
+    local = positions * geometry.head_dim * element if rope else 0
+    full = [index for index, kind in enumerate(kinds) if kind != SLIDING]
+    if rope and (not full or rope <= local):
+        return None
+    return {kinds.index(SLIDING): local, **({full[0]: rope - local} if full else {})}
+
+
+def _siglip_tower(geometry: ModelGeometry, *, element: int, tp: int) -> list[int] | None:
+    """Gemma 3's vision tower and projector tensors in creation order (models/siglip.py, gemma3_mm.py), or None
+    where not derived (TP > 1, a size missing): the patch embedding and its bias, the position embedding, its
+    position ids (int64); each layer's qkv_proj, out_proj, layer_norm1, fc1, fc2, layer_norm2 (weight, bias
+    each); the post layernorm; the projector's input projection [H_vision, H_text] and its soft-embedding norm."""
+    vision = geometry.vision_config
+    sizes = [vision.get(key) for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "image_size",
+                                         "patch_size")]
+    channels = vision.get("num_channels") or 3
+    if tp != 1 or not all(isinstance(size, int) and size > 0 for size in sizes) or not isinstance(channels, int):
+        return None
+    hidden, inter, layers, image, patch = (int(size) for size in sizes)  # type: ignore[arg-type]
+    if layers > TOWER_LAYERS_MAX:  # a stranger's config: the list below is 12 entries a layer
+        return None
+    patches = (image // patch) ** 2
+    layer = [3 * hidden * hidden * element, 3 * hidden * element, hidden * hidden * element, hidden * element,
+             hidden * element, hidden * element, inter * hidden * element, inter * element,
+             hidden * inter * element, hidden * element, hidden * element, hidden * element]
+    # siglip.py SiglipVisionEmbeddings: the patch convolution, the position embedding, then its position ids
+    # (registered first, created last; a small-pool tensor, so the order beside the large ones changes nothing).
+    return ([hidden * channels * patch * patch * element, hidden * element, patches * hidden * element, patches * 8]
+            + layer * layers + [hidden * element] * 2 + [hidden * geometry.hidden_size * element, hidden * element])
 
 
 def _moe_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> list[int] | None:

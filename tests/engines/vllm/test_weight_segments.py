@@ -37,12 +37,36 @@ def _geometry(record: dict[str, Any]) -> ModelGeometry:
     return geometry_from_config(loaded["config"] if source.suffix == ".yaml" else loaded)
 
 
+# The oracle groups tensors by their layer index; Gemma 3's wrapper has two stacks of layers (the SigLIP tower's
+# `vision_tower...layers.N`, then the language model's `layers.N`), so one index holds a tower layer's 12 tensors
+# ahead of a decoder layer's. Its tower (embeddings, layers, post layernorm) and projector come first
+# (gemma3_mm.py: vision_tower, multi_modal_projector, then language_model), the last six entries of
+# `after_layers` being the post layernorm (2), the projector (2), the normalizer and the embedding.
+TOWER_LAYER_TENSORS = 12
+
+
 def _sequence(record: dict[str, Any]) -> list[int]:
     """Every tensor vLLM allocates a block for, in creation order (an empty one takes none)."""
+    kinds, after = record["layer_kinds"], record["after_layers"]
+    tower = _geometry(record).vision_config.get("num_hidden_layers") \
+        if record["architecture"] == "Gemma3ForConditionalGeneration" else None
     sizes = [tensor[3] for tensor in record["before_layers"]]
-    for kind in record["layers"]:
-        sizes += [tensor[3] for tensor in record["layer_kinds"][kind]]
-    return [size for size in sizes + [tensor[3] for tensor in record["after_layers"]] if size]
+    if tower is None:
+        for kind in record["layers"]:
+            sizes += [tensor[3] for tensor in kinds[kind]]
+        return [size for size in sizes + [tensor[3] for tensor in after] if size]
+    for kind in record["layers"][:tower]:
+        sizes += [tensor[3] for tensor in kinds[kind][:TOWER_LAYER_TENSORS]]
+    sizes += [tensor[3] for tensor in after[:6]]
+    for index, kind in enumerate(record["layers"]):
+        sizes += [tensor[3] for tensor in kinds[kind][TOWER_LAYER_TENSORS if index < tower else 0:]]
+    return [size for size in sizes + [tensor[3] for tensor in after[6:]] if size]
+
+
+def _pools(sizes: list[int]) -> tuple[list[int], list[int]]:
+    """The large pool's requests in order, the small pool's sorted (allocator.SMALL_SIZE)."""
+    small = allocator.SMALL_SIZE
+    return [size for size in sizes if size > small], sorted(size for size in sizes if size <= small)
 
 
 def _derived(record: dict[str, Any], *, layers: int | None = None, first: bool = True,
@@ -73,14 +97,16 @@ class TestAgainstVllmsModules:
         assert all("layer_kinds" in record for record in BUILT)
 
     def test_derived_families(self) -> None:
-        """The dense decoders, plain, AWQ and compressed-tensors FP8 (per channel and per tensor); Gemma, Gemma 2
-        and the fused-MoE decoders (Qwen3-MoE, Mixtral, Qwen2-MoE with its shared expert) plain."""
+        """The dense decoders, plain, AWQ and compressed-tensors FP8 (per channel and per tensor); Gemma, Gemma 2,
+        Gemma 3 (text, and the wrapper with its tower on one rank) and the fused-MoE decoders (Qwen3-MoE, Mixtral,
+        Qwen2-MoE with its shared expert) plain."""
         families = {(record["architecture"], getattr(scheme(_geometry(record)), "name", "?")) for record in DERIVED}
-        assert len(DERIVED) == 67
+        assert len(DERIVED) == 71
         assert families == {
             ("LlamaForCausalLM", None), ("MistralForCausalLM", None), ("Qwen2ForCausalLM", None),
             ("Qwen3ForCausalLM", None), ("Phi3ForCausalLM", None), ("GraniteForCausalLM", None),
             ("Glm4ForCausalLM", None), ("GemmaForCausalLM", None), ("Gemma2ForCausalLM", None),
+            ("Gemma3ForCausalLM", None), ("Gemma3ForConditionalGeneration", None),
             ("Qwen3MoeForCausalLM", None), ("MixtralForCausalLM", None), ("Qwen2MoeForCausalLM", None),
             ("LlamaForCausalLM", "awq"), ("Qwen2ForCausalLM", "awq"),
             ("Qwen3ForCausalLM", "awq"), ("LlamaForCausalLM", "fp8-tensor"), ("LlamaForCausalLM", "fp8-channel"),
@@ -88,8 +114,39 @@ class TestAgainstVllmsModules:
 
     @pytest.mark.parametrize("record", DERIVED, ids=lambda record: record["id"])
     def test_tensor_by_tensor(self, record: dict[str, Any]) -> None:
-        """The same tensors in the same order, so the same segments."""
-        assert _derived(record) == _sequence(record)
+        """The same tensors in the same order, so the same segments. Gemma 3's tower creates its position ids
+        after the embeddings it registers them beside (siglip.py): the same tensors in each pool, the large
+        pool's in the same order."""
+        derived = _derived(record)
+        assert derived is not None
+        if record["architecture"] == "Gemma3ForConditionalGeneration":
+            assert _pools(derived) == _pools(_sequence(record)) and derived != _sequence(record)
+            assert allocator.slack_bytes(derived) == allocator.slack_bytes(_sequence(record))
+        else:
+            assert derived == _sequence(record)
+
+    def test_gemma3_builds_two_rotary_tables_at_their_first_layers(self) -> None:
+        """Gemma 3 4B: the local table (131,072 x 256 x 2 B) at layer 0, the first sliding layer; the full layers'
+        (x 8 linear scaling) at layer 5, the first full one; the tower's 27 layers of 12 tensors first."""
+        record = next(record for record in DERIVED if record["id"] == "config:gemma-3-4b-it")
+        derived = _derived(record)
+        assert derived is not None
+        local, full = 131_072 * 256 * 2, 1_048_576 * 256 * 2
+        assert derived.count(local) == 1 and derived.count(full) == 1
+        assert derived.index(full) > derived.index(local)
+        tower = 4 + 27 * TOWER_LAYER_TENSORS + 2 + 2
+        assert derived[tower:tower + 2] == [2, 262_208 * 2560 * 2]  # the normalizer, then the embedding
+        assert vs.stage_tensors(_geometry(record), element=2, tp=2, rope=local + full, layers=34, first=True,
+                                last=True) is None  # the tower split over TP ranks is not derived
+
+    def test_a_strangers_tower_of_a_billion_layers_is_bounded_not_listed(self) -> None:
+        source = json.loads((ROOT / "tests" / "data" / "configs" / "gemma-3-4b-it.json").read_text())
+        source["vision_config"]["num_hidden_layers"] = 10**9
+        geometry = geometry_from_config(source)
+        assert vs.stage_tensors(geometry, element=2, tp=1, rope=0, layers=34, first=True, last=True) is None
+        segments = vs.weight_segments(geometry, element=2, tp=1, pp=1, rope=0, compute_capability=(9, 0),
+                                      quantization=None)
+        assert not segments.derived and segments.bytes == 34 * vs.BOUND_PER_LAYER // 2
 
     def test_the_figures_the_docstring_quotes(self) -> None:
         by_id = {record["id"]: allocator.slack_bytes(_sequence(record)) for record in DERIVED}
