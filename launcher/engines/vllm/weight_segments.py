@@ -61,7 +61,11 @@ TOWER_LAYERS_MAX = 1 << 12  # the decoder's own bound (launcher.model.config); v
 # down first). Triton, vLLM's backend on Hopper, keeps those tensors; the FlashInfer kernels other cards pick first
 # (fused_moe/oracle/unquantized.py:67-93) replace them by tensors of the same size after loading, each a segment
 # of its own, rounded alike.
-FUSED_MOE = frozenset({"Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"})
+FUSED_MOE = frozenset({"Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM"})
+# GLM-4.5/4.6/4.7 (models/glm4_moe.py): the first `first_k_dense_replace` layers dense, the rest a float32 router
+# [E, H] with its float32 e_score_correction_bias [E], the shared experts' gate_up and down, then the fused experts;
+# q/k norms after the attention's scalars where use_qk_norm.
+GLM4_MOE = "Glm4MoeForCausalLM"
 # Each attention layer's float32 scalars, created on the device (torch.tensor under the loader's device
 # context): the _k/_v/_q/_prob_scale buffers and the _k/_v_scale_cpu copies (0.28.0 model_executor/layers/
 # attention/attention.py:124-143, set_default_quant_scales; 0.34.0 :151-167). Its `kv_cache` placeholder
@@ -113,10 +117,11 @@ class WeightSegments:
 
 
 def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,
-           last: bool, experts_tp: int | None = None) -> tuple[list[int], list[list[int]]] | None:
+           last: bool, experts_tp: int | None = None, start: int = 0) -> tuple[list[int], list[list[int]]] | None:
     """(the tensors, and for each quantized linear layer the positions of its tensors in that list).
     `experts_tp`: the ranks a MoE model's experts are split over (data x tensor parallel); None (expert
-    parallelism, or not given): its whole experts per rank are not derived here."""
+    parallelism, or not given): its whole experts per rank are not derived here. `start`: the stage's first
+    layer in the model (GLM-4 MoE's dense layers are the model's first)."""
     method = scheme(geometry)
     architecture = geometry.architecture
     gemma3 = architecture in GEMMA3 and first and last
@@ -132,12 +137,15 @@ def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers:
         return None
     hidden = geometry.hidden_size
     qkv, out, gate_up, down = layer_linears(geometry, element, tp, method, qkv_bias(geometry))
+    dense_mlp = (gate_up, down)
     if moe is not None:  # the MoE block in place of the dense MLP
         gate_up, down = moe, []
+    dense_layers = _dense_layers(geometry) if moe is not None else 0
     scalars = [SCALAR_BYTES] * ATTENTION_SCALARS
     if method.name is not None and method.name.startswith("fp8"):
         scalars = [SCALAR_BYTES] * KV_SCALE_PARAMETERS + [element] * KV_SCALE_PARAMETERS + scalars
-    qk_norms = [geometry.head_dim * element] * 2 if architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") else []
+    qk_norms = [geometry.head_dim * element] * 2 if architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") \
+        or architecture == GLM4_MOE and geometry.text_config.get("use_qk_norm") else []
     norms = [hidden * element] * (4 if architecture in ("Glm4ForCausalLM", "Gemma2ForCausalLM") or gemma3 else 2)
     vocab = padded_vocab_rows(geometry.vocab_size, tp) * hidden * element  # the model dtype under AWQ too
     tensors = tower + ([element] if gemma else []) + ([vocab] if first else [])
@@ -155,8 +163,9 @@ def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers:
             add([geometry.head_dim * element] * 2 + ([ropes[index]] if index in ropes else []) + scalars, False)
         else:
             add(([rope] if index == 0 else []) + scalars + qk_norms, False)
-        add(gate_up, True)
-        add(down, True)
+        mlp = dense_mlp if start + index < dense_layers else (gate_up, down)
+        add(mlp[0], True)
+        add(mlp[1], True)
         add(norms, False)
     if last:
         tied = (geometry.tie_word_embeddings or gemma) and first
@@ -212,7 +221,15 @@ def _moe_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> list[int]
     experts, inter = shape
     hidden = geometry.hidden_size
     shared: list[int] = []
-    if geometry.architecture == "Qwen2MoeForCausalLM":
+    if geometry.architecture == GLM4_MOE:
+        shared_experts = geometry.text_config.get("n_shared_experts") or 0
+        if not isinstance(shared_experts, int):
+            return None
+        width = shared_experts * inter // tp
+        shared = [experts * SCALAR_BYTES] + ([2 * width * hidden * element, hidden * width * element] if width else [])
+        # its router in float32 (glm4_moe.py Glm4MoE: the gate's params_dtype), not the model dtype
+        return [experts * hidden * SCALAR_BYTES, *shared, *fused_experts(experts, inter // tp, hidden, element)]
+    elif geometry.architecture == "Qwen2MoeForCausalLM":
         shared_inter = geometry.text_config.get("shared_expert_intermediate_size")
         if not isinstance(shared_inter, int):
             return None
@@ -220,8 +237,14 @@ def _moe_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> list[int]
     return [experts * hidden * element, *shared, *fused_experts(experts, inter // tp, hidden, element)]
 
 
+def _dense_layers(geometry: ModelGeometry) -> int:
+    """How many of the model's first layers are dense (GLM-4 MoE's first_k_dense_replace; 0 elsewhere)."""
+    value = geometry.text_config.get("first_k_dense_replace") if geometry.architecture == GLM4_MOE else 0
+    return value if isinstance(value, int) and value > 0 else 0
+
+
 def stage_tensors(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,
-                  last: bool, experts_tp: int | None = None) -> list[int] | None:
+                  last: bool, experts_tp: int | None = None, start: int = 0) -> list[int] | None:
     """One rank's tensors of a pipeline stage of `layers` decoder layers, in the order vLLM's modules
     create them, or None where they are not derived: Gemma's normalizer, the embedding (first stage),
     each layer's qkv_proj and o_proj, the rotary table (built by the stage's first attention layer;
@@ -229,7 +252,7 @@ def stage_tensors(geometry: ModelGeometry, *, element: int, tp: int, rope: int, 
     norms (four for GLM-4 and Gemma 2), then the final norm and the lm_head (last stage; tied, it is the
     embedding)."""
     stage = _stage(geometry, element=element, tp=tp, rope=rope, layers=layers, first=first, last=last,
-                   experts_tp=experts_tp)
+                   experts_tp=experts_tp, start=start)
     return stage[0] if stage is not None else None
 
 
@@ -352,7 +375,8 @@ def _stages_replayed(geometry: ModelGeometry, method: Scheme, bias: bool, *, ele
     del method, bias  # in the key only (scheme(geometry), qkv_bias(geometry))
     stages = pp_partitions(geometry.num_layers, max(pp, 1))
     derived = [_stage(geometry, element=element, tp=tp, rope=rope, layers=len(stage), first=index == 0,
-                      last=index == len(stages) - 1, experts_tp=experts_tp) for index, stage in enumerate(stages)]
+                      last=index == len(stages) - 1, experts_tp=experts_tp, start=stage.start)
+               for index, stage in enumerate(stages)]
     if any(stage is None for stage in derived):
         return None
     built = [stage for stage in derived if stage is not None]

@@ -99,15 +99,16 @@ class TestAgainstVllmsModules:
     def test_derived_families(self) -> None:
         """The dense decoders, plain, AWQ and compressed-tensors FP8 (per channel and per tensor); Gemma, Gemma 2,
         Gemma 3 (text, and the wrapper with its tower on one rank) and the fused-MoE decoders (Qwen3-MoE, Mixtral,
-        Qwen2-MoE with its shared expert) plain."""
+        Qwen2-MoE with its shared expert, GLM-4.5-4.7 with dense first layers) plain."""
         families = {(record["architecture"], getattr(scheme(_geometry(record)), "name", "?")) for record in DERIVED}
-        assert len(DERIVED) == 71
+        assert len(DERIVED) == 75
         assert families == {
             ("LlamaForCausalLM", None), ("MistralForCausalLM", None), ("Qwen2ForCausalLM", None),
             ("Qwen3ForCausalLM", None), ("Phi3ForCausalLM", None), ("GraniteForCausalLM", None),
             ("Glm4ForCausalLM", None), ("GemmaForCausalLM", None), ("Gemma2ForCausalLM", None),
             ("Gemma3ForCausalLM", None), ("Gemma3ForConditionalGeneration", None),
             ("Qwen3MoeForCausalLM", None), ("MixtralForCausalLM", None), ("Qwen2MoeForCausalLM", None),
+            ("Glm4MoeForCausalLM", None),
             ("LlamaForCausalLM", "awq"), ("Qwen2ForCausalLM", "awq"),
             ("Qwen3ForCausalLM", "awq"), ("LlamaForCausalLM", "fp8-tensor"), ("LlamaForCausalLM", "fp8-channel"),
             ("Qwen2ForCausalLM", "fp8-channel")}
@@ -124,6 +125,22 @@ class TestAgainstVllmsModules:
             assert allocator.slack_bytes(derived) == allocator.slack_bytes(_sequence(record))
         else:
             assert derived == _sequence(record)
+
+    def test_glm4_moe_dense_layers_belong_to_the_first_stage(self) -> None:
+        """GLM-4.5 (92 layers, the first 3 dense): over two stages the first holds the three dense MLPs, the second
+        none; between them the model's tensors and a second rotary table (131,072 x 64 x 2 B); the router in
+        float32 (160 x 5,120 x 4 B)."""
+        record = next(record for record in DERIVED if record["id"] == "config:glm-4.5")
+        geometry = _geometry(record)
+        dense_gate_up = 2 * 12_288 * 5120 * 2
+        first = vs.stage_tensors(geometry, element=2, tp=1, rope=131_072 * 64 * 2, layers=46, first=True,
+                                 last=False, experts_tp=1)
+        last = vs.stage_tensors(geometry, element=2, tp=1, rope=131_072 * 64 * 2, layers=46, first=False,
+                                last=True, experts_tp=1, start=46)
+        assert first is not None and last is not None
+        assert first.count(dense_gate_up) == 3 and last.count(dense_gate_up) == 0
+        assert sorted(first + last) == sorted(_sequence(record) + [131_072 * 64 * 2])
+        assert 160 * 5120 * 4 in first
 
     def test_gemma3_builds_two_rotary_tables_at_their_first_layers(self) -> None:
         """Gemma 3 4B: the local table (131,072 x 256 x 2 B) at layer 0, the first sliding layer; the full layers'
