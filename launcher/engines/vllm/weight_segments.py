@@ -17,7 +17,8 @@ fill, are half counted and half the band: 0.8 +/- 0.7 MiB for Llama-3.1-8B, 85 +
 
 The tensor lists are checked against the modules vLLM 0.32 builds (tests/data/vllm_params.json,
 tests/engines/vllm/test_weight_segments.py): the dense decoders, Gemma 1-3 (Gemma 3's wrapper with its SigLIP
-tower on one rank) and the fused-MoE decoders. Elsewhere the term is bounded, not derived.
+tower on one rank) and the fused-MoE decoders (GLM-4 MoE, DeepSeek-V2's MLA without a q LoRA). Elsewhere the
+term is bounded, not derived.
 """
 
 from __future__ import annotations
@@ -61,11 +62,17 @@ TOWER_LAYERS_MAX = 1 << 12  # the decoder's own bound (launcher.model.config); v
 # down first). Triton, vLLM's backend on Hopper, keeps those tensors; the FlashInfer kernels other cards pick first
 # (fused_moe/oracle/unquantized.py:67-93) replace them by tensors of the same size after loading, each a segment
 # of its own, rounded alike.
-FUSED_MOE = frozenset({"Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM"})
+FUSED_MOE = frozenset({"Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM",
+                       "DeepseekV2ForCausalLM"})
 # GLM-4.5/4.6/4.7 (models/glm4_moe.py): the first `first_k_dense_replace` layers dense, the rest a float32 router
 # [E, H] with its float32 e_score_correction_bias [E], the shared experts' gate_up and down, then the fused experts;
 # q/k norms after the attention's scalars where use_qk_norm.
 GLM4_MOE = "Glm4MoeForCausalLM"
+# DeepSeek-V2 without a q LoRA (models/deepseek_v2.py; DeepSeek-V2-Lite): MLA's kv_a_proj_with_mqa (replicated),
+# q_proj, kv_a_layernorm, kv_b_proj, o_proj, then the rotary table and the attention's scalars; the first
+# `first_k_dense_replace` layers dense, the rest a router in the model dtype, the shared experts and the fused
+# experts. With a q LoRA (DeepSeek-V3, Kimi) the attention's tensors are not derived here.
+DEEPSEEK_V2 = "DeepseekV2ForCausalLM"
 # Each attention layer's float32 scalars, created on the device (torch.tensor under the loader's device
 # context): the _k/_v/_q/_prob_scale buffers and the _k/_v_scale_cpu copies (0.28.0 model_executor/layers/
 # attention/attention.py:124-143, set_default_quant_scales; 0.34.0 :151-167). Its `kv_cache` placeholder
@@ -137,6 +144,11 @@ def _stage(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers:
         return None
     hidden = geometry.hidden_size
     qkv, out, gate_up, down = layer_linears(geometry, element, tp, method, qkv_bias(geometry))
+    if geometry.mla is not None:  # MLA's projections in place of qkv_proj (DeepSeek-V2 without a q LoRA)
+        mla = _mla_attention(geometry, element=element, tp=tp) if architecture == DEEPSEEK_V2 else None
+        if mla is None:
+            return None
+        qkv, out = mla
     dense_mlp = (gate_up, down)
     if moe is not None:  # the MoE block in place of the dense MLP
         gate_up, down = moe, []
@@ -221,7 +233,14 @@ def _moe_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> list[int]
     experts, inter = shape
     hidden = geometry.hidden_size
     shared: list[int] = []
-    if geometry.architecture == GLM4_MOE:
+    if geometry.architecture == DEEPSEEK_V2:
+        shared_experts, frequency = (geometry.text_config.get(key) for key in ("n_shared_experts", "moe_layer_freq"))
+        if not isinstance(shared_experts, int) or frequency not in (None, 1) \
+                or geometry.text_config.get("topk_method") == "noaux_tc":  # a correction bias not derived here
+            return None
+        width = shared_experts * inter // tp
+        shared = [2 * width * hidden * element, hidden * width * element] if width else []
+    elif geometry.architecture == GLM4_MOE:
         shared_experts = geometry.text_config.get("n_shared_experts") or 0
         if not isinstance(shared_experts, int):
             return None
@@ -238,9 +257,23 @@ def _moe_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> list[int]
 
 
 def _dense_layers(geometry: ModelGeometry) -> int:
-    """How many of the model's first layers are dense (GLM-4 MoE's first_k_dense_replace; 0 elsewhere)."""
-    value = geometry.text_config.get("first_k_dense_replace") if geometry.architecture == GLM4_MOE else 0
+    """How many of the model's first layers are dense (GLM-4 MoE's and DeepSeek's first_k_dense_replace)."""
+    value = geometry.text_config.get("first_k_dense_replace") if geometry.architecture in (GLM4_MOE, DEEPSEEK_V2) \
+        else 0
     return value if isinstance(value, int) and value > 0 else 0
+
+
+def _mla_attention(geometry: ModelGeometry, *, element: int, tp: int) -> tuple[list[int], list[int]] | None:
+    """DeepSeek-V2's attention tensors without a q LoRA, split over `tp` ranks: ([kv_a_proj_with_mqa, q_proj,
+    kv_a_layernorm, kv_b_proj], [o_proj]); None with a q LoRA."""
+    mla, text = geometry.mla, geometry.text_config
+    if mla is None or text.get("q_lora_rank") is not None:
+        return None
+    hidden, heads = geometry.hidden_size, max(geometry.num_attention_heads // max(tp, 1), 1)
+    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    return ([(mla.kv_lora_rank + mla.qk_rope_head_dim) * hidden * element, heads * qk * hidden * element,
+             mla.kv_lora_rank * element, heads * (mla.qk_nope_head_dim + mla.v_head_dim) * mla.kv_lora_rank * element],
+            [hidden * heads * mla.v_head_dim * element])
 
 
 def stage_tensors(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,

@@ -99,16 +99,16 @@ class TestAgainstVllmsModules:
     def test_derived_families(self) -> None:
         """The dense decoders, plain, AWQ and compressed-tensors FP8 (per channel and per tensor); Gemma, Gemma 2,
         Gemma 3 (text, and the wrapper with its tower on one rank) and the fused-MoE decoders (Qwen3-MoE, Mixtral,
-        Qwen2-MoE with its shared expert, GLM-4.5-4.7 with dense first layers) plain."""
+        Qwen2-MoE with its shared expert, GLM-4.5-4.7 with dense first layers, DeepSeek-V2-Lite's MLA) plain."""
         families = {(record["architecture"], getattr(scheme(_geometry(record)), "name", "?")) for record in DERIVED}
-        assert len(DERIVED) == 75
+        assert len(DERIVED) == 77
         assert families == {
             ("LlamaForCausalLM", None), ("MistralForCausalLM", None), ("Qwen2ForCausalLM", None),
             ("Qwen3ForCausalLM", None), ("Phi3ForCausalLM", None), ("GraniteForCausalLM", None),
             ("Glm4ForCausalLM", None), ("GemmaForCausalLM", None), ("Gemma2ForCausalLM", None),
             ("Gemma3ForCausalLM", None), ("Gemma3ForConditionalGeneration", None),
             ("Qwen3MoeForCausalLM", None), ("MixtralForCausalLM", None), ("Qwen2MoeForCausalLM", None),
-            ("Glm4MoeForCausalLM", None),
+            ("Glm4MoeForCausalLM", None), ("DeepseekV2ForCausalLM", None),
             ("LlamaForCausalLM", "awq"), ("Qwen2ForCausalLM", "awq"),
             ("Qwen3ForCausalLM", "awq"), ("LlamaForCausalLM", "fp8-tensor"), ("LlamaForCausalLM", "fp8-channel"),
             ("Qwen2ForCausalLM", "fp8-channel")}
@@ -141,6 +141,21 @@ class TestAgainstVllmsModules:
         assert first.count(dense_gate_up) == 3 and last.count(dense_gate_up) == 0
         assert sorted(first + last) == sorted(_sequence(record) + [131_072 * 64 * 2])
         assert 160 * 5120 * 4 in first
+
+    def test_deepseek_v2_lite_mla_by_hand_and_a_q_lora_is_not_derived(self) -> None:
+        """16 heads, kv_lora_rank 512, nope 128 + rope 64, v 128, hidden 2048: kv_a_proj_with_mqa [576, 2048]
+        whole on each rank, q_proj [16 x 192, 2048] and kv_b_proj [16 x 256, 512] split by TP, o_proj [2048, 16 x
+        128] too. DeepSeek-V3's q LoRA (fused q_a/kv_a projections) is not derived."""
+        record = next(record for record in DERIVED if record["id"] == "deepseek-v2-lite")
+        geometry = _geometry(record)
+        derived = vs.stage_tensors(geometry, element=2, tp=2, rope=163_840 * 64 * 2, layers=27, first=True,
+                                   last=True, experts_tp=2)
+        assert derived is not None
+        attention = [576 * 2048 * 2, 8 * 192 * 2048 * 2, 512 * 2, 8 * 256 * 512 * 2, 2048 * 8 * 128 * 2]
+        start = derived.index(576 * 2048 * 2)
+        assert derived[start:start + 5] == attention
+        v3 = _geometry(next(record for record in GOLDEN["results"] if record["id"] == "config:deepseek-v3"))
+        assert vs.stage_tensors(v3, element=2, tp=8, rope=0, layers=61, first=True, last=True, experts_tp=8) is None
 
     def test_gemma3_builds_two_rotary_tables_at_their_first_layers(self) -> None:
         """Gemma 3 4B: the local table (131,072 x 256 x 2 B) at layer 0, the first sliding layer; the full layers'
