@@ -122,6 +122,57 @@ def fused_experts(experts: int, inter: int, hidden: int, element: int) -> list[i
     return [experts * 2 * inter * hidden * element, experts * hidden * inter * element]
 
 
+def plain_mlp(width: int, hidden: int, element: int) -> list[int]:
+    """An unquantized gate_up_proj [2 x width, hidden] and down_proj [hidden, width], width one rank's share."""
+    return [2 * width * hidden * element, hidden * width * element]
+
+
+@dataclass(frozen=True)
+class MlaProjections:
+    """One rank's MLA projections without a q LoRA (models/deepseek_v2.py in both engines), in bytes:
+    kv_a_proj_with_mqa and kv_a_layernorm replicated, q_proj and kv_b_proj split by heads, o_proj by its input."""
+
+    q_proj: int
+    kv_a_proj_with_mqa: int
+    kv_a_layernorm: int
+    kv_b_proj: int
+    o_proj: int
+
+
+def mla_projections(geometry: ModelGeometry, element: int, tp: int) -> MlaProjections | None:
+    """MLA's projections, None for a model without MLA or with a q LoRA (DeepSeek-V3, Kimi: not derived)."""
+    mla = geometry.mla
+    if mla is None or geometry.text_config.get("q_lora_rank") is not None:
+        return None
+    hidden, heads = geometry.hidden_size, max(geometry.num_attention_heads // max(tp, 1), 1)
+    return MlaProjections(
+        q_proj=heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim) * hidden * element,
+        kv_a_proj_with_mqa=(mla.kv_lora_rank + mla.qk_rope_head_dim) * hidden * element,
+        kv_a_layernorm=mla.kv_lora_rank * element,
+        kv_b_proj=heads * (mla.qk_nope_head_dim + mla.v_head_dim) * mla.kv_lora_rank * element,
+        o_proj=hidden * heads * mla.v_head_dim * element)
+
+
+@dataclass(frozen=True)
+class DeepseekMoe:
+    experts: int
+    intermediate: int  # one routed expert's (moe_intermediate_size)
+    shared_experts: int
+    dense_layers: int  # first_k_dense_replace: the model's first layers are dense
+
+
+def deepseek_v2_moe(geometry: ModelGeometry) -> DeepseekMoe | None:
+    """DeepSeek-V2's MoE layout where both engines' tensors are derived: every layer from `dense_layers` on
+    sparse (moe_layer_freq 1), no routing correction bias (topk_method noaux_tc adds one); None otherwise."""
+    text = geometry.text_config
+    experts, inter = geometry.num_experts, text.get("moe_intermediate_size")
+    shared, dense = text.get("n_shared_experts"), text.get("first_k_dense_replace", 0)
+    if not all(isinstance(value, int) for value in (experts, inter, shared, dense)) \
+            or text.get("moe_layer_freq", 1) != 1 or text.get("topk_method") == "noaux_tc":
+        return None
+    return DeepseekMoe(experts, inter, shared, dense)  # type: ignore[arg-type]
+
+
 def qkv_bias(geometry: ModelGeometry) -> bool:
     """Qwen2's and Qwen2-MoE's attention always has biases; the others where the config says so."""
     return geometry.architecture in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") \

@@ -24,11 +24,14 @@ from launcher.model.config import MLA, ModelGeometry
 from launcher.model.linear_tensors import (
     Scheme,
     attention,
+    deepseek_v2_moe,
     fused_experts,
     marlin_layer,
     marlin_leftovers,
+    mla_projections,
     mlp,
     padded_vocab_rows,
+    plain_mlp,
     qkv_bias,
     scheme,
     sparse_experts,
@@ -156,7 +159,7 @@ def _dense_layers(geometry: ModelGeometry, element: int, tp: int, method: Scheme
 def _gemma2_layers(geometry: ModelGeometry, element: int, tp: int, rope: int) -> list[int]:
     hidden, inter = geometry.hidden_size, (geometry.intermediate_size or 0) // tp
     qkv, out = attention(geometry, element, tp, Scheme(None), bool(geometry.text_config.get("attention_bias")))
-    feed = [2 * inter * hidden * element, hidden * inter * element]
+    feed = plain_mlp(inter, hidden, element)
     norms = [hidden * element] * 8  # input, post-attention, pre- and post-feedforward: weight and gemma_weight
     return qkv + out + [rope] + feed + norms + (qkv + out + feed + norms) * (geometry.num_layers - 1)
 
@@ -187,29 +190,19 @@ def _deepseek_v2_layers(geometry: ModelGeometry, element: int, tp: int, rope: in
     """models/deepseek_v2.py without a q LoRA (DeepSeek-V2-Lite): q_proj, the replicated
     kv_a_proj_with_mqa, kv_b_proj, o_proj, kv_a_layernorm; dense MLPs for the first layers, then the
     router, the routed experts and the shared experts."""
-    text: Mapping[str, Any] = geometry.text_config
-    mla = geometry.mla
-    experts, hidden = geometry.num_experts, geometry.hidden_size
-    moe_inter, shared = text.get("moe_intermediate_size"), text.get("n_shared_experts")
-    dense_layers = text.get("first_k_dense_replace", 0)
-    if mla is None or text.get("q_lora_rank") is not None or not isinstance(experts, int) \
-            or not isinstance(moe_inter, int) or not isinstance(shared, int) or not isinstance(dense_layers, int) \
-            or text.get("moe_layer_freq", 1) != 1 or text.get("topk_method") == "noaux_tc":
+    projections, moe = mla_projections(geometry, element, tp), deepseek_v2_moe(geometry)
+    if projections is None or moe is None:
         return None
-    heads = geometry.num_attention_heads // tp
-    head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-    attention = [heads * head * hidden * element, (mla.kv_lora_rank + mla.qk_rope_head_dim) * hidden * element,
-                 heads * (mla.qk_nope_head_dim + mla.v_head_dim) * mla.kv_lora_rank * element,
-                 hidden * heads * mla.v_head_dim * element, mla.kv_lora_rank * element]
-    inter = (geometry.intermediate_size or 0) // tp
-    dense = [2 * inter * hidden * element, hidden * inter * element]
-    shared_inter = moe_inter * shared // tp
-    sparse = [experts * hidden * element, *fused_experts(experts, moe_inter // tp, hidden, element),
-              2 * shared_inter * hidden * element, hidden * shared_inter * element]
+    hidden = geometry.hidden_size
+    attention = [projections.q_proj, projections.kv_a_proj_with_mqa, projections.kv_b_proj, projections.o_proj,
+                 projections.kv_a_layernorm]
+    dense = plain_mlp((geometry.intermediate_size or 0) // tp, hidden, element)
+    sparse = [moe.experts * hidden * element, *fused_experts(moe.experts, moe.intermediate // tp, hidden, element),
+              *plain_mlp(moe.intermediate * moe.shared_experts // tp, hidden, element)]
     norms = [hidden * element] * 2
     layers: list[int] = []
     for index in range(geometry.num_layers):
-        layers += attention + ([rope] if index == 0 else []) + (dense if index < dense_layers else sparse) + norms
+        layers += attention + ([rope] if index == 0 else []) + (dense if index < moe.dense_layers else sparse) + norms
     return layers
 
 

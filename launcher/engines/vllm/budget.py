@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.common.units import GiB, MiB, format_gib
+from launcher.common.units import GiB, MiB, cdiv, format_gib
 from launcher.engines.checks_common import lines_for
 from launcher.engines.dtypes import canonical
 from launcher.engines.online_quant import ELEMENT_BYTES, kept_layers, quantized_weights
@@ -269,12 +269,12 @@ def mla_context_chunks(*, max_model_len: int, max_num_seqs: int, block: int, bat
     the KV blocks taken as there), packed by `_context_chunks`. tests/data/vllm_extensible_oracle.json
     ("mla_context") holds 0.34.0's own functions over a grid."""
     workspace = min(max(8 * max_model_len, 4 * max_num_seqs * block), MLA_CONTEXT_WORKSPACE_CAP)
-    workspace = -(-max(workspace, block) // block) * block
+    workspace = cdiv(max(workspace, block), block) * block
     query = 2  # decode_query_len + 1 without speculative decoding
     context = min(max_model_len - query - 1, workspace)
     if context <= 0:
         return [0]
-    requests = min(-(-workspace // context), max_num_seqs, batched_tokens // query)
+    requests = min(cdiv(workspace, context), max_num_seqs, batched_tokens // query)
     return _context_chunks([context] * requests, workspace, block)
 
 

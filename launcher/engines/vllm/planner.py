@@ -520,24 +520,21 @@ class _Sizing:
         graphs' estimate (gpu_worker.py:771-773, :944-948); what stays is everything else: the captured
         graphs, the profile's terms that persist (the MoE workspace, the fitted constant) and the attention
         backend's workspaces allocated after the profile run (`vb.post_profile_workspaces`)."""
-        peak = self.peak_at(length)[2]
+        batched, seqs, peak = self.peak_at(length)
         kept = peak.persistent_bytes + sum(b for name, b in peak.terms if name in vb.PERSISTENT_PEAK_TERMS)
         workspaces = self.workspaces_at(length)[0]
-        return vb.extensible_kv(requested=self.requested, free_at_init=self.free_at_init,
-                                resident=self.weights + self.segment_bytes + self.non_torch + kept + self.cudagraph
-                                + workspaces,
-                                transient=peak.total_bytes - (kept - peak.persistent_bytes) + self.cudagraph,
-                                step=self.sizing_step_at(length))
-
-    def sizing_step_at(self, length: int) -> vb.SizingStep | None:
-        """The sizing warmup's full-batch step at this length (0.34: budget.py sizing_step)."""
         pinned = self.setup.pinned
-        batched, seqs, _ = self.peak_at(length)
-        return vb.sizing_step(self.geometry, batched_tokens=batched, tp=self.setup.tp,
+        # The sizing warmup's steps at this length (budget.py sizing_step), from the same batch limits.
+        step = vb.sizing_step(self.geometry, batched_tokens=batched, tp=self.setup.tp,
                               act_dtype_bytes=ELEMENT_BYTES.get(self.setup.dtype, 2),
                               max_logprobs=int(pinned.get("--max-logprobs", vb.DEFAULT_MAX_LOGPROBS)),
                               max_model_len=length, max_num_seqs=seqs, block=self.setup.block,
                               dcp=vcp.dcp_size(pinned))
+        return vb.extensible_kv(requested=self.requested, free_at_init=self.free_at_init,
+                                resident=self.weights + self.segment_bytes + self.non_torch + kept + self.cudagraph
+                                + workspaces,
+                                transient=peak.total_bytes - (kept - peak.persistent_bytes) + self.cudagraph,
+                                step=step)
 
     def workspaces_at(self, length: int) -> tuple[int, str]:
         """(bytes, rule) of the attention workspaces vLLM allocates after the profile run, at this length."""

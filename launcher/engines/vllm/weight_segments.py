@@ -34,11 +34,14 @@ from launcher.model.config import SLIDING, ModelGeometry
 from launcher.model.linear_tensors import (
     MARLIN_WORKSPACE_BYTES,
     Scheme,
+    deepseek_v2_moe,
     fused_experts,
     layer_linears,
     marlin_layer,
     marlin_leftovers,
+    mla_projections,
     padded_vocab_rows,
+    plain_mlp,
     qkv_bias,
     scheme,
     sparse_experts,
@@ -226,34 +229,34 @@ def _siglip_tower(geometry: ModelGeometry, *, element: int, tp: int) -> list[int
 
 def _moe_tensors(geometry: ModelGeometry, *, element: int, tp: int) -> list[int] | None:
     """One rank's MoE block of a layer (FUSED_MOE), the experts split over `tp` ranks; None where a layer may
-    be dense or a size is missing (linear_tensors.sparse_experts)."""
+    be dense or a size is missing (linear_tensors.sparse_experts, deepseek_v2_moe)."""
     shape = sparse_experts(geometry)
     if shape is None:
         return None
     experts, inter = shape
     hidden = geometry.hidden_size
+    router = experts * hidden * element
     shared: list[int] = []
     if geometry.architecture == DEEPSEEK_V2:
-        shared_experts, frequency = (geometry.text_config.get(key) for key in ("n_shared_experts", "moe_layer_freq"))
-        if not isinstance(shared_experts, int) or frequency not in (None, 1) \
-                or geometry.text_config.get("topk_method") == "noaux_tc":  # a correction bias not derived here
+        moe = deepseek_v2_moe(geometry)
+        if moe is None:
             return None
-        width = shared_experts * inter // tp
-        shared = [2 * width * hidden * element, hidden * width * element] if width else []
+        shared = plain_mlp(moe.shared_experts * inter // tp, hidden, element) if moe.shared_experts else []
     elif geometry.architecture == GLM4_MOE:
         shared_experts = geometry.text_config.get("n_shared_experts") or 0
         if not isinstance(shared_experts, int):
             return None
-        width = shared_experts * inter // tp
-        shared = [experts * SCALAR_BYTES] + ([2 * width * hidden * element, hidden * width * element] if width else [])
-        # its router in float32 (glm4_moe.py Glm4MoE: the gate's params_dtype), not the model dtype
-        return [experts * hidden * SCALAR_BYTES, *shared, *fused_experts(experts, inter // tp, hidden, element)]
+        # its router and the router's e_score_correction_bias in float32 (glm4_moe.py Glm4MoE: the gate's
+        # params_dtype), not the model dtype
+        router = experts * hidden * SCALAR_BYTES
+        shared = [experts * SCALAR_BYTES] + (plain_mlp(shared_experts * inter // tp, hidden, element)
+                                             if shared_experts else [])
     elif geometry.architecture == "Qwen2MoeForCausalLM":
         shared_inter = geometry.text_config.get("shared_expert_intermediate_size")
         if not isinstance(shared_inter, int):
             return None
-        shared = [hidden * element, 2 * shared_inter // tp * hidden * element, hidden * shared_inter // tp * element]
-    return [experts * hidden * element, *shared, *fused_experts(experts, inter // tp, hidden, element)]
+        shared = [hidden * element, *plain_mlp(shared_inter // tp, hidden, element)]
+    return [router, *shared, *fused_experts(experts, inter // tp, hidden, element)]
 
 
 def _dense_layers(geometry: ModelGeometry) -> int:
@@ -264,16 +267,13 @@ def _dense_layers(geometry: ModelGeometry) -> int:
 
 
 def _mla_attention(geometry: ModelGeometry, *, element: int, tp: int) -> tuple[list[int], list[int]] | None:
-    """DeepSeek-V2's attention tensors without a q LoRA, split over `tp` ranks: ([kv_a_proj_with_mqa, q_proj,
-    kv_a_layernorm, kv_b_proj], [o_proj]); None with a q LoRA."""
-    mla, text = geometry.mla, geometry.text_config
-    if mla is None or text.get("q_lora_rank") is not None:
+    """DeepSeek-V2's attention tensors without a q LoRA in vLLM's order: ([kv_a_proj_with_mqa, q_proj,
+    kv_a_layernorm, kv_b_proj], [o_proj]); None with a q LoRA (linear_tensors.mla_projections)."""
+    projections = mla_projections(geometry, element, tp)
+    if projections is None:
         return None
-    hidden, heads = geometry.hidden_size, max(geometry.num_attention_heads // max(tp, 1), 1)
-    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-    return ([(mla.kv_lora_rank + mla.qk_rope_head_dim) * hidden * element, heads * qk * hidden * element,
-             mla.kv_lora_rank * element, heads * (mla.qk_nope_head_dim + mla.v_head_dim) * mla.kv_lora_rank * element],
-            [hidden * heads * mla.v_head_dim * element])
+    return ([projections.kv_a_proj_with_mqa, projections.q_proj, projections.kv_a_layernorm, projections.kv_b_proj],
+            [projections.o_proj])
 
 
 def stage_tensors(geometry: ModelGeometry, *, element: int, tp: int, rope: int, layers: int, first: bool,
