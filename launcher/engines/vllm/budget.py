@@ -160,6 +160,7 @@ class SizingStep:
     forward: int  # the layers' peak, as the profile's V2 forward (MLP intermediates), or attention's if larger
     logprobs: int  # the model's output hidden states beside one chunk of prompt-logprob logits (0 if none)
     context: int = 0  # MLA: the context step's up-projected chunks (mla_context_step)
+    padded_v: bool = False  # MLA: FlashAttention 2 pads v in that step (mla_prefill_pads_v)
 
     @property
     def bytes(self) -> int:
@@ -167,7 +168,8 @@ class SizingStep:
 
     @property
     def phase(self) -> str:
-        return ("MLA's context up-projection" if self.context >= max(self.forward, self.logprobs) else
+        padded = ", v padded for FlashAttention 2" if self.padded_v else ""
+        return (f"MLA's context up-projection{padded}" if self.context >= max(self.forward, self.logprobs) else
                 "its prompt-logprob chunk" if self.logprobs > self.forward else "its forward")
 
 
@@ -212,25 +214,28 @@ def extensible_margin(transient: int) -> int:
 
 def sizing_step(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int = 2,
                 max_logprobs: int = DEFAULT_MAX_LOGPROBS, max_model_len: int | None = None,
-                max_num_seqs: int = 1024, block: int = 16, dcp: int = 1) -> SizingStep | None:
+                max_num_seqs: int = 1024, block: int = 16, dcp: int = 1,
+                compute_capability: tuple[int, int] | None = None) -> SizingStep | None:
     """The sizing steps' allocated peak (warmup.py:478-545), or None where it is not derived (--max-logprobs
     -1; MLA under decode context parallelism). Attention runs this time: at its call the residual, the
     normed input, q/k/v and the output are alive, below the MLP's intermediates for every layout the
     profile's forward covers, but taken where larger. Prompt logprobs: the hidden states of every
     token stay alive while each 1,024-row chunk's logits are made (on the rank's vocabulary shard,
     gathered whole at TP > 1; Gemma 2's soft cap holds two whole copies at a time). Where max_model_len is
-    below the batch, the logprobs are asked on one prompt of that length (warmup.py:497-515)."""
+    below the batch, the logprobs are asked on one prompt of that length (warmup.py:497-515). MLA's context
+    step pads v on the card's FlashAttention version (`mla_prefill_pads_v`; unknown card: padded)."""
     if max_logprobs < 0 or (geometry.mla is not None and dcp > 1):
         return None
     t, h, tp = batched_tokens, geometry.hidden_size, max(tp, 1)
+    pads_v = geometry.mla is not None and mla_prefill_pads_v(compute_capability)
     context = mla_context_step(geometry, tp=tp, max_model_len=max_model_len or t, max_num_seqs=max_num_seqs,
-                               batched_tokens=t, block=block, act_dtype_bytes=act_dtype_bytes)
+                               batched_tokens=t, block=block, act_dtype_bytes=act_dtype_bytes, pads_v=pads_v)
     forward = _v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
     q = geometry.num_attention_heads * geometry.head_dim // tp
     kv = 2 * max(geometry.num_kv_heads // tp, 1) * geometry.head_dim
     attention = act_dtype_bytes * t * (2 * h + 2 * q + kv)
     if max_logprobs == 0:
-        return SizingStep(max(forward, attention), 0, context)
+        return SizingStep(max(forward, attention), 0, context, pads_v)
     prompt = min(t, max_model_len) if max_model_len else t
     rows, vocab = min(prompt, PROMPT_LOGPROB_CHUNK_ROWS), geometry.vocab_size
     # At most two copies alive at once: the shard beside the gathered whole (TP > 1), then each step of the
@@ -238,17 +243,28 @@ def sizing_step(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dt
     gather = 1 + 1 / tp if tp > 1 else 1.0
     copies = max(gather, 2.0 if geometry.text_config.get("final_logit_softcapping") else 1.0)
     logprobs = act_dtype_bytes * prompt * h + int(act_dtype_bytes * rows * vocab * copies)
-    return SizingStep(max(forward, attention), logprobs, context)
+    return SizingStep(max(forward, attention), logprobs, context, pads_v)
+
+
+def mla_prefill_pads_v(compute_capability: tuple[int, int] | None) -> bool:
+    """Whether 0.34's FlashAttention MLA prefill pads v to the q/k head dim before each call: FA2 needs equal head
+    dims, FA3 on SM90 and FA4 on SM100/110 do not (v1/attention/backends/mla/prefill/flash_attn.py:381-393,
+    :420-423; the version per card: fa_utils.py:98-107, vllm_flash_attn/flash_attn_interface.py:72-86, FA4 shipped
+    in the wheel's vllm_flash_attn/cute). Hopper and older pick FlashAttention alone (platforms/interface.py:
+    471-491); an unknown card is taken as padding (the larger step)."""
+    return compute_capability is None or compute_capability[0] not in (9, 10, 11)
 
 
 def mla_context_step(geometry: ModelGeometry, *, tp: int, max_model_len: int, max_num_seqs: int,
-                     batched_tokens: int, block: int, act_dtype_bytes: int = 2) -> int:
+                     batched_tokens: int, block: int, act_dtype_bytes: int = 2, pads_v: bool) -> int:
     """The allocated peak of MLA's context step (0.34.0 v1/worker/gpu/warmup.py:378-420): requests of
     min(max_model_len - 3, W) cached tokens, as many as fill the workspace of W rows (at most max_num_seqs and
     max_num_batched_tokens / 2 of them), packed greedily into chunks of at most W rows split on the block
     (mla_attention.py:2147-2210). Each chunk up-projects its rows through kv_b_proj, [rows, heads, nope + v],
     and builds k, [rows, heads, nope + rope] (:3254-3270); the next chunk's are made while the previous
-    chunk's are still bound (:3198), so two chunks' tensors overlap at the boundary."""
+    chunk's are still bound (:3198), so two chunks' tensors overlap at the boundary. Where FlashAttention pads v
+    (`pads_v`), the call holds a third copy, [rows, heads, nope + rope], beside the chunk's own two; it is freed on
+    return, before the next chunk (prefill/flash_attn.py:420-423)."""
     mla = geometry.mla
     if mla is None:
         return 0
@@ -257,7 +273,8 @@ def mla_context_step(geometry: ModelGeometry, *, tp: int, max_model_len: int, ma
                                 batched_tokens=batched_tokens)
     kv_row = heads * (mla.qk_nope_head_dim + mla.v_head_dim) * act_dtype_bytes
     k_row = heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim) * act_dtype_bytes if mla.qk_rope_head_dim else 0
-    peak = chunks[0] * (kv_row + k_row)
+    padded_v = heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim) * act_dtype_bytes if pads_v else 0
+    peak = max(chunks) * (kv_row + k_row + padded_v)
     for before, rows in itertools.pairwise(chunks):
         peak = max(peak, before * (kv_row + k_row) + rows * kv_row, rows * (kv_row + k_row) + before * k_row)
     return peak

@@ -365,16 +365,22 @@ def _favourable_length(request: PlanRequest, setup: _VllmSetup, capacity_at: Cal
         rule="kv-capacity", figures={"kv_cache_bytes": capacity.kv_bytes, "concurrency": request.concurrency})
 
 
-def _pinned_kv_fits(kv: int, available: int, error: int, flag: str) -> str | None:
+def _plus_minus(low: int, high: int) -> str:
+    return f"+/- {format_gib(low)}" if low == high else f"-{format_gib(low)} / +{format_gib(high)}"
+
+
+def _pinned_kv_fits(kv: int, available: int, error: int, flag: str, favourable_error: int | None = None) -> str | None:
     """A pinned KV size must fit what the weights, activations and graphs leave, or vLLM runs out
-    of memory allocating it: refused beyond the band's favourable end, doubted beyond its low end."""
+    of memory allocating it: refused beyond the band's favourable end (`favourable_error` above, where the
+    band is one-sided), doubted beyond its low end."""
+    high = error if favourable_error is None else favourable_error
     if kv <= available - error:
         return None
     message = (f"{flag}: {format_gib(kv)} of KV cache, but only ~{format_gib(max(available, 0))} is left after "
                "the weights, activations and CUDA graphs at the central estimate"
                + (f" ({format_gib(max(available - error, 0))} at the low end of its error band)" if error else "")
                + ": vLLM runs out of memory allocating it")
-    if kv > available + error:
+    if kv > available + high:
         raise WontFit(message, hint=f"lower {flag}", rule="pinned-kv")
     return message + (" (inside the estimate's error band)" if kv > available else " if the estimates land low")
 
@@ -448,7 +454,8 @@ class VllmBudget:
     activation: int  # the profile run's peak plus the V2 runner's persistent state
     cudagraph: int
     kv: int
-    kv_error: int  # +/- on kv: the sum of the estimated budget terms' errors (the layout does not enter)
+    kv_error: int  # - on kv: the sum of the estimated budget terms' errors (the layout does not enter)
+    kv_error_high: int  # + on kv: the same less the one-sided terms (0.34's reservation growth)
     segments: int = 0  # torch's segments around the weights, counted from 0.27 (weight_segments.py)
 
 
@@ -483,7 +490,7 @@ class _Sizing:
     extensible: bool = False  # 0.34's extensible KV cache: sized after warmup and capture (budget.py)
     kv_segments: int = 1  # layer segments its pages are committed in (granule rounding)
     rank_weights_how: str = ""  # how data/expert parallelism splits the checkpoint (parallel.py), if it does
-    compute_capability: tuple[int, int] | None = None  # the attention backend's workspaces (extensible)
+    compute_capability: tuple[int, int] | None = None  # attention workspaces, MLA's v padding (extensible)
     flashinfer_sampler: bool | None = False  # the profile's sampler before 0.17 (vb.uses_flashinfer_sampler)
     # The multimodal flags that size the profile's dummy item, read once (vb.mm_limits, vb.mm_max_pixels).
     mm_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -529,7 +536,7 @@ class _Sizing:
                               act_dtype_bytes=ELEMENT_BYTES.get(self.setup.dtype, 2),
                               max_logprobs=int(pinned.get("--max-logprobs", vb.DEFAULT_MAX_LOGPROBS)),
                               max_model_len=length, max_num_seqs=seqs, block=self.setup.block,
-                              dcp=vcp.dcp_size(pinned))
+                              dcp=vcp.dcp_size(pinned), compute_capability=self.compute_capability)
         return vb.extensible_kv(requested=self.requested, free_at_init=self.free_at_init,
                                 resident=self.weights + self.segment_bytes + self.non_torch + kept + self.cudagraph
                                 + workspaces,
@@ -563,8 +570,11 @@ class _Sizing:
             return int(self.blocks_override) * self.setup.layout.bytes_per_block
         return self.available_at(length)
 
-    def available_error(self, length: int) -> int:
-        """+/- on what vLLM leaves for the KV cache: the sum of the estimated terms' errors."""
+    def available_error(self, length: int, *, favourable: bool = False) -> int:
+        """- on what vLLM leaves for the KV cache (+ with `favourable`): the sum of the estimated terms' errors.
+        One term only ever lowers it: 0.34 keeps max(T, G) free, and G (torch's reservation growth over the
+        sizing steps, or T's own growth where the step is not derived) is never below the centre's T; the
+        favourable end leaves it out."""
         capped_total = int(math.ceil(self.total_error * self.utilization))
         in_t = self.peak_at(length)[2].error_bytes + self.cudagraph_error  # the two estimates T is made of
         estimated = self.non_torch_error + self.repack_error + in_t \
@@ -579,21 +589,21 @@ class _Sizing:
         sized = self.extensible_at(length)
         follows = vb.EXTENSIBLE_MARGIN_FRACTION if sized.margin > vb.EXTENSIBLE_MARGIN_FLOOR_BYTES else 0.0
         free_error = capped_total if sized.capped else self.total_error + vb.CONTEXT_ERROR_BYTES
-        return (free_error + estimated + self.cudagraph_error + int(in_t * follows) + sized.error_bytes
-                + vb.EXTENSIBLE_GRANULE_BYTES * self.kv_segments)
+        return (free_error + estimated + self.cudagraph_error + int(in_t * follows)
+                + (0 if favourable else sized.error_bytes) + vb.EXTENSIBLE_GRANULE_BYTES * self.kv_segments)
 
-    def bytes_error_at(self, length: int) -> int:
+    def bytes_error_at(self, length: int, *, favourable: bool = False) -> int:
         """+/- on the KV bytes vLLM reports: the sum of the estimated budget terms' errors (0 when none
         is estimated: pinned or calibrated). The KV layout does not enter: vLLM's figure is requested - non-KV."""
         if self.pinned_kv_bytes is not None or self.blocks_override is not None or self.calibrated_non_kv is not None:
             return 0
-        return self.available_error(length)
+        return self.available_error(length, favourable=favourable)
 
-    def kv_error_at(self, length: int) -> int:
+    def kv_error_at(self, length: int, *, favourable: bool = False) -> int:
         """+/- on what the KV bytes hold, in bytes of a proven layout: the budget's error, and for an
         architecture whose layout is not proven a third of the bytes (its bytes per token may be off)."""
         unverified = 0 if self.verified else int(max(self.kv_at(length), 0) * UNVERIFIED_KV_ERROR_FRACTION)
-        return self.bytes_error_at(length) + unverified
+        return self.bytes_error_at(length, favourable=favourable) + unverified
 
     def capacity_for(self, length: int, kv_bytes: int) -> KvCapacity:
         batched = self.peak_at(length)[0]
@@ -607,7 +617,7 @@ class _Sizing:
         return self.capacity_for(length, self.kv_at(length))
 
     def favourable_at(self, length: int) -> KvCapacity:
-        return self.capacity_for(length, self.kv_at(length) + self.kv_error_at(length))
+        return self.capacity_for(length, self.kv_at(length) + self.kv_error_at(length, favourable=True))
 
     def unfavourable_at(self, length: int) -> KvCapacity:
         return self.capacity_for(length, self.kv_at(length) - self.kv_error_at(length))
@@ -619,6 +629,7 @@ class _Sizing:
         return VllmBudget(total=self.total, requested=self.requested, weights=self.weights,
                           non_torch=self.non_torch, activation=self.activation_at(length),
                           cudagraph=self.cudagraph, kv=self.kv_at(length), kv_error=self.bytes_error_at(length),
+                          kv_error_high=self.bytes_error_at(length, favourable=True),
                           segments=self.segment_bytes)
 
 
@@ -1011,7 +1022,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
     if sizing.pinned_kv_bytes is not None or sizing.blocks_override is not None:
         flag = "--kv-cache-memory-bytes" if sizing.pinned_kv_bytes is not None else "--num-gpu-blocks-override"
         kv_doubt = _pinned_kv_fits(sizing.kv_at(length), sizing.available_at(length), sizing.available_error(length),
-                                   flag)
+                                   flag, sizing.available_error(length, favourable=True))
         doubt = "; ".join(d for d in (doubt, kv_doubt) if d) or None
         at_risk += (flag.lstrip("-").replace("-", "_"),) if kv_doubt else ()
     if startup_doubt:
@@ -1020,7 +1031,8 @@ def plan_gpu(request: PlanRequest) -> Plan:
     peak = sizing.peak_at(length)[2]
     if not verified:
         warnings.append(f"KV tokens +/- {UNVERIFIED_KV_ERROR_FRACTION:.0%} (the layout is not proven); the KV bytes "
-                        f"{format_gib(budget.kv)} +/- {format_gib(budget.kv_error)} do not depend on it")
+                        f"{format_gib(budget.kv)} {_plus_minus(budget.kv_error, budget.kv_error_high)} "
+                        "do not depend on it")
     knob = (MemoryKnob("--kv-cache-memory-bytes", int(sizing.pinned_kv_bytes), "bytes",
                        f"--kv-cache-memory-bytes {format_gib(int(sizing.pinned_kv_bytes))} (pinned; utilization "
                        "ignored)", "pinned --kv-cache-memory-bytes")
@@ -1039,7 +1051,8 @@ def plan_gpu(request: PlanRequest) -> Plan:
         notes=(*_gpu_notes(setup, request.calibration), *((extensible_note,) if extensible_note else ()),
                *_sampler_note(setup, peak), *_vision_note(peak)),
         engine_version_assumed=request.engine_version_assumed,
-        kv_cache_bytes_low=budget.kv - budget.kv_error, kv_cache_bytes_high=budget.kv + budget.kv_error,
+        kv_cache_bytes_low=budget.kv - budget.kv_error,
+        kv_cache_bytes_high=budget.kv + budget.kv_error_high,
         may_not_fit="; ".join(d for d in (startup_doubt, doubt) if d) or None, at_risk=at_risk,
         max_model_len_low_end=chosen.low_end, max_model_len_central=chosen.central, warnings=tuple(warnings),
         architecture_verified=verified, kv_sized_after_warmup=extensible,

@@ -140,18 +140,39 @@ class TestTheSizingStep:
         chunk takes 8 whole and 16 rows of the ninth (block-aligned), 65,528 rows, the second the 8,173 left.
         At the boundary the first chunk's kv (8,192 B a row) and k (6,144 B) beside the second's kv."""
         mla = resolve_model("deepseek-v2-lite").geometry
-        got = vb.mla_context_step(mla, tp=1, max_model_len=8192, max_num_seqs=1024, batched_tokens=8192, block=16)
+        got = vb.mla_context_step(mla, tp=1, max_model_len=8192, max_num_seqs=1024, batched_tokens=8192, block=16,
+                                  pads_v=False)
         assert got == 65_528 * (8192 + 6144) + 8173 * 8192
         # one request of the whole workspace where the length allows it: W rows, one chunk
         long = vb.mla_context_step(mla, tp=1, max_model_len=163_840, max_num_seqs=1024, batched_tokens=8192,
-                                   block=64)
+                                   block=64, pads_v=False)
         assert long == 65_536 * (8192 + 6144)
         # heads split by TP
         assert vb.mla_context_step(mla, tp=2, max_model_len=163_840, max_num_seqs=1024, batched_tokens=8192,
-                                   block=64) == long // 2
-        step = vb.sizing_step(mla, batched_tokens=8192, tp=1, max_model_len=8192, block=16)
+                                   block=64, pads_v=False) == long // 2
+        step = vb.sizing_step(mla, batched_tokens=8192, tp=1, max_model_len=8192, block=16,
+                              compute_capability=(9, 0))
         assert step is not None and step.context == got and step.bytes == got
         assert step.phase == "MLA's context up-projection"
+
+    def test_mla_context_step_pads_v_for_flash_attention_2(self) -> None:
+        """Where FlashAttention 2 runs MLA's prefill (not SM90's FA3 nor SM100/110's FA4), v is padded from 128 to
+        the q/k head dim 192 inside each call: 16 x 192 x 2 = 6,144 B a row beside the chunk's kv and k. The
+        first chunk of 65,528 rows then peaks above the boundary (65,528 x 20,480 > 65,528 x 14,336 + 8,173 x
+        8,192); an unknown card is taken as padding."""
+        mla = resolve_model("deepseek-v2-lite").geometry
+        padded = vb.mla_context_step(mla, tp=1, max_model_len=8192, max_num_seqs=1024, batched_tokens=8192,
+                                     block=16, pads_v=True)
+        assert padded == 65_528 * (8192 + 6144 + 6144)
+        assert [vb.mla_prefill_pads_v(cc) for cc in ((8, 0), (8, 9), (9, 0), (10, 0), (11, 0), (12, 0), None)] == \
+            [True, True, False, False, False, True, True]
+        a100 = vb.sizing_step(mla, batched_tokens=8192, tp=1, max_model_len=8192, block=16, compute_capability=(8, 0))
+        assert a100 is not None and a100.context == padded
+        assert a100.phase == "MLA's context up-projection, v padded for FlashAttention 2"
+        # a model without MLA pads nothing, whatever the card
+        dense = vb.sizing_step(resolve_model("qwen2.5-7b").geometry, batched_tokens=8192, tp=1,
+                               compute_capability=(8, 0))
+        assert dense is not None and not dense.padded_v and dense.context == 0
 
     def test_g_bounded_above_the_step_leaves_the_margin(self) -> None:
         """T 1 GiB, step 2 GiB: T becomes 2 GiB (margin 1.5); G up to 2.9 GiB costs 0.9 GiB at the far end, the
@@ -191,11 +212,28 @@ class TestTheSizingStep:
         dcp = plan(model="deepseek-v2-lite", args=("-tp", "2", "-dcp", "2"), gpus=hypothetical_gpus(["2xh100"]))
         assert "not derived" in next(item for item in dcp.budget if item.key == "kept_free").detail
 
+    def test_on_an_a100_the_padded_context_step_widens_only_the_low_end(self) -> None:
+        """DeepSeek-V2-Lite on an A100 40GB (FlashAttention 2): the context step with v padded, 65,536 rows x
+        (8,192 + 6,144 + 6,144) B = 1.25 GiB, is just below T (1.27 GiB), so the centre does not move; 1.45 x the
+        step (1.81 GiB) may be kept free instead, which lowers the low end by that row's error and leaves the
+        high end alone (vLLM keeps max(T, G): G never gives memory back)."""
+        p = plan(model="deepseek-v2-lite", gpu="a10040gb")
+        row = next(item for item in p.budget if item.key == "kept_free")
+        assert "1.25 GiB (MLA's context up-projection, v padded for FlashAttention 2)" in row.detail
+        assert row.error_bytes > 0.5 * GiB
+        low, high = p.kv_cache_bytes - p.kv_cache_bytes_low, p.kv_cache_bytes_high - p.kv_cache_bytes
+        assert low - high == row.error_bytes
+        # on an H100 (FlashAttention 3: no padding) the step is below T and the band symmetric
+        h100 = plan(model="deepseek-v2-lite")
+        assert h100.kv_cache_bytes - h100.kv_cache_bytes_low == h100.kv_cache_bytes_high - h100.kv_cache_bytes
+
     def test_a_pinned_minus_1_keeps_the_wider_band(self) -> None:
+        """T's growth (1.45 T, margin following) lowers the low end by over 1 GiB; it never raises the
+        high end (vLLM keeps max(T, G) free: G only ever takes more), which stays where the step's is."""
         narrow, wide = plan(), plan(args=("--max-logprobs", "-1"))
         assert wide.kv_cache_bytes == narrow.kv_cache_bytes
-        assert (wide.kv_cache_bytes_high - wide.kv_cache_bytes_low) - \
-            (narrow.kv_cache_bytes_high - narrow.kv_cache_bytes_low) > 2 * GiB
+        assert narrow.kv_cache_bytes_low - wide.kv_cache_bytes_low > GiB
+        assert wide.kv_cache_bytes_high == narrow.kv_cache_bytes_high
         row = next(item for item in wide.budget if item.key == "kept_free")
         assert "not derived" in row.detail
 
