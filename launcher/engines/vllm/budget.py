@@ -598,14 +598,30 @@ QWEN_VL_MAX_PIXELS = 12_845_056
 QWEN_VL_MAX_FRAMES = 14
 MM_MAX_PIXELS = 1 << 34
 # The vision tower's own forward runs before the language model's, so the profile's peak is the larger of the
-# two. Per block and patch, in the model dtype, beside the dummy pixels (qwen2_5_vl.py Qwen2_5_VisionBlock, 0.19.0
-# :271-306, :362-500; qwen2_vl.py): attention - the block's input (the caller holds it too), the norm, qkv (3 W),
-# q/k made contiguous and rotated (2 x 2 W), the attention output and its projection: 3 W + 8 W / TP (Qwen2-VL
-# all-gathers qkv at TP > 1, `split_qkv`: 6 W + 8 W / TP, 8 W + 3 W / TP while gathering); MLP - the input,
-# attention output, residual, norm (eager RMSNorm allocates), gate_up + activation + down_proj's output:
-# 5 W + 3 I / TP, + W for the out-of-place all-reduce at TP > 1 (Qwen2-VL's ungated fc1 + act: 4 W + 2 I / TP).
-# --mm-encoder-tp-mode data runs the tower whole on each rank (TP 1 here). Fitted on no GPU log: +/- 25 %.
+# two. Per patch, what vLLM's own tower allocates (tests/data/vllm_vision_forward_oracle.json: the forward of
+# 0.32.0's and 0.34.0's modules on the meta device, tensor by tensor, dispatched as a default CUDA start: the tower
+# eager with the native ops the Inductor start selects, custom ops off and IR ops native, ViT FlashAttention;
+# tests/oracles/vllm_vision_forward_oracle.py). In widths W (the tower's), I (its MLP), hd (a head) of the model
+# dtype, at its two peaks in a block:
+# - attention (the native rotary): the block's input and its norm, whole; qkv (3 W), q and k made contiguous
+#   (2 W) and the rotary's four temporaries (4 W), split by TP: 2 W + 9 W / TP; Qwen3-VL holds one more W (its
+#   patch embeddings, alive through the loop); Qwen2-VL all-gathers qkv at TP > 1 (`split_qkv`: + 3 W);
+# - MLP: Qwen2-VL's fc1 and QuickGELU's sigmoid and product, 3 I / TP, beside the input, residual and norm (3 W);
+#   Qwen2.5-VL's gate_up (2 I), SiluAndMul's silu and product (2 I) beside 4 W; Qwen3-VL's fc1 and GELU (2 I)
+#   beside 4 W;
+# - beside both: the rotary cos/sin per patch (hd; Qwen2.5-VL keeps them twice, window-ordered: 2 hd), Qwen3-VL's
+#   deepstack outputs (levels x out / 4), and int64 indices (Qwen2.5-VL's window order 6 B a patch, Qwen3-VL's
+#   positions up to 16 B).
+# One rank is traced: within 0.1 % of every record; +/- 3 % for what the trace cannot see (allocator rounding,
+# kernels' own scratch). --enforce-eager runs vLLM's kernels instead (one output each): fewer temporaries, so this
+# is an overestimate there. Under tensor parallelism the split is read from the code, not traced: +/- 25 %.
+# --mm-encoder-tp-mode data runs the tower whole on each rank (TP 1 here).
 VISION_FORWARD_ERROR_FRACTION = 0.25
+VISION_FORWARD_TRACED_ERROR_FRACTION = 0.03
+
+
+def vision_forward_error_fraction(tp: int) -> float:
+    return VISION_FORWARD_TRACED_ERROR_FRACTION if tp == 1 else VISION_FORWARD_ERROR_FRACTION
 
 
 def _qwen_vl_frame(max_pixels: int, unit: int) -> int:
@@ -692,29 +708,81 @@ def _deepstack_levels(geometry: ModelGeometry) -> int:
     return len(levels) if isinstance(levels, list) and len(levels) <= 1024 else 0
 
 
+def vision_forward_derived(geometry: ModelGeometry) -> bool:
+    """Whether the profile's vision forward is derived for this tower (Qwen-VL, Gemma 3's SigLIP, Mistral 3's
+    Pixtral-HF)."""
+    return geometry.architecture in QWEN_VL_ARCHITECTURES | QWEN3_VL_ARCHITECTURES or bool(_image_tower(geometry))
+
+
+def _forward_rule(patches: int, forward: int, tp: int) -> str:
+    how = "traced" if tp == 1 else "split by TP"
+    return (f"; the vision forward over {patches:,} patches {format_gib(forward)} "
+            f"+/- {vision_forward_error_fraction(tp):.0%} (vLLM's own tower, {how})")
+
+
+# The image towers encode every dummy image at once (one batch, v1/worker/gpu/mm/encoder_runner.py:111-175), per
+# patch of the padded image, as traced (tests/data/vllm_vision_forward_oracle.json):
+# - Gemma 3's SigLIP (siglip.py, gemma3_mm.py `_image_pixels_to_features`), (image_size / patch)^2 patches an image:
+#   the attention's qkv (3 W) and FlashAttention's output (W) beside the layer's input, residual, norm and out_proj
+#   output (4 W), or the MLP's fc1 and its GELU (2 I) beside 4 W: 26,432 B a patch for Gemma 3 4B, 12B and 27B
+#   (the projector's pooled outputs are smaller);
+# - Mistral 3's Pixtral-HF (pixtral.py), the image padded to whole merged patches: the attention's qkv (3 W) and the
+#   native rotary's four temporaries (4 W) beside three of the stream (3 W), or the MLP's gate_up, silu and product
+#   (4 I) beside five (5 W); beside both the patches unfolded (3 x patch^2), the rotary cos/sin (2 x a head) and
+#   int64 positions (16 B): 44,456 B a patch for Mistral Small 3.1.
+# Split by TP (not traced): qkv, the attention's output or temporaries, and the MLP.
+def _image_tower(geometry: ModelGeometry) -> int:
+    """Patches an image of the profile's dummy through a tower derived here (0 where none is)."""
+    vision, wrapper = geometry.vision_config, geometry.wrapper_config
+    size = _count(vision.get("image_size"), MM_MAX_IMAGE_SIDE)
+    patch = _count(vision.get("patch_size"), MM_MAX_IMAGE_SIDE)
+    if not size or not patch:
+        return 0
+    if geometry.architecture == "Gemma3ForConditionalGeneration":
+        return (size // patch) ** 2
+    if geometry.architecture == "Mistral3ForConditionalGeneration":
+        merge = _count(wrapper.get("spatial_merge_size", 1), MM_MAX_IMAGE_SIDE) or 1
+        side = ((size - 1) // (patch * merge) + 1) * patch * merge
+        return (side // patch) ** 2
+    return 0
+
+
+def _image_tower_per_patch(geometry: ModelGeometry, *, tp: int, act_dtype_bytes: int) -> int:
+    """Bytes a patch at the tower's forward peak (`_image_tower`'s towers)."""
+    vision, tp = geometry.vision_config, max(tp, 1)
+    width = _count(vision.get("hidden_size"), 1 << 20) or 0
+    inner = _count(vision.get("intermediate_size"), 1 << 22) or 4 * width
+    if geometry.architecture == "Mistral3ForConditionalGeneration":
+        patch = _count(vision.get("patch_size"), MM_MAX_IMAGE_SIDE) or 0
+        head = width // (_count(vision.get("num_attention_heads"), 1 << 12) or 16)
+        values = max(3 * width + 7 * width // tp, 5 * width + 4 * inner // tp) + 3 * patch * patch + 2 * head
+        return values * act_dtype_bytes + 16
+    return max(4 * width + 4 * width // tp, 4 * width + 2 * inner // tp) * act_dtype_bytes
+
+
 def _vision_forward_bytes(geometry: ModelGeometry, *, patches: int, tp: int, act_dtype_bytes: int) -> int:
     """The Qwen-VL vision tower's forward peak over `patches` (see VISION_FORWARD_ERROR_FRACTION)."""
-    vision = geometry.vision_config
-    if geometry.architecture in QWEN3_VL_ARCHITECTURES:
-        width = _count(vision.get("hidden_size"), 1 << 20) or 0
-        inner = _count(vision.get("intermediate_size"), 1 << 22) or 4 * width
-        out = _count(vision.get("out_hidden_size"), 1 << 20) or geometry.hidden_size
-        block = max(3 * width + 8 * width // tp, 3 * width + 2 * inner // tp + (width if tp > 1 else 0))
-        return patches * (block + width + _deepstack_levels(geometry) * out // 4) * act_dtype_bytes
+    vision, tp = geometry.vision_config, max(tp, 1)
+    qwen3 = geometry.architecture in QWEN3_VL_ARCHITECTURES
     gated = geometry.architecture == "Qwen2_5_VLForConditionalGeneration"
-    width = _count(vision.get("hidden_size") if gated else vision.get("embed_dim"), 1 << 20) or 0
-    if gated:
+    width = _count(vision.get("hidden_size") if qwen3 or gated else vision.get("embed_dim"), 1 << 20) or 0
+    head = width // (_count(vision.get("num_heads"), 1 << 12) or 16)
+    if qwen3 or gated:
         inner = _count(vision.get("intermediate_size"), 1 << 22) or 4 * width
-        mlp = 5 * width + 3 * inner // tp + (width if tp > 1 else 0)
-        attention = 3 * width + 8 * width // tp
     else:
         ratio = vision.get("mlp_ratio", 4)
         ratio = ratio if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio <= 64 else 4
         inner = int(width * ratio)  # Qwen2VisionBlock: int(embed_dim * mlp_ratio)
-        mlp = 4 * width + 2 * inner // tp
-        attention = (11 * width if tp == 1 else
-                     max(6 * width + 8 * width // tp, 8 * width + 3 * width // tp))
-    return patches * max(attention, mlp) * act_dtype_bytes
+    attention = 2 * width + 9 * width // tp
+    if qwen3:
+        out = _count(vision.get("out_hidden_size"), 1 << 20) or geometry.hidden_size
+        block = max(attention + width, 4 * width + 2 * inner // tp)
+        values, indices = block + head + _deepstack_levels(geometry) * out // 4, 16
+    elif gated:
+        values, indices = max(attention, 4 * width + 4 * inner // tp) + 2 * head, 6
+    else:
+        values, indices = max(attention + (3 * width if tp > 1 else 0), 3 * width + 3 * inner // tp) + head, 0
+    return patches * (values * act_dtype_bytes + indices)
 
 
 def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: int, max_model_len: int | None,
@@ -740,10 +808,9 @@ def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: i
                                   f"{items} dummy {modality}{'s' if items > 1 else ''} x {tokens:,} tokens x {h}"
                                   + (f" x {1 + levels} (deepstack)" if levels else "")
                                   + (f" + their pixels {format_gib(pixels)}" if inputs_alive else "")
-                                  + f"; the vision forward over {items * patches:,} patches {format_gib(forward)} "
-                                  f"+/- {VISION_FORWARD_ERROR_FRACTION:.0%} (the tower's VisionBlock shapes)",
+                                  + _forward_rule(items * patches, forward, vision_tp or tp),
                                   forward_bytes=forward,
-                                  forward_error_bytes=int(forward * VISION_FORWARD_ERROR_FRACTION))
+                                  forward_error_bytes=int(forward * vision_forward_error_fraction(vision_tp or tp)))
     dummy = _dummy_image(geometry)
     if dummy is None:
         # Not derived: the outputs at the budget's tokens (one item per batched token), the pixels in the band.
@@ -755,6 +822,16 @@ def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: i
     tokens, pixels = dummy
     items = _mm_items(tokens, t, num_seqs, max_model_len, (limits or {}).get("image", MM_DEFAULT_LIMIT))
     inputs = items * pixels * act_dtype_bytes if inputs_alive else 0
+    patches = _image_tower(geometry)
+    if patches:
+        forward = items * pixels * act_dtype_bytes + items * patches * _image_tower_per_patch(
+            geometry, tp=vision_tp or tp, act_dtype_bytes=act_dtype_bytes)
+        return EncoderProfile(act_dtype_bytes * items * tokens * h, inputs, 0,
+                              f"{items} dummy images x {tokens} embeds x {h}"
+                              + (f" + their pixels {items} x {pixels:,} x {act_dtype_bytes} B" if inputs else "")
+                              + _forward_rule(items * patches, forward, vision_tp or tp),
+                              forward_bytes=forward,
+                              forward_error_bytes=int(forward * vision_forward_error_fraction(vision_tp or tp)))
     return EncoderProfile(act_dtype_bytes * items * tokens * h, inputs, 0,
                           f"{items} dummy images x {tokens} embeds x {h}"
                           + (f" + their pixels {items} x {pixels:,} x {act_dtype_bytes} B" if inputs else ""))

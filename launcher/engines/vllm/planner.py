@@ -1010,12 +1010,11 @@ def plan_gpu(request: PlanRequest) -> Plan:
     startup_doubt = "; ".join(doubt for doubt in (init_doubt, _load_peak_doubt(gpu, sizing)) if doubt) or None
     if not verified:
         warnings.append(architecture_note)
-    if vb.encoder_profiled(request.model.geometry, pinned) and \
-            request.model.geometry.architecture not in vb.QWEN_VL_ARCHITECTURES | vb.QWEN3_VL_ARCHITECTURES:
+    if vb.encoder_profiled(request.model.geometry, pinned) and not vb.vision_forward_derived(request.model.geometry):
         warnings.append(f"vLLM's profile run encodes dummy items with {request.model.geometry.architecture}'s own "
                         "tower before the language model runs; that forward is not derived here (the plan counts "
                         "what stays: the encoder outputs and dummy pixels): where it is the larger peak, vLLM keeps "
-                        "more out of the KV cache (Qwen2.5-VL's: 15 GiB for one 114,688-token dummy video at "
+                        "more out of the KV cache (Qwen2.5-VL's: 17.2 GiB for one 114,688-token dummy video at "
                         "128,000 tokens)")
     chosen = _vllm_length(request, setup, sizing.capacity_at, sizing.band(), _weights_cause(sizing))
     length, capacity, doubt, at_risk = chosen.value, chosen.capacity, chosen.doubt, chosen.at_risk

@@ -78,9 +78,10 @@ def test_the_encoder_is_profiled_as_vllm_decides(name: str, flags: tuple[str, ..
 
 def test_switching_the_encoder_off_returns_its_outputs_to_the_kv_cache() -> None:
     """The profile run holds the dummy item's encoder outputs and, on 0.19's V1 runner, its pixels
-    (gpu_model_runner.py profile_run): at 8,192 tokens one 16,384-token Qwen2.5-VL item (65,536 patches of
-    1,176 pixels); without them the KV cache gets exactly that back, on an idle H100 at T = 8192, where the
-    language model's phase (the 1,024-row sampler) is the peak, not the vision forward."""
+    (gpu_model_runner.py profile_run): at 8,192 tokens, with max_pixels 6,422,528, one 8,192-token Qwen2.5-VL
+    item (32,768 patches of 1,176 pixels); without them the KV cache gets exactly that back, on an idle H100 at
+    T = 8192, where the language model's phase (the 1,024-row sampler) is the peak, not the vision forward (at
+    the repos' default 16,384-token image the tower's own forward binds instead)."""
     geometry = _geometry("qwen2.5-vl-7b")
     model = ResolvedModel(name="qwen2.5-vl-7b", source="local", geometry=geometry, weight_bytes=16_580_000_000,
                           weight_bytes_source="test", config={})
@@ -89,11 +90,11 @@ def test_switching_the_encoder_off_returns_its_outputs_to_the_kv_cache() -> None
         plan = make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["1x h100-80gb"]),
                                      engine_version="0.19.0",
                                      engine_args=("--max-model-len", "8192", "--max-num-batched-tokens", "8192",
-                                                  *flags)))
+                                                  "--mm-processor-kwargs", '{"max_pixels": 6422528}', *flags)))
         assert plan.architecture_verified
         return plan.kv_cache_bytes
 
-    encoder = 2 * 16_384 * geometry.hidden_size + 2 * 65_536 * 1176
+    encoder = 2 * 8192 * geometry.hidden_size + 2 * 32_768 * 1176
     assert kv("--limit-mm-per-prompt", '{"image": 0, "video": 0}') - kv() == pytest.approx(encoder, abs=2 << 20)
 
 
