@@ -28,7 +28,11 @@ custom op is off unless the layer enforces it (`CompilationConfig.custom_ops` ["
 - the ViT attention: FlashAttention, the backend on compute capability 8.0+ (platforms/cuda.py:562-615), as
   `flash_attn_maxseqlen_wrapper` allocates (v1/attention/ops/vit_attn_wrappers.py:26-80: the output like q,
   and FlashAttention's fp32 log-sum-exp [heads, tokens], dropped at once).
-One rank (tensor parallelism splits heads and intermediates and adds the all-reduce's output: not traced).
+Tensor parallelism is traced on one process: the tensor-parallel group answers a world size of 2, 4 or 8 (rank 0),
+so every layer takes its own shard as on rank 0, and its collectives allocate as CUDA's do (all-reduce out of
+place: one output like its input; all-gather: a contiguous input, the gathered output and, off dim 0, its
+movedim copy; cuda_communicator.py:389-524). A size a model cannot take (heads or intermediates not divisible) is
+recorded as vLLM's refusal.
 `tests/engines/vllm/test_qwen_vl_profile.py` checks budget.py's `_vision_forward_bytes` against every record.
 """
 
@@ -54,6 +58,7 @@ MODELS = ("qwen2-vl-7b-instruct", "qwen2.5-vl-7b", "qwen3-vl-4b-instruct", "qwen
 # off; Mistral 3: image_size padded to whole merged patches).
 GRIDS = ((1, 32, 32), (2, 64, 64), (7, 36, 64))
 IMAGES = (1, 4, 8)
+TP_SIZES = (1, 2, 4, 8)
 
 SITECUSTOMIZE = """import os, sys
 tree = os.environ.get("SAFE_SERVE_VLLM_TREE")
@@ -126,6 +131,26 @@ def _stub_c_ops(torch) -> object | None:  # type: ignore[no-untyped-def]
     return library
 
 
+def _fake_tensor_parallel(torch, size: int) -> None:  # type: ignore[no-untyped-def]
+    """The tensor-parallel group as rank 0 of `size`, its collectives allocating as vLLM's CUDA ones."""
+    from vllm.distributed import parallel_state
+
+    group = parallel_state.get_tp_group()
+    group.world_size, group.rank_in_group = size, 0
+
+    def all_reduce(tensor):  # type: ignore[no-untyped-def]
+        return torch.empty_like(tensor)
+
+    def all_gather(tensor, dim=-1):  # type: ignore[no-untyped-def]
+        dim = dim + tensor.dim() if dim < 0 else dim
+        tensor = tensor.contiguous()
+        shape = tuple(tensor.shape)
+        gathered = torch.empty((size, *shape), dtype=tensor.dtype, device=tensor.device).movedim(0, dim)
+        return gathered.reshape((*shape[:dim], size * shape[dim], *shape[dim + 1:]))
+
+    group.all_reduce, group.all_gather = all_reduce, all_gather
+
+
 class VisionOracle:
     def __init__(self) -> None:
         logging.disable(logging.WARNING)
@@ -143,7 +168,7 @@ class VisionOracle:
         self._library = _stub_c_ops(torch)
         self._distributed = False
 
-    def _build(self, config: dict):  # type: ignore[no-untyped-def]
+    def _build(self, config: dict, tp: int):  # type: ignore[no-untyped-def]
         torch = self.torch
         from vllm.config import set_current_vllm_config
         from vllm.distributed import init_distributed_environment, initialize_model_parallel
@@ -168,6 +193,8 @@ class VisionOracle:
         else:
             destroy_model_parallel()
         initialize_model_parallel(1, 1)
+        if tp > 1:
+            _fake_tensor_parallel(torch, tp)
         with contextlib.suppress(ImportError):
             from vllm import ir
 
@@ -214,47 +241,57 @@ class VisionOracle:
         return live.peak, output
 
     def run(self, name: str) -> dict:
-        torch = self.torch
         with open(os.path.join(CONFIGS, f"{name}.json"), encoding="utf-8") as handle:
             config = {k: v for k, v in json.load(handle).items() if not k.startswith("_")}
-        out: dict = {"model": name, "architecture": config["architectures"][0], "grids": []}
+        out: dict = {"model": name, "architecture": config["architectures"][0], "grids": [], "refused": {}}
         try:
-            _, model, context = self._build(config)
-            gemma = hasattr(model, "vision_tower")
-            tower = model.vision_tower if gemma else model.visual
-            self._cuda_dispatch(model)
-            vision = config["vision_config"]
-            dtype = next(tower.parameters()).dtype
-            if gemma:
-                size, patch = vision.get("image_size", 896), vision.get("patch_size", 14)
-                if config["architectures"][0] == "Mistral3ForConditionalGeneration":
-                    merged = patch * config.get("spatial_merge_size", 1)
-                    size = ((size - 1) // merged + 1) * merged
-                for count in IMAGES:
-                    pixels = torch.empty(count, 3, size, size, dtype=dtype, device="meta")
-                    kwargs = {"pixel_values": pixels}
-                    if config["architectures"][0] == "Gemma3ForConditionalGeneration":
-                        kwargs["num_patches"] = torch.ones(count, dtype=torch.int64)
-                    peak, embeds = self._peak(model, pixels, lambda kw=kwargs: model.embed_multimodal(**kw))
-                    out["grids"].append({"images": count, "patches": count * (size // patch) ** 2, "peak_bytes": peak,
-                                         "pixel_bytes": pixels.numel() * pixels.element_size(),
-                                         "output_shape": [list(e.shape) for e in embeds]})
-            else:
-                per_patch = 3 * vision.get("temporal_patch_size", 2) * vision.get("patch_size", 14) ** 2
-                for t, h, w in GRIDS:
-                    pixels = torch.empty(t * h * w, per_patch, dtype=dtype, device="meta")
-                    grid = torch.tensor([[t, h, w]], dtype=torch.int64)
-                    peak, embeds = self._peak(model, pixels, lambda p=pixels, g=grid: tower(p, grid_thw=g))
-                    shape = [list(e.shape) for e in embeds] if isinstance(embeds, (list, tuple)) else \
-                        list(embeds.shape)
-                    out["grids"].append({"grid": [t, h, w], "patches": t * h * w, "peak_bytes": peak,
-                                         "pixel_bytes": pixels.numel() * pixels.element_size(), "output_shape": shape})
-            context.__exit__(None, None, None)
+            for tp in TP_SIZES:
+                self._run_tp(config, tp, out)
         except BaseException as error:
             if isinstance(error, KeyboardInterrupt):
                 raise
             out["error"] = {"type": type(error).__name__, "message": str(error)[:300]}
         return out
+
+    def _run_tp(self, config: dict, tp: int, out: dict) -> None:
+        """The records of one tensor-parallel size: each grid's (or image count's) peak on rank 0."""
+        torch = self.torch
+        try:
+            _, model, context = self._build(config, tp)
+        except (AssertionError, ValueError) as refused:
+            if tp == 1:
+                raise
+            out["refused"][str(tp)] = f"{type(refused).__name__}: {str(refused)[:200]}"
+            return
+        images = hasattr(model, "vision_tower")
+        tower = model.vision_tower if images else model.visual
+        self._cuda_dispatch(model)
+        vision = config["vision_config"]
+        dtype = next(tower.parameters()).dtype
+        if images:
+            size, patch = vision.get("image_size", 896), vision.get("patch_size", 14)
+            if config["architectures"][0] == "Mistral3ForConditionalGeneration":
+                merged = patch * config.get("spatial_merge_size", 1)
+                size = ((size - 1) // merged + 1) * merged
+            for count in IMAGES:
+                pixels = torch.empty(count, 3, size, size, dtype=dtype, device="meta")
+                kwargs = {"pixel_values": pixels}
+                if config["architectures"][0] == "Gemma3ForConditionalGeneration":
+                    kwargs["num_patches"] = torch.ones(count, dtype=torch.int64)
+                peak, embeds = self._peak(model, pixels, lambda kw=kwargs: model.embed_multimodal(**kw))
+                out["grids"].append({"tp": tp, "images": count, "patches": count * (size // patch) ** 2,
+                                     "peak_bytes": peak, "pixel_bytes": pixels.numel() * pixels.element_size(),
+                                     "output_shape": [list(e.shape) for e in embeds]})
+        else:
+            per_patch = 3 * vision.get("temporal_patch_size", 2) * vision.get("patch_size", 14) ** 2
+            for t, h, w in GRIDS:
+                pixels = torch.empty(t * h * w, per_patch, dtype=dtype, device="meta")
+                grid = torch.tensor([[t, h, w]], dtype=torch.int64)
+                peak, embeds = self._peak(model, pixels, lambda p=pixels, g=grid: tower(p, grid_thw=g))
+                shape = [list(e.shape) for e in embeds] if isinstance(embeds, (list, tuple)) else list(embeds.shape)
+                out["grids"].append({"tp": tp, "grid": [t, h, w], "patches": t * h * w, "peak_bytes": peak,
+                                     "pixel_bytes": pixels.numel() * pixels.element_size(), "output_shape": shape})
+        context.__exit__(None, None, None)
 
 
 def main() -> int:
@@ -268,7 +305,7 @@ def main() -> int:
     records = [oracle.run(name) for name in MODELS]
     doc = {"header": {"vllm": oracle.version, "torch": oracle.torch.__version__,
                       "dispatch": "CUDA start under Inductor: custom ops off, IR ops native, ViT FlashAttention",
-                      "tp": 1},
+                      "tp": list(TP_SIZES)},
            "results": records}
     text = json.dumps(doc, indent=1) + "\n"
     if args.output:

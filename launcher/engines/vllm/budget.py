@@ -598,30 +598,29 @@ QWEN_VL_MAX_PIXELS = 12_845_056
 QWEN_VL_MAX_FRAMES = 14
 MM_MAX_PIXELS = 1 << 34
 # The vision tower's own forward runs before the language model's, so the profile's peak is the larger of the
-# two. Per patch, what vLLM's own tower allocates (tests/data/vllm_vision_forward_oracle.json: the forward of
-# 0.32.0's and 0.34.0's modules on the meta device, tensor by tensor, dispatched as a default CUDA start: the tower
+# two. Per patch, what vLLM's own tower allocates on one rank (tests/data/vllm_vision_forward_oracle.json: the
+# forward of 0.34.0's modules on the meta device, tensor by tensor, dispatched as a default CUDA start: the tower
 # eager with the native ops the Inductor start selects, custom ops off and IR ops native, ViT FlashAttention;
+# tensor parallelism as rank 0 of 2, 4 and 8 with CUDA's collectives' allocations;
 # tests/oracles/vllm_vision_forward_oracle.py). In widths W (the tower's), I (its MLP), hd (a head) of the model
-# dtype, at its two peaks in a block:
+# dtype, the larger of a block's peaks:
 # - attention (the native rotary): the block's input and its norm, whole; qkv (3 W), q and k made contiguous
 #   (2 W) and the rotary's four temporaries (4 W), split by TP: 2 W + 9 W / TP; Qwen3-VL holds one more W (its
-#   patch embeddings, alive through the loop); Qwen2-VL all-gathers qkv at TP > 1 (`split_qkv`: + 3 W);
+#   patch embeddings, alive through the loop). Under TP the FlashAttention call beside the previous layer's
+#   all-reduced output: 4 W + 8 W / TP (Qwen3-VL 5 W); Qwen2-VL all-gathers qkv (`split_qkv`: 7 W + 8 W / TP, and
+#   8 W + 3 W / TP while the gathered copy is made);
 # - MLP: Qwen2-VL's fc1 and QuickGELU's sigmoid and product, 3 I / TP, beside the input, residual and norm (3 W);
 #   Qwen2.5-VL's gate_up (2 I), SiluAndMul's silu and product (2 I) beside 4 W; Qwen3-VL's fc1 and GELU (2 I)
-#   beside 4 W;
+#   beside 4 W. Under TP the down projection's shard and its all-reduced output beside what stays: 6 W + 3 I / TP
+#   (Qwen2.5-VL), 6 W + I / TP (Qwen3-VL), 5 W + I / TP (Qwen2-VL);
 # - beside both: the rotary cos/sin per patch (hd; Qwen2.5-VL keeps them twice, window-ordered: 2 hd), Qwen3-VL's
 #   deepstack outputs (levels x out / 4), and int64 indices (Qwen2.5-VL's window order 6 B a patch, Qwen3-VL's
-#   positions up to 16 B).
-# One rank is traced: within 0.1 % of every record; +/- 3 % for what the trace cannot see (allocator rounding,
-# kernels' own scratch). --enforce-eager runs vLLM's kernels instead (one output each): fewer temporaries, so this
-# is an overestimate there. Under tensor parallelism the split is read from the code, not traced: +/- 25 %.
-# --mm-encoder-tp-mode data runs the tower whole on each rank (TP 1 here).
-VISION_FORWARD_ERROR_FRACTION = 0.25
-VISION_FORWARD_TRACED_ERROR_FRACTION = 0.03
-
-
-def vision_forward_error_fraction(tp: int) -> float:
-    return VISION_FORWARD_TRACED_ERROR_FRACTION if tp == 1 else VISION_FORWARD_ERROR_FRACTION
+#   positions up to 16 B); and before the blocks Qwen3-VL's position-embedding interpolation (7 W a frame's patch).
+# Within 0.1 % of all 114 records (0.32.0's Qwen and Gemma 3 towers give the same bytes); +/- 3 % for what the
+# trace cannot see (allocator rounding, kernels' own scratch). --enforce-eager runs vLLM's kernels instead (one
+# output each): fewer temporaries, so this is an overestimate there. --mm-encoder-tp-mode data runs the tower whole
+# on each rank (TP 1 here).
+VISION_FORWARD_ERROR_FRACTION = 0.03
 
 
 def _qwen_vl_frame(max_pixels: int, unit: int) -> int:
@@ -715,9 +714,9 @@ def vision_forward_derived(geometry: ModelGeometry) -> bool:
 
 
 def _forward_rule(patches: int, forward: int, tp: int) -> str:
-    how = "traced" if tp == 1 else "split by TP"
+    rank = f"a rank of TP {tp}" if tp > 1 else "one rank"
     return (f"; the vision forward over {patches:,} patches {format_gib(forward)} "
-            f"+/- {vision_forward_error_fraction(tp):.0%} (vLLM's own tower, {how})")
+            f"+/- {VISION_FORWARD_ERROR_FRACTION:.0%} (vLLM's own tower on {rank}, traced)")
 
 
 # The image towers encode every dummy image at once (one batch, v1/worker/gpu/mm/encoder_runner.py:111-175), per
@@ -730,7 +729,9 @@ def _forward_rule(patches: int, forward: int, tp: int) -> str:
 #   native rotary's four temporaries (4 W) beside three of the stream (3 W), or the MLP's gate_up, silu and product
 #   (4 I) beside five (5 W); beside both the patches unfolded (3 x patch^2), the rotary cos/sin (2 x a head) and
 #   int64 positions (16 B): 44,456 B a patch for Mistral Small 3.1.
-# Split by TP (not traced): qkv, the attention's output or temporaries, and the MLP.
+# Under TP (traced as rank 0 of 2, 4, 8): qkv, the attention's output or temporaries and the MLP split, beside the
+# all-reduced outputs: SigLIP's attention 5 W + 4 W / TP and down projection 6 W + I / TP; Pixtral's 5 W + 6 W / TP
+# and 7 W + I / TP.
 def _image_tower(geometry: ModelGeometry) -> int:
     """Patches an image of the profile's dummy through a tower derived here (0 where none is)."""
     vision, wrapper = geometry.vision_config, geometry.wrapper_config
@@ -748,20 +749,26 @@ def _image_tower(geometry: ModelGeometry) -> int:
 
 
 def _image_tower_per_patch(geometry: ModelGeometry, *, tp: int, act_dtype_bytes: int) -> int:
-    """Bytes a patch at the tower's forward peak (`_image_tower`'s towers)."""
+    """Bytes a patch at the tower's forward peak on one rank (`_image_tower`'s towers)."""
     vision, tp = geometry.vision_config, max(tp, 1)
     width = _count(vision.get("hidden_size"), 1 << 20) or 0
     inner = _count(vision.get("intermediate_size"), 1 << 22) or 4 * width
+    split = tp > 1
     if geometry.architecture == "Mistral3ForConditionalGeneration":
         patch = _count(vision.get("patch_size"), MM_MAX_IMAGE_SIDE) or 0
         head = width // (_count(vision.get("num_attention_heads"), 1 << 12) or 16)
-        values = max(3 * width + 7 * width // tp, 5 * width + 4 * inner // tp) + 3 * patch * patch + 2 * head
-        return values * act_dtype_bytes + 16
-    return max(4 * width + 4 * width // tp, 4 * width + 2 * inner // tp) * act_dtype_bytes
+        phases = [3 * width + 7 * width // tp, 5 * width + 4 * inner // tp]
+        phases += [5 * width + 6 * width // tp, 7 * width + inner // tp] if split else []
+        return (max(phases) + 3 * patch * patch + 2 * head) * act_dtype_bytes + 16
+    phases = [4 * width + 4 * width // tp, 4 * width + 2 * inner // tp]
+    phases += [5 * width + 4 * width // tp, 6 * width + inner // tp] if split else []
+    return max(phases) * act_dtype_bytes
 
 
-def _vision_forward_bytes(geometry: ModelGeometry, *, patches: int, tp: int, act_dtype_bytes: int) -> int:
-    """The Qwen-VL vision tower's forward peak over `patches` (see VISION_FORWARD_ERROR_FRACTION)."""
+def _vision_forward_bytes(geometry: ModelGeometry, *, patches: int, tp: int, act_dtype_bytes: int,
+                          frames: int = 1) -> int:
+    """The Qwen-VL vision tower's forward peak over `patches` on one rank (see VISION_FORWARD_ERROR_FRACTION);
+    `frames`: temporal patches per item (Qwen3-VL's position-embedding interpolation is per frame)."""
     vision, tp = geometry.vision_config, max(tp, 1)
     qwen3 = geometry.architecture in QWEN3_VL_ARCHITECTURES
     gated = geometry.architecture == "Qwen2_5_VLForConditionalGeneration"
@@ -773,15 +780,25 @@ def _vision_forward_bytes(geometry: ModelGeometry, *, patches: int, tp: int, act
         ratio = vision.get("mlp_ratio", 4)
         ratio = ratio if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio <= 64 else 4
         inner = int(width * ratio)  # Qwen2VisionBlock: int(embed_dim * mlp_ratio)
-    attention = 2 * width + 9 * width // tp
+    split = tp > 1  # the all-reduced outputs beside the shards (and Qwen2-VL's all-gathered qkv)
     if qwen3:
         out = _count(vision.get("out_hidden_size"), 1 << 20) or geometry.hidden_size
-        block = max(attention + width, 4 * width + 2 * inner // tp)
-        values, indices = block + head + _deepstack_levels(geometry) * out // 4, 16
+        phases = [3 * width + 9 * width // tp, 4 * width + 2 * inner // tp]
+        phases += [5 * width + 8 * width // tp, 6 * width + inner // tp] if split else []
+        values, indices = max(phases) + head + _deepstack_levels(geometry) * out // 4, 16
+        # Before the blocks, `fast_pos_embed_interpolate` holds four gathered position embeddings, their weighted
+        # sum and its permuted copy per patch of a frame (7 W, and ~160 B of int64 indices and weights): the peak
+        # where the blocks' shards are small (TP 8)
+        interpolation = (7 * width * act_dtype_bytes + 160) // max(frames, 1)
+        return patches * max(values * act_dtype_bytes + indices, interpolation)
     elif gated:
-        values, indices = max(attention, 4 * width + 4 * inner // tp) + 2 * head, 6
+        phases = [2 * width + 9 * width // tp, 4 * width + 4 * inner // tp]
+        phases += [4 * width + 8 * width // tp, 6 * width + 3 * inner // tp] if split else []
+        values, indices = max(phases) + 2 * head, 6
     else:
-        values, indices = max(attention + (3 * width if tp > 1 else 0), 3 * width + 3 * inner // tp) + head, 0
+        phases = [2 * width + 9 * width if not split else 7 * width + 8 * width // tp, 3 * width + 3 * inner // tp]
+        phases += [8 * width + 3 * width // tp, 5 * width + inner // tp] if split else []
+        values, indices = max(phases) + head, 0
     return patches * (values * act_dtype_bytes + indices)
 
 
@@ -810,7 +827,7 @@ def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: i
                                   + (f" + their pixels {format_gib(pixels)}" if inputs_alive else "")
                                   + _forward_rule(items * patches, forward, vision_tp or tp),
                                   forward_bytes=forward,
-                                  forward_error_bytes=int(forward * vision_forward_error_fraction(vision_tp or tp)))
+                                  forward_error_bytes=int(forward * VISION_FORWARD_ERROR_FRACTION))
     dummy = _dummy_image(geometry)
     if dummy is None:
         # Not derived: the outputs at the budget's tokens (one item per batched token), the pixels in the band.
@@ -831,7 +848,7 @@ def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: i
                               + (f" + their pixels {items} x {pixels:,} x {act_dtype_bytes} B" if inputs else "")
                               + _forward_rule(items * patches, forward, vision_tp or tp),
                               forward_bytes=forward,
-                              forward_error_bytes=int(forward * vision_forward_error_fraction(vision_tp or tp)))
+                              forward_error_bytes=int(forward * VISION_FORWARD_ERROR_FRACTION))
     return EncoderProfile(act_dtype_bytes * items * tokens * h, inputs, 0,
                           f"{items} dummy images x {tokens} embeds x {h}"
                           + (f" + their pixels {items} x {pixels:,} x {act_dtype_bytes} B" if inputs else ""))
