@@ -51,15 +51,22 @@ sys.meta_path.insert(0, _StubFinder(["torchvision", "timm"]))
 """
 
 
+def quiet_site(code: str, prefix: str) -> tempfile.TemporaryDirectory:
+    """vLLM's warnings off, and `code` run as the sitecustomize of this process and every child of it (vLLM
+    inspects model classes in a subprocess); the directory lives as long as the returned object."""
+    logging.disable(logging.WARNING)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    site = tempfile.TemporaryDirectory(prefix=prefix)
+    with open(os.path.join(site.name, "sitecustomize.py"), "w", encoding="utf-8") as handle:
+        handle.write(code)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [site.name, os.environ.get("PYTHONPATH")]))
+    exec(code, {})  # noqa: S102 (this process as well)
+    return site
+
+
 class ParamsOracle:
     def __init__(self) -> None:
-        logging.disable(logging.WARNING)
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        self._site = tempfile.TemporaryDirectory(prefix="vllm-params-site-")
-        with open(os.path.join(self._site.name, "sitecustomize.py"), "w", encoding="utf-8") as handle:
-            handle.write(SITECUSTOMIZE)
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [self._site.name, os.environ.get("PYTHONPATH")]))
-        exec(SITECUSTOMIZE, {})  # noqa: S102 (this process as well)
+        self._site = quiet_site(SITECUSTOMIZE, "vllm-params-site-")
         import torch
         import vllm
 
@@ -72,18 +79,11 @@ class ParamsOracle:
         """One gloo rank, under the engine's config as vLLM's worker sets it up; the model-parallel
         groups anew for each model (the expert-parallel group exists only for MoE models)."""
         from vllm.config import set_current_vllm_config
-        from vllm.distributed import init_distributed_environment, initialize_model_parallel
-        from vllm.distributed.parallel_state import destroy_model_parallel
 
-        port = 29600 + os.getpid() % 1000
         with set_current_vllm_config(config):
-            if not self._distributed:
-                init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                             distributed_init_method=f"tcp://127.0.0.1:{port}")
-                self._distributed = True
-            else:
-                destroy_model_parallel()
-            initialize_model_parallel(1, 1)
+            one_gloo_rank(first=not self._distributed, port=29600 + os.getpid() % 1000)
+            self._distributed = True
+
 
     def run(self, case_id: str, source: str, config: dict) -> dict:
         torch = self.torch
@@ -138,6 +138,19 @@ class ParamsOracle:
         before, kinds, sequence, after = module_tensors(torch, model)
         out["before_layers"], out["layer_kinds"], out["layers"], out["after_layers"] = before, kinds, sequence, after
         return out
+
+
+def one_gloo_rank(*, first: bool, port: int) -> None:
+    """The distributed environment as one gloo rank (the first time), and the model-parallel groups anew."""
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import destroy_model_parallel
+
+    if first:
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
+    else:
+        destroy_model_parallel()
+    initialize_model_parallel(1, 1)
 
 
 def main() -> int:

@@ -43,13 +43,15 @@ import argparse
 import contextlib
 import io
 import json
-import logging
 import os
 import sys
 import tempfile
 import weakref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from vllm_params import one_gloo_rank, quiet_site  # noqa: E402 (stdlib-only at import)
+
 CONFIGS = os.path.join(HERE, "..", "data", "configs")
 MODELS = ("qwen2-vl-7b-instruct", "qwen2.5-vl-7b", "qwen3-vl-4b-instruct", "qwen3-vl-8b-instruct", "qwen3.5-27b",
           "qwen3.5-35b-a3b", "gemma-3-4b-it", "gemma-3-12b-it", "gemma-3-27b-it", "mistral-small-3.1-24b-instruct-2503")
@@ -153,13 +155,7 @@ def _fake_tensor_parallel(torch, size: int) -> None:  # type: ignore[no-untyped-
 
 class VisionOracle:
     def __init__(self) -> None:
-        logging.disable(logging.WARNING)
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        self._site = tempfile.TemporaryDirectory(prefix="vllm-vision-site-")
-        with open(os.path.join(self._site.name, "sitecustomize.py"), "w", encoding="utf-8") as handle:
-            handle.write(SITECUSTOMIZE.format(here=HERE))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [self._site.name, os.environ.get("PYTHONPATH")]))
-        exec(SITECUSTOMIZE.format(here=HERE), {})  # noqa: S102 (this process as well)
+        self._site = quiet_site(SITECUSTOMIZE.format(here=HERE), "vllm-vision-site-")
         import torch
         import vllm
 
@@ -171,8 +167,6 @@ class VisionOracle:
     def _build(self, config: dict, tp: int):  # type: ignore[no-untyped-def]
         torch = self.torch
         from vllm.config import set_current_vllm_config
-        from vllm.distributed import init_distributed_environment, initialize_model_parallel
-        from vllm.distributed.parallel_state import destroy_model_parallel
         from vllm.engine.arg_utils import EngineArgs
         from vllm.model_executor.model_loader.utils import initialize_model
         from vllm.utils.torch_utils import set_default_torch_dtype
@@ -186,13 +180,8 @@ class VisionOracle:
         engine.compilation_config.custom_ops = ["none"]  # as under Inductor, the default on CUDA
         context = set_current_vllm_config(engine)
         context.__enter__()
-        if not self._distributed:
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"tcp://127.0.0.1:{29800 + os.getpid() % 1000}")
-            self._distributed = True
-        else:
-            destroy_model_parallel()
-        initialize_model_parallel(1, 1)
+        one_gloo_rank(first=not self._distributed, port=29800 + os.getpid() % 1000)
+        self._distributed = True
         if tp > 1:
             _fake_tensor_parallel(torch, tp)
         with contextlib.suppress(ImportError):
