@@ -885,12 +885,17 @@ def _vision_note(peak: vb.ProfilePeak) -> tuple[str, ...]:
     beyond = dict(peak.terms).get("vision forward beyond", 0)
     if not beyond:
         return ()
-    smaller = ("--limit-mm-per-prompt '{\"video\": 0}', a shorter --max-model-len (fewer dummy frames) or a smaller "
-               "--mm-processor-kwargs max_pixels" if "dummy video" in peak.encoder_rule else
-               "a smaller --mm-processor-kwargs max_pixels")
+    if "dummy video" in peak.encoder_rule:
+        smaller = ("--limit-mm-per-prompt '{\"video\": 0}', a shorter --max-model-len (fewer dummy frames) or a "
+                   "smaller --mm-processor-kwargs max_pixels profiles a smaller item")
+    elif " embeds x " in peak.encoder_rule:  # a tower of fixed-size images (Gemma 3, Mistral 3): fewer of them
+        smaller = ("a smaller --max-num-batched-tokens profiles fewer images (the encoder budget follows it, "
+                   "config/scheduler.py:350-351, multimodal/encoder_budget.py:142-191)")
+    else:
+        smaller = "a smaller --mm-processor-kwargs max_pixels profiles a smaller item"
     return (f"vLLM's profile run encodes its largest dummy item before the language model runs, and that forward "
             f"is the activation peak ({format_gib(beyond)} above the language model's; {peak.encoder_rule}): "
-            f"{smaller} profiles a smaller item (--skip-mm-profiling profiles none, and reserves nothing for it)",)
+            f"{smaller} (--skip-mm-profiling profiles none, and reserves nothing for it)",)
 
 
 def _sampler_note(setup: _VllmSetup, peak: vb.ProfilePeak) -> tuple[str, ...]:

@@ -283,6 +283,21 @@ def test_gemma3_plan_counts_its_tower_where_it_binds() -> None:
     assert split.forward_error_bytes == int(split.forward_bytes * 0.03)
 
 
+def test_gemma3_plan_says_how_to_profile_fewer_images() -> None:
+    """A fixed-size image tower shrinks with the encoder budget (max_num_batched_tokens), not with max_pixels."""
+    config = _config("gemma-3-12b-it")
+    model = ResolvedModel(name="gemma-3-12b", source="local", geometry=geometry_from_config(config),
+                          weight_bytes=24_600_000_000, weight_bytes_source="test", config=config)
+    plan = make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["h100"]), engine_version="0.34.0"))
+    note = next(n for n in plan.notes if "encodes its largest dummy item" in n)
+    assert "32 dummy images x 256 embeds" in note and "a smaller --max-num-batched-tokens profiles fewer images" in note
+    assert "max_pixels" not in note
+    fewer = make_plan(PlanRequest(model=model, engine="vllm", gpus=hypothetical_gpus(["h100"]), engine_version="0.34.0",
+                                  engine_args=("--max-num-batched-tokens", "2048")))
+    assert fewer.kv_cache_bytes > plan.kv_cache_bytes
+    assert "8 dummy images x 256 embeds" in next(item.detail for item in fewer.budget if item.key == "activation")
+
+
 def test_the_traced_towers_cover_each_family() -> None:
     """The oracle traced every tower kind the planner derives, on 0.34.0, at TP 1, 2 and 4 (8 where the model takes
     it: Qwen2-VL and Qwen2.5-VL 7B's 28 heads do not), without error."""
