@@ -400,6 +400,7 @@ class ProfilePeak:
     # holds with its sampler than with the sort planned.
     flashinfer_saves_bytes: int = 0
     encoder_rule: str = ""  # how the multimodal dummy batch was counted (`encoder_profile`), where it runs
+    encoder_item: str = ""  # the dummy item's kind (`EncoderProfile.item`)
 
     def describe(self) -> str:
         return " + ".join(f"{name} {format_gib(bytes_, unit=False)}" for name, bytes_ in self.terms if bytes_) + " GiB"
@@ -546,6 +547,9 @@ class EncoderProfile:
     rule: str
     forward_bytes: int = 0  # the vision tower's own forward peak (pixels included), where derived
     forward_error_bytes: int = 0
+    # What the dummy item is, so what shrinks it: "video" (frames within max_model_len), "image" (sized by
+    # max_pixels), "fixed image" (config.json's size: only fewer of them, the encoder budget); "" not derived.
+    item: str = ""
 
 
 # Beyond these a config.json is not a real tower's (config.json is text a stranger writes): not derived.
@@ -565,7 +569,7 @@ def _mm_items(tokens: int, batched_tokens: int, num_seqs: int, max_model_len: in
 
 
 def _dummy_image(geometry: ModelGeometry) -> tuple[int, int] | None:
-    """(embeds per image, pixel elements per image) of the profile's dummy image, where config.json fixes it."""
+    """(embeds per image, side in pixels) of the profile's square dummy image, where config.json fixes it."""
     vision, wrapper = geometry.vision_config, geometry.wrapper_config
     size = _count(vision.get("image_size"), MM_MAX_IMAGE_SIDE)
     patch = _count(vision.get("patch_size"), MM_MAX_IMAGE_SIDE)
@@ -573,7 +577,7 @@ def _dummy_image(geometry: ModelGeometry) -> tuple[int, int] | None:
         return None
     if geometry.architecture == "Gemma3ForConditionalGeneration":
         tokens = _count(wrapper.get("mm_tokens_per_image", 256), MM_MAX_TOKENS_PER_IMAGE)
-        return (tokens, 3 * size * size) if tokens is not None else None
+        return (tokens, size) if tokens is not None else None
     if geometry.architecture == "Mistral3ForConditionalGeneration" and patch is not None:
         merge = _count(wrapper.get("spatial_merge_size", 1), MM_MAX_IMAGE_SIDE)
         if merge is None:
@@ -581,8 +585,7 @@ def _dummy_image(geometry: ModelGeometry) -> tuple[int, int] | None:
         # (size - 1) // (patch x merge) + 1 rows and columns (transformers pixtral `_num_image_tokens`), and the
         # processor pads the image to whole merged patches (`get_resize_output_image_size`)
         grid = (size - 1) // (patch * merge) + 1
-        side = grid * patch * merge
-        return grid * grid, 3 * side * side
+        return grid * grid, grid * patch * merge
     return None
 
 
@@ -733,19 +736,11 @@ def _forward_rule(patches: int, forward: int, tp: int) -> str:
 # all-reduced outputs: SigLIP's attention 5 W + 4 W / TP and down projection 6 W + I / TP; Pixtral's 5 W + 6 W / TP
 # and 7 W + I / TP.
 def _image_tower(geometry: ModelGeometry) -> int:
-    """Patches an image of the profile's dummy through a tower derived here (0 where none is)."""
-    vision, wrapper = geometry.vision_config, geometry.wrapper_config
-    size = _count(vision.get("image_size"), MM_MAX_IMAGE_SIDE)
-    patch = _count(vision.get("patch_size"), MM_MAX_IMAGE_SIDE)
-    if not size or not patch:
-        return 0
-    if geometry.architecture == "Gemma3ForConditionalGeneration":
-        return (size // patch) ** 2
-    if geometry.architecture == "Mistral3ForConditionalGeneration":
-        merge = _count(wrapper.get("spatial_merge_size", 1), MM_MAX_IMAGE_SIDE) or 1
-        side = ((size - 1) // (patch * merge) + 1) * patch * merge
-        return (side // patch) ** 2
-    return 0
+    """Patches an image of the profile's dummy (`_dummy_image`) through its tower, 0 where none is derived: every
+    tower whose dummy image is derived here (Gemma 3's SigLIP, Mistral 3's Pixtral-HF) is."""
+    dummy = _dummy_image(geometry)
+    patch = _count(geometry.vision_config.get("patch_size"), MM_MAX_IMAGE_SIDE)
+    return (dummy[1] // patch) ** 2 if dummy is not None and patch else 0
 
 
 def _image_tower_per_patch(geometry: ModelGeometry, *, tp: int, act_dtype_bytes: int) -> int:
@@ -789,17 +784,16 @@ def _vision_forward_bytes(geometry: ModelGeometry, *, patches: int, tp: int, act
         # Before the blocks, `fast_pos_embed_interpolate` holds four gathered position embeddings, their weighted
         # sum and its permuted copy per patch of a frame (7 W, and ~160 B of int64 indices and weights): the peak
         # where the blocks' shards are small (TP 8)
-        interpolation = (7 * width * act_dtype_bytes + 160) // max(frames, 1)
-        return patches * max(values * act_dtype_bytes + indices, interpolation)
+        before_blocks = (7 * width * act_dtype_bytes + 160) // max(frames, 1)
     elif gated:
         phases = [2 * width + 9 * width // tp, 4 * width + 4 * inner // tp]
         phases += [4 * width + 8 * width // tp, 6 * width + 3 * inner // tp] if split else []
-        values, indices = max(phases) + 2 * head, 6
+        values, indices, before_blocks = max(phases) + 2 * head, 6, 0
     else:
         phases = [2 * width + 9 * width if not split else 7 * width + 8 * width // tp, 3 * width + 3 * inner // tp]
         phases += [8 * width + 3 * width // tp, 5 * width + inner // tp] if split else []
-        values, indices = max(phases) + head, 0
-    return patches * (values * act_dtype_bytes + indices)
+        values, indices, before_blocks = max(phases) + head, 0, 0
+    return patches * max(values * act_dtype_bytes + indices, before_blocks)
 
 
 def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: int, max_model_len: int | None,
@@ -827,7 +821,7 @@ def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: i
                                   + (f" + their pixels {format_gib(pixels)}" if inputs_alive else "")
                                   + _forward_rule(items * patches, forward, vision_tp or tp),
                                   forward_bytes=forward,
-                                  forward_error_bytes=int(forward * VISION_FORWARD_ERROR_FRACTION))
+                                  forward_error_bytes=int(forward * VISION_FORWARD_ERROR_FRACTION), item=modality)
     dummy = _dummy_image(geometry)
     if dummy is None:
         # Not derived: the outputs at the budget's tokens (one item per batched token), the pixels in the band.
@@ -836,22 +830,19 @@ def encoder_profile(geometry: ModelGeometry, *, batched_tokens: int, num_seqs: i
                               f"encoder outputs {t:,} tokens x {h} (the dummy batch not derived for "
                               f"{geometry.architecture}"
                               + (f"; its pixels +/- {error / GiB:.2f} GiB" if error else "") + ")")
-    tokens, pixels = dummy
+    tokens, side = dummy
+    pixels = 3 * side * side
     items = _mm_items(tokens, t, num_seqs, max_model_len, (limits or {}).get("image", MM_DEFAULT_LIMIT))
     inputs = items * pixels * act_dtype_bytes if inputs_alive else 0
     patches = _image_tower(geometry)
-    if patches:
-        forward = items * pixels * act_dtype_bytes + items * patches * _image_tower_per_patch(
-            geometry, tp=vision_tp or tp, act_dtype_bytes=act_dtype_bytes)
-        return EncoderProfile(act_dtype_bytes * items * tokens * h, inputs, 0,
-                              f"{items} dummy images x {tokens} embeds x {h}"
-                              + (f" + their pixels {items} x {pixels:,} x {act_dtype_bytes} B" if inputs else "")
-                              + _forward_rule(items * patches, forward, vision_tp or tp),
-                              forward_bytes=forward,
-                              forward_error_bytes=int(forward * VISION_FORWARD_ERROR_FRACTION))
+    forward = items * pixels * act_dtype_bytes + items * patches * _image_tower_per_patch(
+        geometry, tp=vision_tp or tp, act_dtype_bytes=act_dtype_bytes) if patches else 0
     return EncoderProfile(act_dtype_bytes * items * tokens * h, inputs, 0,
                           f"{items} dummy images x {tokens} embeds x {h}"
-                          + (f" + their pixels {items} x {pixels:,} x {act_dtype_bytes} B" if inputs else ""))
+                          + (f" + their pixels {items} x {pixels:,} x {act_dtype_bytes} B" if inputs else "")
+                          + (_forward_rule(items * patches, forward, vision_tp or tp) if patches else ""),
+                          forward_bytes=forward, forward_error_bytes=int(forward * VISION_FORWARD_ERROR_FRACTION),
+                          item="fixed image")
 
 
 # The sorting top-k/top-p in the profile's dummy sampler run before 0.17 (v1/sample/ops/topk_topp_sampler.py
@@ -966,7 +957,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         total = sum(b for _, b in terms_legacy)
         saves = legacy - max(forward, flashinfer) if flashinfer_sampler is None else 0
         return ProfilePeak(terms_legacy, total, error, "V0/V1 (before 0.17)", flashinfer_saves_bytes=saves,
-                           encoder_rule=mm.rule)
+                           encoder_rule=mm.rule, encoder_item=mm.item)
     if not uses_v2_runner(rules, geometry.architecture):
         # 12 B an entry beside the model-dtype logits: a --dtype float32 start (0.19 H100, Llama-3.1-8B) peaks
         # 0.32 GiB above the bf16 one, 2 B an entry more at 1,024 x 128,256 plus the wider hidden states.
@@ -977,7 +968,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                                                ("vision rope table", vision_rope),
                                                ("constant", PROFILE_CONSTANT_BYTES))
         terms, error = _with_vision_forward(terms, V1_PEAK_ERROR_BYTES + mm.error_bytes, mm)
-        return ProfilePeak(terms, sum(b for _, b in terms), error, "V1", encoder_rule=mm.rule)
+        return ProfilePeak(terms, sum(b for _, b in terms), error, "V1", encoder_rule=mm.rule,
+                           encoder_item=mm.item)
     forward = _v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
     sampler = 2 * r * v + (4 * r * v + 4 * sms * v if rules.sampler_warmup_pass else 0)
     transient = max(forward, hidden + sampler)
@@ -987,7 +979,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
              ("constant", PROFILE_CONSTANT_BYTES))
     terms, error = _with_vision_forward(terms, V2_PEAK_ERROR_BYTES, mm)
     return ProfilePeak(terms, sum(b for _, b in terms), error, "V2",
-                       persistent_bytes=penalty if rules.budget_from_consumed else 0, encoder_rule=mm.rule)
+                       persistent_bytes=penalty if rules.budget_from_consumed else 0, encoder_rule=mm.rule,
+                       encoder_item=mm.item)
 
 
 def _v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int) -> int:

@@ -369,18 +369,17 @@ def _plus_minus(low: int, high: int) -> str:
     return f"+/- {format_gib(low)}" if low == high else f"-{format_gib(low)} / +{format_gib(high)}"
 
 
-def _pinned_kv_fits(kv: int, available: int, error: int, flag: str, favourable_error: int | None = None) -> str | None:
+def _pinned_kv_fits(kv: int, available: int, error: int, favourable_error: int, flag: str) -> str | None:
     """A pinned KV size must fit what the weights, activations and graphs leave, or vLLM runs out
-    of memory allocating it: refused beyond the band's favourable end (`favourable_error` above, where the
-    band is one-sided), doubted beyond its low end."""
-    high = error if favourable_error is None else favourable_error
+    of memory allocating it: refused beyond the band's favourable end (`favourable_error` above, less than
+    `error` where the band is one-sided), doubted beyond its low end (`error` below)."""
     if kv <= available - error:
         return None
     message = (f"{flag}: {format_gib(kv)} of KV cache, but only ~{format_gib(max(available, 0))} is left after "
                "the weights, activations and CUDA graphs at the central estimate"
                + (f" ({format_gib(max(available - error, 0))} at the low end of its error band)" if error else "")
                + ": vLLM runs out of memory allocating it")
-    if kv > available + high:
+    if kv > available + favourable_error:
         raise WontFit(message, hint=f"lower {flag}", rule="pinned-kv")
     return message + (" (inside the estimate's error band)" if kv > available else " if the estimates land low")
 
@@ -885,10 +884,10 @@ def _vision_note(peak: vb.ProfilePeak) -> tuple[str, ...]:
     beyond = dict(peak.terms).get("vision forward beyond", 0)
     if not beyond:
         return ()
-    if "dummy video" in peak.encoder_rule:
+    if peak.encoder_item == "video":
         smaller = ("--limit-mm-per-prompt '{\"video\": 0}', a shorter --max-model-len (fewer dummy frames) or a "
                    "smaller --mm-processor-kwargs max_pixels profiles a smaller item")
-    elif " embeds x " in peak.encoder_rule:  # a tower of fixed-size images (Gemma 3, Mistral 3): fewer of them
+    elif peak.encoder_item == "fixed image":  # config.json fixes the size (Gemma 3, Mistral 3): only fewer of them
         smaller = ("a smaller --max-num-batched-tokens profiles fewer images (the encoder budget follows it, "
                    "config/scheduler.py:350-351, multimodal/encoder_budget.py:142-191)")
     else:
@@ -1026,7 +1025,7 @@ def plan_gpu(request: PlanRequest) -> Plan:
     if sizing.pinned_kv_bytes is not None or sizing.blocks_override is not None:
         flag = "--kv-cache-memory-bytes" if sizing.pinned_kv_bytes is not None else "--num-gpu-blocks-override"
         kv_doubt = _pinned_kv_fits(sizing.kv_at(length), sizing.available_at(length), sizing.available_error(length),
-                                   flag, sizing.available_error(length, favourable=True))
+                                   sizing.available_error(length, favourable=True), flag)
         doubt = "; ".join(d for d in (doubt, kv_doubt) if d) or None
         at_risk += (flag.lstrip("-").replace("-", "_"),) if kv_doubt else ()
     if startup_doubt:

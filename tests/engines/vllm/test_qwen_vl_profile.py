@@ -298,6 +298,19 @@ def test_gemma3_plan_says_how_to_profile_fewer_images() -> None:
     assert "8 dummy images x 256 embeds" in next(item.detail for item in fewer.budget if item.key == "activation")
 
 
+def test_the_dummy_items_kind_says_what_shrinks_it() -> None:
+    """Qwen2.5-VL at 128k profiles a video (frames), Qwen3-VL a max_pixels image, Gemma 3 fixed-size images;
+    a tower not derived has no kind. The profile peak carries it to the plan's note."""
+    def item(config: dict[str, Any], length: int) -> str:
+        return vb.encoder_profile(geometry_from_config(config), batched_tokens=8192, num_seqs=1024,
+                                  max_model_len=length, act_dtype_bytes=2, inputs_alive=False,
+                                  limits=vb.mm_limits({})).item
+
+    assert [item(CONFIG, 128_000), item(QWEN3, 32_768), item(_config("gemma-3-12b-it"), 8192),
+            item(_config("kimi-vl-a3b-instruct"), 8192)] == ["video", "image", "fixed image", ""]
+    assert _peak("0.34.0", 128_000).encoder_item == "video"
+
+
 def test_the_traced_towers_cover_each_family() -> None:
     """The oracle traced every tower kind the planner derives, on 0.34.0, at TP 1, 2 and 4 (8 where the model takes
     it: Qwen2-VL and Qwen2.5-VL 7B's 28 heads do not), without error."""
