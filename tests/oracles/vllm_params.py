@@ -140,6 +140,16 @@ class ParamsOracle:
         return out
 
 
+def write_golden(document: dict, output: str | None) -> None:
+    """A golden file indented one space a level (the vision and language-model oracles' form), or stdout."""
+    text = json.dumps(document, indent=1) + "\n"
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        sys.stdout.write(text)
+
+
 def one_gloo_rank(*, first: bool, port: int) -> None:
     """The distributed environment as one gloo rank (the first time), and the model-parallel groups anew."""
     from vllm.distributed import init_distributed_environment, initialize_model_parallel

@@ -50,7 +50,7 @@ import weakref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from vllm_params import one_gloo_rank, quiet_site  # noqa: E402 (stdlib-only at import)
+from vllm_params import one_gloo_rank, quiet_site, write_golden  # noqa: E402 (stdlib-only at import)
 
 CONFIGS = os.path.join(HERE, "..", "data", "configs")
 MODELS = ("qwen2-vl-7b-instruct", "qwen2.5-vl-7b", "qwen3-vl-4b-instruct", "qwen3-vl-8b-instruct", "qwen3.5-27b",
@@ -296,12 +296,7 @@ def main() -> int:
                       "dispatch": "CUDA start under Inductor: custom ops off, IR ops native, ViT FlashAttention",
                       "tp": list(TP_SIZES)},
            "results": records}
-    text = json.dumps(doc, indent=1) + "\n"
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    else:
-        sys.stdout.write(text)
+    write_golden(doc, args.output)
     return 0 if all("error" not in r for r in records) else 1
 
 

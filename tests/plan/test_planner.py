@@ -290,13 +290,14 @@ class TestFlagsThatChangeTheBudget:
 
     def test_auto_length_is_held_to_the_concurrency(self) -> None:
         """vLLM's auto-fit sizes for one request; asking for 4 at that length is refused with alternatives."""
-        one = make_plan(request("qwen2.5-7b", "rtx4090", engine_args=("--max-model-len", "auto")))
+        one = make_plan(request("qwen2.5-7b", "l4", engine_args=("--max-model-len", "auto")))
         assert one.max_model_len == 32768 and "auto-fit" in one.max_model_len_source
-        # Four at 32,768 fit only at the favourable end of the error band: kept, with the doubt said.
-        four = make_plan(request("qwen2.5-7b", "rtx4090", concurrency=4, engine_args=("--max-model-len", "auto")))
-        assert four.max_model_len == 32768 and four.may_not_fit and "favourable end" in four.may_not_fit
+        # Three at 32,768 (5.25 GiB) fit only at the favourable end of the error band (4.09-5.39 GiB): kept, with
+        # the doubt said; four (7.00 GiB) not even there.
+        three = make_plan(request("qwen2.5-7b", "l4", concurrency=3, engine_args=("--max-model-len", "auto")))
+        assert three.max_model_len == 32768 and three.may_not_fit and "favourable end" in three.may_not_fit
         with pytest.raises(WontFit) as info:
-            make_plan(request("qwen2.5-7b", "rtx4090", concurrency=8, engine_args=("--max-model-len", "auto")))
+            make_plan(request("qwen2.5-7b", "l4", concurrency=4, engine_args=("--max-model-len", "auto")))
         assert any(a.startswith("--max-model-len ") for a in info.value.alternatives)
 
     def test_packed_kv_dtypes_are_not_guessed(self) -> None:

@@ -87,11 +87,11 @@ class TestVllmSafeSide:
     max_model_len needs more KV than it has (kv_cache_utils.py check_enough_kv_cache_memory)."""
 
     def test_the_chosen_length_is_the_low_ends(self) -> None:
-        """Llama-3.1-8B on an L4 (its published 22.16 GiB CUDA total): 4.02 GiB of KV at the centre, 3.02 GiB at the
+        """Llama-3.1-8B on an L4 (its published 22.16 GiB CUDA total): 4.02 GiB of KV at the centre, 3.37 GiB at the
         band's low end (the allocator's segments around the weights, 0.8 +/- 0.7 MiB, take one block)."""
         plan = make_plan(request("llama-3.1-8b", "l4"))
         assert plan.may_not_fit is None and plan.at_risk == ()
-        assert plan.max_model_len == plan.max_model_len_low_end == 24752
+        assert plan.max_model_len == plan.max_model_len_low_end == 27568
         assert plan.max_model_len_central == 32912
         # One request of that length fits in the low end's bytes (2 MiB blocks of 16 tokens, one spare).
         per_block = 2 * MiB  # 32 layers x 16 tokens x 4 KiB (8 KV heads x 128 x 2 x 2 B)
@@ -107,29 +107,29 @@ class TestVllmSafeSide:
         plan = make_plan(request("llama-3.1-8b", "l4", engine_args=("--max-model-len", "28000")))
         assert plan.max_model_len == 28000 and plan.at_risk == ("max_model_len",)
         assert plan.may_not_fit and "low end of the KV band" in plan.may_not_fit
-        assert "vLLM estimates the maximum model length at 24752 (vLLM refuses to start there)" in plan.may_not_fit
-        assert plan.max_model_len_low_end == 24752 and plan.max_model_len_central == 32912
+        assert "vLLM estimates the maximum model length at 27568 (vLLM refuses to start there)" in plan.may_not_fit
+        assert plan.max_model_len_low_end == 27568 and plan.max_model_len_central == 32912
 
     def test_concurrency_beyond_the_low_end_is_at_risk(self) -> None:
-        """Four requests of 8192 fit in the 4.02 GiB centre (32,944 tokens), not in the 3.03 GiB low end."""
+        """Four requests of 8192 fit in the 4.02 GiB centre (32,944 tokens), not in the 3.37 GiB low end."""
         plan = make_plan(request("llama-3.1-8b", "l4", engine_args=("--max-model-len", "8192"), concurrency=4))
         assert plan.at_risk == ("max_concurrency",) and plan.may_not_fit
 
     def test_no_length_at_the_low_end_keeps_the_centre_and_says_so(self) -> None:
-        """Gemma-2-9B on an L4: 1.30 GiB at the centre, 0.22 GiB at the low end (no request's worth)."""
+        """Gemma-2-9B on an A10G: 1.10 GiB at the centre, 0.16 GiB at the low end (no request's worth)."""
         from launcher.edge.render import plan_to_json, render_plan
 
-        plan = make_plan(request("gemma-2-9b", "l4"))
-        assert plan.max_model_len == plan.max_model_len_central == 4016 and plan.max_model_len_low_end == 0
+        plan = make_plan(request("gemma-2-9b", "a10g"))
+        assert plan.max_model_len == plan.max_model_len_central == 3392 and plan.max_model_len_low_end == 0
         assert plan.at_risk == ("max_model_len",) and "refuses to start there" in (plan.may_not_fit or "")
         doc = plan_to_json(plan)
         assert doc["fits"] is False and doc["at_risk"] == ["max_model_len"] and doc["max_model_len_low_end"] == 0
-        assert "length band    0 holds at the KV band's low end (none), 4,016 at the central estimate" in \
+        assert "length band    0 holds at the KV band's low end (none), 3,392 at the central estimate" in \
             render_plan(plan)
 
     def test_a_pinned_kv_size_beyond_the_low_end_is_at_risk(self) -> None:
-        """4.39 GiB pinned; 5.26 GiB left at the centre, 4.27 GiB at the low end."""
-        plan = make_plan(request("llama-3.1-8b", "l4", engine_args=("--kv-cache-memory-bytes", "4500M")))
+        """4.69 GiB pinned; 5.26 GiB left at the centre, 4.61 GiB at the low end."""
+        plan = make_plan(request("llama-3.1-8b", "l4", engine_args=("--kv-cache-memory-bytes", "4800M")))
         assert plan.at_risk == ("kv_cache_memory_bytes",) and "at the low end" in (plan.may_not_fit or "")
 
 

@@ -157,7 +157,7 @@ MLA_CONTEXT_WORKSPACE_CAP = 64 * 1024
 class SizingStep:
     """The allocated transient peak of the sizing warmup's full-batch step, phase by phase (bytes)."""
 
-    forward: int  # the layers' peak, as the profile's V2 forward (MLP intermediates), or attention's if larger
+    forward: int  # the layers' peak, as the profile's V2 forward (v2_forward_bytes)
     logprobs: int  # the model's output hidden states beside one chunk of prompt-logprob logits (0 if none)
     context: int = 0  # MLA: the context step's up-projected chunks (mla_context_step)
     padded_v: bool = False  # MLA: FlashAttention 2 pads v in that step (mla_prefill_pads_v)
@@ -217,9 +217,9 @@ def sizing_step(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dt
                 max_num_seqs: int = 1024, block: int = 16, dcp: int = 1,
                 compute_capability: tuple[int, int] | None = None) -> SizingStep | None:
     """The sizing steps' allocated peak (warmup.py:478-545), or None where it is not derived (--max-logprobs
-    -1; MLA under decode context parallelism). Attention runs this time: at its call the residual, the
-    normed input, q/k/v and the output are alive, below the MLP's intermediates for every layout the
-    profile's forward covers, but taken where larger. Prompt logprobs: the hidden states of every
+    -1; MLA under decode context parallelism). Attention runs this time: at its call the split graph holds the
+    residual, q, k, the qkv buffer (v is its view) and the output, less than the piece's end before it
+    (`v2_forward_bytes`), and FlashAttention adds only its fp32 log-sum-exp. Prompt logprobs: the hidden states of every
     token stay alive while each 1,024-row chunk's logits are made (on the rank's vocabulary shard,
     gathered whole at TP > 1; Gemma 2's soft cap holds two whole copies at a time). Where max_model_len is
     below the batch, the logprobs are asked on one prompt of that length (warmup.py:497-515). MLA's context
@@ -230,12 +230,9 @@ def sizing_step(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dt
     pads_v = geometry.mla is not None and mla_prefill_pads_v(compute_capability)
     context = mla_context_step(geometry, tp=tp, max_model_len=max_model_len or t, max_num_seqs=max_num_seqs,
                                batched_tokens=t, block=block, act_dtype_bytes=act_dtype_bytes, pads_v=pads_v)
-    forward = _v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
-    q = geometry.num_attention_heads * geometry.head_dim // tp
-    kv = 2 * max(geometry.num_kv_heads // tp, 1) * geometry.head_dim
-    attention = act_dtype_bytes * t * (2 * h + 2 * q + kv)
+    forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
     if max_logprobs == 0:
-        return SizingStep(max(forward, attention), 0, context, pads_v)
+        return SizingStep(forward, 0, context, pads_v)
     prompt = min(t, max_model_len) if max_model_len else t
     rows, vocab = min(prompt, PROMPT_LOGPROB_CHUNK_ROWS), geometry.vocab_size
     # At most two copies alive at once: the shard beside the gathered whole (TP > 1), then each step of the
@@ -243,7 +240,7 @@ def sizing_step(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dt
     gather = 1 + 1 / tp if tp > 1 else 1.0
     copies = max(gather, 2.0 if geometry.text_config.get("final_logit_softcapping") else 1.0)
     logprobs = act_dtype_bytes * prompt * h + int(act_dtype_bytes * rows * vocab * copies)
-    return SizingStep(max(forward, attention), logprobs, context, pads_v)
+    return SizingStep(forward, logprobs, context, pads_v)
 
 
 def mla_prefill_pads_v(compute_capability: tuple[int, int] | None) -> bool:
@@ -369,6 +366,19 @@ PROFILE_CONSTANT_BYTES = int(0.052 * GiB)
 # only (no 0.22+ log prints a peak): a wider band until one does.
 V1_PEAK_ERROR_BYTES = int(0.15 * GiB)
 V2_PEAK_ERROR_BYTES = int(0.5 * GiB)
+# The V2 runner's language-model forward, where vLLM's own compiled pieces were run (tests/oracles/
+# vllm_lm_forward_oracle.py: 0.34.0's and 0.32.0's VLLM_COMPILE pipeline and Inductor, on the CPU):
+# `v2_forward_bytes` equals every record of these to 8 B a token (Gemma's sandwich norms keep two fp32 variances).
+# Their peak takes V1's band (the constant and what the runner holds beside the forward, as there) plus
+# LM_FORWARD_ERROR_FRACTION of the forward, for what Inductor's CUDA scheduler may plan apart from its CPU one (the
+# same lowering and buffer reuse; mm padding on misaligned GEMMs is CUDA's own). Others keep V2_PEAK_ERROR_BYTES:
+# MoE (the fused-MoE op's own buffers), MLA, hybrids, and layouts whose pieces Inductor plans otherwise: Granite's
+# residual multiplier and GLM-4's post-norms were run too and hold one hidden-wide buffer more or less than these
+# at some TP sizes (within that band).
+LM_FORWARD_TRACED = frozenset({
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM"})
+LM_FORWARD_ERROR_FRACTION = 0.03
 
 # Streaming multiprocessors: the Triton top-k/top-p kernel keeps a [min(SMs, R), V] fp32 buffer
 # (vllm/v1/sample/ops/topk_topp_triton.py:965). By GPU name; 132 (H100) when unknown.
@@ -401,6 +411,7 @@ class ProfilePeak:
     flashinfer_saves_bytes: int = 0
     encoder_rule: str = ""  # how the multimodal dummy batch was counted (`encoder_profile`), where it runs
     encoder_item: str = ""  # the dummy item's kind (`EncoderProfile.item`)
+    forward_rule: str = ""  # V2: where the language model's forward comes from (`v2_peak_error_bytes`)
 
     def describe(self) -> str:
         return " + ".join(f"{name} {format_gib(bytes_, unit=False)}" for name, bytes_ in self.terms if bytes_) + " GiB"
@@ -894,21 +905,25 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                  gpu_name: str = "", act_dtype_bytes: int = 2, language_only: bool = False, dp: int = 1,
                  expert_parallel: bool = False, flashinfer_sampler: bool | None = False,
                  max_model_len: int | None = None, mm_limits: Mapping[str, int] | None = None,
-                 mm_max_pixels: int | None = None, vision_tp: int | None = None) -> ProfilePeak:
+                 mm_max_pixels: int | None = None, vision_tp: int | None = None,
+                 compiled_as_traced: bool = True) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
 
     V1 (0.19-0.21, and 0.22-0.28 outside the V2 architecture list): the sampler dummy run holds
     the model-dtype logits (2 B), their fp32 copy (4), softmax probabilities (4) and the exponential
     noise (4) per row and vocabulary entry, plus the top-k/top-p buffer, while the forward's hidden
     states (T x H) and the MoE workspace are alive. V2 (every model from 0.29): the default dummy
-    batch has no top-k/top-p, so the sampler holds only the logits and the forward peak (MLP
-    intermediates, attention skipped) dominates; 0.33 adds a warmup pass (fp32 copy + top-k/top-p
-    buffer). A penalty state int32 [max_num_seqs, V] is allocated at V2 runner init.
+    batch has no top-k/top-p, so the sampler holds only the logits and the forward peak (the compiled
+    pieces' buffers, `v2_forward_bytes`; attention skipped) dominates; 0.33 adds a warmup pass (fp32 copy +
+    top-k/top-p buffer). A penalty state int32 [max_num_seqs, V] is allocated at V2 runner init.
 
     Under data parallelism (`dp` > 1) a MoE layer takes every DP rank's padded batch, gathered
     (allgather_reducescatter, the default all2all): its workspace is sized for dp x T tokens, and the
     gathered rows and the experts' output before the reduce-scatter are held beside it (parallel.py);
     with expert parallelism each expert runs whole (its intermediate size not split).
+
+    `compiled_as_traced`: the start compiles the model and quantizes nothing at run time (no --enforce-eager, no
+    --quantization), as the V2 forward's oracle ran it; otherwise its band stays V2_PEAK_ERROR_BYTES.
     """
     v, h, t, r = geometry.vocab_size, geometry.hidden_size, batched_tokens, min(batched_tokens, num_seqs)
     sms = min(sm_count(gpu_name), r)
@@ -970,23 +985,64 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         terms, error = _with_vision_forward(terms, V1_PEAK_ERROR_BYTES + mm.error_bytes, mm)
         return ProfilePeak(terms, sum(b for _, b in terms), error, "V1", encoder_rule=mm.rule,
                            encoder_item=mm.item)
-    forward = _v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
+    forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
     sampler = 2 * r * v + (4 * r * v + 4 * sms * v if rules.sampler_warmup_pass else 0)
     transient = max(forward, hidden + sampler)
     penalty = 4 * num_seqs * v + 4 * num_seqs * -(-v // 32)  # vllm/v1/worker/gpu/sample/penalties.py:40
     terms = (("forward" if forward >= hidden + sampler else "sampler", transient), ("MoE workspace", moe),
              ("DP-gathered MoE rows", gathered), ("encoder cache", encoder), ("vision rope table", vision_rope),
              ("constant", PROFILE_CONSTANT_BYTES))
-    terms, error = _with_vision_forward(terms, V2_PEAK_ERROR_BYTES, mm)
+    traced = compiled_as_traced and _forward_traced(geometry)
+    terms, error = _with_vision_forward(terms, v2_peak_error_bytes(traced, forward), mm)
     return ProfilePeak(terms, sum(b for _, b in terms), error, "V2",
                        persistent_bytes=penalty if rules.budget_from_consumed else 0, encoder_rule=mm.rule,
-                       encoder_item=mm.item)
+                       encoder_item=mm.item, forward_rule=v2_forward_rule(geometry, compiled_as_traced))
 
 
-def _v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int) -> int:
-    """The V2 runner's forward at its MLP: the gate/up output, its activation and the hidden states around."""
-    intermediate = geometry.intermediate_size or 4 * geometry.hidden_size
-    return act_dtype_bytes * batched_tokens * (3 * intermediate // max(tp, 1) + 4 * geometry.hidden_size)
+def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int) -> int:
+    """The language model's forward peak on one rank as vLLM compiles it (piecewise at the attention ops, Inductor
+    planning each piece's buffers; tests/oracles/vllm_lm_forward_oracle.py). The split graph holds a piece's inputs
+    (the attention output, q, and the residual, H) until it returns; inside, o_proj's (all-reduced) output H stays
+    for the second residual add, which Inductor recomputes rather than keeping the sum. Its three phases:
+    - the gated MLP's activation: gate_up (2 I) and silu x up (I), fused into one kernel, beside those (3 I + 2 H + q);
+    - the next layer's input norm: the MLP's (all-reduced) output, the new residual and the normed input, with
+      o_proj's output and the inputs (5 H + q), and its fp32 variance (4 B a token);
+    - the piece's end: the new residual, qkv, rotated q and k and the attention output buffer beside the inputs
+      (2 H + 4 q + 3 kv).
+    I, q and kv are the rank's shards (heads x head dim; kv heads at least one; the attention output is heads x
+    v's head dim)."""
+    t, h, tp = batched_tokens, geometry.hidden_size, max(tp, 1)
+    intermediate = (geometry.intermediate_size or 4 * h) // tp
+    heads = max(geometry.num_attention_heads // tp, 1)
+    q, out = heads * geometry.head_dim, heads * geometry.v_head_dim
+    kv = max(geometry.num_kv_heads // tp, 1) * geometry.head_dim
+    mlp = act_dtype_bytes * t * (3 * intermediate + 2 * h + out)
+    norm = act_dtype_bytes * t * (5 * h + out) + 4 * t
+    end = act_dtype_bytes * t * (2 * h + 2 * out + 2 * q + 3 * kv)
+    return max(mlp, norm, end)
+
+
+def _forward_traced(geometry: ModelGeometry) -> bool:
+    """A dense, unquantized checkpoint of an architecture whose compiled forward was run (LM_FORWARD_TRACED)."""
+    return (geometry.architecture in LM_FORWARD_TRACED and geometry.mla is None and not geometry.num_experts
+            and geometry.quantization is None)
+
+
+def v2_peak_error_bytes(traced: bool, forward: int) -> int:
+    """The V2 peak's band: a traced forward V1's plus a share of the forward, else 0.5 GiB."""
+    return V1_PEAK_ERROR_BYTES + int(forward * LM_FORWARD_ERROR_FRACTION) if traced else V2_PEAK_ERROR_BYTES
+
+
+def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool) -> str:
+    """Where the V2 forward's figure and band come from, for the plan's activation row."""
+    if compiled_as_traced and _forward_traced(geometry):
+        return (f"forward as vLLM compiles it (Inductor's buffers, {geometry.architecture} traced), "
+                f"+/- {V1_PEAK_ERROR_BYTES / GiB:.2f} GiB + {LM_FORWARD_ERROR_FRACTION:.0%}")
+    why = ("eager, another compilation mode, or quantized at run time" if not compiled_as_traced else
+           "a quantized checkpoint" if geometry.quantization is not None else
+           "MLA" if geometry.mla is not None else "MoE" if geometry.num_experts else
+           f"{geometry.architecture}'s compiled forward not traced")
+    return f"forward from the layer's shapes ({why}), +/- {V2_PEAK_ERROR_BYTES / GiB:.1f} GiB"
 
 
 def _with_vision_forward(terms: tuple[tuple[str, int], ...], error: int,

@@ -41,8 +41,9 @@ PIECEWISE_LEVEL = 3  # 0.11's CompilationLevel.PIECEWISE
 LEVELS_AFTER_BARE_O = frozenset({"0", "1", "2", "3"})
 
 _CONFIG_FLAGS = ("--compilation-config", "--compilation_config", "-cc")
-# What the plan reads of the compilation config. Its `mode` (compilation off) is not read: vLLM then turns
-# the default FULL_AND_PIECEWISE into FULL (config/vllm.py:1077-1094), fewer graphs than counted.
+# What the plan reads of the compilation config. Its `mode` tells only whether the forward is compiled
+# (`compiles_model`); the graphs' count does not read it: with compilation off vLLM turns the default
+# FULL_AND_PIECEWISE into FULL (config/vllm.py:1077-1094), fewer graphs than counted.
 # 0.34's split keys (config/compilation.py:762-807), each with the least value its pydantic field takes
 # (None: a list of counts).
 SPLIT_KEYS: dict[str, int | None] = {
@@ -50,7 +51,7 @@ SPLIT_KEYS: dict[str, int | None] = {
     "decode_cudagraph_capture_request_sizes": None, "max_decode_cudagraph_capture_requests": 0,
     "max_decode_cudagraph_capture_tokens": 1}
 SPLIT_SIZES_SINCE = "0.34"  # separate prefill-token and decode-request capture sizes (config/vllm.py:2558-2737)
-_KEYS = ("cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "level", *SPLIT_KEYS)
+_KEYS = ("cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "level", "mode", *SPLIT_KEYS)
 
 
 # The pinned values' keys: vLLM's own flag names, values JSON-friendly (shown as kept, in the calibration key).
@@ -310,6 +311,38 @@ def _ints(value: object, key: str) -> tuple[int, ...] | None:
                                               for v in value):
         raise UsageError(f"engine flag compilation config: {key} {value!r} is not a list of counts")
     return tuple(sorted({int(v) for v in value}))
+
+
+# vLLM's compilation modes by value (config/compilation.py:38-51); 0.11's levels number the same way.
+COMPILATION_MODES = ("NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE")
+
+
+def compiles_model(pins: GraphPins, *, enforce_eager: bool) -> bool:
+    """Whether vLLM runs its own piecewise compile (VLLM_COMPILE: Dynamo, its split at the attention ops,
+    Inductor): not under --enforce-eager or -O0 (config/vllm.py:1697-1699, :1758-1762), and a pinned mode
+    (0.11: level), if any, VLLM_COMPILE; stock torch.compile and a single Dynamo trace compile otherwise. A
+    mode vLLM's parser refuses (config/compilation.py:1003-1025) is refused here too."""
+    if enforce_eager or (pins.optimization_level or "").strip() == "0":
+        return False
+    for key in ("mode", "level"):
+        value = pins.value(key)
+        if value is None:
+            continue
+        name = _mode_name(value, key)
+        if name is None:
+            raise UsageError(f"engine flag compilation config: {key} {value!r} is not one of vLLM's compilation "
+                             f"modes (0-3 or {', '.join(COMPILATION_MODES)})")
+        if name != "VLLM_COMPILE":
+            return False
+    return True
+
+
+def _mode_name(value: object, key: str) -> str | None:
+    """A mode as vLLM's validator takes it: a name (any case; `mode` only) or its number (lax int)."""
+    if isinstance(value, str) and key == "mode" and value.upper() in COMPILATION_MODES:
+        return value.upper()
+    number = None if isinstance(value, str) and key == "mode" else pydantic_int(value)
+    return COMPILATION_MODES[number] if number is not None and 0 <= number < len(COMPILATION_MODES) else None
 
 
 def _graph_keys(config: dict[str, object] | None) -> str | None:

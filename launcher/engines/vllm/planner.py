@@ -38,7 +38,7 @@ from launcher.engines.vllm.architectures import (
     uses_mla,
 )
 from launcher.engines.vllm.checks import start_checks
-from launcher.engines.vllm.compilation import GraphPins, graph_mode
+from launcher.engines.vllm.compilation import GraphPins, compiles_model, graph_mode
 from launcher.engines.vllm.kv import CPU_BLOCK_SIZE, KvCapacity, KvLayout, kv_capacity
 from launcher.model.config import SLIDING, ModelGeometry
 from launcher.model.gpu import GpuDevice, HostMemory
@@ -496,6 +496,7 @@ class _Sizing:
     mm_max_pixels: int | None = None
     vision_tp: int | None = None  # 1 under --mm-encoder-tp-mode data: the tower whole on each rank
     segments: vs.WeightSegments | None = None  # counted from 0.27 (weight_segments.py)
+    compiled: bool = True  # Dynamo and Inductor compile the model (not --enforce-eager, -O0, mode NONE)
 
     @property
     def segment_bytes(self) -> int:
@@ -514,7 +515,8 @@ class _Sizing:
                                language_only=not vb.encoder_profiled(self.geometry, pinned),
                                dp=self.setup.parallel.dp, expert_parallel=self.setup.parallel.expert_parallel,
                                flashinfer_sampler=self.flashinfer_sampler, max_model_len=length,
-                               mm_limits=self.mm_limits, mm_max_pixels=self.mm_max_pixels, vision_tp=self.vision_tp)
+                               mm_limits=self.mm_limits, mm_max_pixels=self.mm_max_pixels, vision_tp=self.vision_tp,
+                               compiled_as_traced=self.compiled and not pinned.get("--quantization"))
         return batched, seqs, peak
 
     def activation_at(self, length: int) -> int:
@@ -876,7 +878,8 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         flashinfer_sampler=vb.uses_flashinfer_sampler(rules, request.engine_packages, request.engine_env,
                                                       pinned.get("--logprobs-mode")),
         mm_limits=vb.mm_limits(pinned), mm_max_pixels=vb.mm_max_pixels(pinned),
-        vision_tp=1 if pinned.get("--mm-encoder-tp-mode") == "data" else None, segments=segments)
+        vision_tp=1 if pinned.get("--mm-encoder-tp-mode") == "data" else None, segments=segments,
+        compiled=compiles_model(GraphPins.from_pinned(pinned), enforce_eager=bool(pinned.get("--enforce-eager"))))
 
 
 def _vision_note(peak: vb.ProfilePeak) -> tuple[str, ...]:
@@ -1185,6 +1188,7 @@ def _activation_item(sizing: _Sizing, length: int) -> BudgetItem:
                       f"{peak.describe()} at {batched} batched tokens, {min(seqs, batched)} sampler rows "
                       f"({sizing.defaults.reason})"
                       + (f"; + penalty state {format_gib(peak.persistent_bytes)}" if peak.persistent_bytes else "")
+                      + (f"; {peak.forward_rule}" if peak.forward_rule else "")
                       + (f"; multimodal profile: {peak.encoder_rule}" if peak.encoder_rule else ""),
                       bar="activations", error_bytes=peak.error_bytes)
 
