@@ -977,12 +977,20 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         # 12 B an entry beside the model-dtype logits: a --dtype float32 start (0.19 H100, Llama-3.1-8B) peaks
         # 0.32 GiB above the bf16 one, 2 B an entry more at 1,024 x 128,256 plus the wider hidden states.
         sampler = (12 + act_dtype_bytes) * r * v + 4 * sms * v
-        terms: tuple[tuple[str, int], ...] = (("sampler", sampler), ("hidden states", hidden),
-                                               ("MoE workspace", moe), ("DP-gathered MoE rows", gathered),
+        # The dummy forward runs first (gpu_model_runner.py:5721 `profile_run`), compiled as on the V2 runner: with
+        # few sampler rows (a small --max-num-seqs) its pieces' buffers are the larger phase, and its band the V2
+        # forward's.
+        forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
+        phase: tuple[tuple[str, int], ...] = (("sampler", sampler), ("hidden states", hidden))
+        error = V1_PEAK_ERROR_BYTES
+        if forward > sampler + hidden:
+            phase, error = (("forward", forward),), v2_peak_error_bytes(
+                compiled_as_traced and _forward_traced(geometry), forward)
+        terms: tuple[tuple[str, int], ...] = (*phase, ("MoE workspace", moe), ("DP-gathered MoE rows", gathered),
                                                ("encoder cache", encoder), ("dummy images", pixels),
                                                ("vision rope table", vision_rope),
                                                ("constant", PROFILE_CONSTANT_BYTES))
-        terms, error = _with_vision_forward(terms, V1_PEAK_ERROR_BYTES + mm.error_bytes, mm)
+        terms, error = _with_vision_forward(terms, error + mm.error_bytes, mm)
         return ProfilePeak(terms, sum(b for _, b in terms), error, "V1", encoder_rule=mm.rule,
                            encoder_item=mm.item)
     forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)

@@ -20,6 +20,7 @@ from launcher.model.config import geometry_from_config
 from launcher.model.resolve import resolve_model
 from launcher.plan.planner import make_plan
 from launcher.plan.types import PlanRequest
+from tests import bench_scripts
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 ORACLE = json.loads((DATA / "vllm_lm_forward_oracle.json").read_text())
@@ -134,3 +135,30 @@ def test_only_the_traced_forward_narrows_a_plan(model: str, args: tuple[str, ...
     row = next(item for item in plan.budget if item.key == "activation")
     assert (row.error_bytes < vb.V2_PEAK_ERROR_BYTES) is traced
     assert ("traced), +/- 0.15 GiB + 3%" in row.detail) is traced
+
+
+def test_v1_profile_takes_the_forward_where_it_binds() -> None:
+    """The V1 runner (0.19-0.28) runs the same compiled forward before its sampler: with a small --max-num-seqs
+    (16 rows of 14 B a logit) Llama 3.1 8B's forward at 8,192 tokens (0.84 GiB) is the peak, not the 30 MiB
+    sampler the plan counted before, and it carries the traced forward's band."""
+    llama = _geometry("llama-3.1-8b-instruct")
+    few = vb.profile_peak(llama, rules=vl.rules_for("0.19.0")[0], batched_tokens=8192, num_seqs=16, tp=1,
+                          gpu_name="NVIDIA H100 80GB HBM3")
+    assert dict(few.terms)["forward"] == 8192 * 110_592 and "sampler" not in dict(few.terms)
+    assert few.error_bytes == vb.V1_PEAK_ERROR_BYTES + int(8192 * 110_592 * 0.03)
+    full = vb.profile_peak(llama, rules=vl.rules_for("0.19.0")[0], batched_tokens=8192, num_seqs=1024, tp=1,
+                           gpu_name="NVIDIA H100 80GB HBM3")
+    assert "forward" not in dict(full.terms) and full.error_bytes == vb.V1_PEAK_ERROR_BYTES
+
+
+def test_a_published_h100_log_where_the_forward_binds() -> None:
+    """CodeLlama-7B's 32,016-entry vocabulary keeps the 0.19 sampler at 0.49 GiB with the hidden states, below the
+    compiled forward's 0.69 GiB (3 x 11,008 + 2 x 4,096 + 4,096 a token at 8,192): llm-d-planner's 0.19.0 H100 run
+    logged 61.66 GiB of KV, planned 61.68 (61.87 with the sampler's phase). A real GPU's figure for the forward
+    that the CPU oracle derived (tests/data/startup-logs/startup-logs-3.yaml)."""
+    rows, _, _ = bench_scripts.load("startup_logs").rows()
+    row = next(r for r in rows if r.case == "vllm-llmdplanner-run-h100-codellama-7b-hf-mml8192")
+    assert abs(row.predicted - 61.66) <= 0.03
+    peak = vb.profile_peak(_geometry("codellama-7b-hf"), rules=vl.rules_for("0.19.0")[0], batched_tokens=8192,
+                           num_seqs=1024, tp=1, gpu_name="NVIDIA H100 80GB HBM3")
+    assert dict(peak.terms)["forward"] == 8192 * 2 * (3 * 11_008 + 2 * 4096 + 4096)
