@@ -377,7 +377,7 @@ V2_PEAK_ERROR_BYTES = int(0.5 * GiB)
 # at some TP sizes (within that band).
 LM_FORWARD_TRACED = frozenset({
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM"})
+    "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM", "Mistral3ForConditionalGeneration"})
 LM_FORWARD_ERROR_FRACTION = 0.03
 
 # Streaming multiprocessors: the Triton top-k/top-p kernel keeps a [min(SMs, R), V] fp32 buffer
