@@ -52,7 +52,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from vllm_params import one_gloo_rank, quiet_site, write_golden  # noqa: E402 (stdlib-only at import)
-from vllm_vision_forward_oracle import SITECUSTOMIZE, _stub_c_ops  # noqa: E402 (stdlib-only at import)
+from vllm_vision_forward_oracle import ACTIVATION_C_OPS, SITECUSTOMIZE, _stub_c_ops  # noqa: E402 (stdlib-only at import)
 
 CONFIGS = os.path.join(HERE, "..", "data", "configs")
 # Dense decoders with a gated MLP, each an architecture (or a layout: Qwen3's q/k norms, Gemma's sandwich norms,
@@ -92,15 +92,6 @@ def _profiled_peak(torch, forward) -> int:  # type: ignore[no-untyped-def]
     return max(e["args"]["Total Allocated"] for e in memory) - start
 
 
-def _stub_pass_ops(torch) -> object:  # type: ignore[no-untyped-def]
-    library = torch.library.Library("_C", "FRAGMENT")
-    for name in PASS_C_OPS:
-        if not hasattr(torch.ops._C, name):
-            library.define(f"{name}(Tensor(a!) out, Tensor x) -> ()")
-            library.impl(name, lambda out, x: None, "CompositeExplicitAutograd")
-    return library
-
-
 def _gemm_stand_in(torch):  # type: ignore[no-untyped-def]
     """`default_unquantized_gemm` as an opaque op: its output allocated, nothing computed."""
 
@@ -134,7 +125,7 @@ def run_one(name: str, tp: int) -> dict:
     import torch
     import vllm
 
-    libraries = (_stub_c_ops(torch), _stub_pass_ops(torch))
+    library = _stub_c_ops(torch, ACTIVATION_C_OPS + PASS_C_OPS)
     gemm = _gemm_stand_in(torch)
     with open(os.path.join(CONFIGS, f"{name}.json"), encoding="utf-8") as handle:
         config = {k: v for k, v in json.load(handle).items() if not k.startswith("_")}
@@ -205,7 +196,7 @@ def run_one(name: str, tp: int) -> dict:
                 run()  # compiles (once), warms
                 peak = _profiled_peak(torch, run)
             out["peaks"].append({"tokens": count, "peak_bytes": peak})
-    del libraries, site
+    del library, site
     return out
 
 

@@ -117,16 +117,18 @@ class LiveBytes:
         weakref.finalize(storage, freed)
 
 
-def _stub_c_ops(torch) -> object | None:  # type: ignore[no-untyped-def]
-    """Inert `_C` ops for the activations a module looks up at init, where the tree has no compiled `_C`."""
-    try:
+# The activations a module looks up at init (never called with custom ops off).
+ACTIVATION_C_OPS = ("gelu_quick", "silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul", "gelu_new", "gelu_fast",
+                    "mul_and_silu", "fatrelu_and_mul", "swigluoai_and_mul")
+
+
+def _stub_c_ops(torch, names: tuple[str, ...] = ACTIVATION_C_OPS) -> object:  # type: ignore[no-untyped-def]
+    """Inert `_C` ops, `(Tensor(a!) out, Tensor x) -> ()`, for those of `names` the tree's compiled `_C` lacks (a
+    release's CUDA build does not load on the CPU; the venv's own CPU build registers its ops first)."""
+    with contextlib.suppress(ImportError):
         import vllm._C  # noqa: F401
-        return None
-    except ImportError:
-        pass
     library = torch.library.Library("_C", "FRAGMENT")
-    for name in ("gelu_quick", "silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul", "gelu_new", "gelu_fast",
-                 "mul_and_silu", "fatrelu_and_mul", "swigluoai_and_mul"):
+    for name in names:
         if not hasattr(torch.ops._C, name):
             library.define(f"{name}(Tensor(a!) out, Tensor x) -> ()")
             library.impl(name, lambda out, x: None, "CompositeExplicitAutograd")

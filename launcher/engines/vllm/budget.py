@@ -973,6 +973,9 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         saves = legacy - max(forward, flashinfer) if flashinfer_sampler is None else 0
         return ProfilePeak(terms_legacy, total, error, "V0/V1 (before 0.17)", flashinfer_saves_bytes=saves,
                            encoder_rule=mm.rule, encoder_item=mm.item)
+    # The compiled forward, on either runner (from 0.19); its band narrower where vLLM's own pieces were run.
+    forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
+    forward_error = v2_peak_error_bytes(compiled_as_traced and _forward_traced(geometry), forward)
     if not uses_v2_runner(rules, geometry.architecture):
         # 12 B an entry beside the model-dtype logits: a --dtype float32 start (0.19 H100, Llama-3.1-8B) peaks
         # 0.32 GiB above the bf16 one, 2 B an entry more at 1,024 x 128,256 plus the wider hidden states.
@@ -980,12 +983,10 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         # The dummy forward runs first (gpu_model_runner.py:5721 `profile_run`), compiled as on the V2 runner: with
         # few sampler rows (a small --max-num-seqs) its pieces' buffers are the larger phase, and its band the V2
         # forward's.
-        forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
         phase: tuple[tuple[str, int], ...] = (("sampler", sampler), ("hidden states", hidden))
         error = V1_PEAK_ERROR_BYTES
         if forward > sampler + hidden:
-            phase, error = (("forward", forward),), v2_peak_error_bytes(
-                compiled_as_traced and _forward_traced(geometry), forward)
+            phase, error = (("forward", forward),), forward_error
         terms: tuple[tuple[str, int], ...] = (*phase, ("MoE workspace", moe), ("DP-gathered MoE rows", gathered),
                                                ("encoder cache", encoder), ("dummy images", pixels),
                                                ("vision rope table", vision_rope),
@@ -993,15 +994,13 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         terms, error = _with_vision_forward(terms, error + mm.error_bytes, mm)
         return ProfilePeak(terms, sum(b for _, b in terms), error, "V1", encoder_rule=mm.rule,
                            encoder_item=mm.item)
-    forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
     sampler = 2 * r * v + (4 * r * v + 4 * sms * v if rules.sampler_warmup_pass else 0)
     transient = max(forward, hidden + sampler)
     penalty = 4 * num_seqs * v + 4 * num_seqs * -(-v // 32)  # vllm/v1/worker/gpu/sample/penalties.py:40
     terms = (("forward" if forward >= hidden + sampler else "sampler", transient), ("MoE workspace", moe),
              ("DP-gathered MoE rows", gathered), ("encoder cache", encoder), ("vision rope table", vision_rope),
              ("constant", PROFILE_CONSTANT_BYTES))
-    traced = compiled_as_traced and _forward_traced(geometry)
-    terms, error = _with_vision_forward(terms, v2_peak_error_bytes(traced, forward), mm)
+    terms, error = _with_vision_forward(terms, forward_error, mm)
     return ProfilePeak(terms, sum(b for _, b in terms), error, "V2",
                        persistent_bytes=penalty if rules.budget_from_consumed else 0, encoder_rule=mm.rule,
                        encoder_item=mm.item, forward_rule=v2_forward_rule(geometry, compiled_as_traced))
