@@ -28,6 +28,9 @@ every piece compiled for the range up to max_num_batched_tokens. Stood in, by wh
   counted, while Inductor plans its output buffer as it plans an extern mm's;
 - the attention op and the KV cache update: run, with no KV cache and no metadata (the profile run's dummy
   batch skips attention; the output buffer is allocated by the model as on CUDA);
+- a MoE layer: the opaque `moe_forward` op CUDA dispatches (the CPU platform inlines the layer instead), its body
+  allocating what the Triton experts allocate per call (`_moe_stand_in`; their GEMM caches are the persistent
+  workspace budget.py counts apart);
 - tensor parallelism: the TP group answers a world size of 2, 4 or 8 as rank 0 (each layer its shard) and its
   all-reduce, a custom op under compile (parallel_state.py:730-751), allocates its output as CUDA's does
   (out of place). A size the model cannot take is recorded as vLLM's refusal.
@@ -55,11 +58,14 @@ from vllm_params import one_gloo_rank, quiet_site, write_golden  # noqa: E402 (s
 from vllm_vision_forward_oracle import ACTIVATION_C_OPS, SITECUSTOMIZE, _stub_c_ops  # noqa: E402 (stdlib-only at import)
 
 CONFIGS = os.path.join(HERE, "..", "data", "configs")
-# Dense decoders with a gated MLP, each an architecture (or a layout: Qwen3's q/k norms, Gemma's sandwich norms,
+# Decoders with a gated MLP, each an architecture (or a layout: Qwen3's q/k norms, Gemma's sandwich norms,
 # Phi-3's fused gate_up, GLM-4's post-norms) of its own; Gemma 3 through its multimodal wrapper's language model.
 MODELS = ("llama-3.1-8b-instruct", "qwen2.5-7b", "qwen3-8b", "qwen3-32b", "mistral-7b-instruct-v0.3", "gemma-2-9b",
           "gemma-3-12b-it", "phi-3.5-mini-instruct", "phi-4", "granite-3.3-8b-instruct", "glm-4-9b-0414",
-          "gemma-3-1b-it", "mistral-nemo-instruct-2407", "llama-3.2-1b-instruct", "mistral-small-3.2-24b-instruct-2506")
+          "gemma-3-1b-it", "mistral-nemo-instruct-2407", "llama-3.2-1b-instruct", "mistral-small-3.2-24b-instruct-2506",
+          # MoE: routed experts alone (Qwen3-MoE, Mixtral), a gated shared expert (Qwen2-MoE), a dense first layer and
+          # shared experts (GLM-4.5)
+          "qwen3-30b-a3b", "mixtral-8x7b-instruct-v0.1", "qwen1.5-moe-a2.7b", "glm-4.5-air")
 # Not traceable here: OLMo 2/3, Gemma (1) and Phi-2 stop in Dynamo's fake-tensor pass at their rotary embedding
 # (a cos/sin cache broadcast the CPU run does not take); they keep the shape sum's wider band.
 TP_SIZES = (1, 2, 4, 8)
@@ -108,6 +114,49 @@ def _gemm_stand_in(torch):  # type: ignore[no-untyped-def]
         return torch.ops.safe_serve_oracle.linear(x, weight, bias)
 
     return gemm
+
+
+# The Triton experts' alignment block (BLOCK_SIZE_M of try_get_optimal_moe_config at a prefill's token count; its
+# E x (block - 1) padding rows are a few KB either way).
+MOE_ALIGN_BLOCK = 64
+
+
+def _moe_stand_in(torch, model) -> int:  # type: ignore[no-untyped-def]
+    """Each MoE layer as a default CUDA start runs it: through the opaque `moe_forward` op (runner/moe_runner.py:
+    205-219, :313-335; the CPU platform calls the layer's function instead, traced into the graph), whose body
+    allocates what the Triton experts' modular kernel allocates per call on an unquantized checkpoint (SM 8.x-9.x;
+    oracle/unquantized.py:50-95): the shared experts first, their output held (no aux stream above 256 tokens,
+    shared_experts.py:130-145), `fused_topk`'s weights, ids and expert indices (router/fused_topk_router.py:
+    172-183), the modular kernel's output (modular_kernel.py:1595-1600), `moe_align_block_size`'s sorted ids and
+    block experts (moe_align_block_size.py:83-97); the GEMM caches live in the workspace manager's persistent
+    workspace (:1267-1281; budget.py's "MoE workspace"), so none are allocated here. Returns the layers stood in."""
+    import types
+
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+    def experts(runner, hidden_states, router_logits, shared_experts_input, input_ids=None,  # type: ignore[no-untyped-def]
+                shared_experts_overlapping=False, hidden_states_scale=None):
+        shared = runner._shared_experts._layer(shared_experts_input) if runner._shared_experts is not None else None
+        tokens, topk, experts = hidden_states.shape[0], runner.moe_config.experts_per_token, \
+            runner.moe_config.num_local_experts
+        weights = torch.empty(tokens, topk, dtype=torch.float32)
+        ids = torch.empty(tokens, topk, dtype=torch.int32)
+        indices = torch.empty(tokens, topk, dtype=torch.int32)
+        output = hidden_states.new_empty(hidden_states.shape)
+        padded = tokens * topk + experts * (MOE_ALIGN_BLOCK - 1)
+        sorted_ids = torch.empty(padded, dtype=torch.int32)
+        block_experts = torch.empty(-(-padded // MOE_ALIGN_BLOCK), dtype=torch.int32)
+        del weights, ids, indices, sorted_ids, block_experts
+        return shared, output
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, MoERunner):
+            module._forward_entry = (torch.ops.vllm.moe_forward if module._shared_experts is None
+                                     else torch.ops.vllm.moe_forward_shared)
+            module._apply_quant_method = types.MethodType(experts, module)
+            count += 1
+    return count
 
 
 def _fake_tensor_parallel(torch, size: int) -> None:  # type: ignore[no-untyped-def]
@@ -171,6 +220,8 @@ def run_one(name: str, tp: int) -> dict:
         method = getattr(module, "quant_method", None)
         if method is not None and hasattr(method, "_gemm_impl"):
             method._gemm_impl = gemm
+    with contextlib.suppress(ImportError):
+        out["moe_layers"] = _moe_stand_in(torch, model)
     import vllm.model_executor.layers.attention.attention as attention
 
     class _NoAttention:
@@ -235,7 +286,7 @@ def main() -> int:
     version = next((r["vllm"] for r in records if "vllm" in r), None)
     doc = {"header": {"vllm": version, "layers": LAYERS, "tokens": list(TOKENS), "tp": args.tp,
                       "dispatch": "CUDA start under Inductor: VLLM_COMPILE piecewise, custom ops off, IR ops native, "
-                                  "GEMM and all-reduce by their outputs"},
+                                  "GEMM, all-reduce and the MoE op's experts by what they allocate"},
            "results": records}
     write_golden(doc, args.output)
     return 0 if all("error" not in r for r in records) else 1

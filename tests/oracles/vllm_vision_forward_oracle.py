@@ -124,9 +124,13 @@ ACTIVATION_C_OPS = ("gelu_quick", "silu_and_mul", "gelu_and_mul", "gelu_tanh_and
 
 def _stub_c_ops(torch, names: tuple[str, ...] = ACTIVATION_C_OPS) -> object:  # type: ignore[no-untyped-def]
     """Inert `_C` ops, `(Tensor(a!) out, Tensor x) -> ()`, for those of `names` the tree's compiled `_C` lacks (a
-    release's CUDA build does not load on the CPU; the venv's own CPU build registers its ops first)."""
+    release's CUDA build does not load on the CPU; the venv's own CPU build registers its ops first, through the
+    platform, which picks the build this CPU runs: `_C` needs AVX-512 BF16 and stops an AVX2 machine with SIGILL,
+    platforms/cpu.py:631-660 in 0.32.0)."""
     with contextlib.suppress(ImportError):
-        import vllm._C  # noqa: F401
+        from vllm.platforms import current_platform
+
+        current_platform.import_kernels()
     library = torch.library.Library("_C", "FRAGMENT")
     for name in names:
         if not hasattr(torch.ops._C, name):

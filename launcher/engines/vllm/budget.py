@@ -371,14 +371,27 @@ V2_PEAK_ERROR_BYTES = int(0.5 * GiB)
 # `v2_forward_bytes` equals every record of these to 8 B a token (Gemma's sandwich norms keep two fp32 variances).
 # Their peak takes V1's band (the constant and what the runner holds beside the forward, as there) plus
 # LM_FORWARD_ERROR_FRACTION of the forward, for what Inductor's CUDA scheduler may plan apart from its CPU one (the
-# same lowering and buffer reuse; mm padding on misaligned GEMMs is CUDA's own). Others keep V2_PEAK_ERROR_BYTES:
-# MoE (the fused-MoE op's own buffers), MLA, hybrids, and layouts whose pieces Inductor plans otherwise: Granite's
-# residual multiplier and GLM-4's post-norms were run too and hold one hidden-wide buffer more or less than these
-# at some TP sizes (within that band).
+# same lowering and buffer reuse; mm padding on misaligned GEMMs is CUDA's own); so do the MoE architectures of
+# MOE_FORWARD_HELD. Others keep V2_PEAK_ERROR_BYTES: MLA, hybrids, and layouts whose pieces Inductor plans otherwise:
+# Granite's residual multiplier, GLM-4's post-norms and GLM-4.5's attention were run too and hold buffers these do
+# not at some TP sizes (within that band).
 LM_FORWARD_TRACED = frozenset({
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
     "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM", "Mistral3ForConditionalGeneration"})
 LM_FORWARD_ERROR_FRACTION = 0.03
+# MoE layers as a default CUDA start runs an unquantized checkpoint: the opaque `moe_forward` op (fused_moe/runner/
+# moe_runner.py:205-219, :313-335) around the Triton experts (SM 8.x-9.x, oracle/unquantized.py:50-95), whose GEMM
+# caches sit in the persistent workspace ("MoE workspace"). What the compiled piece holds beside the op, in
+# hidden-wide buffers and fp32 norm variances a token, is each architecture's own (the oracle's records: Qwen3-MoE
+# keeps the post-attention norm's input and variance alive, Mixtral and Qwen2-MoE do not); Qwen2-MoE's shared
+# expert, gated by a sigmoid, runs first inside the op.
+MOE_FORWARD_HELD: Mapping[str, tuple[int, int]] = {
+    "Qwen3MoeForCausalLM": (4, 4), "MixtralForCausalLM": (3, 0), "Qwen2MoeForCausalLM": (3, 0)}
+# The Triton experts' alignment block (BLOCK_SIZE_M at a prefill's token count): moe_align_block_size pads each
+# expert's rows to it (moe_align_block_size.py:83-97), a few KB a layer.
+MOE_ALIGN_BLOCK = 64
+# Per-head q/k norms (models/qwen3.py, qwen3_moe.py): their fp32 variances stay alive to the piece's end.
+QK_NORM_ARCHITECTURES = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM"})
 
 # Streaming multiprocessors: the Triton top-k/top-p kernel keeps a [min(SMs, R), V] fp32 buffer
 # (vllm/v1/sample/ops/topk_topp_triton.py:965). By GPU name; 132 (H100) when unknown.
@@ -411,7 +424,7 @@ class ProfilePeak:
     flashinfer_saves_bytes: int = 0
     encoder_rule: str = ""  # how the multimodal dummy batch was counted (`encoder_profile`), where it runs
     encoder_item: str = ""  # the dummy item's kind (`EncoderProfile.item`)
-    forward_rule: str = ""  # V2: where the language model's forward comes from (`v2_peak_error_bytes`)
+    forward_rule: str = ""  # where the compiled forward comes from, where it is the peak's phase (`v2_forward_rule`)
 
     def describe(self) -> str:
         return " + ".join(f"{name} {format_gib(bytes_, unit=False)}" for name, bytes_ in self.terms if bytes_) + " GiB"
@@ -984,16 +997,17 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         # few sampler rows (a small --max-num-seqs) its pieces' buffers are the larger phase, and its band the V2
         # forward's.
         phase: tuple[tuple[str, int], ...] = (("sampler", sampler), ("hidden states", hidden))
-        error = V1_PEAK_ERROR_BYTES
+        error, rule = V1_PEAK_ERROR_BYTES, ""
         if forward > sampler + hidden:
             phase, error = (("forward", forward),), forward_error
+            rule = v2_forward_rule(geometry, compiled_as_traced)
         terms: tuple[tuple[str, int], ...] = (*phase, ("MoE workspace", moe), ("DP-gathered MoE rows", gathered),
                                                ("encoder cache", encoder), ("dummy images", pixels),
                                                ("vision rope table", vision_rope),
                                                ("constant", PROFILE_CONSTANT_BYTES))
         terms, error = _with_vision_forward(terms, error + mm.error_bytes, mm)
         return ProfilePeak(terms, sum(b for _, b in terms), error, "V1", encoder_rule=mm.rule,
-                           encoder_item=mm.item)
+                           encoder_item=mm.item, forward_rule=rule)
     sampler = 2 * r * v + (4 * r * v + 4 * sms * v if rules.sampler_warmup_pass else 0)
     transient = max(forward, hidden + sampler)
     penalty = 4 * num_seqs * v + 4 * num_seqs * -(-v // 32)  # vllm/v1/worker/gpu/sample/penalties.py:40
@@ -1021,18 +1035,47 @@ def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, a
     t, h, tp = batched_tokens, geometry.hidden_size, max(tp, 1)
     intermediate = (geometry.intermediate_size or 4 * h) // tp
     heads = max(geometry.num_attention_heads // tp, 1)
+    kv_heads = max(geometry.num_kv_heads // tp, 1)
     q, out = heads * geometry.head_dim, heads * geometry.v_head_dim
-    kv = max(geometry.num_kv_heads // tp, 1) * geometry.head_dim
-    mlp = act_dtype_bytes * t * (3 * intermediate + 2 * h + out)
+    kv = kv_heads * geometry.head_dim
+    moe = _moe_layer_bytes(geometry, tokens=t, tp=tp, out=out, act_dtype_bytes=act_dtype_bytes)
+    mlp = moe if moe is not None else act_dtype_bytes * t * (3 * intermediate + 2 * h + out)
     norm = act_dtype_bytes * t * (5 * h + out) + 4 * t
-    end = act_dtype_bytes * t * (2 * h + 2 * out + 2 * q + 3 * kv)
+    end = act_dtype_bytes * t * (2 * h + 2 * out + 2 * q + 3 * kv) \
+        + (4 * t * (heads + kv_heads) if geometry.architecture in QK_NORM_ARCHITECTURES else 0)
     return max(mlp, norm, end)
 
 
+def _moe_layer_bytes(geometry: ModelGeometry, *, tokens: int, tp: int, out: int, act_dtype_bytes: int) -> int | None:
+    """A MoE layer's phases on the rank, where its compiled piece was run (MOE_FORWARD_HELD), else None: beside
+    what the piece holds and the router's logits (E), the op allocates `fused_topk`'s weights, ids and indices
+    (12 B a slot, router/fused_topk_router.py:172-183), the aligned rows and their block experts (int32,
+    moe_align_block_size.py:83-97) and its output (H, modular_kernel.py:1595-1600); a shared expert runs first,
+    its gate_up (2 I), activation (I) and output alive at its down projection, then gate_up, output and the
+    sigmoid-gated product (models/qwen2_moe.py), its output kept beside the routed experts'."""
+    held = MOE_FORWARD_HELD.get(geometry.architecture)
+    experts, topk = geometry.num_experts, geometry.experts_per_token
+    if held is None or not experts or not topk:
+        return None
+    t, h, act = tokens, geometry.hidden_size, act_dtype_bytes
+    hidden_buffers, variances = held
+    beside = act * t * (hidden_buffers * h + out + experts) + variances * t
+    padded = t * topk + experts * (MOE_ALIGN_BLOCK - 1)
+    routing = 12 * t * topk + 4 * padded + 4 * -(-padded // MOE_ALIGN_BLOCK)
+    shared = geometry.text_config.get("shared_expert_intermediate_size")
+    if not isinstance(shared, int) or shared <= 0:
+        return beside + routing + act * t * h
+    i = shared // tp
+    shared_mlp = beside + act * t * max(3 * i + h, 2 * i + 2 * h + 1)
+    return max(shared_mlp, beside + routing + 2 * act * t * h)
+
+
 def _forward_traced(geometry: ModelGeometry) -> bool:
-    """A dense, unquantized checkpoint of an architecture whose compiled forward was run (LM_FORWARD_TRACED)."""
-    return (geometry.architecture in LM_FORWARD_TRACED and geometry.mla is None and not geometry.num_experts
-            and geometry.quantization is None)
+    """An unquantized checkpoint of an architecture whose compiled forward was run: dense (LM_FORWARD_TRACED) or MoE
+    (MOE_FORWARD_HELD)."""
+    dense = geometry.architecture in LM_FORWARD_TRACED and not geometry.num_experts
+    moe = geometry.architecture in MOE_FORWARD_HELD and bool(geometry.num_experts)
+    return (dense or moe) and geometry.mla is None and geometry.quantization is None
 
 
 def v2_peak_error_bytes(traced: bool, forward: int) -> int:
@@ -1047,8 +1090,7 @@ def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool) -> str:
                 f"+/- {V1_PEAK_ERROR_BYTES / GiB:.2f} GiB + {LM_FORWARD_ERROR_FRACTION:.0%}")
     why = ("eager, another compilation mode, or quantized at run time" if not compiled_as_traced else
            "a quantized checkpoint" if geometry.quantization is not None else
-           "MLA" if geometry.mla is not None else "MoE" if geometry.num_experts else
-           f"{geometry.architecture}'s compiled forward not traced")
+           "MLA" if geometry.mla is not None else f"{geometry.architecture}'s compiled forward not traced")
     return f"forward from the layer's shapes ({why}), +/- {V2_PEAK_ERROR_BYTES / GiB:.1f} GiB"
 
 
