@@ -68,7 +68,8 @@ def test_plan_equals_engine(models_root: Path, kind: str, args: list[str], env: 
     model_dir = str(models_root / kind)
     model = resolve_model(model_dir)
     request = PlanRequest(model=model, engine="vllm", device="cpu", engine_version="0.32.0",
-                          host=HostMemory(total_bytes=24 * GiB, available_bytes=16 * GiB, cpu_amx=_amx()),
+                          host=HostMemory(total_bytes=24 * GiB, available_bytes=16 * GiB, cpu_amx=_amx(),
+                                          cpu_avx512_bf16=_avx512_bf16()),
                           engine_args=("--enforce-eager", *args), engine_env=env)
     plan = make_plan(request)
     engine_env = {**env, **plan.engine_env}
@@ -83,6 +84,12 @@ def _amx() -> bool:
     from launcher.probe import has_amx
 
     return bool(has_amx(Path("/proc/cpuinfo").read_text()))
+
+
+def _avx512_bf16() -> bool:
+    from launcher.probe import has_avx512_bf16
+
+    return bool(has_avx512_bf16(Path("/proc/cpuinfo").read_text()))
 
 
 def test_the_mtp_layer_is_not_loaded(models_root: Path, tmp_path: Path) -> None:
@@ -115,7 +122,8 @@ def test_the_mtp_layer_is_not_loaded(models_root: Path, tmp_path: Path) -> None:
     assert model.draft is not None and model.draft.bytes == mtp_bytes
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     plan = make_plan(PlanRequest(model=model, engine="vllm", device="cpu", engine_version="0.32.0",
-                                 host=HostMemory(total_bytes=24 * GiB, available_bytes=16 * GiB, cpu_amx=_amx()),
+                                 host=HostMemory(total_bytes=24 * GiB, available_bytes=16 * GiB, cpu_amx=_amx(),
+                                          cpu_avx512_bf16=_avx512_bf16()),
                                  engine_args=("--enforce-eager", "--max-model-len", "4096"), engine_env=env))
     assert next(item.bytes for item in plan.budget if item.key == "weights") == sum(main.values())
     run = engine_harness.run_vllm_cpu(str(model_dir), ["--enforce-eager", "--max-model-len", "4096",

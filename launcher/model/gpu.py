@@ -106,6 +106,8 @@ class HostMemory:
     cgroup_limit_bytes: int | None = None
     numa_nodes: int = 1
     cpu_amx: bool | None = None  # AMX tiles (amx_tile in /proc/cpuinfo): vLLM's CPU MLA kernel choice
+    # AVX-512 BF16 (avx512_bf16): vLLM's CPU backend keeps hybrid models' SSM state in float32 only on such hosts
+    cpu_avx512_bf16: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -106,15 +106,26 @@ def probe_host(root: Path = Path("/")) -> HostMemory:
     except OSError:
         numa_entries = []
     host = host_memory(int(memory.total), int(memory.available), cgroup_levels(root), count_numa_nodes(numa_entries))
-    return dataclasses.replace(host, cpu_amx=has_amx(_read(root / "proc/cpuinfo")))
+    cpuinfo = _read(root / "proc/cpuinfo")
+    return dataclasses.replace(host, cpu_amx=has_amx(cpuinfo), cpu_avx512_bf16=has_avx512_bf16(cpuinfo))
 
 
 def has_amx(cpuinfo: str | None) -> bool | None:
     """Whether the CPU has AMX tiles (vLLM's CPU MLA kernel depends on it); None if unknown."""
+    return _has_cpu_flag(cpuinfo, "amx_tile")
+
+
+def has_avx512_bf16(cpuinfo: str | None) -> bool | None:
+    """Whether the CPU has AVX-512 BF16 (`torch.cpu._is_avx512_bf16_supported`, which vLLM's CPU backend asks
+    before it keeps a hybrid model's SSM state in float32 and loads its `_C` build); None if unknown."""
+    return _has_cpu_flag(cpuinfo, "avx512_bf16")
+
+
+def _has_cpu_flag(cpuinfo: str | None, flag: str) -> bool | None:
     if not cpuinfo:
         return None
     flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
-    return "amx_tile" in flags.split()
+    return flag in flags.split()
 
 
 def cgroup_levels(root: Path = Path("/")) -> list[CgroupMemory]:

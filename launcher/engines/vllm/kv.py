@@ -441,14 +441,14 @@ _KERNEL_BLOCK = {"cpu": 32, "cuda": 16}
 
 def hybrid_layout_for(geometry: ModelGeometry, *, block: int, kv_bytes: int, model_dtype_bytes: int, tp: int,
                       device: str, pinned: Mapping[str, Any], rules: VllmRules | None = None,
-                      cpu_amx: bool | None = None,
+                      cpu_amx: bool | None = None, cpu_avx512_bf16: bool | None = None,
                       compute_capability: tuple[int, int] | None = None) -> HybridSetup | None:
     """The layout of a model with state layers, after the platform's page unification; None without them."""
     layers = hybrid.state_layers(geometry, tp=tp)
     if layers is None:
         return None
     dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=model_dtype_bytes, device=device, pinned=pinned,
-                                 rules=rules, cpu_amx=cpu_amx)
+                                 rules=rules, cpu_amx=cpu_amx, cpu_avx512_bf16=cpu_avx512_bf16)
     state_bytes = layers.shape.bytes(dtypes.conv_bytes, dtypes.ssm_bytes)
     mode = hybrid.mamba_cache_mode(pinned, layers=layers, rules=rules)
     gdn_checkpoint = hybrid.flashinfer_gdn_checkpoint(layers, mode, rules=rules, device=device,

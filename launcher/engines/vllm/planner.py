@@ -150,6 +150,7 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
     state = vk.hybrid_layout_for(geometry, block=block, kv_bytes=kv_bytes, model_dtype_bytes=model_bytes, tp=tp,
                                  device=request.device, pinned=pinned, rules=rules,
                                  cpu_amx=request.host.cpu_amx if request.host else None,
+                                 cpu_avx512_bf16=request.host.cpu_avx512_bf16 if request.host else None,
                                  compute_capability=compute_capability)
     if state is not None:
         return _VllmSetup(rules, note, pinned, tp, pp, dtype, dtype_reason, kv_bytes, kv_reason, state.block,
@@ -220,7 +221,8 @@ def _refuse_cpu_combinations(request: PlanRequest, geometry: ModelGeometry, bloc
     unservable = cpu_unservable(geometry, kv_dtype_bytes=kv_bytes, cpu_amx=amx)  # MLA kernel limits
     if unservable:
         raise WontFit(unservable[0], hint=unservable[1], rule="cpu-kernel")
-    state_failure = hybrid.cpu_failure(geometry, rules, amx, request.pinned.values)  # vllm_cpu_truth*.json
+    state_failure = hybrid.cpu_failure(geometry, rules, amx, request.pinned.values,  # vllm_cpu_truth*.json
+                                       request.host.cpu_avx512_bf16 if request.host else None)
     if state_failure:
         raise WontFit(state_failure, hint="serve it on a GPU", rule="cpu-kernel")
     if not rules.cpu_kernel_block_sizes:  # 0.19-0.20: no kernel block sizes to disagree with (rules.py)
@@ -516,7 +518,9 @@ class _Sizing:
                                dp=self.setup.parallel.dp, expert_parallel=self.setup.parallel.expert_parallel,
                                flashinfer_sampler=self.flashinfer_sampler, max_model_len=length,
                                mm_limits=self.mm_limits, mm_max_pixels=self.mm_max_pixels, vision_tp=self.vision_tp,
-                               compiled_as_traced=self.compiled and not pinned.get("--quantization"))
+                               compiled_as_traced=self.compiled and not pinned.get("--quantization"),
+                               moe_on_triton=vb.moe_runs_triton(self.compute_capability, pinned.get("--moe-backend"),
+                                                                dp=self.setup.parallel.dp))
         return batched, seqs, peak
 
     def activation_at(self, length: int) -> int:

@@ -31,6 +31,7 @@ from launcher.model.gpu import HostMemory
 from launcher.model.resolve import ResolvedModel
 from launcher.plan.planner import make_plan
 from launcher.plan.types import PlanRequest
+from launcher.probe import has_avx512_bf16
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 TRUTH = json.loads((DATA / "vllm_cpu_truth.json").read_text())
@@ -355,6 +356,34 @@ def test_before_029_the_cpu_ssm_reset_needs_amx() -> None:
         dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cpu", pinned={},
                                      rules=rules_for(version)[0], cpu_amx=amx)
         assert dtypes.ssm_bytes == ssm, (version, amx)
+
+
+def test_from_029_a_host_without_avx512_bf16_keeps_the_16_bit_state() -> None:
+    """0.29-0.32 platforms/cpu.py (0.32.0 :301-320) resets the SSM state to float32 only where
+    `torch.cpu._is_avx512_bf16_supported()`: on an AVX2 host (an AMD EPYC without AVX-512) vllm-cpu 0.32.0
+    served the tiny qwen3_next model of tests/test_engine_vllm_cpu.py at block 384 with its 16-bit state ("Padding
+    mamba page size by 43.28%"): 1,315,779 tokens / 321.24x, a completion served; the float32 state's block 640
+    gives 1,032,192 on an AVX512-BF16 host. An unknown host keeps the float32 state (the larger page)."""
+    geometry = geometry_from_config(BY_ID["qwen3_next-base"]["config"])
+    rules = rules_for("0.32.0")[0]
+    for avx512_bf16, ssm in ((False, 2), (True, 4), (None, 4)):
+        dtypes = hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cpu", pinned={}, rules=rules,
+                                     cpu_avx512_bf16=avx512_bf16)
+        assert dtypes.ssm_bytes == ssm, avx512_bf16
+    assert "no AVX-512 BF16" in hybrid.state_dtypes(geometry, model_dtype_bytes=2, device="cpu", pinned={},
+                                                    rules=rules, cpu_avx512_bf16=False).reason
+    # 0.29-0.31 prepack every conv weight on AVX512-BF16 hosts only: elsewhere a width-3 conv is not refused.
+    lfm2 = geometry_from_config(BY_ID["lfm2-base"]["config"])
+    assert "support only width of 4" in str(hybrid.cpu_failure(lfm2, rules_for("0.31.0")[0], False, {},
+                                                               cpu_avx512_bf16=True))
+    assert hybrid.cpu_failure(lfm2, rules_for("0.31.0")[0], False, {}, cpu_avx512_bf16=False) is None
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ("flags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile\n", True), ("flags\t\t: fpu sse avx2 avx512f\n", False),
+    ("", None)])
+def test_the_probe_reads_avx512_bf16(flags: str, expected: bool | None) -> None:
+    assert has_avx512_bf16(flags) is expected
 
 
 def test_027_keeps_prefix_caching_opt_in_and_starts_it_in_mode_all_where_the_class_supports_it() -> None:
