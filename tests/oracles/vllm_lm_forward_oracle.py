@@ -63,6 +63,7 @@ CONFIGS = os.path.join(HERE, "..", "data", "configs")
 MODELS = ("llama-3.1-8b-instruct", "qwen2.5-7b", "qwen3-8b", "qwen3-32b", "mistral-7b-instruct-v0.3", "gemma-2-9b",
           "gemma-3-12b-it", "phi-3.5-mini-instruct", "phi-4", "granite-3.3-8b-instruct", "glm-4-9b-0414",
           "gemma-3-1b-it", "mistral-nemo-instruct-2407", "llama-3.2-1b-instruct", "mistral-small-3.2-24b-instruct-2506",
+          "phi-4-mini-instruct",  # Phi-3's class with a partial rotary embedding (factor 0.75)
           # MoE: routed experts alone (Qwen3-MoE, Mixtral), a gated shared expert (Qwen2-MoE), a dense first layer and
           # shared experts (GLM-4.5)
           "qwen3-30b-a3b", "mixtral-8x7b-instruct-v0.1", "qwen1.5-moe-a2.7b", "glm-4.5-air")

@@ -373,8 +373,7 @@ V2_PEAK_ERROR_BYTES = int(0.5 * GiB)
 # LM_FORWARD_ERROR_FRACTION of the forward, for what Inductor's CUDA scheduler may plan apart from its CPU one (the
 # same lowering and buffer reuse; mm padding on misaligned GEMMs is CUDA's own); so do the MoE architectures of
 # MOE_FORWARD_HELD. Others keep V2_PEAK_ERROR_BYTES: MLA, hybrids, and layouts whose pieces Inductor plans otherwise:
-# GLM-4's post-norms and GLM-4.5's attention were run too and hold buffers these do not at some TP sizes (within
-# that band).
+# GLM-4's post-norms were run too and hold buffers these do not at some TP sizes (within that band).
 # Granite scales the residual branch (`residual_multiplier`) instead of the fused add-norm: the oracle's pieces keep
 # the summed residual through the MLP's gate_up GEMM (3 H + q + 2 I) and one hidden-wide buffer fewer at the next
 # norm (4 H + q); every Granite record equals that.
@@ -388,10 +387,14 @@ LM_FORWARD_ERROR_FRACTION = 0.03
 # moe_runner.py:205-219, :313-335) around the Triton experts (SM 8.x-9.x, oracle/unquantized.py:50-95), whose GEMM
 # caches sit in the persistent workspace ("MoE workspace"). What the compiled piece holds beside the op, in
 # hidden-wide buffers and fp32 norm variances a token, is each architecture's own (the oracle's records: Qwen3-MoE
-# keeps the post-attention norm's input and variance alive, Mixtral and Qwen2-MoE do not); Qwen2-MoE's shared
-# expert, gated by a sigmoid, runs first inside the op.
+# keeps the post-attention norm's input and variance alive, GLM-4.5 the input, Mixtral and Qwen2-MoE neither);
+# shared experts run first inside the op (Qwen2-MoE's gated by a sigmoid, GLM-4.5's not).
 MOE_FORWARD_HELD: Mapping[str, tuple[int, int]] = {
-    "Qwen3MoeForCausalLM": (4, 4), "MixtralForCausalLM": (3, 0), "Qwen2MoeForCausalLM": (3, 0)}
+    "Qwen3MoeForCausalLM": (4, 4), "MixtralForCausalLM": (3, 0), "Qwen2MoeForCausalLM": (3, 0),
+    "Glm4MoeForCausalLM": (4, 0)}
+# GLM-4.5's router computes its logits in float32 (GateLinear out_dtype, models/glm4_moe.py:141-145); others in the
+# activations' dtype.
+MOE_ROUTER_LOGIT_BYTES: Mapping[str, int] = {"Glm4MoeForCausalLM": 4}
 # The Triton experts' alignment block (BLOCK_SIZE_M at a prefill's token count): moe_align_block_size pads each
 # expert's rows to it (moe_align_block_size.py:83-97), a few KB a layer.
 MOE_ALIGN_BLOCK = 64
@@ -1046,14 +1049,28 @@ def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, a
     q, out = heads * geometry.head_dim, heads * geometry.v_head_dim
     kv = kv_heads * geometry.head_dim
     moe = _moe_layer_bytes(geometry, tokens=t, tp=tp, out=out, act_dtype_bytes=act_dtype_bytes)
-    mlp = moe if moe is not None else act_dtype_bytes * t * (3 * intermediate + 2 * h + out)
+    dense = act_dtype_bytes * t * (3 * intermediate + 2 * h + out)
+    first_dense = geometry.text_config.get("first_k_dense_replace")
+    mlp = dense if moe is None else max(moe, dense) if isinstance(first_dense, int) and first_dense > 0 else moe
     norm = act_dtype_bytes * t * (5 * h + out) + 4 * t
     if geometry.architecture in RESIDUAL_MULTIPLIER_ARCHITECTURES:
         mlp = max(mlp, act_dtype_bytes * t * (3 * h + out + 2 * intermediate))
         norm = act_dtype_bytes * t * (4 * h + out) + 4 * t
     end = act_dtype_bytes * t * (2 * h + 2 * out + 2 * q + 3 * kv) \
-        + (4 * t * (heads + kv_heads) if geometry.architecture in QK_NORM_ARCHITECTURES else 0)
+        + (4 * t * (heads + kv_heads) if geometry.architecture in QK_NORM_ARCHITECTURES else 0) \
+        + act_dtype_bytes * t * (q + kv) * _partial_rotary_dim(geometry) // geometry.head_dim
     return max(mlp, norm, end)
+
+
+def _partial_rotary_dim(geometry: ModelGeometry) -> int:
+    """The rotated part of a head where the rotary embedding covers only part of it (partial_rotary_factor < 1),
+    else 0: vLLM's rotary embedding rotates q[..., :rotary_dim] and k[..., :rotary_dim] into new buffers and
+    concatenates the rest (layers/rotary_embedding/base.py `forward_static`), which the compiled piece keeps to
+    its end (GLM-4.5's records)."""
+    factor = geometry.text_config.get("partial_rotary_factor")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < 1:
+        return 0
+    return int(geometry.head_dim * factor)
 
 
 def _moe_layer_bytes(geometry: ModelGeometry, *, tokens: int, tp: int, out: int, act_dtype_bytes: int) -> int | None:
@@ -1061,22 +1078,29 @@ def _moe_layer_bytes(geometry: ModelGeometry, *, tokens: int, tp: int, out: int,
     what the piece holds and the router's logits (E), the op allocates `fused_topk`'s weights, ids and indices
     (12 B a slot, router/fused_topk_router.py:172-183), the aligned rows and their block experts (int32,
     moe_align_block_size.py:83-97) and its output (H, modular_kernel.py:1595-1600); a shared expert runs first,
-    its gate_up (2 I), activation (I) and output alive at its down projection, then gate_up, output and the
-    sigmoid-gated product (models/qwen2_moe.py), its output kept beside the routed experts'."""
+    its gate_up (2 I), activation (I) and output alive at its down projection, then, for Qwen2-MoE's, gate_up,
+    output and the sigmoid-gated product (models/qwen2_moe.py), its output kept beside the routed experts'. GLM-4.5's
+    shared experts (n_shared_experts x moe_intermediate_size, models/glm4_moe.py:165-180) are ungated."""
     held = MOE_FORWARD_HELD.get(geometry.architecture)
     experts, topk = geometry.num_experts, geometry.experts_per_token
     if held is None or not experts or not topk:
         return None
     t, h, act = tokens, geometry.hidden_size, act_dtype_bytes
     hidden_buffers, variances = held
-    beside = act * t * (hidden_buffers * h + out + experts) + variances * t
+    logits = MOE_ROUTER_LOGIT_BYTES.get(geometry.architecture, act)
+    beside = act * t * (hidden_buffers * h + out) + logits * t * experts + variances * t
     padded = t * topk + experts * (MOE_ALIGN_BLOCK - 1)
     routing = 12 * t * topk + 4 * padded + 4 * -(-padded // MOE_ALIGN_BLOCK)
-    shared = geometry.text_config.get("shared_expert_intermediate_size")
-    if not isinstance(shared, int) or shared <= 0:
+    text = geometry.text_config
+    gated, count, expert = (text.get("shared_expert_intermediate_size"), text.get("n_shared_experts"),
+                            geometry.expert_intermediate_size)
+    if isinstance(gated, int) and gated > 0:
+        i = gated // tp
+        shared_mlp = beside + act * t * max(3 * i + h, 2 * i + 2 * h + 1)
+    elif isinstance(count, int) and count > 0 and isinstance(expert, int) and expert > 0:
+        shared_mlp = beside + act * t * (3 * (count * expert // tp) + h)
+    else:
         return beside + routing + act * t * h
-    i = shared // tp
-    shared_mlp = beside + act * t * max(3 * i + h, 2 * i + 2 * h + 1)
     return max(shared_mlp, beside + routing + 2 * act * t * h)
 
 
