@@ -159,6 +159,16 @@ def kv_heads_per_rank(total_kv_heads: int, tp: int) -> int:
 # --------------------------------------------------------------------------- parsing
 
 
+def partial_rotary_factor(text: Mapping[str, Any]) -> float | None:
+    """The share of each head the rotary embedding covers: `partial_rotary_factor` as written (1.0 when absent), None
+    where it is no number in (0, 1] (a string, a boolean, NaN, infinity, 0 or a negative: no head is that)."""
+    factor = text.get("partial_rotary_factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
+            or not 0 < factor <= 1:
+        return None
+    return float(factor)
+
+
 def text_config_of(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's config: `text_config` of multimodal wrappers, else the config.
 
@@ -476,6 +486,8 @@ def _check_engine_numbers(text: Mapping[str, Any]) -> None:
     """
     for key in MAX_LEN_KEYS:
         _check_number(text, key, _MAX_CONFIG_LENGTH, where=key)
+    # The rotary embedding's share of a head: rotary_dim = int(head_dim x factor) in both engines.
+    _check_number(text, "partial_rotary_factor", 1, where="partial_rotary_factor", positive=True)
     for key in ("rope_scaling", "rope_parameters"):
         value = text.get(key)
         if value is None:

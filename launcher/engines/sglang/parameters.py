@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.engines.sglang.architectures import stage_layers
-from launcher.model.config import MLA, ModelGeometry
+from launcher.model.config import MLA, ModelGeometry, partial_rotary_factor
 from launcher.model.linear_tensors import (
     Scheme,
     attention,
@@ -76,9 +76,9 @@ def rope_cache_bytes(geometry: ModelGeometry) -> int | None:
     original_max_position_embeddings x factor positions."""
     text = geometry.text_config
     positions = text.get("max_position_embeddings")
-    factor = text.get("partial_rotary_factor", 1)
+    factor = partial_rotary_factor(text)
     rotary = text.get("qk_rope_head_dim") if geometry.mla is not None else int(factor * geometry.head_dim) \
-        if isinstance(factor, (int, float)) else None
+        if factor is not None else None
     if not isinstance(positions, int) or not isinstance(rotary, int) or positions <= 0 or rotary <= 0:
         return None
     scaling = text.get("rope_scaling")

@@ -33,7 +33,7 @@ from launcher.engines.versions import version_key
 from launcher.engines.vllm.compilation import SPLIT_SIZES_SINCE, GraphMode, GraphPins, SplitPins, graph_mode
 from launcher.engines.vllm.kv import pp_partitions
 from launcher.engines.vllm.rules import VllmRules, uses_v2_runner
-from launcher.model.config import MLA, ModelGeometry
+from launcher.model.config import MLA, ModelGeometry, partial_rotary_factor
 
 # CUDA context + torch before the init snapshot. vLLM 0.10.2 on an idle 80 GB card printed
 # "Free memory on device (78.66/79.19 GiB) on startup": 0.53 GiB gone before weights.
@@ -1067,10 +1067,8 @@ def _partial_rotary_dim(geometry: ModelGeometry) -> int:
     else 0: vLLM's rotary embedding rotates q[..., :rotary_dim] and k[..., :rotary_dim] into new buffers and
     concatenates the rest (layers/rotary_embedding/base.py `forward_static`), which the compiled piece keeps to
     its end (GLM-4.5's records)."""
-    factor = geometry.text_config.get("partial_rotary_factor")
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < 1:
-        return 0
-    return int(geometry.head_dim * factor)
+    factor = partial_rotary_factor(geometry.text_config)
+    return int(geometry.head_dim * factor) if factor is not None and factor < 1 else 0
 
 
 def _moe_layer_bytes(geometry: ModelGeometry, *, tokens: int, tp: int, out: int, act_dtype_bytes: int) -> int | None:
@@ -1569,12 +1567,12 @@ def rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) -> RopeTab
         return RopeTables(0, "Transformers backend: the table is computed in the forward pass")
     if not isinstance(positions, int) or element is None:
         return None
-    factor = text.get("partial_rotary_factor", 1.0)
+    factor = partial_rotary_factor(text)
     if geometry.mla is not None:
         rotary = geometry.mla.qk_rope_head_dim
     elif architecture == "Zamba2ForCausalLM" and isinstance(text.get("attention_head_dim"), int):
         rotary = text["attention_head_dim"]  # its shared transformer's heads (models/zamba2.py)
-    elif isinstance(factor, (int, float)):
+    elif factor is not None:
         rotary = int(geometry.head_dim * factor)
     else:
         return None

@@ -231,3 +231,29 @@ def test_glm_45_partial_rotary_fp32_router_and_shared_experts() -> None:
     padded = 512 * 8 + 128 * 63
     op = 512 * (2 * (4 * 4096 + 1536 + 2 * 4096) + 4 * 128 + 12 * 8) + 4 * padded + 4 * -(-padded // 64)
     assert vb.v2_forward_bytes(glm, batched_tokens=512, tp=8, act_dtype_bytes=2) == op == 27_099_384
+
+
+@pytest.mark.parametrize(("factor", "expected"), [
+    (0.5, 0.5), (1, 1.0), (None, 1.0), ("0.5", None), (True, None), (float("nan"), None), (float("inf"), None),
+    (1e308, None), (0, None), (-0.5, None)])
+def test_a_partial_rotary_factor_is_a_share_of_the_head(factor: object, expected: float | None) -> None:
+    """config.json's partial_rotary_factor is a stranger's number: one in (0, 1] is a share of the head (the rotated
+    part of q and k the forward keeps), anything else is refused as the config's one error line (exit 65) where NaN
+    and 1e308 stopped vLLM's and SGLang's rotary-table sizing with an internal ValueError / OverflowError."""
+    from launcher.common.errors import ModelConfigError
+    from launcher.engines.sglang.parameters import rope_cache_bytes
+    from launcher.model.config import partial_rotary_factor
+
+    text = {} if factor is None else {"partial_rotary_factor": factor}
+    assert partial_rotary_factor(text) == expected
+    config = {k: v for k, v in json.loads((DATA / "configs" / "glm-4.5-air.json").read_text()).items()
+              if not k.startswith("_") and k != "partial_rotary_factor"}
+    if expected is None:
+        with pytest.raises(ModelConfigError, match="'partial_rotary_factor' must be a number above 0 to 1"):
+            geometry_from_config({**config, **text})
+        return
+    glm = geometry_from_config({**config, **text})
+    assert vb.rope_tables(glm, dtype="bfloat16", version="0.34.0") is not None and rope_cache_bytes(glm)
+    rotated = 2 * (12_288 + 1_024) * (int(128 * expected) if expected < 1 else 0) // 128
+    assert vb.v2_forward_bytes(glm, batched_tokens=1, tp=1, act_dtype_bytes=2) == 2 * (
+        2 * 4096 + 4 * 12_288 + 3 * 1_024) + rotated

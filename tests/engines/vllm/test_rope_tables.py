@@ -3,6 +3,7 @@ vLLM 0.32 builds itself (tests/oracles/vllm_params.py -> tests/data/vllm_params.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,13 @@ def test_rope_parameters_per_layer_type_count_a_table_each() -> None:
 
 def test_a_table_no_engine_would_build_is_not_derived() -> None:
     """A zero-length table (a stranger's config.json: no rotary dims) must not be derived as a saving; the
-    zero factor that would give one is refused before (config.py: a rope factor is above 0)."""
+    zero factors that would give one are refused before (config.py: a rope factor and a partial rotary factor are
+    above 0), and a geometry built past that check still derives none."""
     model = resolve_model("llama-3.1-8b")
-    geometry = geometry_from_config({**model.config, "partial_rotary_factor": 0.0})
+    with pytest.raises(ModelConfigError, match="'partial_rotary_factor' must be a number above 0 to 1"):
+        geometry_from_config({**model.config, "partial_rotary_factor": 0.0})
+    geometry = dataclasses.replace(geometry_from_config(model.config),
+                                   text_config={**model.config, "partial_rotary_factor": 0.0})
     assert vb.rope_tables(geometry, dtype="bfloat16", version="0.32.0") is None
     with pytest.raises(ModelConfigError, match="'rope_scaling.factor' must be a number above 0 to 6.55e"):
         geometry_from_config({**model.config, "rope_scaling": {"rope_type": "linear", "factor": 0}})
