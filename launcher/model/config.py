@@ -163,10 +163,7 @@ def partial_rotary_factor(text: Mapping[str, Any]) -> float | None:
     """The share of each head the rotary embedding covers: `partial_rotary_factor` as written (1.0 when absent), None
     where it is no number in (0, 1] (a string, a boolean, NaN, infinity, 0 or a negative: no head is that)."""
     factor = text.get("partial_rotary_factor", 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
-            or not 0 < factor <= 1:
-        return None
-    return float(factor)
+    return float(factor) if _is_number(factor) and 0 < factor <= 1 else None
 
 
 def text_config_of(config: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -329,12 +329,13 @@ def state_dtypes(geometry: ModelGeometry, *, model_dtype_bytes: int, device: str
     if device == "cpu" and rules is not None and rules.cpu_ssm_float32_on == "amx":
         if cpu_amx and name != "float32":  # 0.27.1 / 0.28.0 platforms/cpu.py "AMX GDN requires float32 state"
             name, reason = "float32", f"reset to float32 by vLLM {rules.version}'s CPU backend on an AMX host"
-    elif device == "cpu" and name not in ("float16", "bfloat16") and cpu_avx512_bf16 is False:
-        reason += "; kept: this host has no AVX-512 BF16, on which alone vLLM's CPU backend resets it to float32 " \
-                  "(platforms/cpu.py:301-320)"
     elif device == "cpu" and name not in ("float16", "bfloat16"):
-        # platforms/cpu.py:301-320 (AVX512-BF16 hosts, the engine's accelerated state kernels).
-        name, reason = "float32", "reset to float32 by vLLM's CPU backend (platforms/cpu.py:301-320)"
+        # platforms/cpu.py:301-320: on AVX512-BF16 hosts only (the engine's accelerated state kernels).
+        if cpu_avx512_bf16 is False:
+            reason += "; kept: this host has no AVX-512 BF16, on which alone vLLM's CPU backend resets it to " \
+                      "float32 (platforms/cpu.py:301-320)"
+        else:
+            name, reason = "float32", "reset to float32 by vLLM's CPU backend (platforms/cpu.py:301-320)"
     ssm = conv if name == "auto" else _DTYPE_BYTES.get(name, 4)
     # The KDA layer's own get_state_dtype passes no SSM flag: float32 (kimi_gdn_linear_attn.py:157-164).
     layer = 4 if geometry.architecture in _KDA_ARCHITECTURES and ssm != 4 else None
