@@ -43,3 +43,14 @@ def _public_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real engines' tests (`engine` marker) run first and, under pytest-xdist (the README's test
+    command runs two or more workers), as one group: one worker starts the engines one after another
+    while the others run the rest. Two engines at once would contend for the same cores and memory;
+    last, they would leave the other workers idle for their ten minutes."""
+    engine = [item for item in items if item.get_closest_marker("engine") is not None]
+    for item in engine:
+        item.add_marker(pytest.mark.xdist_group("engine"))
+    items[:] = engine + [item for item in items if item.get_closest_marker("engine") is None]
