@@ -927,7 +927,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                  expert_parallel: bool = False, flashinfer_sampler: bool | None = False,
                  max_model_len: int | None = None, mm_limits: Mapping[str, int] | None = None,
                  mm_max_pixels: int | None = None, vision_tp: int | None = None,
-                 compiled_as_traced: bool = True, moe_on_triton: bool = True) -> ProfilePeak:
+                 compiled_as_traced: bool = True, moe_on_triton: bool = True,
+                 int4: Int4Gemm | None = None) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
 
     V1 (0.19-0.21, and 0.22-0.28 outside the V2 architecture list): the sampler dummy run holds
@@ -945,7 +946,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
 
     `compiled_as_traced`: the start compiles the model and quantizes nothing at run time (no --enforce-eager, no
     --quantization), as the V2 forward's oracle ran it; otherwise its band stays V2_PEAK_ERROR_BYTES. `moe_on_triton`:
-    a MoE model's experts run the Triton kernels the oracle stood in (`moe_runs_triton`).
+    a MoE model's experts run the Triton kernels the oracle stood in (`moe_runs_triton`). `int4`: the kernel an AWQ
+    checkpoint's linear layers run (`int4_gemm`), whose per-call scratch widens the traced band.
     """
     v, h, t, r = geometry.vocab_size, geometry.hidden_size, batched_tokens, min(batched_tokens, num_seqs)
     sms = min(sm_count(gpu_name), r)
@@ -997,7 +999,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                            encoder_rule=mm.rule, encoder_item=mm.item)
     # The compiled forward, on either runner (from 0.19); its band narrower where vLLM's own pieces were run.
     forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
-    forward_error = v2_peak_error_bytes(compiled_as_traced and _forward_traced(geometry, moe_on_triton), forward)
+    forward_error = v2_peak_error_bytes(compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4), forward,
+                                        int4)
     if not uses_v2_runner(rules, geometry.architecture):
         # 12 B an entry beside the model-dtype logits: a --dtype float32 start (0.19 H100, Llama-3.1-8B) peaks
         # 0.32 GiB above the bf16 one, 2 B an entry more at 1,024 x 128,256 plus the wider hidden states.
@@ -1009,7 +1012,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         error, rule = V1_PEAK_ERROR_BYTES, ""
         if forward > sampler + hidden:
             phase, error = (("forward", forward),), forward_error
-            rule = v2_forward_rule(geometry, compiled_as_traced, moe_on_triton)
+            rule = v2_forward_rule(geometry, compiled_as_traced, moe_on_triton, int4)
         terms: tuple[tuple[str, int], ...] = (*phase, ("MoE workspace", moe), ("DP-gathered MoE rows", gathered),
                                                ("encoder cache", encoder), ("dummy images", pixels),
                                                ("vision rope table", vision_rope),
@@ -1027,7 +1030,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     return ProfilePeak(terms, sum(b for _, b in terms), error, "V2",
                        persistent_bytes=penalty if rules.budget_from_consumed else 0, encoder_rule=mm.rule,
                        encoder_item=mm.item, forward_rule=v2_forward_rule(geometry, compiled_as_traced,
-                                                                               moe_on_triton))
+                                                                               moe_on_triton, int4))
 
 
 def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int) -> int:
@@ -1102,24 +1105,32 @@ def _moe_layer_bytes(geometry: ModelGeometry, *, tokens: int, tp: int, out: int,
     return max(shared_mlp, beside + routing + 2 * act * t * h)
 
 
-def _forward_traced(geometry: ModelGeometry, moe_on_triton: bool = True) -> bool:
-    """An unquantized checkpoint of an architecture whose compiled forward was run: dense (LM_FORWARD_TRACED) or MoE
-    (MOE_FORWARD_HELD)."""
+def _forward_traced(geometry: ModelGeometry, moe_on_triton: bool = True, int4: Int4Gemm | None = None) -> bool:
+    """An unquantized checkpoint of an architecture whose compiled forward was run, dense (LM_FORWARD_TRACED) or MoE
+    (MOE_FORWARD_HELD), or a dense one whose AWQ linear layers run a kernel `int4_gemm` names."""
     dense = geometry.architecture in LM_FORWARD_TRACED and not geometry.num_experts
     moe = geometry.architecture in MOE_FORWARD_HELD and bool(geometry.num_experts) and moe_on_triton
-    return (dense or moe) and geometry.mla is None and geometry.quantization is None
+    weights = geometry.quantization is None or (int4 is not None and dense)
+    return (dense or moe) and geometry.mla is None and weights
 
 
-def v2_peak_error_bytes(traced: bool, forward: int) -> int:
-    """The V2 peak's band: a traced forward V1's plus a share of the forward, else 0.5 GiB."""
-    return V1_PEAK_ERROR_BYTES + int(forward * LM_FORWARD_ERROR_FRACTION) if traced else V2_PEAK_ERROR_BYTES
+def v2_peak_error_bytes(traced: bool, forward: int, int4: Int4Gemm | None = None) -> int:
+    """The V2 peak's band: a traced forward V1's plus a share of the forward (and an int4 kernel's per-call
+    scratch, which may add where a GEMM is the peak's phase), else 0.5 GiB."""
+    if not traced:
+        return V2_PEAK_ERROR_BYTES
+    return V1_PEAK_ERROR_BYTES + int(forward * LM_FORWARD_ERROR_FRACTION) + (int4.scratch_bytes if int4 else 0)
 
 
-def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool, moe_on_triton: bool = True) -> str:
+def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool, moe_on_triton: bool = True,
+                    int4: Int4Gemm | None = None) -> str:
     """Where the V2 forward's figure and band come from, for the plan's activation row."""
-    if compiled_as_traced and _forward_traced(geometry, moe_on_triton):
-        return (f"forward as vLLM compiles it (Inductor's buffers, {geometry.architecture} traced), "
-                f"+/- {V1_PEAK_ERROR_BYTES / GiB:.2f} GiB + {LM_FORWARD_ERROR_FRACTION:.0%}")
+    if compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4):
+        kernel = (f"; AWQ's linear layers on {int4.kernel}: a GEMM's output each, and beside it {int4.rule}, in "
+                  f"the band" if int4 is not None and geometry.quantization is not None else "")
+        return (f"forward as vLLM compiles it (Inductor's buffers, {geometry.architecture} traced{kernel}), "
+                f"+/- {V1_PEAK_ERROR_BYTES / GiB:.2f} GiB + {LM_FORWARD_ERROR_FRACTION:.0%}"
+                + (f" + {int4.scratch_bytes / MiB:.1f} MiB" if int4 is not None and geometry.quantization else ""))
     why = ("eager, another compilation mode, or quantized at run time" if not compiled_as_traced else
            "a quantized checkpoint" if geometry.quantization is not None else
            "MLA" if geometry.mla is not None else
@@ -1375,6 +1386,64 @@ _PINNED_LAYOUT = {"marlin": MXFP4_MARLIN, "triton": MXFP4_TRITON, "flashinfer_tr
 # (VLLM_USE_FLASHINFER_MOE_MXFP4_BF16/_MXFP8/_MXFP8_CUTLASS) are not read here: the plan keeps the default pick.
 MARLIN_ENV = "VLLM_MXFP4_USE_MARLIN"
 MARLIN_ENV_UNTIL = "0.24"
+
+
+# AWQ (4 bits, zero points) on CUDA: each linear layer is one opaque op whose output is the unquantized GEMM's
+# ([tokens, out] in the activations' dtype), the kernel chosen by choose_mp_linear_kernel in the order CUTLASS W4A8
+# (fp8 activations only), Machete, AllSpark (8-bit GPTQ only), Marlin (0.19.0 kernels/linear/__init__.py:132-140,
+# 0.29.0 :479-488, 0.34.0 :540-549): Machete on SM 9.0 where every shard's in and out are multiples of 64 and 128
+# (machete_utils.py:9, :37-53) and the group is -1, 64 or 128; Marlin from SM 7.5 (mixed_precision/marlin.py:30-32)
+# for groups -1, 32, 64, 128 (marlin_utils.py:32) on shards with n % 64 and k % 128 (0.19.0 marlin_utils.py:163-193;
+# 0.34 also takes n % 128 with k % 64, and pads the rest with a copy of the input and of the output,
+# marlin_utils.py:221-302: not derived here).
+# What each call allocates beside its output, read in the 0.34.0 sdist's csrc (not in the wheel):
+# - Marlin: the fp32 global-reduce buffer, SMs x min(64, M rounded up to 16) x 256 floats (use_fp32_reduce, the
+#   default: csrc/quantization/marlin/marlin.cu:528-541, marlin.cuh:28), freed when the op returns;
+# - Machete: CUTLASS's stream-K workspace (csrc/quantization/machete/machete_mm_launcher.cuh:70-73), sized by
+#   CUTLASS's scheduler; bounded here at two 256 x 128 fp32 partial tiles per SM.
+MARLIN_MAX_THREAD_N = 256
+MACHETE_BLOCK = (64, 128)
+MARLIN_GROUPS = (-1, 32, 64, 128)
+MACHETE_GROUPS = (-1, 64, 128)
+
+
+@dataclass(frozen=True)
+class Int4Gemm:
+    """The kernel an AWQ checkpoint's linear layers run, and what one call allocates beside its output."""
+
+    kernel: str  # "Marlin" or "Machete"
+    scratch_bytes: int
+    rule: str
+
+
+def int4_gemm(geometry: ModelGeometry, *, tp: int, compute_capability: tuple[int, int] | None, gpu_name: str,
+              tokens: int) -> Int4Gemm | None:
+    """The AWQ kernel a dense decoder's linear layers run on this card, where every shard takes it unpadded in
+    every release from 0.19; None for another method, a MoE, a card not known or below SM 7.5, or another shard."""
+    from launcher.model.linear_tensors import scheme
+
+    method = scheme(geometry)
+    if method is None or method.name != "awq" or geometry.num_experts or compute_capability is None \
+            or compute_capability < (7, 5) or geometry.mla is not None:
+        return None
+    tp = max(tp, 1)
+    heads, kv_heads = max(geometry.num_attention_heads // tp, 1), max(geometry.num_kv_heads // tp, 1)
+    intermediate = (geometry.intermediate_size or 0) // tp
+    h = geometry.hidden_size
+    shards = (((heads + 2 * kv_heads) * geometry.head_dim, h), (h, heads * geometry.v_head_dim),
+              (2 * intermediate, h), (h, intermediate))  # (n out, k in) of qkv, o_proj, gate_up, down
+    group = method.group_size
+    if intermediate <= 0 or group not in MARLIN_GROUPS or any(k % group or n % 64 or k % 128 for n, k in shards):
+        return None
+    sms = sm_count(gpu_name)
+    machete = compute_capability == (9, 0) and group in MACHETE_GROUPS and all(
+        k % MACHETE_BLOCK[0] == 0 and n % MACHETE_BLOCK[1] == 0 for n, k in shards)
+    if machete:
+        return Int4Gemm("Machete", 2 * sms * 256 * 128 * 4,
+                        f"CUTLASS's stream-K workspace, at most two 256 x 128 fp32 tiles on each of {sms} SMs")
+    rows = min(64, -(-tokens // 16) * 16)
+    return Int4Gemm("Marlin", sms * rows * MARLIN_MAX_THREAD_N * 4,
+                    f"its fp32 reduce buffer, {sms} SMs x {rows} x {MARLIN_MAX_THREAD_N} floats")
 
 
 def moe_runs_triton(compute_capability: tuple[int, int] | None, moe_backend: object, *, dp: int = 1) -> bool:

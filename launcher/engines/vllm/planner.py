@@ -520,7 +520,10 @@ class _Sizing:
                                mm_limits=self.mm_limits, mm_max_pixels=self.mm_max_pixels, vision_tp=self.vision_tp,
                                compiled_as_traced=self.compiled and not pinned.get("--quantization"),
                                moe_on_triton=vb.moe_runs_triton(self.compute_capability, pinned.get("--moe-backend"),
-                                                                dp=self.setup.parallel.dp))
+                                                                dp=self.setup.parallel.dp),
+                               int4=vb.int4_gemm(self.geometry, tp=self.setup.tp,
+                                                 compute_capability=self.compute_capability, gpu_name=self.gpu_name,
+                                                 tokens=batched))
         return batched, seqs, peak
 
     def activation_at(self, length: int) -> int:

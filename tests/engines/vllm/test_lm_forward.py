@@ -128,15 +128,65 @@ def test_a_mode_vllm_refuses_is_refused(mode: str) -> None:
 @pytest.mark.parametrize(("model", "args", "traced"), [
     ("llama-3.1-8b", (), True), ("llama-3.1-8b", ("--enforce-eager",), False), ("llama-3.1-8b", ("-O0",), False),
     ("llama-3.1-8b", ("--quantization", "fp8"), False), ("llama-3.1-8b-fp8", (), False),
-    ("qwen2.5-7b-awq", (), False), ("gpt-oss-20b", (), False), ("deepseek-v2-lite", (), False)])
+    ("qwen2.5-7b-awq", (), True), ("qwen2.5-7b-awq", ("--quantization", "awq_marlin"), False),
+    ("gpt-oss-20b", (), False), ("deepseek-v2-lite", (), False)])
 def test_only_the_traced_forward_narrows_a_plan(model: str, args: tuple[str, ...], traced: bool) -> None:
-    """The narrower band needs what the oracle ran: a compiled, unquantized dense forward. Eager kernels, run-time
-    or checkpoint quantization (activations quantized around each GEMM), MoE and MLA keep 0.5 GiB, and say so."""
+    """The narrower band needs what the oracle ran: a compiled dense forward whose GEMMs are one op each with the
+    unquantized output (an AWQ checkpoint's weight-only kernels too). Eager kernels, run-time or FP8 checkpoint
+    quantization (activations quantized around each GEMM), a pinned --quantization, MoE and MLA keep 0.5 GiB, and
+    say so."""
     plan = make_plan(PlanRequest(model=resolve_model(model), engine="vllm", gpus=hypothetical_gpus(["h100"]),
                                  engine_version="0.32.0", engine_args=args))
     row = next(item for item in plan.budget if item.key == "activation")
     assert (row.error_bytes < vb.V2_PEAK_ERROR_BYTES) is traced
-    assert ("traced), +/- 0.15 GiB + 3%" in row.detail) is traced
+    assert ("ForCausalLM traced" in row.detail and "+/- 0.15 GiB + 3%" in row.detail) is traced
+
+
+@pytest.mark.parametrize(("model", "card", "tp", "kernel", "scratch"), [
+    # Hopper: Machete, CUTLASS's stream-K workspace bounded at two 256 x 128 fp32 tiles per SM
+    ("qwen2.5-7b-awq", "h100", 1, "Machete", 2 * 132 * 256 * 128 * 4),
+    ("llama-3.1-70b-awq", "h100", 4, "Machete", 2 * 132 * 256 * 128 * 4),
+    # Ampere, Ada, Turing: Marlin's fp32 reduce buffer, SMs x 64 rows x 256 floats at a prefill's token count
+    ("qwen2.5-7b-awq", "a10080gb", 1, "Marlin", 108 * 64 * 256 * 4),
+    ("qwen3-14b-awq", "l4", 2, "Marlin", 58 * 64 * 256 * 4),
+    ("qwen2.5-7b-awq", "t4", 1, "Marlin", 40 * 64 * 256 * 4),
+    # Qwen2.5-72B-AWQ's checkpoint pads its MLP to 29,696 (232 groups of 128): 7,424 a rank at TP 4 takes Machete
+    ("qwen2.5-72b-awq", "h100", 4, "Machete", 2 * 132 * 256 * 128 * 4)])
+def test_awq_kernels_by_card(model: str, card: str, tp: int, kernel: str, scratch: int) -> None:
+    """The AWQ kernel choose_mp_linear_kernel takes for each linear layer (Machete on SM 9.0 where every shard
+    divides by 64 x 128, Marlin from SM 7.5) and what one call allocates beside its output."""
+    gpu = hypothetical_gpus([card])[0]
+    gemm = vb.int4_gemm(resolve_model(model).geometry, tp=tp, compute_capability=gpu.compute_capability,
+                        gpu_name=gpu.name, tokens=8192)
+    assert gemm is not None and (gemm.kernel, gemm.scratch_bytes) == (kernel, scratch)
+
+
+def test_awq_shards_marlin_pads_are_not_traced() -> None:
+    """Unpadded Qwen2.5-72B (intermediate 29,568) at TP 4: 7,392 a rank is no multiple of the 128-wide group or of
+    Marlin's tiles, which 0.34 pads with a copy of the input (not derived); a V100 (SM 7.0) runs no AWQ kernel; a
+    card not known is not assumed; an fp8 checkpoint is no AWQ."""
+    geometry = resolve_model("qwen2.5-72b-awq").geometry
+    unpadded = geometry_from_config({**geometry.text_config, "intermediate_size": 29568})
+    assert vb.int4_gemm(unpadded, tp=4, compute_capability=(9, 0), gpu_name="H100", tokens=8192) is None
+    assert vb.int4_gemm(unpadded, tp=1, compute_capability=(9, 0), gpu_name="H100", tokens=8192) is not None
+    assert vb.int4_gemm(geometry, tp=4, compute_capability=(7, 0), gpu_name="V100", tokens=8192) is None
+    assert vb.int4_gemm(geometry, tp=4, compute_capability=None, gpu_name="", tokens=8192) is None
+    fp8 = resolve_model("qwen2.5-7b-fp8").geometry
+    assert vb.int4_gemm(fp8, tp=1, compute_capability=(9, 0), gpu_name="H100", tokens=8192) is None
+    marlin = vb.int4_gemm(geometry, tp=4, compute_capability=(8, 0), gpu_name="A100", tokens=20)
+    assert marlin is not None and marlin.scratch_bytes == 108 * 32 * 256 * 4  # 20 rows round up to 32
+
+
+def test_an_awq_plan_carries_the_traced_band_and_the_kernels_scratch() -> None:
+    """Qwen2.5-7B-AWQ on an H100 at 0.34: the traced forward's band, 0.15 GiB + 3 % of the forward, plus Machete's
+    bounded workspace, where it kept 0.5 GiB; the row names the kernel."""
+    plan = make_plan(PlanRequest(model=resolve_model("qwen2.5-7b-awq"), engine="vllm",
+                                 gpus=hypothetical_gpus(["h100"]), engine_version="0.34.0"))
+    row = next(item for item in plan.budget if item.key == "activation")
+    forward = vb.v2_forward_bytes(resolve_model("qwen2.5-7b-awq").geometry, batched_tokens=8192, tp=1,
+                                  act_dtype_bytes=2)
+    assert row.error_bytes == vb.V1_PEAK_ERROR_BYTES + int(forward * 0.03) + 2 * 132 * 256 * 128 * 4
+    assert "AWQ's linear layers on Machete" in row.detail
 
 
 def test_v1_profile_takes_the_forward_where_it_binds() -> None:
