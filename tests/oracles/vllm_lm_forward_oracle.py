@@ -28,6 +28,8 @@ every piece compiled for the range up to max_num_batched_tokens. Stood in, by wh
   counted, while Inductor plans its output buffer as it plans an extern mm's;
 - the attention op and the KV cache update: run, with no KV cache and no metadata (the profile run's dummy
   batch skips attention; the output buffer is allocated by the model as on CUDA);
+- an FP8 checkpoint's linear layers (`_fp8_stand_in`): vLLM's own W8A8 modules with CUTLASS's kernel, as on SM
+  8.9/9.0; the scaled mm's output allocated where ops.cutlass_scaled_mm allocates it, the op inert;
 - a MoE layer: the opaque `moe_forward` op CUDA dispatches (the CPU platform inlines the layer instead), its body
   allocating what the Triton experts allocate per call (`_moe_stand_in`; their GEMM caches are the persistent
   workspace budget.py counts apart);
@@ -66,7 +68,11 @@ MODELS = ("llama-3.1-8b-instruct", "qwen2.5-7b", "qwen3-8b", "qwen3-32b", "mistr
           "phi-4-mini-instruct",  # Phi-3's class with a partial rotary embedding (factor 0.75)
           # MoE: routed experts alone (Qwen3-MoE, Mixtral), a gated shared expert (Qwen2-MoE), a dense first layer and
           # shared experts (GLM-4.5)
-          "qwen3-30b-a3b", "mixtral-8x7b-instruct-v0.1", "qwen1.5-moe-a2.7b", "glm-4.5-air")
+          "qwen3-30b-a3b", "mixtral-8x7b-instruct-v0.1", "qwen1.5-moe-a2.7b", "glm-4.5-air",
+          # FP8 checkpoints (compressed-tensors W8A8): static per-tensor and dynamic per-token input scales, on Llama's
+          # MLP (a fused silu-and-quantize op for a static scale) and Qwen2's/Qwen3's (QuantFP8 in the piece)
+          "llama-3.1-8b-instruct-fp8", "llama-3.1-8b-instruct-fp8-dynamic", "qwen2.5-7b-instruct-fp8-dynamic",
+          "qwen2.5-7b-fp8-static", "qwen3-8b-fp8-dynamic", "qwen3-8b-fp8-static")
 # Not traceable here: OLMo 2/3, Gemma (1) and Phi-2 stop in Dynamo's fake-tensor pass at their rotary embedding
 # (a cos/sin cache broadcast the CPU run does not take); they keep the shape sum's wider band.
 TP_SIZES = (1, 2, 4, 8)
@@ -78,6 +84,14 @@ PASS_C_OPS = ("rotary_embedding", "fused_add_rms_norm_static_fp8_quant", "rms_no
               "rms_norm", "rms_norm_static_fp8_quant", "silu_and_mul_quant", "silu_and_mul_nvfp4_quant",
               "fused_qk_norm_rope", "fused_add_rms_norm", "static_scaled_fp8_quant", "dynamic_scaled_fp8_quant",
               "dynamic_per_token_scaled_fp8_quant", "scaled_fp4_quant", "rms_norm_per_block_quant")
+# The `_C` ops an FP8 checkpoint's forward calls on CUDA, with their schemas (csrc/torch_bindings.cpp): CUTLASS's
+# scaled mm writes into the output ops.cutlass_scaled_mm allocates (_custom_ops.py:748-795), Llama's MLP quantizes
+# with a static scale inside its activation (layers/fusion/fused_act_quant.py); both inert here, their outputs
+# allocated by the traced code as on CUDA.
+FP8_C_OPS = {
+    "cutlass_scaled_mm": "(Tensor(a!) out, Tensor a, Tensor b, Tensor a_scales, Tensor b_scales, Tensor? bias) -> ()",
+    "silu_and_mul_quant": "(Tensor(a!) result, Tensor input, Tensor scale) -> ()",
+}
 
 
 def _profiled_peak(torch, forward) -> int:  # type: ignore[no-untyped-def]
@@ -160,6 +174,34 @@ def _moe_stand_in(torch, model) -> int:  # type: ignore[no-untyped-def]
     return count
 
 
+def _fp8_stand_in(torch) -> object:  # type: ignore[no-untyped-def]
+    """An FP8 checkpoint's linear layers as a CUDA start on SM 8.9/9.0 builds them: CUTLASS's scaled mm (FlashInfer's
+    runs from SM 10.0 only, kernels/linear/scaled_mm/flashinfer.py:41-51), chosen here whatever the platform; its
+    input quantized by QuantFP8's native code (custom ops off), compiled into the pieces."""
+    library = torch.library.Library("_C", "FRAGMENT")
+    for name, schema in FP8_C_OPS.items():
+        if not hasattr(torch.ops._C, name):
+            library.define(name + schema)
+            library.impl(name, lambda *args: None, "CompositeExplicitAutograd")
+    with contextlib.suppress(ImportError):
+        import vllm.model_executor.kernels.linear as kernels
+        from vllm.model_executor.kernels.linear.scaled_mm.cutlass import CutlassFP8ScaledMMLinearKernel
+
+        choose = kernels.choose_scaled_mm_linear_kernel
+
+        def cutlass(config, possible_kernels, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if "block" in str(kwargs.get("quantization")):
+                return choose(config, possible_kernels, *args, **kwargs)
+            return CutlassFP8ScaledMMLinearKernel
+
+        kernels.choose_scaled_mm_linear_kernel = cutlass
+        CutlassFP8ScaledMMLinearKernel.is_supported = classmethod(lambda cls, compute_capability=None: (True, None))
+        from vllm.platforms import current_platform
+
+        current_platform.fp8_dtype = lambda: torch.float8_e4m3fn
+    return library
+
+
 def _fake_tensor_parallel(torch, size: int) -> None:  # type: ignore[no-untyped-def]
     from vllm.distributed import parallel_state
 
@@ -175,9 +217,13 @@ def run_one(name: str, tp: int) -> dict:
     import torch
     import vllm
 
-    library = _stub_c_ops(torch, ACTIVATION_C_OPS + PASS_C_OPS)
+    library = _stub_c_ops(torch, ACTIVATION_C_OPS + tuple(name for name in PASS_C_OPS if name not in FP8_C_OPS))
+    fp8_library = _fp8_stand_in(torch)
     gemm = _gemm_stand_in(torch)
-    with open(os.path.join(CONFIGS, f"{name}.json"), encoding="utf-8") as handle:
+    path = os.path.join(CONFIGS, f"{name}.json")
+    if not os.path.exists(path):  # a quantized variant of a config (tests/data/configs/quantized/README.md)
+        path = os.path.join(CONFIGS, "quantized", f"{name}.json")
+    with open(path, encoding="utf-8") as handle:
         config = {k: v for k, v in json.load(handle).items() if not k.startswith("_")}
     text = config.get("text_config", config)
     text["num_hidden_layers"] = LAYERS
@@ -217,6 +263,9 @@ def run_one(name: str, tp: int) -> dict:
     except (AssertionError, ValueError) as refused:
         out["refused"] = f"{type(refused).__name__}: {str(refused)[:200]}"
         return out
+    for module in model.modules():  # what loading does to an FP8 layer: (K, N) weights, one static scale
+        if getattr(module, "scheme", None) is not None:
+            module.scheme.process_weights_after_loading(module)
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None and hasattr(method, "_gemm_impl"):
@@ -248,7 +297,7 @@ def run_one(name: str, tp: int) -> dict:
                 run()  # compiles (once), warms
                 peak = _profiled_peak(torch, run)
             out["peaks"].append({"tokens": count, "peak_bytes": peak})
-    del library, site
+    del library, fp8_library, site
     return out
 
 
@@ -287,7 +336,8 @@ def main() -> int:
     version = next((r["vllm"] for r in records if "vllm" in r), None)
     doc = {"header": {"vllm": version, "layers": LAYERS, "tokens": list(TOKENS), "tp": args.tp,
                       "dispatch": "CUDA start under Inductor: VLLM_COMPILE piecewise, custom ops off, IR ops native, "
-                                  "GEMM, all-reduce and the MoE op's experts by what they allocate"},
+                                  "GEMM, all-reduce and the MoE op's experts by what they allocate, FP8 layers on "
+                                  "CUTLASS"},
            "results": records}
     write_golden(doc, args.output)
     return 0 if all("error" not in r for r in records) else 1

@@ -215,7 +215,7 @@ def extensible_margin(transient: int) -> int:
 def sizing_step(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int = 2,
                 max_logprobs: int = DEFAULT_MAX_LOGPROBS, max_model_len: int | None = None,
                 max_num_seqs: int = 1024, block: int = 16, dcp: int = 1,
-                compute_capability: tuple[int, int] | None = None) -> SizingStep | None:
+                compute_capability: tuple[int, int] | None = None, fp8: str | None = None) -> SizingStep | None:
     """The sizing steps' allocated peak (warmup.py:478-545), or None where it is not derived (--max-logprobs
     -1; MLA under decode context parallelism). Attention runs this time: at its call the split graph holds the
     residual, q, k, the qkv buffer (v is its view) and the output, less than the piece's end before it
@@ -230,7 +230,7 @@ def sizing_step(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dt
     pads_v = geometry.mla is not None and mla_prefill_pads_v(compute_capability)
     context = mla_context_step(geometry, tp=tp, max_model_len=max_model_len or t, max_num_seqs=max_num_seqs,
                                batched_tokens=t, block=block, act_dtype_bytes=act_dtype_bytes, pads_v=pads_v)
-    forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
+    forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes, fp8=fp8)
     if max_logprobs == 0:
         return SizingStep(forward, 0, context, pads_v)
     prompt = min(t, max_model_len) if max_model_len else t
@@ -383,6 +383,16 @@ LM_FORWARD_TRACED = frozenset({
     "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM", "Mistral3ForConditionalGeneration",
     "GraniteForCausalLM"})
 LM_FORWARD_ERROR_FRACTION = 0.03
+# FP8 checkpoints (compressed-tensors W8A8: fp8 weights, activations quantized at each linear layer's input, per
+# tensor with a static scale or per token on the fly) where CUTLASS's scaled mm runs them: SM 8.9 and 9.0
+# (FlashInfer's from SM 10.0, kernels/linear/scaled_mm/flashinfer.py:41-51; W8A8 needs 8.9, below it the weights run
+# Marlin). The GEMM is an op whose output ops.cutlass_scaled_mm allocates (_custom_ops.py:748-795); the input's
+# quantization is QuantFP8's native code, compiled into the pieces (layers/quantization/input_quant_fp8.py), and
+# Llama's MLP hands a static scale to one fused silu-and-quantize op instead (models/llama.py:120,
+# layers/fusion/fused_act_quant.py). The oracle ran these with vLLM's own W8A8 modules (0.32.0 and 0.34.0):
+FP8_FORWARD_TRACED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+FP8_FUSED_ACT_QUANT = frozenset({"LlamaForCausalLM"})
+FP8_FORWARD_SINCE = "0.32"
 # MoE layers as a default CUDA start runs an unquantized checkpoint: the opaque `moe_forward` op (fused_moe/runner/
 # moe_runner.py:205-219, :313-335) around the Triton experts (SM 8.x-9.x, oracle/unquantized.py:50-95), whose GEMM
 # caches sit in the persistent workspace ("MoE workspace"). What the compiled piece holds beside the op, in
@@ -928,7 +938,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                  max_model_len: int | None = None, mm_limits: Mapping[str, int] | None = None,
                  mm_max_pixels: int | None = None, vision_tp: int | None = None,
                  compiled_as_traced: bool = True, moe_on_triton: bool = True,
-                 int4: Int4Gemm | None = None) -> ProfilePeak:
+                 int4: Int4Gemm | None = None, fp8: str | None = None) -> ProfilePeak:
     """What vLLM's profile run allocates at its peak, for the runner that version uses.
 
     V1 (0.19-0.21, and 0.22-0.28 outside the V2 architecture list): the sampler dummy run holds
@@ -947,7 +957,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     `compiled_as_traced`: the start compiles the model and quantizes nothing at run time (no --enforce-eager, no
     --quantization), as the V2 forward's oracle ran it; otherwise its band stays V2_PEAK_ERROR_BYTES. `moe_on_triton`:
     a MoE model's experts run the Triton kernels the oracle stood in (`moe_runs_triton`). `int4`: the kernel an AWQ
-    checkpoint's linear layers run (`int4_gemm`), whose per-call scratch widens the traced band.
+    checkpoint's linear layers run (`int4_gemm`), whose per-call scratch widens the traced band; `fp8`: an FP8
+    checkpoint's activation quantization where its forward was run so (`fp8_activations`).
     """
     v, h, t, r = geometry.vocab_size, geometry.hidden_size, batched_tokens, min(batched_tokens, num_seqs)
     sms = min(sm_count(gpu_name), r)
@@ -998,9 +1009,9 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         return ProfilePeak(terms_legacy, total, error, "V0/V1 (before 0.17)", flashinfer_saves_bytes=saves,
                            encoder_rule=mm.rule, encoder_item=mm.item)
     # The compiled forward, on either runner (from 0.19); its band narrower where vLLM's own pieces were run.
-    forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes)
-    forward_error = v2_peak_error_bytes(compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4), forward,
-                                        int4)
+    forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes, fp8=fp8)
+    forward_error = v2_peak_error_bytes(compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4, fp8),
+                                        forward, int4)
     if not uses_v2_runner(rules, geometry.architecture):
         # 12 B an entry beside the model-dtype logits: a --dtype float32 start (0.19 H100, Llama-3.1-8B) peaks
         # 0.32 GiB above the bf16 one, 2 B an entry more at 1,024 x 128,256 plus the wider hidden states.
@@ -1012,7 +1023,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         error, rule = V1_PEAK_ERROR_BYTES, ""
         if forward > sampler + hidden:
             phase, error = (("forward", forward),), forward_error
-            rule = v2_forward_rule(geometry, compiled_as_traced, moe_on_triton, int4)
+            rule = v2_forward_rule(geometry, compiled_as_traced, moe_on_triton, int4, fp8)
         terms: tuple[tuple[str, int], ...] = (*phase, ("MoE workspace", moe), ("DP-gathered MoE rows", gathered),
                                                ("encoder cache", encoder), ("dummy images", pixels),
                                                ("vision rope table", vision_rope),
@@ -1030,10 +1041,25 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     return ProfilePeak(terms, sum(b for _, b in terms), error, "V2",
                        persistent_bytes=penalty if rules.budget_from_consumed else 0, encoder_rule=mm.rule,
                        encoder_item=mm.item, forward_rule=v2_forward_rule(geometry, compiled_as_traced,
-                                                                               moe_on_triton, int4))
+                                                                               moe_on_triton, int4, fp8))
 
 
-def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int) -> int:
+def fp8_activations(geometry: ModelGeometry, *, compute_capability: tuple[int, int] | None,
+                    version: str) -> str | None:
+    """"static" or "dynamic" where an FP8 checkpoint's compiled forward was run as this start runs it
+    (FP8_FORWARD_TRACED, CUTLASS on SM 8.9/9.0, from FP8_FORWARD_SINCE), else None."""
+    from launcher.model.linear_tensors import scheme
+
+    method = scheme(geometry) if geometry.quantization is not None else None
+    if method is None or method.name not in ("fp8-tensor", "fp8-channel") \
+            or compute_capability not in ((8, 9), (9, 0)) or geometry.architecture not in FP8_FORWARD_TRACED \
+            or geometry.num_experts or version_key(version) < version_key(FP8_FORWARD_SINCE):
+        return None
+    return "static" if method.name == "fp8-tensor" else "dynamic"
+
+
+def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int,
+                     fp8: str | None = None) -> int:
     """The language model's forward peak on one rank as vLLM compiles it (piecewise at the attention ops, Inductor
     planning each piece's buffers; tests/oracles/vllm_lm_forward_oracle.py). The split graph holds a piece's inputs
     (the attention output, q, and the residual, H) until it returns; inside, o_proj's (all-reduced) output H stays
@@ -1044,7 +1070,14 @@ def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, a
     - the piece's end: the new residual, qkv, rotated q and k and the attention output buffer beside the inputs
       (2 H + 4 q + 3 kv).
     I, q and kv are the rank's shards (heads x head dim; kv heads at least one; the attention output is heads x
-    v's head dim)."""
+    v's head dim).
+
+    `fp8` ("static", "dynamic"; `fp8_activations`): an FP8 checkpoint's pieces as the oracle ran them. The MLP's
+    activation ends in fp8 (I bytes) beside gate_up: 2 I + 2 H + q in the activations' dtype where Llama fuses the
+    static quantization into the activation, 2 I + 3 H + q where QuantFP8 quantizes it in the piece, 3 I + 3 H + q
+    and 6 B of scales a token where the scale is each token's own. At the next norm the normed input is quantized
+    to fp8 (H bytes) beside the qkv GEMM's output: 4 H + q + qkv and the variance (static), 5 H + q + qkv and
+    10 B (dynamic)."""
     t, h, tp = batched_tokens, geometry.hidden_size, max(tp, 1)
     intermediate = (geometry.intermediate_size or 4 * h) // tp
     heads = max(geometry.num_attention_heads // tp, 1)
@@ -1056,6 +1089,13 @@ def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, a
     first_dense = geometry.text_config.get("first_k_dense_replace")
     mlp = dense if moe is None else max(moe, dense) if isinstance(first_dense, int) and first_dense > 0 else moe
     norm = act_dtype_bytes * t * (5 * h + out) + 4 * t
+    if fp8 is not None and moe is None:
+        qkv = q + 2 * kv
+        fused = fp8 == "static" and geometry.architecture in FP8_FUSED_ACT_QUANT
+        gate, hidden, scales = (3, 3, 6) if fp8 == "dynamic" else (2, 2, 0) if fused else (2, 3, 0)
+        mlp = act_dtype_bytes * t * (gate * intermediate + hidden * h + out) + t * intermediate + scales * t
+        norm = (act_dtype_bytes * t * ((5 if fp8 == "dynamic" else 4) * h + out + qkv) + t * h
+                + (10 if fp8 == "dynamic" else 4) * t)
     if geometry.architecture in RESIDUAL_MULTIPLIER_ARCHITECTURES:
         mlp = max(mlp, act_dtype_bytes * t * (3 * h + out + 2 * intermediate))
         norm = act_dtype_bytes * t * (4 * h + out) + 4 * t
@@ -1105,12 +1145,14 @@ def _moe_layer_bytes(geometry: ModelGeometry, *, tokens: int, tp: int, out: int,
     return max(shared_mlp, beside + routing + 2 * act * t * h)
 
 
-def _forward_traced(geometry: ModelGeometry, moe_on_triton: bool = True, int4: Int4Gemm | None = None) -> bool:
+def _forward_traced(geometry: ModelGeometry, moe_on_triton: bool = True, int4: Int4Gemm | None = None,
+                    fp8: str | None = None) -> bool:
     """An unquantized checkpoint of an architecture whose compiled forward was run, dense (LM_FORWARD_TRACED) or MoE
-    (MOE_FORWARD_HELD), or a dense one whose AWQ linear layers run a kernel `int4_gemm` names."""
+    (MOE_FORWARD_HELD), or a dense one whose AWQ linear layers run a kernel `int4_gemm` names, or whose FP8 ones
+    were run as this start runs them (`fp8_activations`)."""
     dense = geometry.architecture in LM_FORWARD_TRACED and not geometry.num_experts
     moe = geometry.architecture in MOE_FORWARD_HELD and bool(geometry.num_experts) and moe_on_triton
-    weights = geometry.quantization is None or (int4 is not None and dense)
+    weights = geometry.quantization is None or (dense and (int4 is not None or fp8 is not None))
     return (dense or moe) and geometry.mla is None and weights
 
 
@@ -1123,11 +1165,13 @@ def v2_peak_error_bytes(traced: bool, forward: int, int4: Int4Gemm | None = None
 
 
 def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool, moe_on_triton: bool = True,
-                    int4: Int4Gemm | None = None) -> str:
+                    int4: Int4Gemm | None = None, fp8: str | None = None) -> str:
     """Where the V2 forward's figure and band come from, for the plan's activation row."""
-    if compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4):
+    if compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4, fp8):
         kernel = (f"; AWQ's linear layers on {int4.kernel}: a GEMM's output each, and beside it {int4.rule}, in "
-                  f"the band" if int4 is not None and geometry.quantization is not None else "")
+                  f"the band" if int4 is not None and geometry.quantization is not None else
+                  "; FP8 linear layers on CUTLASS, their inputs quantized "
+                  + ("per tensor" if fp8 == "static" else "per token") if fp8 is not None else "")
         return (f"forward as vLLM compiles it (Inductor's buffers, {geometry.architecture} traced{kernel}), "
                 f"+/- {V1_PEAK_ERROR_BYTES / GiB:.2f} GiB + {LM_FORWARD_ERROR_FRACTION:.0%}"
                 + (f" + {int4.scratch_bytes / MiB:.1f} MiB" if int4 is not None and geometry.quantization else ""))

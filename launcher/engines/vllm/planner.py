@@ -523,8 +523,15 @@ class _Sizing:
                                                                 dp=self.setup.parallel.dp),
                                int4=vb.int4_gemm(self.geometry, tp=self.setup.tp,
                                                  compute_capability=self.compute_capability, gpu_name=self.gpu_name,
-                                                 tokens=batched))
+                                                 tokens=batched),
+                               fp8=self.fp8)
         return batched, seqs, peak
+
+    @property
+    def fp8(self) -> str | None:
+        """An FP8 checkpoint's activation quantization where its compiled forward was run so (vb.fp8_activations)."""
+        return vb.fp8_activations(self.geometry, compute_capability=self.compute_capability,
+                                  version=self.setup.rules.version)
 
     def activation_at(self, length: int) -> int:
         peak = self.peak_at(length)[2]
@@ -544,7 +551,7 @@ class _Sizing:
                               act_dtype_bytes=ELEMENT_BYTES.get(self.setup.dtype, 2),
                               max_logprobs=int(pinned.get("--max-logprobs", vb.DEFAULT_MAX_LOGPROBS)),
                               max_model_len=length, max_num_seqs=seqs, block=self.setup.block,
-                              dcp=vcp.dcp_size(pinned), compute_capability=self.compute_capability)
+                              dcp=vcp.dcp_size(pinned), compute_capability=self.compute_capability, fp8=self.fp8)
         return vb.extensible_kv(requested=self.requested, free_at_init=self.free_at_init,
                                 resident=self.weights + self.segment_bytes + self.non_torch + kept + self.cudagraph
                                 + workspaces,

@@ -31,8 +31,10 @@ GiB = 2**30
 
 
 def _geometry(model: str) -> Any:
-    config = {k: v for k, v in json.loads((DATA / "configs" / f"{model}.json").read_text()).items()
-              if not k.startswith("_")}
+    path = DATA / "configs" / f"{model}.json"
+    if not path.exists():  # a quantized variant (tests/data/configs/quantized/README.md)
+        path = DATA / "configs" / "quantized" / f"{model}.json"
+    config = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     return geometry_from_config(config)
 
 
@@ -54,8 +56,9 @@ def test_forward_is_vllms_compiled_forward(record: tuple[dict[str, Any], dict[st
     0.5 GiB band it keeps at 16,384 tokens."""
     model, peak = record
     geometry = _geometry(model["model"])
-    ours = vb.v2_forward_bytes(geometry, batched_tokens=peak["tokens"], tp=model["tp"], act_dtype_bytes=2)
-    if vb._forward_traced(geometry):
+    fp8 = vb.fp8_activations(geometry, compute_capability=(9, 0), version=model["vllm"])
+    ours = vb.v2_forward_bytes(geometry, batched_tokens=peak["tokens"], tp=model["tp"], act_dtype_bytes=2, fp8=fp8)
+    if vb._forward_traced(geometry, fp8=fp8):
         assert 0 <= peak["peak_bytes"] - ours <= 8 * peak["tokens"]
     else:
         assert abs(peak["peak_bytes"] - ours) / peak["tokens"] * 16_384 <= vb.V2_PEAK_ERROR_BYTES
@@ -127,14 +130,15 @@ def test_a_mode_vllm_refuses_is_refused(mode: str) -> None:
 
 @pytest.mark.parametrize(("model", "args", "traced"), [
     ("llama-3.1-8b", (), True), ("llama-3.1-8b", ("--enforce-eager",), False), ("llama-3.1-8b", ("-O0",), False),
-    ("llama-3.1-8b", ("--quantization", "fp8"), False), ("llama-3.1-8b-fp8", (), False),
+    ("llama-3.1-8b", ("--quantization", "fp8"), False), ("llama-3.1-8b-fp8", (), True),
+    ("llama-3.1-8b-fp8", ("--quantization", "compressed-tensors"), False),
     ("qwen2.5-7b-awq", (), True), ("qwen2.5-7b-awq", ("--quantization", "awq_marlin"), False),
     ("gpt-oss-20b", (), False), ("deepseek-v2-lite", (), False)])
 def test_only_the_traced_forward_narrows_a_plan(model: str, args: tuple[str, ...], traced: bool) -> None:
-    """The narrower band needs what the oracle ran: a compiled dense forward whose GEMMs are one op each with the
-    unquantized output (an AWQ checkpoint's weight-only kernels too). Eager kernels, run-time or FP8 checkpoint
-    quantization (activations quantized around each GEMM), a pinned --quantization, MoE and MLA keep 0.5 GiB, and
-    say so."""
+    """The narrower band needs what the oracle ran: a compiled dense forward, unquantized, with AWQ's weight-only
+    kernels (one op each with the unquantized output) or an FP8 checkpoint's quantized activations as the oracle
+    ran them. Eager kernels, run-time quantization, a pinned --quantization, MoE and MLA keep 0.5 GiB, and say
+    so."""
     plan = make_plan(PlanRequest(model=resolve_model(model), engine="vllm", gpus=hypothetical_gpus(["h100"]),
                                  engine_version="0.32.0", engine_args=args))
     row = next(item for item in plan.budget if item.key == "activation")
@@ -307,3 +311,53 @@ def test_a_partial_rotary_factor_is_a_share_of_the_head(factor: object, expected
     rotated = 2 * (12_288 + 1_024) * (int(128 * expected) if expected < 1 else 0) // 128
     assert vb.v2_forward_bytes(glm, batched_tokens=1, tp=1, act_dtype_bytes=2) == 2 * (
         2 * 4096 + 4 * 12_288 + 3 * 1_024) + rotated
+
+
+@pytest.mark.parametrize(("model", "capability", "version", "expected"), [
+    ("llama-3.1-8b-instruct-fp8", (9, 0), "0.34.0", "static"),
+    ("llama-3.1-8b-instruct-fp8", (8, 9), "0.32.0", "static"),
+    ("qwen2.5-7b-instruct-fp8-dynamic", (9, 0), "0.34.0", "dynamic"),
+    ("qwen3-8b-fp8-static", (8, 9), "0.34.0", "static"),
+    # A100 (W8A8 needs 8.9: the weights run Marlin), B200 and RTX 50 (FlashInfer's scaled mm first), not known
+    ("llama-3.1-8b-instruct-fp8", (8, 0), "0.34.0", None), ("llama-3.1-8b-instruct-fp8", (10, 0), "0.34.0", None),
+    ("llama-3.1-8b-instruct-fp8", (12, 0), "0.34.0", None), ("llama-3.1-8b-instruct-fp8", None, "0.34.0", None),
+    # before the releases the oracle ran; an unquantized checkpoint
+    ("llama-3.1-8b-instruct-fp8", (9, 0), "0.31.0", None), ("llama-3.1-8b-instruct", (9, 0), "0.34.0", None)])
+def test_fp8_activations(model: str, capability: tuple[int, int] | None, version: str, expected: str | None) -> None:
+    assert vb.fp8_activations(_geometry(model), compute_capability=capability, version=version) == expected
+
+
+def test_fp8_phases() -> None:
+    """Llama 3.1 8B FP8 (static): its fused silu-and-quantize leaves the activation in fp8 beside gate_up, 2 I + 2 H
+    + q two-byte and I one-byte entries a token at TP 1 (96,256 B, 14,336 below the bf16 forward); at TP 8 the next
+    norm's input quantized to fp8 beside qkv's output binds (4 H + q + qkv, H bytes, the variance). Per-token scales
+    (Qwen2.5 7B FP8-dynamic) keep the activation in bf16 and gate_up beside its fp8 copy, 3 I + 3 H + q and I + 6
+    B: 161,286 B a token at TP 1, 19 % above the bf16 forward the plan counted before."""
+    llama = _geometry("llama-3.1-8b-instruct-fp8")
+    assert vb.v2_forward_bytes(llama, batched_tokens=1, tp=1, act_dtype_bytes=2, fp8="static") == \
+        2 * (2 * 14336 + 2 * 4096 + 4096) + 14336 == 96_256
+    assert vb.v2_forward_bytes(llama, batched_tokens=1, tp=8, act_dtype_bytes=2, fp8="static") == \
+        2 * (4 * 4096 + 512 + 768) + 4096 + 4 == 39_428
+    qwen = _geometry("qwen2.5-7b-instruct-fp8-dynamic")
+    assert vb.v2_forward_bytes(qwen, batched_tokens=1, tp=1, act_dtype_bytes=2, fp8="dynamic") == \
+        2 * (3 * 18944 + 3 * 3584 + 3584) + 18944 + 6 == 161_286
+    assert vb.v2_forward_bytes(qwen, batched_tokens=1, tp=1, act_dtype_bytes=2) == 135_168
+
+
+def test_every_fp8_scheme_was_run_on_every_fp8_architecture() -> None:
+    """FP8_FORWARD_TRACED names only architectures the oracle ran with both input scales, on 0.34.0 and 0.32.0."""
+    for oracle in (ORACLE, ORACLE_032):
+        ran = {(r["architecture"], vb.fp8_activations(_geometry(r["model"]), compute_capability=(9, 0),
+                                                      version=r["vllm"]))
+               for r in oracle["results"] if "peaks" in r}
+        assert {(a, s) for a in vb.FP8_FORWARD_TRACED for s in ("static", "dynamic")} <= ran
+
+
+def test_an_fp8_plan_takes_its_own_forward() -> None:
+    """Qwen2.5-7B FP8-dynamic on an H100 at 0.34: the forward at 8,192 tokens is the per-token scheme's (1.23 GiB),
+    not the bf16 one's 1.03, with the traced band; the row says how its inputs are quantized."""
+    plan = make_plan(PlanRequest(model=resolve_model("qwen2.5-7b-fp8"), engine="vllm",
+                                 gpus=hypothetical_gpus(["h100"]), engine_version="0.34.0"))
+    row = next(item for item in plan.budget if item.key == "activation")
+    assert "forward 1.23" in row.detail and "inputs quantized per token" in row.detail
+    assert row.error_bytes == vb.V1_PEAK_ERROR_BYTES + int(8192 * 161_286 * 0.03)
