@@ -1168,13 +1168,15 @@ def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool, moe_on_tr
                     int4: Int4Gemm | None = None, fp8: str | None = None) -> str:
     """Where the V2 forward's figure and band come from, for the plan's activation row."""
     if compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4, fp8):
-        kernel = (f"; AWQ's linear layers on {int4.kernel}: a GEMM's output each, and beside it {int4.rule}, in "
-                  f"the band" if int4 is not None and geometry.quantization is not None else
-                  "; FP8 linear layers on CUTLASS, their inputs quantized "
-                  + ("per tensor" if fp8 == "static" else "per token") if fp8 is not None else "")
+        kernel = scratch = ""
+        if int4 is not None and geometry.quantization is not None:
+            kernel = f"; AWQ's linear layers on {int4.kernel}: a GEMM's output each, beside it {int4.rule}, in the band"
+            scratch = f" + {int4.scratch_bytes / MiB:.1f} MiB"
+        elif fp8 is not None:
+            scale = "tensor" if fp8 == "static" else "token"
+            kernel = f"; FP8 linear layers on CUTLASS, their inputs quantized per {scale}"
         return (f"forward as vLLM compiles it (Inductor's buffers, {geometry.architecture} traced{kernel}), "
-                f"+/- {V1_PEAK_ERROR_BYTES / GiB:.2f} GiB + {LM_FORWARD_ERROR_FRACTION:.0%}"
-                + (f" + {int4.scratch_bytes / MiB:.1f} MiB" if int4 is not None and geometry.quantization else ""))
+                f"+/- {V1_PEAK_ERROR_BYTES / GiB:.2f} GiB + {LM_FORWARD_ERROR_FRACTION:.0%}{scratch}")
     why = ("eager, another compilation mode, or quantized at run time" if not compiled_as_traced else
            "a quantized checkpoint" if geometry.quantization is not None else
            "MLA" if geometry.mla is not None else
