@@ -17,6 +17,10 @@ between them).
         --output tests/data/vllm_lm_forward_oracle.json
     nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_lm_forward_oracle.py --tp 1 4 \\
         --output tests/data/vllm_lm_forward_oracle-0.32.0.json   # the venv's own 0.32.0
+    nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_lm_forward_oracle.py --vllm-tree /tmp/v029 --tp 1 4 \
+        --models llama-3.1-8b-instruct-fp8 llama-3.1-8b-instruct-fp8-dynamic qwen2.5-7b-instruct-fp8-dynamic \
+        qwen2.5-7b-fp8-static qwen3-8b-fp8-dynamic qwen3-8b-fp8-static \
+        --output tests/data/vllm_lm_forward_oracle-fp8-0.29.0.json   # the FP8 checkpoints (0.31.0: --tp 1)
 
 The tree is imported ahead of the venv's own vLLM (omitted: the venv's 0.32.0). Dispatched as a default CUDA start
 dispatches them: custom ops off (["none"]) and the IR ops native (platforms/cuda.py `get_default_ir_op_priority`),
@@ -218,6 +222,9 @@ def run_one(name: str, tp: int) -> dict:
     import vllm
 
     library = _stub_c_ops(torch, ACTIVATION_C_OPS + tuple(name for name in PASS_C_OPS if name not in FP8_C_OPS))
+    with contextlib.suppress(RuntimeError):  # 0.29-0.31 name its out variant (_custom_ops.py:107, the passes)
+        library.define("scaled_fp4_quant.out(Tensor input, Tensor input_scale, bool is_sf_swizzled_layout, *, "
+                       "Tensor(a!) output, Tensor(b!) output_scale) -> ()")
     fp8_library = _fp8_stand_in(torch)
     gemm = _gemm_stand_in(torch)
     path = os.path.join(CONFIGS, f"{name}.json")

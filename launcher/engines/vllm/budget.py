@@ -389,9 +389,12 @@ LM_FORWARD_ERROR_FRACTION = 0.03
 # Marlin). The GEMM is an op whose output ops.cutlass_scaled_mm allocates (_custom_ops.py:748-795); the input's
 # quantization is QuantFP8's native code, compiled into the pieces (layers/quantization/input_quant_fp8.py), and
 # Llama's MLP hands a static scale to one fused silu-and-quantize op instead (models/llama.py:120,
-# layers/fusion/fused_act_quant.py). The oracle ran these with vLLM's own W8A8 modules (0.32.0 and 0.34.0):
+# layers/fusion/fused_act_quant.py; from 0.30.0, absent from 0.29.0's llama.py). The oracle ran these with vLLM's
+# own W8A8 modules: 0.32.0 and 0.34.0 agree at every TP size run; 0.29.0 agrees at TP 1 and holds more at TP 4 with
+# per-token scales (Qwen3 8B +2,048 B a token, Llama 3.1 8B +4), so releases before 0.32 keep the wider band.
 FP8_FORWARD_TRACED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 FP8_FUSED_ACT_QUANT = frozenset({"LlamaForCausalLM"})
+FP8_FUSED_ACT_QUANT_SINCE = "0.30"
 FP8_FORWARD_SINCE = "0.32"
 # MoE layers as a default CUDA start runs an unquantized checkpoint: the opaque `moe_forward` op (fused_moe/runner/
 # moe_runner.py:205-219, :313-335) around the Triton experts (SM 8.x-9.x, oracle/unquantized.py:50-95), whose GEMM
@@ -1046,8 +1049,10 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
 
 def fp8_activations(geometry: ModelGeometry, *, compute_capability: tuple[int, int] | None,
                     version: str) -> str | None:
-    """"static" or "dynamic" where an FP8 checkpoint's compiled forward was run as this start runs it
-    (FP8_FORWARD_TRACED, CUTLASS on SM 8.9/9.0, from FP8_FORWARD_SINCE), else None."""
+    """How an FP8 checkpoint's inputs are quantized where its compiled forward was run as this start runs it
+    (FP8_FORWARD_TRACED, CUTLASS on SM 8.9/9.0, from FP8_FORWARD_SINCE): "dynamic" (a scale per token), "static" (one
+    per tensor, QuantFP8 in the piece) or "static-fused" (Llama's activation quantizes itself, from
+    FP8_FUSED_ACT_QUANT_SINCE); else None."""
     from launcher.model.linear_tensors import scheme
 
     method = scheme(geometry) if geometry.quantization is not None else None
@@ -1055,7 +1060,11 @@ def fp8_activations(geometry: ModelGeometry, *, compute_capability: tuple[int, i
             or compute_capability not in ((8, 9), (9, 0)) or geometry.architecture not in FP8_FORWARD_TRACED \
             or geometry.num_experts or version_key(version) < version_key(FP8_FORWARD_SINCE):
         return None
-    return "static" if method.name == "fp8-tensor" else "dynamic"
+    if method.name == "fp8-channel":
+        return "dynamic"
+    fused = geometry.architecture in FP8_FUSED_ACT_QUANT and \
+        version_key(version) >= version_key(FP8_FUSED_ACT_QUANT_SINCE)
+    return "static-fused" if fused else "static"
 
 
 def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, act_dtype_bytes: int,
@@ -1072,9 +1081,9 @@ def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, a
     I, q and kv are the rank's shards (heads x head dim; kv heads at least one; the attention output is heads x
     v's head dim).
 
-    `fp8` ("static", "dynamic"; `fp8_activations`): an FP8 checkpoint's pieces as the oracle ran them. The MLP's
-    activation ends in fp8 (I bytes) beside gate_up: 2 I + 2 H + q in the activations' dtype where Llama fuses the
-    static quantization into the activation, 2 I + 3 H + q where QuantFP8 quantizes it in the piece, 3 I + 3 H + q
+    `fp8` (`fp8_activations`): an FP8 checkpoint's pieces as the oracle ran them. The MLP's activation ends in fp8
+    (I bytes) beside gate_up: 2 I + 2 H + q in the activations' dtype where Llama fuses the static quantization into
+    the activation ("static-fused"), 2 I + 3 H + q where QuantFP8 quantizes it in the piece ("static"), 3 I + 3 H + q
     and 6 B of scales a token where the scale is each token's own. At the next norm the normed input is quantized
     to fp8 (H bytes) beside the qkv GEMM's output: 4 H + q + qkv and the variance (static), 5 H + q + qkv and
     10 B (dynamic)."""
@@ -1091,8 +1100,7 @@ def v2_forward_bytes(geometry: ModelGeometry, *, batched_tokens: int, tp: int, a
     norm = act_dtype_bytes * t * (5 * h + out) + 4 * t
     if fp8 is not None and moe is None:
         qkv = q + 2 * kv
-        fused = fp8 == "static" and geometry.architecture in FP8_FUSED_ACT_QUANT
-        gate, hidden, scales = (3, 3, 6) if fp8 == "dynamic" else (2, 2, 0) if fused else (2, 3, 0)
+        gate, hidden, scales = (3, 3, 6) if fp8 == "dynamic" else (2, 2, 0) if fp8 == "static-fused" else (2, 3, 0)
         mlp = act_dtype_bytes * t * (gate * intermediate + hidden * h + out) + t * intermediate + scales * t
         norm = (act_dtype_bytes * t * ((5 if fp8 == "dynamic" else 4) * h + out + qkv) + t * h
                 + (10 if fp8 == "dynamic" else 4) * t)
@@ -1173,7 +1181,7 @@ def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool, moe_on_tr
             kernel = f"; AWQ's linear layers on {int4.kernel}: a GEMM's output each, beside it {int4.rule}, in the band"
             scratch = f" + {int4.scratch_bytes / MiB:.1f} MiB"
         elif fp8 is not None:
-            scale = "tensor" if fp8 == "static" else "token"
+            scale = "token" if fp8 == "dynamic" else "tensor"
             kernel = f"; FP8 linear layers on CUTLASS, their inputs quantized per {scale}"
         return (f"forward as vLLM compiles it (Inductor's buffers, {geometry.architecture} traced{kernel}), "
                 f"+/- {V1_PEAK_ERROR_BYTES / GiB:.2f} GiB + {LM_FORWARD_ERROR_FRACTION:.0%}{scratch}")

@@ -26,7 +26,9 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 ORACLE = json.loads((DATA / "vllm_lm_forward_oracle.json").read_text())
 # The same pipeline on the venv's 0.32.0 (TP 1 and 4): the V2 runner's forward did not change from 0.29 to 0.34.
 ORACLE_032 = json.loads((DATA / "vllm_lm_forward_oracle-0.32.0.json").read_text())
-RECORDS = [(r, p) for o in (ORACLE, ORACLE_032) for r in o["results"] if "peaks" in r for p in r["peaks"]]
+# The FP8 checkpoints on 0.29.0 (TP 1 and 4; before Llama's fused activation quantization) and 0.31.0 (TP 1).
+ORACLE_FP8 = [json.loads((DATA / f"vllm_lm_forward_oracle-fp8-{v}.json").read_text()) for v in ("0.29.0", "0.31.0")]
+RECORDS = [(r, p) for o in (ORACLE, ORACLE_032, *ORACLE_FP8) for r in o["results"] if "peaks" in r for p in r["peaks"]]
 GiB = 2**30
 
 
@@ -314,30 +316,33 @@ def test_a_partial_rotary_factor_is_a_share_of_the_head(factor: object, expected
 
 
 @pytest.mark.parametrize(("model", "capability", "version", "expected"), [
-    ("llama-3.1-8b-instruct-fp8", (9, 0), "0.34.0", "static"),
-    ("llama-3.1-8b-instruct-fp8", (8, 9), "0.32.0", "static"),
+    ("llama-3.1-8b-instruct-fp8", (9, 0), "0.34.0", "static-fused"),
+    ("llama-3.1-8b-instruct-fp8", (8, 9), "0.32.0", "static-fused"),
     ("qwen2.5-7b-instruct-fp8-dynamic", (9, 0), "0.34.0", "dynamic"),
     ("qwen3-8b-fp8-static", (8, 9), "0.34.0", "static"),
     # A100 (W8A8 needs 8.9: the weights run Marlin), B200 and RTX 50 (FlashInfer's scaled mm first), not known
     ("llama-3.1-8b-instruct-fp8", (8, 0), "0.34.0", None), ("llama-3.1-8b-instruct-fp8", (10, 0), "0.34.0", None),
     ("llama-3.1-8b-instruct-fp8", (12, 0), "0.34.0", None), ("llama-3.1-8b-instruct-fp8", None, "0.34.0", None),
-    # before the releases the oracle ran; an unquantized checkpoint
+    # before 0.32 (0.29.0 holds more at TP 4 with per-token scales); an unquantized checkpoint
     ("llama-3.1-8b-instruct-fp8", (9, 0), "0.31.0", None), ("llama-3.1-8b-instruct", (9, 0), "0.34.0", None)])
 def test_fp8_activations(model: str, capability: tuple[int, int] | None, version: str, expected: str | None) -> None:
     assert vb.fp8_activations(_geometry(model), compute_capability=capability, version=version) == expected
 
 
 def test_fp8_phases() -> None:
-    """Llama 3.1 8B FP8 (static): its fused silu-and-quantize leaves the activation in fp8 beside gate_up, 2 I + 2 H
-    + q two-byte and I one-byte entries a token at TP 1 (96,256 B, 14,336 below the bf16 forward); at TP 8 the next
-    norm's input quantized to fp8 beside qkv's output binds (4 H + q + qkv, H bytes, the variance). Per-token scales
-    (Qwen2.5 7B FP8-dynamic) keep the activation in bf16 and gate_up beside its fp8 copy, 3 I + 3 H + q and I + 6
-    B: 161,286 B a token at TP 1, 19 % above the bf16 forward the plan counted before."""
+    """Llama 3.1 8B FP8 (static, 0.30+): its fused silu-and-quantize leaves the activation in fp8 beside gate_up,
+    2 I + 2 H + q two-byte and I one-byte entries a token at TP 1 (96,256 B, 14,336 below the bf16 forward); at TP
+    8 the next norm's input quantized to fp8 beside qkv's output binds (4 H + q + qkv, H bytes, the variance).
+    Per-token scales (Qwen2.5 7B FP8-dynamic) keep the activation in bf16 and gate_up beside its fp8 copy, 3 I + 3 H
+    + q and I + 6 B: 161,286 B a token at TP 1, 19 % above the bf16 forward the plan counted before."""
     llama = _geometry("llama-3.1-8b-instruct-fp8")
-    assert vb.v2_forward_bytes(llama, batched_tokens=1, tp=1, act_dtype_bytes=2, fp8="static") == \
+    assert vb.v2_forward_bytes(llama, batched_tokens=1, tp=1, act_dtype_bytes=2, fp8="static-fused") == \
         2 * (2 * 14336 + 2 * 4096 + 4096) + 14336 == 96_256
-    assert vb.v2_forward_bytes(llama, batched_tokens=1, tp=8, act_dtype_bytes=2, fp8="static") == \
+    assert vb.v2_forward_bytes(llama, batched_tokens=1, tp=8, act_dtype_bytes=2, fp8="static-fused") == \
         2 * (4 * 4096 + 512 + 768) + 4096 + 4 == 39_428
+    # before 0.30 (no fused op): QuantFP8 in the piece keeps one hidden-wide buffer more, as on Qwen2
+    assert vb.v2_forward_bytes(llama, batched_tokens=1, tp=1, act_dtype_bytes=2, fp8="static") == \
+        2 * (2 * 14336 + 3 * 4096 + 4096) + 14336 == 104_448
     qwen = _geometry("qwen2.5-7b-instruct-fp8-dynamic")
     assert vb.v2_forward_bytes(qwen, batched_tokens=1, tp=1, act_dtype_bytes=2, fp8="dynamic") == \
         2 * (3 * 18944 + 3 * 3584 + 3584) + 18944 + 6 == 161_286
@@ -345,12 +350,36 @@ def test_fp8_phases() -> None:
 
 
 def test_every_fp8_scheme_was_run_on_every_fp8_architecture() -> None:
-    """FP8_FORWARD_TRACED names only architectures the oracle ran with both input scales, on 0.34.0 and 0.32.0."""
+    """FP8_FORWARD_TRACED names only architectures the oracle ran with both input scales on the releases it is
+    traced for, 0.32.0 and 0.34.0 (Llama's static scale fused into its activation)."""
     for oracle in (ORACLE, ORACLE_032):
         ran = {(r["architecture"], vb.fp8_activations(_geometry(r["model"]), compute_capability=(9, 0),
                                                       version=r["vllm"]))
                for r in oracle["results"] if "peaks" in r}
-        assert {(a, s) for a in vb.FP8_FORWARD_TRACED for s in ("static", "dynamic")} <= ran
+        static = {a: "static-fused" if a in vb.FP8_FUSED_ACT_QUANT else "static" for a in vb.FP8_FORWARD_TRACED}
+        assert {(a, s) for a in vb.FP8_FORWARD_TRACED for s in (static[a], "dynamic")} <= ran
+
+
+def test_fp8_before_032_keeps_the_wider_band() -> None:
+    """0.29.0 (no fused activation quantization yet: Llama's static scale quantizes in the piece, 2 I + 3 H + q)
+    equals the phases at TP 1, and holds more at TP 4 with per-token scales: Qwen3 8B 2,048 B a token more, Llama
+    3.1 8B 4; so releases before 0.32 keep 0.5 GiB. 0.31.0 at TP 1 equals 0.32's phases."""
+    old = {(r["model"], r["tp"]): r["peaks"][-1] for r in ORACLE_FP8[0]["results"] if "peaks" in r}
+
+    def over(model: str, tp: int, fp8: str) -> float:
+        peak = old[(model, tp)]
+        ours = vb.v2_forward_bytes(_geometry(model), batched_tokens=peak["tokens"], tp=tp, act_dtype_bytes=2, fp8=fp8)
+        return (peak["peak_bytes"] - ours) / peak["tokens"]
+
+    assert over("llama-3.1-8b-instruct-fp8", 1, "static") == over("llama-3.1-8b-instruct-fp8", 4, "static") == 0
+    assert over("qwen3-8b-fp8-dynamic", 1, "dynamic") == 0 and over("qwen3-8b-fp8-dynamic", 4, "dynamic") == 2048
+    assert over("llama-3.1-8b-instruct-fp8-dynamic", 4, "dynamic") == 4
+    for record in ORACLE_FP8[1]["results"]:
+        geometry = _geometry(record["model"])
+        fp8 = vb.fp8_activations(geometry, compute_capability=(9, 0), version="0.32.0")
+        peak = record["peaks"][-1]
+        assert vb.v2_forward_bytes(geometry, batched_tokens=peak["tokens"], tp=1, act_dtype_bytes=2, fp8=fp8) == \
+            peak["peak_bytes"]
 
 
 def test_an_fp8_plan_takes_its_own_forward() -> None:
