@@ -1177,7 +1177,7 @@ def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool, moe_on_tr
     """Where the V2 forward's figure and band come from, for the plan's activation row."""
     if compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4, fp8):
         kernel = scratch = ""
-        if int4 is not None and geometry.quantization is not None:
+        if int4 is not None:
             kernel = f"; AWQ's linear layers on {int4.kernel}: a GEMM's output each, beside it {int4.rule}, in the band"
             scratch = f" + {int4.scratch_bytes / MiB:.1f} MiB"
         elif fp8 is not None:

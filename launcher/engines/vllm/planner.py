@@ -493,6 +493,7 @@ class _Sizing:
     rank_weights_how: str = ""  # how data/expert parallelism splits the checkpoint (parallel.py), if it does
     compute_capability: tuple[int, int] | None = None  # attention workspaces, MLA's v padding (extensible)
     flashinfer_sampler: bool | None = False  # the profile's sampler before 0.17 (vb.uses_flashinfer_sampler)
+    fp8: str | None = None  # an FP8 checkpoint's input quantization where its forward was traced (vb.fp8_activations)
     # The multimodal flags that size the profile's dummy item, read once (vb.mm_limits, vb.mm_max_pixels).
     mm_limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     mm_max_pixels: int | None = None
@@ -526,12 +527,6 @@ class _Sizing:
                                                  tokens=batched),
                                fp8=self.fp8)
         return batched, seqs, peak
-
-    @property
-    def fp8(self) -> str | None:
-        """An FP8 checkpoint's activation quantization where its compiled forward was run so (vb.fp8_activations)."""
-        return vb.fp8_activations(self.geometry, compute_capability=self.compute_capability,
-                                  version=self.setup.rules.version)
 
     def activation_at(self, length: int) -> int:
         peak = self.peak_at(length)[2]
@@ -891,6 +886,8 @@ def _gpu_sizing(request: PlanRequest, setup: _VllmSetup, gpu: GpuDevice, default
         extensible=extensible, kv_segments=max(setup.layout.group_size, 1), compute_capability=gpu.compute_capability,
         flashinfer_sampler=vb.uses_flashinfer_sampler(rules, request.engine_packages, request.engine_env,
                                                       pinned.get("--logprobs-mode")),
+        fp8=vb.fp8_activations(request.model.geometry, compute_capability=gpu.compute_capability,
+                               version=rules.version),
         mm_limits=vb.mm_limits(pinned), mm_max_pixels=vb.mm_max_pixels(pinned),
         vision_tp=1 if pinned.get("--mm-encoder-tp-mode") == "data" else None, segments=segments,
         compiled=compiles_model(GraphPins.from_pinned(pinned), enforce_eager=bool(pinned.get("--enforce-eager"))))
