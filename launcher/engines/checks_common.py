@@ -63,6 +63,7 @@ class CheckInput:
     moe_backend: str | None = None  # pinned --moe-backend (vLLM), if any
     nnodes: int = 1  # --nnodes: the ranks spread over that many nodes, this node holds its share
     cpu_amx: bool | None = None  # the host's AMX tiles (CPU kernels that need them), None: unknown
+    cpu_avx512: bool | None = None  # the host's AVX-512 (else vLLM's CPU build loads AVX2 kernels), None: unknown
 
 
 L = TypeVar("L")

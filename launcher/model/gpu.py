@@ -108,6 +108,9 @@ class HostMemory:
     cpu_amx: bool | None = None  # AMX tiles (amx_tile in /proc/cpuinfo): vLLM's CPU MLA kernel choice
     # AVX-512 BF16 (avx512_bf16): vLLM's CPU backend keeps hybrid models' SSM state in float32 only on such hosts
     cpu_avx512_bf16: bool | None = None
+    # AVX-512 (F, BW, VL, DQ): without it vLLM's CPU build loads its AVX2 kernels (`_C_AVX2`), which lack the
+    # weight-only int GEMM that GPTQ, AWQ and compressed-tensors W4A16 checkpoints run
+    cpu_avx512: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,8 @@ def probe_host(root: Path = Path("/")) -> HostMemory:
         numa_entries = []
     host = host_memory(int(memory.total), int(memory.available), cgroup_levels(root), count_numa_nodes(numa_entries))
     cpuinfo = _read(root / "proc/cpuinfo")
-    return dataclasses.replace(host, cpu_amx=has_amx(cpuinfo), cpu_avx512_bf16=has_avx512_bf16(cpuinfo))
+    return dataclasses.replace(host, cpu_amx=has_amx(cpuinfo), cpu_avx512_bf16=has_avx512_bf16(cpuinfo),
+                               cpu_avx512=has_avx512(cpuinfo))
 
 
 def has_amx(cpuinfo: str | None) -> bool | None:
@@ -119,6 +120,14 @@ def has_avx512_bf16(cpuinfo: str | None) -> bool | None:
     """Whether the CPU has AVX-512 BF16 (`torch.cpu._is_avx512_bf16_supported`, which vLLM's CPU backend asks
     before it keeps a hybrid model's SSM state in float32 and loads its `_C` build); None if unknown."""
     return _has_cpu_flag(cpuinfo, "avx512_bf16")
+
+
+def has_avx512(cpuinfo: str | None) -> bool | None:
+    """Whether the CPU has the AVX-512 subsets `torch.cpu._is_avx512_supported` asks for (F, BW, VL, DQ): vLLM's CPU
+    backend loads its AVX-512 kernels on such hosts and its AVX2 build elsewhere (platforms/cpu.py:631-662, 0.32.0);
+    None if unknown."""
+    flags = [_has_cpu_flag(cpuinfo, f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq")]
+    return None if None in flags else all(flags)
 
 
 def _has_cpu_flag(cpuinfo: str | None, flag: str) -> bool | None:

@@ -19,6 +19,9 @@ What runs for real, and what is patched (the CPU build reports no GPU):
     ``device_count`` -> the GPUs given, for that call only;
   * --quantization against the checkpoint's quant_method: ``ModelConfig(quantization=...)`` (its
     ``_verify_quantization`` and override classes, with the CUDA view below);
+  * the checkpoint's quantization_config as its config class reads it (``from_config``: GPTQ and compressed-tensors
+    activation ordering, AutoGPTQ's bit widths and sym, required keys), with and without the --quantization values
+    that keep a GPTQ checkpoint's method, on a GPU and on the CPU build: ``VllmConfig._get_quantization_config``;
   * quantization x capability: ``ModelConfig`` (``is_cpu`` -> False so the override classes
     pick the CUDA method name) then ``VllmConfig._get_quantization_config`` with
     ``get_device_capability`` -> the case's capability; compressed-tensors schemes via
@@ -109,6 +112,36 @@ QUANTS: dict[str, dict[str, Any]] = {
                                            "group_size": 16, "symmetric": True, "dynamic": "local"}}},
                  "ignore": ["lm_head"]},
 }
+_GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+_CT_W4A16 = QUANTS["ct_w4a16"]
+
+
+def _ct_actorder(order: object) -> dict[str, Any]:
+    group = _CT_W4A16["config_groups"]["group_0"]
+    return {**_CT_W4A16, "config_groups": {"group_0": {**group, "weights": {**group["weights"], "actorder": order}}}}
+
+
+# What the config classes refuse in a checkpoint's quantization_config (from_config): GPTQ activation ordering with
+# groups (also through a GPTQModel `dynamic` rule), compressed-tensors actorder, AutoGPTQ's bit widths and sym, and
+# its required keys.
+QUANT_CONFIGS: dict[str, dict[str, Any]] = {
+    "gptq-desc-act": {**_GPTQ, "desc_act": True},
+    "gptq-desc-act-channel": {**_GPTQ, "desc_act": True, "group_size": -1},
+    "gptq-desc-act-channel-dynamic-group": {**_GPTQ, "desc_act": True, "group_size": -1,
+                                            "dynamic": {"+:.*mlp.*": {"group_size": 64}}},
+    "gptq-dynamic-desc-act": {**_GPTQ, "dynamic": {"+:.*down_proj.*": {"desc_act": True}}},
+    "gptq-dynamic-skip": {**_GPTQ, "dynamic": {"-:.*lm_head.*": {"desc_act": True}, "+:.*o_proj.*": {"bits": 8}}},
+    "gptq-8bit": {**_GPTQ, "bits": 8},
+    "gptq-asym": {**_GPTQ, "sym": False},
+    "gptq-3bit": {**_GPTQ, "bits": 3},
+    "gptq-no-sym": {k: v for k, v in _GPTQ.items() if k != "sym"},
+    "gptq-no-desc-act": {k: v for k, v in _GPTQ.items() if k != "desc_act"},
+    "ct-actorder-group": _ct_actorder("group"),
+    "ct-actorder-dynamic": _ct_actorder("dynamic"),
+    "ct-actorder-true": _ct_actorder(True),
+    "ct-actorder-weight": _ct_actorder("weight"),
+    "ct-actorder-static": _ct_actorder("static"),
+}
 CAPS = [(7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0)]
 QUANT_FLAGS = ("awq", "awq_marlin", "gptq", "gptq_marlin", "marlin", "moe_wna16", "fp8", "compressed-tensors",
                "bitsandbytes", "mxfp4", "modelopt")
@@ -119,6 +152,8 @@ def _configs() -> dict[str, dict[str, Any]]:
            "gpt-oss-20b": GPT_OSS}
     for name, qc in QUANTS.items():
         out[f"qwen2.5-7b-{name}"] = {**QWEN, "quantization_config": qc}
+    for name, qc in QUANT_CONFIGS.items():
+        out[f"qwen2.5-7b-q-{name}"] = {**QWEN, "quantization_config": qc}
     for head in (32, 48, 64, 80, 100, 128, 256, 512):
         heads = 4
         out[f"tiny-head{head}"] = {**TINY16, "hidden_size": heads * head, "head_dim": head}
@@ -144,16 +179,24 @@ def grid() -> list[dict[str, Any]]:
             add("parallel", model, tp=tp, gpus=max(tp, 1))
         for tp, pp, gpus in ((2, 2, 4), (2, 2, 3), (4, 2, 4), (1, 2, 1), (8, 1, 4), (2, 1, 1)):
             add("parallel", model, tp=tp, pp=pp, gpus=gpus)
-    for model in [m for m in _configs() if m.startswith("qwen2.5-7b-")] + ["gpt-oss-20b"]:
+    quantized = [m for m in _configs() if m.startswith("qwen2.5-7b-") and not m.startswith("qwen2.5-7b-q-")]
+    for model in quantized + ["gpt-oss-20b"]:
         for cc in CAPS:
             add("quant", model, cc=list(cc), dtype="float16" if cc < (8, 0) else "bfloat16")
         for dtype in ("float16", "float32"):
             add("quant", model, cc=[9, 0], dtype=dtype)
         add("quant", model, device="cpu", cc=None, dtype="bfloat16")
     # --quantization against the checkpoint's own method (ModelConfig._verify_quantization, its override classes).
-    for model in [m for m in _configs() if m.startswith("qwen2.5-7b-")]:
+    for model in quantized:
         for flag in QUANT_FLAGS:
             add("quant-flag", model, cc=[9, 0], dtype="float16", quantization=flag)
+    # The checkpoint's quantization_config read by its config class, on a GPU and on the CPU build, as resolved
+    # without --quantization and with the flags that keep the checkpoint's method.
+    for model in [m for m in _configs() if m.startswith("qwen2.5-7b-q-")]:
+        flags: tuple[str | None, ...] = (None, "gptq_marlin", "moe_wna16") if "-gptq-" in model else (None,)
+        for flag in flags:
+            add("quant-config", model, cc=[9, 0], dtype="bfloat16", quantization=flag)
+        add("quant-config", model, device="cpu", cc=None, dtype="bfloat16")
     for model in ("qwen2.5-7b", "gemma2-2b"):
         for cc in CAPS:
             for dtype in ("bfloat16", "float16", "float32"):
@@ -270,7 +313,7 @@ class Oracle:
             if not mc.use_mla:  # QKVParallelLinear (linear.py:1053)
                 kv, tp = mc.get_total_num_kv_heads(), case["tp"]
                 self.divide(tp, kv) if tp >= kv else self.divide(kv, tp)
-        elif group == "quant":
+        elif group in ("quant", "quant-config"):
             if case["device"] == "cuda":
                 with self._cuda_view(case["cc"]):
                     qc = self.VllmConfig._get_quantization_config(mc, self.LoadConfig())

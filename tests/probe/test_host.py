@@ -148,3 +148,19 @@ class TestProbeHost:
         host = probe_host(root)
 
         assert (psutil.virtual_memory().total, None) == (host.total_bytes, host.cgroup_limit_bytes)
+
+
+class TestCpuFlags:
+    ZEN4 = "flags\t\t: fpu sse2 avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16\n"
+    ZEN3 = "flags\t\t: fpu sse2 avx2 fma\n"
+
+    def test_avx512_needs_the_four_subsets_torch_asks_for(self, tmp_path: Path) -> None:
+        """vLLM's CPU build loads its AVX-512 kernels only where F, BW, VL and DQ are all there."""
+        for name, cpuinfo, avx512, bf16 in (("zen4", self.ZEN4, True, True), ("zen3", self.ZEN3, False, False),
+                                            ("knl", "flags\t: avx2 avx512f avx512cd avx512er\n", False, False)):
+            host = probe_host(_tree(tmp_path / name, {"proc/cpuinfo": cpuinfo}))
+            assert (host.cpu_avx512, host.cpu_avx512_bf16, host.cpu_amx) == (avx512, bf16, False), name
+
+    def test_no_cpuinfo_is_unknown(self, tmp_path: Path) -> None:
+        host = probe_host(_tree(tmp_path, {"proc/self/cgroup": "0::/\n"}))
+        assert (host.cpu_avx512, host.cpu_avx512_bf16, host.cpu_amx) == (None, None, None)

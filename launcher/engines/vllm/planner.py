@@ -120,7 +120,8 @@ def _vllm_setup(request: PlanRequest, compute_capability: tuple[int, int] | None
         max_len_key=vr.max_len_key(geometry),
         allow_long_max_model_len=request.allow_long_max_model_len, quantization=pinned.get("--quantization"),
         pinned_dtype=pinned.get("--dtype"), nnodes=int(pinned.get("--nnodes", 1)),
-        cpu_amx=request.host.cpu_amx if request.host else None, moe_backend=pinned.get("--moe-backend"))))
+        cpu_amx=request.host.cpu_amx if request.host else None, moe_backend=pinned.get("--moe-backend"),
+        cpu_avx512=request.host.cpu_avx512 if request.host else None)))
     refuse_what_vllm_refuses(tuple(vpar.refusals(pinned, geometry, tp=tp, pp=pp, version=rules.version,
                                                   gpu_count=len(request.gpus) if request.device == "cuda" else None)))
     version = request.engine_version or rules.version

@@ -24,8 +24,11 @@ CONFIGS: dict[str, dict[str, Any]] = DOC["header"]["configs"]
 GROUP_RULES = {
     "parallel": {"tp-divides-heads", "vocab-vs-tp", "kv-heads-vs-tp", "world-size-vs-gpus"},
     "quant": {"quant-unknown-method", "quant-deprecated", "quant-min-capability", "quant-act-dtype",
-              "quant-scheme-capability"},
+              "quant-scheme-capability", "quant-config-key", "quant-act-order", "quant-gptq-type"},
     "quant-flag": {"quant-mismatch", "quant-unknown-method", "quant-deprecated"},
+    "quant-config": {"quant-mismatch", "quant-unknown-method", "quant-deprecated", "quant-min-capability",
+                     "quant-act-dtype", "quant-scheme-capability", "quant-config-key", "quant-act-order",
+                     "quant-gptq-type"},
     "dtype": {"dtype-bf16-capability", "dtype-float16-model"},
     "length": {"max-model-len"},
     "cpu-head": {"cpu-attn-head-size"},
@@ -326,3 +329,88 @@ def test_the_vocabulary_splits_before_the_kv_heads() -> None:
     assert "vocab-vs-tp" not in _rules(_inp(qwen3_14b, tp=4, gpus=4))  # padded to 64 rows: any power of two
     odd = geometry_from_config({**QWEN, "vocab_size": 32001})  # padded to 32,064 = 2^6 x 501: 3 divides it
     assert "vocab-vs-tp" not in _rules(_inp(odd, tp=2, gpus=2))
+
+
+# --------------------------------------------------------------------------- the checkpoint's quantization_config
+
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+
+
+def _at(inp: CheckInput, version: str) -> CheckInput:
+    return dataclasses.replace(inp, engine_version=version)
+
+
+def test_gptq_group_act_order_refused_from_0_30_on_any_device() -> None:
+    act_order = _quantized({**GPTQ, "desc_act": True})
+    for device, cc in (("cuda", (9, 0)), ("cpu", None)):
+        rule = _rules(_at(_inp(act_order, device=device, cc=cc), "0.30.0"))["quant-act-order"]
+        assert rule.message == ("GPTQ group activation ordering (desc_act=True) is no longer supported. Use a "
+                                "checkpoint with static activation ordering or desc_act=False.")
+        assert rule.source == "vllm/model_executor/layers/quantization/utils/gptq_utils.py:33 (vLLM 0.30.0)"
+        assert "0.29" in (rule.hint or "")
+    assert start_checks(_at(_inp(act_order), "0.29.0")) == ()  # Marlin's act-order kernel ran it
+    # One group per output channel: act order is a no-op, vLLM clears it.
+    assert start_checks(_at(_inp(_quantized({**GPTQ, "desc_act": True, "group_size": -1})), "0.34.0")) == ()
+
+
+def test_gptq_dynamic_rule_enables_act_order() -> None:
+    dynamic = _quantized({**GPTQ, "dynamic": {"-:.*lm_head": {"desc_act": True},
+                                              "+:.*down_proj.*": {"desc_act": True}}})
+    rule = _rules(_at(_inp(dynamic), "0.34.0"))["quant-act-order"]
+    assert "enabled by dynamic rule '+:.*down_proj.*'" in rule.message  # the negative rule is skipped
+    assert rule.source.endswith("gptq_utils.py:45 (vLLM 0.34.0)")
+    # The checkpoint's desc_act as read (before a group of -1 cleared it) applies to a rule that sets a group.
+    channel = _quantized({**GPTQ, "desc_act": True, "group_size": -1, "dynamic": {"+:.*mlp.*": {"group_size": 64}}})
+    assert "quant-act-order" in _rules(_at(_inp(channel), "0.32.0"))
+
+
+def test_compressed_tensors_actorder_group_refused_from_0_30() -> None:
+    base = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"]}
+
+    def ct(order: object, targets: list[str] | None = None) -> ModelGeometry:
+        weights = {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 128, "symmetric": True,
+                   "dynamic": False, "actorder": order}
+        return _quantized({**base, "config_groups": {"g": {"targets": ["Linear"] if targets is None else targets,
+                                                           "weights": weights}}})
+
+    rule = _rules(_at(_inp(ct(True)), "0.31.0"))["quant-act-order"]
+    assert rule.message.startswith("Compressed-tensors group/dynamic activation ordering (actorder='group') is no "
+                                   "longer supported.")
+    assert rule.source.endswith("compressed_tensors.py:334 (vLLM 0.31.0)")
+    assert "actorder='dynamic'" in _rules(_at(_inp(ct("Dynamic")), "0.34.0"))["quant-act-order"].message
+    for accepted in ("weight", "static", None):
+        assert start_checks(_at(_inp(ct(accepted)), "0.34.0")) == ()
+    assert start_checks(_at(_inp(ct("group", targets=[])), "0.34.0")) == ()  # a group with no targets is not read
+    assert start_checks(_at(_inp(ct("group")), "0.29.0")) == ()
+
+
+def test_gptq_bits_and_sym_autogptq_takes_from_0_22() -> None:
+    asym = _quantized({**GPTQ, "sym": False})
+    rule = _rules(_at(_inp(asym), "0.26.0"))["quant-gptq-type"]
+    assert rule.message == "Unsupported quantization config: bits=4, sym=False"
+    assert rule.source == "vllm/model_executor/layers/quantization/auto_gptq.py:156 (vLLM 0.22.0)"
+    assert _rules(_at(_inp(_quantized({**GPTQ, "bits": 3})), "0.34.0"))["quant-gptq-type"].source.endswith(
+        "auto_gptq.py:161 (vLLM 0.34.0)")
+    assert start_checks(_at(_inp(asym), "0.21.0")) == ()  # gptq.py's ExLlama kernels took it
+    assert start_checks(_at(_inp(_quantized({**GPTQ, "bits": 8})), "0.34.0")) == ()
+    # moe_wna16 reads sym as zero points: vLLM's config takes an asymmetric checkpoint under that flag.
+    assert start_checks(_at(_inp(asym, quantization="moe_wna16"), "0.32.0")) == ()
+    missing = _rules(_at(_inp(_quantized({k: v for k, v in GPTQ.items() if k != "desc_act"})), "0.32.0"))
+    assert missing["quant-config-key"].message == "Cannot find any of ['desc_act'] in the model's quantization config."
+
+
+def test_moe_wna16_claims_only_what_it_can_run() -> None:
+    mismatch = ("Quantization method specified in the model config (gptq) does not match the quantization method "
+                "specified in the `quantization` argument (moe_wna16).")
+    act_order = _quantized({**GPTQ, "desc_act": True})
+    assert _rules(_at(_inp(act_order, quantization="moe_wna16"), "0.32.0"))["quant-mismatch"].message == mismatch
+    channel = _quantized({**GPTQ, "desc_act": True, "group_size": -1})
+    assert start_checks(_at(_inp(channel, quantization="moe_wna16"), "0.32.0")) == ()
+    # Before 0.30 any desc_act kept the checkpoint's method.
+    assert "quant-mismatch" in _rules(_at(_inp(channel, quantization="moe_wna16"), "0.29.0"))
+    assert "quant-mismatch" in _rules(_inp(_quantized({**GPTQ, "bits": 3}), quantization="moe_wna16"))
+    awq = _quantized({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"})
+    assert start_checks(_inp(awq, cc=(7, 5), dtype="float16", quantization="moe_wna16")) == ()
+    for device, cc in (("cuda", (7, 0)), ("cpu", None)):  # AWQ's capability, which the CPU build does not have
+        rule = _rules(_inp(awq, device=device, cc=cc, dtype="float16", quantization="moe_wna16"))["quant-mismatch"]
+        assert rule.message.startswith("Quantization method specified in the model config (awq)")
