@@ -959,9 +959,9 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
 
     `compiled_as_traced`: the start compiles the model and quantizes nothing at run time (no --enforce-eager, no
     --quantization), as the V2 forward's oracle ran it; otherwise its band stays V2_PEAK_ERROR_BYTES. `moe_on_triton`:
-    a MoE model's experts run the Triton kernels the oracle stood in (`moe_runs_triton`). `int4`: the kernel an AWQ
-    checkpoint's linear layers run (`int4_gemm`), whose per-call scratch widens the traced band; `fp8`: an FP8
-    checkpoint's activation quantization where its forward was run so (`fp8_activations`).
+    a MoE model's experts run the Triton kernels the oracle stood in (`moe_runs_triton`). `int4`: the kernel a 4-bit
+    weight-only checkpoint's linear layers run (`int4_gemm`), whose per-call scratch widens the traced band; `fp8`:
+    an FP8 checkpoint's activation quantization where its forward was run so (`fp8_activations`).
     """
     v, h, t, r = geometry.vocab_size, geometry.hidden_size, batched_tokens, min(batched_tokens, num_seqs)
     sms = min(sm_count(gpu_name), r)
@@ -1156,8 +1156,8 @@ def _moe_layer_bytes(geometry: ModelGeometry, *, tokens: int, tp: int, out: int,
 def _forward_traced(geometry: ModelGeometry, moe_on_triton: bool = True, int4: Int4Gemm | None = None,
                     fp8: str | None = None) -> bool:
     """An unquantized checkpoint of an architecture whose compiled forward was run, dense (LM_FORWARD_TRACED) or MoE
-    (MOE_FORWARD_HELD), or a dense one whose AWQ linear layers run a kernel `int4_gemm` names, or whose FP8 ones
-    were run as this start runs them (`fp8_activations`)."""
+    (MOE_FORWARD_HELD), or a dense one whose 4-bit weight-only linear layers run a kernel `int4_gemm` names, or whose
+    FP8 ones were run as this start runs them (`fp8_activations`)."""
     dense = geometry.architecture in LM_FORWARD_TRACED and not geometry.num_experts
     moe = geometry.architecture in MOE_FORWARD_HELD and bool(geometry.num_experts) and moe_on_triton
     weights = geometry.quantization is None or (dense and (int4 is not None or fp8 is not None))
@@ -1178,7 +1178,8 @@ def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool, moe_on_tr
     if compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4, fp8):
         kernel = scratch = ""
         if int4 is not None:
-            kernel = f"; AWQ's linear layers on {int4.kernel}: a GEMM's output each, beside it {int4.rule}, in the band"
+            kernel = (f"; {int4.method}'s linear layers on {int4.kernel}: a GEMM's output each, beside it "
+                      f"{int4.rule}, in the band")
             scratch = f" + {int4.scratch_bytes / MiB:.1f} MiB"
         elif fp8 is not None:
             scale = "token" if fp8 == "dynamic" else "tensor"
@@ -1442,7 +1443,8 @@ MARLIN_ENV = "VLLM_MXFP4_USE_MARLIN"
 MARLIN_ENV_UNTIL = "0.24"
 
 
-# AWQ (4 bits, zero points) on CUDA: each linear layer is one opaque op whose output is the unquantized GEMM's
+# AWQ (4 bits, zero points), GPTQ (4 bits, symmetric) and compressed-tensors W4A16 (`int4_weights`) on CUDA: each
+# linear layer is one opaque op whose output is the unquantized GEMM's
 # ([tokens, out] in the activations' dtype), the kernel chosen by choose_mp_linear_kernel in the order CUTLASS W4A8
 # (fp8 activations only), Machete, AllSpark (8-bit GPTQ only), Marlin (0.19.0 kernels/linear/__init__.py:132-140,
 # 0.29.0 :479-488, 0.34.0 :540-549): Machete on SM 9.0 where every shard's in and out are multiples of 64 and 128
@@ -1463,30 +1465,66 @@ MACHETE_GROUPS = (-1, 64, 128)
 
 @dataclass(frozen=True)
 class Int4Gemm:
-    """The kernel an AWQ checkpoint's linear layers run, and what one call allocates beside its output."""
+    """The kernel a 4-bit weight-only checkpoint's linear layers run, and what one call allocates beside its
+    output."""
 
     kernel: str  # "Marlin" or "Machete"
     scratch_bytes: int
     rule: str
+    method: str = "AWQ"  # "AWQ", "GPTQ" or "compressed-tensors W4A16"
+
+
+def int4_weights(geometry: ModelGeometry) -> tuple[str, int] | None:
+    """(method, group size) of a 4-bit weight-only checkpoint whose linear layers go through choose_mp_linear_kernel
+    with no activation reordering: AWQ (zero points); GPTQ 4-bit symmetric (AutoGPTQ from 0.22, gptq_marlin before,
+    0.19.0 quantization/gptq_marlin.py) without group act order (desc_act with a group adds Marlin's permuted copy
+    of the input, [M, K], before 0.30: 0.19.0 csrc/quantization/marlin/marlin.cu:726; refused from 0.30) and
+    without GPTQModel `dynamic` rules, which change bits or groups per module; compressed-tensors W4A16 (int 4-bit
+    weights by group or channel, no input quantization, actorder none or static: CompressedTensorsWNA16,
+    schemes/compressed_tensors_wNa16.py). None otherwise; group -1 is one group per output channel."""
+    from launcher.model.linear_tensors import scheme
+
+    method = scheme(geometry)
+    if method is not None and method.name == "awq" and method.group_size is not None:
+        return "AWQ", method.group_size
+    qc = geometry.text_config.get("quantization_config")
+    if geometry.quantization is None or not isinstance(qc, Mapping):
+        return None
+    name = str(qc.get("quant_method") or "").lower()
+    group = qc.get("group_size")
+    if name == "gptq" and qc.get("bits") == 4 and qc.get("sym") is True and isinstance(group, int) \
+            and not (qc.get("desc_act") and group != -1) and not qc.get("dynamic"):
+        return "GPTQ", group
+    groups = qc.get("config_groups")
+    if name != "compressed-tensors" or not isinstance(groups, Mapping) or len(groups) != 1:
+        return None
+    group_config = next(iter(groups.values()))
+    weights = group_config.get("weights") if isinstance(group_config, Mapping) else None
+    if not isinstance(weights, Mapping) or group_config.get("input_activations") or weights.get("type") != "int" \
+            or weights.get("num_bits") != 4 or weights.get("actorder") not in (None, False, "weight", "static"):
+        return None
+    strategy, size = weights.get("strategy"), weights.get("group_size")
+    if strategy == "channel":
+        return "compressed-tensors W4A16", -1
+    return ("compressed-tensors W4A16", size) if strategy == "group" and isinstance(size, int) and size > 0 else None
 
 
 def int4_gemm(geometry: ModelGeometry, *, tp: int, compute_capability: tuple[int, int] | None, gpu_name: str,
               tokens: int) -> Int4Gemm | None:
-    """The AWQ kernel a dense decoder's linear layers run on this card, where every shard takes it unpadded in
-    every release from 0.19; None for another method, a MoE, a card not known or below SM 7.5, or another shard."""
-    from launcher.model.linear_tensors import scheme
-
-    method = scheme(geometry)
-    if method is None or method.name != "awq" or geometry.num_experts or compute_capability is None \
+    """The kernel a dense decoder's 4-bit weight-only linear layers (`int4_weights`) run on this card, where every
+    shard takes it unpadded in every release from 0.19; None for another method, a MoE, a card not known or below
+    SM 7.5, or another shard."""
+    weights = int4_weights(geometry)
+    if weights is None or geometry.num_experts or compute_capability is None \
             or compute_capability < (7, 5) or geometry.mla is not None:
         return None
+    label, group = weights
     tp = max(tp, 1)
     heads, kv_heads = max(geometry.num_attention_heads // tp, 1), max(geometry.num_kv_heads // tp, 1)
     intermediate = (geometry.intermediate_size or 0) // tp
     h = geometry.hidden_size
     shards = (((heads + 2 * kv_heads) * geometry.head_dim, h), (h, heads * geometry.v_head_dim),
               (2 * intermediate, h), (h, intermediate))  # (n out, k in) of qkv, o_proj, gate_up, down
-    group = method.group_size
     if intermediate <= 0 or group not in MARLIN_GROUPS or any(k % group or n % 64 or k % 128 for n, k in shards):
         return None
     sms = sm_count(gpu_name)
@@ -1494,10 +1532,10 @@ def int4_gemm(geometry: ModelGeometry, *, tp: int, compute_capability: tuple[int
         k % MACHETE_BLOCK[0] == 0 and n % MACHETE_BLOCK[1] == 0 for n, k in shards)
     if machete:
         return Int4Gemm("Machete", 2 * sms * 256 * 128 * 4,
-                        f"CUTLASS's stream-K workspace, at most two 256 x 128 fp32 tiles on each of {sms} SMs")
+                        f"CUTLASS's stream-K workspace, at most two 256 x 128 fp32 tiles on each of {sms} SMs", label)
     rows = min(64, -(-tokens // 16) * 16)
     return Int4Gemm("Marlin", sms * rows * MARLIN_MAX_THREAD_N * 4,
-                    f"its fp32 reduce buffer, {sms} SMs x {rows} x {MARLIN_MAX_THREAD_N} floats")
+                    f"its fp32 reduce buffer, {sms} SMs x {rows} x {MARLIN_MAX_THREAD_N} floats", label)
 
 
 def moe_runs_triton(compute_capability: tuple[int, int] | None, moe_backend: object, *, dp: int = 1) -> bool:

@@ -195,6 +195,58 @@ def test_an_awq_plan_carries_the_traced_band_and_the_kernels_scratch() -> None:
     assert "AWQ's linear layers on Machete" in row.detail
 
 
+GPTQ_4BIT = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+CT_W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                "type": "int", "num_bits": 4, "strategy": "group", "group_size": 128, "symmetric": True,
+                "dynamic": False, "actorder": None}}}}
+
+
+def _requantized(model: str, qc: dict[str, Any]) -> Any:
+    """`model`'s geometry with another quantization_config (its shapes unchanged)."""
+    return geometry_from_config({**resolve_model(model).geometry.text_config, "quantization_config": qc})
+
+
+def test_gptq_and_compressed_tensors_w4a16_run_the_same_kernels_as_awq() -> None:
+    """GPTQ 4-bit symmetric and compressed-tensors W4A16 go through choose_mp_linear_kernel as AWQ does: Machete on
+    an H100, Marlin on an A100, the same per-call scratch; activation reordering, other widths, asymmetric GPTQ,
+    GPTQModel's per-module rules and quantized inputs are not taken."""
+    h100, a100 = (dict(compute_capability=cc, gpu_name=name, tokens=8192)
+                  for cc, name in (((9, 0), "H100"), ((8, 0), "A100")))
+    for qc, method in ((GPTQ_4BIT, "GPTQ"), (CT_W4A16, "compressed-tensors W4A16"),
+                       ({**GPTQ_4BIT, "desc_act": True, "group_size": -1}, "GPTQ")):
+        geometry = _requantized("qwen2.5-7b-awq", qc)
+        machete, marlin = (vb.int4_gemm(geometry, tp=1, **card) for card in (h100, a100))
+        assert machete is not None and (machete.kernel, machete.method, machete.scratch_bytes) == (
+            "Machete", method, 2 * 132 * 256 * 128 * 4)
+        assert marlin is not None and (marlin.kernel, marlin.scratch_bytes) == ("Marlin", 108 * 64 * 256 * 4)
+    group = CT_W4A16["config_groups"]["group_0"]
+    for qc in ({**GPTQ_4BIT, "desc_act": True}, {**GPTQ_4BIT, "sym": False}, {**GPTQ_4BIT, "bits": 8},
+               {**GPTQ_4BIT, "dynamic": {"+:.*down_proj": {"bits": 8}}}, {**GPTQ_4BIT, "group_size": 256},
+               {**CT_W4A16, "config_groups": {"g": {**group, "weights": {**group["weights"], "actorder": "group"}}}},
+               {**CT_W4A16, "config_groups": {"g": {**group, "input_activations": {"type": "int", "num_bits": 8}}}}):
+        assert vb.int4_gemm(_requantized("qwen2.5-7b-awq", qc), tp=1, **h100) is None, qc
+
+
+def test_a_gptq_plan_carries_the_traced_band_and_names_its_kernel(tmp_path: Path) -> None:
+    """Qwen2.5-7B GPTQ-Int4 (desc_act false) on an L40S at 0.34: the traced forward's band with Marlin's buffer."""
+    model = tmp_path / "qwen2.5-7b-gptq"
+    model.mkdir()
+    source = resolve_model("qwen2.5-7b-awq")
+    (model / "config.json").write_text(json.dumps({**source.geometry.text_config, "quantization_config": GPTQ_4BIT}))
+    header = json.dumps({"lm_head.weight": {"dtype": "F16", "shape": [152064, 3584],
+                                            "data_offsets": [0, 152064 * 3584 * 2]}}).encode()
+    with open(model / "model.safetensors", "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + 152064 * 3584 * 2)
+    plan = make_plan(PlanRequest(model=resolve_model(str(model)), engine="vllm", gpus=hypothetical_gpus(["l40s"]),
+                                 engine_version="0.34.0"))
+    row = next(item for item in plan.budget if item.key == "activation")
+    assert "GPTQ's linear layers on Marlin" in row.detail
+    forward = vb.v2_forward_bytes(source.geometry, batched_tokens=2048, tp=1, act_dtype_bytes=2)
+    assert row.error_bytes == vb.V1_PEAK_ERROR_BYTES + int(forward * 0.03) + 142 * 64 * 256 * 4
+
+
 def test_v1_profile_takes_the_forward_where_it_binds() -> None:
     """The V1 runner (0.19-0.28) runs the same compiled forward before its sampler: with a small --max-num-seqs
     (16 rows of 14 B a logit) Llama 3.1 8B's forward at 8,192 tokens (0.84 GiB) is the peak, not the 30 MiB
