@@ -17,6 +17,9 @@ between them).
         --output tests/data/vllm_lm_forward_oracle.json
     nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_lm_forward_oracle.py --tp 1 4 \\
         --output tests/data/vllm_lm_forward_oracle-0.32.0.json   # the venv's own 0.32.0
+    nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_lm_forward_oracle.py --vllm-tree /tmp/v034 \
+        --models olmo-2-1124-7b-instruct olmo-3-7b-instruct phi-2 gemma-7b seed-oss-36b-instruct smollm3-3b \
+        --output tests/data/vllm_lm_forward_oracle-transformers-0.34.0.json   # the Transformers backend's
     nice -n 10 .venv-vllm/bin/python tests/oracles/vllm_lm_forward_oracle.py --vllm-tree /tmp/v029 --tp 1 4 \
         --models llama-3.1-8b-instruct-fp8 llama-3.1-8b-instruct-fp8-dynamic qwen2.5-7b-instruct-fp8-dynamic \
         qwen2.5-7b-fp8-static qwen3-8b-fp8-dynamic qwen3-8b-fp8-static \
@@ -77,8 +80,12 @@ MODELS = ("llama-3.1-8b-instruct", "qwen2.5-7b", "qwen3-8b", "qwen3-32b", "mistr
           # MLP (a fused silu-and-quantize op for a static scale) and Qwen2's/Qwen3's (QuantFP8 in the piece)
           "llama-3.1-8b-instruct-fp8", "llama-3.1-8b-instruct-fp8-dynamic", "qwen2.5-7b-instruct-fp8-dynamic",
           "qwen2.5-7b-fp8-static", "qwen3-8b-fp8-dynamic", "qwen3-8b-fp8-static")
-# Not traceable here: OLMo 2/3, Gemma (1) and Phi-2 stop in Dynamo's fake-tensor pass at their rotary embedding
-# (a cos/sin cache broadcast the CPU run does not take); they keep the shape sum's wider band.
+# Served by the Transformers backend (budget.TRANSFORMERS_BACKEND_SINCE: OLMo 2/3, Phi-2, Seed-OSS, SmolLM3 from 0.32,
+# Gemma 1 from 0.34): the HF decoder is the compiled module, called through the backend's own forward (batch
+# dimension added); run apart (`TRANSFORMERS_MODELS`). The oracle's stand-in tensor parallelism does not shard the
+# backend's views where the HF code names the head count (Phi-2, OLMo 2/3, Gemma at TP > 1): recorded as errors.
+TRANSFORMERS_MODELS = ("olmo-2-1124-7b-instruct", "olmo-3-7b-instruct", "phi-2", "gemma-7b", "seed-oss-36b-instruct",
+                       "smollm3-3b")
 TP_SIZES = (1, 2, 4, 8)
 TOKENS = (512, 1024)
 LAYERS = 3
@@ -291,10 +298,14 @@ def run_one(name: str, tp: int) -> dict:
     language = model.get_language_model() if hasattr(model, "get_language_model") else model
     inner = language.model
 
+    # The Transformers backend (models/transformers/base.py) compiles the HF decoder itself, which takes keyword
+    # arguments with a batch dimension: its own forward adds it (base.py:773-799) and drops it after.
+    hf_backend = type(language).__name__.startswith("Transformers")
+
     def forward(count: int):  # type: ignore[no-untyped-def]
         ids = torch.zeros(count, dtype=torch.int64)
         positions = torch.arange(count, dtype=torch.int64)
-        return lambda: inner(ids, positions, None)
+        return (lambda: language(ids, positions)) if hf_backend else (lambda: inner(ids, positions, None))
 
     out["peaks"] = []
     with torch.no_grad():
@@ -331,8 +342,9 @@ def main() -> int:
             done = subprocess.run([sys.executable, __file__, "--one", name, str(tp)], env=environment,
                                   capture_output=True, text=True, check=False)
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-            record = json.loads(lines[-1]) if lines else {
-                "model": name, "tp": tp, "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+            failed = done.stderr.strip().splitlines() or ["no output"]
+            said = [line for line in failed if "Error" in line] or failed  # the exception, not Dynamo's footer
+            record = json.loads(lines[-1]) if lines else {"model": name, "tp": tp, "error": said[-1][:300]}
             print(json.dumps(record), file=sys.stderr)
             records.append(record)
     if args.update and args.output and os.path.exists(args.output):

@@ -1015,6 +1015,9 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes, fp8=fp8)
     forward_error = v2_peak_error_bytes(compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4, fp8),
                                         forward, int4)
+    hf_backend = served_by_transformers_backend(geometry.architecture, rules.version)
+    if hf_backend:
+        forward_error = max(forward_error, t * TRANSFORMERS_BACKEND_EXCESS_H * h * act_dtype_bytes // 2)
     if not uses_v2_runner(rules, geometry.architecture):
         # 12 B an entry beside the model-dtype logits: a --dtype float32 start (0.19 H100, Llama-3.1-8B) peaks
         # 0.32 GiB above the bf16 one, 2 B an entry more at 1,024 x 128,256 plus the wider hidden states.
@@ -1026,7 +1029,7 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
         error, rule = V1_PEAK_ERROR_BYTES, ""
         if forward > sampler + hidden:
             phase, error = (("forward", forward),), forward_error
-            rule = v2_forward_rule(geometry, compiled_as_traced, moe_on_triton, int4, fp8)
+            rule = v2_forward_rule(geometry, compiled_as_traced, moe_on_triton, int4, fp8, hf_backend=hf_backend)
         terms: tuple[tuple[str, int], ...] = (*phase, ("MoE workspace", moe), ("DP-gathered MoE rows", gathered),
                                                ("encoder cache", encoder), ("dummy images", pixels),
                                                ("vision rope table", vision_rope),
@@ -1044,7 +1047,8 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
     return ProfilePeak(terms, sum(b for _, b in terms), error, "V2",
                        persistent_bytes=penalty if rules.budget_from_consumed else 0, encoder_rule=mm.rule,
                        encoder_item=mm.item, forward_rule=v2_forward_rule(geometry, compiled_as_traced,
-                                                                               moe_on_triton, int4, fp8))
+                                                                               moe_on_triton, int4, fp8,
+                                                                               hf_backend=hf_backend))
 
 
 def fp8_activations(geometry: ModelGeometry, *, compute_capability: tuple[int, int] | None,
@@ -1173,8 +1177,12 @@ def v2_peak_error_bytes(traced: bool, forward: int, int4: Int4Gemm | None = None
 
 
 def v2_forward_rule(geometry: ModelGeometry, compiled_as_traced: bool, moe_on_triton: bool = True,
-                    int4: Int4Gemm | None = None, fp8: str | None = None) -> str:
+                    int4: Int4Gemm | None = None, fp8: str | None = None, *, hf_backend: bool = False) -> str:
     """Where the V2 forward's figure and band come from, for the plan's activation row."""
+    if hf_backend:
+        return (f"forward from the layer's shapes (the Transformers backend compiles {geometry.architecture}'s HF "
+                f"decoder, which holds up to 6.3 H bytes a token more in the oracle's runs), +/- the larger of "
+                f"{V2_PEAK_ERROR_BYTES / GiB:.1f} GiB and {TRANSFORMERS_BACKEND_EXCESS_H} H bytes a token")
     if compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4, fp8):
         kernel = scratch = ""
         if int4 is not None:
@@ -1684,6 +1692,17 @@ TRANSFORMERS_BACKEND_SINCE_034 = frozenset({
 # Each architecture and the first release that serves it on the Transformers backend.
 TRANSFORMERS_BACKEND_SINCE: Mapping[str, str] = {
     **dict.fromkeys(TRANSFORMERS_BACKEND_SINCE_032, "0.32"), **dict.fromkeys(TRANSFORMERS_BACKEND_SINCE_034, "0.34")}
+# The backend compiles the HF decoder itself (models/transformers/base.py:286-299), with vLLM's fused QKV and GLU
+# linears but the HF code between them: its forward's peak is not the native formula's. Run by the forward oracle
+# (tests/data/vllm_lm_forward_oracle-transformers-0.32.0.json, -0.34.0.json: OLMo 2/3, Phi-2, Seed-OSS, SmolLM3,
+# Gemma 1): from 6,016 B a token below the formula (Phi-2) to 4.1 H bytes (OLMo 2/3 at TP 1) and 6.3 H bytes
+# (Seed-OSS at TP 8) above it. Its band: 0.5 GiB, or 7 H bytes a token (2-byte activations) where that is more.
+TRANSFORMERS_BACKEND_EXCESS_H = 7
+
+
+def served_by_transformers_backend(architecture: str | None, version: str) -> bool:
+    since = TRANSFORMERS_BACKEND_SINCE.get(architecture or "")
+    return since is not None and version_key(version) >= version_key(since)
 
 
 @dataclass(frozen=True)
@@ -1723,8 +1742,7 @@ def rope_tables(geometry: ModelGeometry, *, dtype: str, version: str) -> RopeTab
     architecture = geometry.architecture
     if geometry.kv_layers == 0 or architecture in ROPE_FREE or text.get("position_embedding_type") == "nope":
         return RopeTables(0, "no rotary embedding")
-    since = TRANSFORMERS_BACKEND_SINCE.get(architecture)
-    if since is not None and version_key(version) >= version_key(since):
+    if served_by_transformers_backend(architecture, version):
         return RopeTables(0, "Transformers backend: the table is computed in the forward pass")
     if not isinstance(positions, int) or element is None:
         return None

@@ -28,7 +28,12 @@ ORACLE = json.loads((DATA / "vllm_lm_forward_oracle.json").read_text())
 ORACLE_032 = json.loads((DATA / "vllm_lm_forward_oracle-0.32.0.json").read_text())
 # The FP8 checkpoints on 0.29.0 (TP 1 and 4; before Llama's fused activation quantization) and 0.31.0 (TP 1).
 ORACLE_FP8 = [json.loads((DATA / f"vllm_lm_forward_oracle-fp8-{v}.json").read_text()) for v in ("0.29.0", "0.31.0")]
-RECORDS = [(r, p) for o in (ORACLE, ORACLE_032, *ORACLE_FP8) for r in o["results"] if "peaks" in r for p in r["peaks"]]
+# Architectures the Transformers backend serves (OLMo 2/3, Phi-2, Seed-OSS, SmolLM3; Gemma 1 from 0.34), on 0.34.0 at
+# TP 1/2/4/8 where the stand-in TP shards them, and on 0.32.0 at TP 1.
+ORACLE_HF = [json.loads((DATA / f"vllm_lm_forward_oracle-transformers-{v}.json").read_text())
+             for v in ("0.32.0", "0.34.0")]
+RECORDS = [(r, p) for o in (ORACLE, ORACLE_032, *ORACLE_FP8, *ORACLE_HF) for r in o["results"] if "peaks" in r
+           for p in r["peaks"]]
 GiB = 2**30
 
 
@@ -64,6 +69,55 @@ def test_forward_is_vllms_compiled_forward(record: tuple[dict[str, Any], dict[st
         assert 0 <= peak["peak_bytes"] - ours <= 8 * peak["tokens"]
     else:
         assert abs(peak["peak_bytes"] - ours) / peak["tokens"] * 16_384 <= vb.V2_PEAK_ERROR_BYTES
+
+
+def test_the_transformers_backend_ran_at_tp_1_and_its_tp_failures_are_the_stand_ins() -> None:
+    """Every Transformers-backend model ran at TP 1 on both releases (the HF decoder compiled as vLLM compiles it);
+    where a run failed it is the oracle's stand-in TP not sharding a view the HF code sizes by the config's head
+    count, at TP > 1 only."""
+    for oracle in ORACLE_HF:
+        assert {r["model"] for r in oracle["results"] if r["tp"] == 1 and "peaks" in r} == \
+            {r["model"] for r in oracle["results"]} == {"olmo-2-1124-7b-instruct", "olmo-3-7b-instruct", "phi-2",
+                                                        "gemma-7b", "seed-oss-36b-instruct", "smollm3-3b"}
+        for failed in [r for r in oracle["results"] if "error" in r]:
+            assert failed["tp"] > 1 and "Cannot view a tensor" in failed["error"], failed
+    served = {r["architecture"] for o in ORACLE_HF for r in o["results"] if "peaks" in r and r["vllm"] == "0.34.0"}
+    assert served == {"Olmo2ForCausalLM", "Olmo3ForCausalLM", "PhiForCausalLM", "GemmaForCausalLM",
+                      "SeedOssForCausalLM", "SmolLM3ForCausalLM"} <= set(vb.TRANSFORMERS_BACKEND_SINCE)
+
+
+def test_the_transformers_backends_band_covers_every_run() -> None:
+    """The HF decoder's peak against the native formula, per token, inside its band's slope (7 H bytes): Seed-OSS
+    at TP 8 holds 32,252 B a token more (6.3 H), OLMo 2/3 at TP 1 16,904 (4.1 H), Phi-2 6,016 less."""
+    excess = {}
+    for oracle in ORACLE_HF:
+        for record in [r for r in oracle["results"] if "peaks" in r and
+                       vb.served_by_transformers_backend(r["architecture"], r["vllm"])]:
+            geometry = _geometry(record["model"])
+            for peak in record["peaks"]:
+                ours = vb.v2_forward_bytes(geometry, batched_tokens=peak["tokens"], tp=record["tp"], act_dtype_bytes=2)
+                per_token = (peak["peak_bytes"] - ours) / peak["tokens"]
+                assert abs(per_token) <= vb.TRANSFORMERS_BACKEND_EXCESS_H * geometry.hidden_size
+                excess[(record["model"], record["tp"])] = round(per_token)
+    assert excess[("seed-oss-36b-instruct", 8)] == 32_252 and excess[("olmo-2-1124-7b-instruct", 1)] == 16_904
+    assert excess[("phi-2", 1)] == -6_016
+
+
+def test_a_transformers_backend_plan_widens_the_forward_band_with_the_batch() -> None:
+    """Seed-OSS 36B at TP 8 on 0.34: 0.5 GiB at 8,192 batched tokens, 7 H bytes a token at 32,768 (1.09 GiB); its
+    native class on 0.29 keeps 0.5 GiB."""
+    seed = _geometry("seed-oss-36b-instruct")
+
+    def peak(version: str, tokens: int) -> Any:
+        return vb.profile_peak(seed, rules=vl.rules_for(version)[0], batched_tokens=tokens, num_seqs=1024, tp=8,
+                               gpu_name="NVIDIA H100 80GB HBM3")
+
+    assert peak("0.34.0", 8192).error_bytes == vb.V2_PEAK_ERROR_BYTES
+    wide = peak("0.34.0", 32768)
+    assert wide.error_bytes == 32768 * 7 * 5120
+    assert "the Transformers backend compiles SeedOssForCausalLM's HF decoder" in wide.forward_rule
+    native = peak("0.29.0", 32768)
+    assert native.error_bytes == vb.V2_PEAK_ERROR_BYTES and "Transformers" not in native.forward_rule
 
 
 def test_every_traced_architecture_is_in_the_oracle() -> None:
