@@ -377,11 +377,14 @@ V2_PEAK_ERROR_BYTES = int(0.5 * GiB)
 # Granite scales the residual branch (`residual_multiplier`) instead of the fused add-norm: the oracle's pieces keep
 # the summed residual through the MLP's gate_up GEMM (3 H + q + 2 I) and one hidden-wide buffer fewer at the next
 # norm (4 H + q); every Granite record equals that.
+# Gemma 1's own class (models/gemma.py, gone in 0.34, which serves it through the Transformers backend) equals the
+# formula at TP 1/2/4/8 on 0.32.0 (tests/data/vllm_lm_forward_oracle-transformers-0.32.0.json); a release that
+# serves an architecture through the Transformers backend takes that backend's band instead (profile_peak).
 RESIDUAL_MULTIPLIER_ARCHITECTURES = frozenset({"GraniteForCausalLM"})
 LM_FORWARD_TRACED = frozenset({
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
     "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM", "Mistral3ForConditionalGeneration",
-    "GraniteForCausalLM"})
+    "GraniteForCausalLM", "GemmaForCausalLM"})
 LM_FORWARD_ERROR_FRACTION = 0.03
 # FP8 checkpoints (compressed-tensors W8A8: fp8 weights, activations quantized at each linear layer's input, per
 # tensor with a static scale or per token on the fly) where CUTLASS's scaled mm runs them: SM 8.9 and 9.0
@@ -1013,9 +1016,10 @@ def profile_peak(geometry: ModelGeometry, *, rules: VllmRules, batched_tokens: i
                            encoder_rule=mm.rule, encoder_item=mm.item)
     # The compiled forward, on either runner (from 0.19); its band narrower where vLLM's own pieces were run.
     forward = v2_forward_bytes(geometry, batched_tokens=t, tp=tp, act_dtype_bytes=act_dtype_bytes, fp8=fp8)
-    forward_error = v2_peak_error_bytes(compiled_as_traced and _forward_traced(geometry, moe_on_triton, int4, fp8),
-                                        forward, int4)
+    # An architecture the release serves through the Transformers backend runs the HF decoder, not the class traced.
     hf_backend = served_by_transformers_backend(geometry.architecture, rules.version)
+    traced = compiled_as_traced and not hf_backend and _forward_traced(geometry, moe_on_triton, int4, fp8)
+    forward_error = v2_peak_error_bytes(traced, forward, int4)
     if hf_backend:
         forward_error = max(forward_error, t * TRANSFORMERS_BACKEND_EXCESS_H * h * act_dtype_bytes // 2)
     if not uses_v2_runner(rules, geometry.architecture):
