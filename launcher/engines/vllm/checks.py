@@ -286,6 +286,11 @@ def _src(lines: Mapping[str, tuple[str, int]], version: str, key: str, asked: st
     return f"{path}:{line} (vLLM {version})"
 
 
+def _from_release(version: str | None, first: str) -> bool:
+    """Whether `version` is `first` or newer; a start whose version is not known is judged by the newest rules."""
+    return version is None or version_key(version) >= version_key(first)
+
+
 def _torch(dtype: str) -> str:
     return "torch." + {"half": "float16", "float": "float32"}.get(dtype, dtype)
 
@@ -536,7 +541,7 @@ _CPU_FP8_PER_BLOCK = ("ValueError: Failed to find a kernel that can implement th
 
 def _cpu_online_quant_rule(method: str, inp: CheckInput) -> EngineRule | None:
     """The online fp8 methods the CPU build fails to load (measured), for an unquantized checkpoint."""
-    if inp.engine_version is not None and version_key(inp.engine_version) < version_key(CPU_ONLINE_FP8_SINCE):
+    if not _from_release(inp.engine_version, CPU_ONLINE_FP8_SINCE):
         return None  # measured on 0.32 only
     hint = "--quantization fp8_per_channel (loads and serves on the CPU build)"
     if method in ("fp8", "fp8_per_tensor"):
@@ -560,9 +565,7 @@ _CPU_WNA16_ERROR = "AttributeError: '_OpNamespace' '_C' object has no attribute 
 
 def _cpu_wna16_rule(method: str, inp: CheckInput) -> EngineRule | None:
     """A weight-only int checkpoint on a CPU host without AVX-512 (measured on 0.32 only)."""
-    version = inp.engine_version
-    if inp.cpu_avx512 is not False or (version is not None and
-                                      version_key(version) < version_key(CPU_WNA16_MEASURED)):
+    if inp.cpu_avx512 is not False or not _from_release(inp.engine_version, CPU_WNA16_MEASURED):
         return None
     scheme = ct_scheme_min_capability(quant_config(inp.geometry), 0, CT_SCHEME_MINIMUMS) \
         if method == "compressed-tensors" else None
@@ -620,11 +623,10 @@ def _moe_wna16_claims(inp: CheckInput, qc: Mapping[str, Any], checkpoint: str) -
     or more (the CPU build has none); otherwise the checkpoint keeps its own method, which mismatches the flag."""
     bits = qc.get("bits")
     if checkpoint == "gptq":
-        version = inp.engine_version
-        if version is not None and version_key(version) < version_key(GROUP_ACT_ORDER_REFUSED_SINCE):
+        if not _from_release(inp.engine_version, GROUP_ACT_ORDER_REFUSED_SINCE):
             act_order_ok = not qc.get("desc_act")
         else:
-            act_order_ok = _gptq_act_order({**qc, "desc_act": qc.get("desc_act", False)}) is None
+            act_order_ok = _gptq_act_order(qc) is None  # vLLM reads a missing desc_act as False
         return act_order_ok and bits in [4, 8]
     cc = inp.compute_capability if inp.device == "cuda" else None
     return bits == 4 and cc is not None and cc[0] * 10 + cc[1] >= MIN_CAPABILITY["auto_awq"]
@@ -717,12 +719,12 @@ _ACT_ORDER_HINT = ("a checkpoint quantized without group activation ordering (GP
 def _checkpoint_config_rule(method: str, inp: CheckInput) -> EngineRule | None:
     """The first refusal of the quantization config class reading the checkpoint's quantization_config, if any."""
     version = inp.engine_version
-    if version is not None and version_key(version) < version_key(AUTO_GPTQ_SINCE):
+    if not _from_release(version, AUTO_GPTQ_SINCE):
         return None
     asked, lines = lines_for(_CONFIG_LINES, version)
     qc = quant_config(inp.geometry)
     checkpoint = str(qc.get("quant_method") or "").lower()
-    act_order = version is None or version_key(version) >= version_key(GROUP_ACT_ORDER_REFUSED_SINCE)
+    act_order = _from_release(version, GROUP_ACT_ORDER_REFUSED_SINCE)
 
     def rule(name: str, message: str, key: str, hint: str) -> EngineRule:
         path, line = lines[key]
@@ -944,7 +946,7 @@ def _moe_backend_rules(inp: CheckInput) -> list[EngineRule]:
     """A --moe-backend name the release's argparse does not offer: vLLM exits before reading a config."""
     if not isinstance(inp.moe_backend, str):
         return []
-    if inp.engine_version is not None and version_key(inp.engine_version) < version_key(MOE_BACKEND_FIRST):
+    if not _from_release(inp.engine_version, MOE_BACKEND_FIRST):
         return [EngineRule("moe-backend-unknown-flag", "unrecognized arguments: --moe-backend",
                            f"vllm/engine/arg_utils.py (vLLM {inp.engine_version}: the flag appears in 0.17)",
                            hint="drop --moe-backend, or plan for vLLM 0.17 or newer", bad_argument=True)]
@@ -961,7 +963,7 @@ def _moe_backend_rules(inp: CheckInput) -> list[EngineRule]:
 def _kv_dtype_rules(inp: CheckInput, lines: Mapping[str, tuple[str, int]], version: str) -> list[EngineRule]:
     """The KV cache dtype, then the attention backends that take it."""
     out: list[EngineRule] = []
-    validated = inp.engine_version is None or version_key(inp.engine_version) >= version_key(KV_DTYPE_VALIDATED_SINCE)
+    validated = _from_release(inp.engine_version, KV_DTYPE_VALIDATED_SINCE)
     known = CACHE_DTYPES_0_33 if validated else CACHE_DTYPES
     if inp.kv_cache_dtype is not None and inp.kv_cache_dtype not in known:
         if validated:  # CacheConfig's validator (a usage error all the same: nothing is loaded yet)
